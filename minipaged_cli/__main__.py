@@ -1,0 +1,3 @@
+from minipaged_cli.cli import main
+
+main()

@@ -1,0 +1,112 @@
+"""What every command shares: option aliases, the error policy (exit 2 on bad input, 1 on a bug), consoles."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from minipaged_cli.errors import InputError
+from minipaged_cli.presets import ModelSpec
+from minipaged_cli.simulator import num_blocks_for_memory
+from minipaged_cli.trace import TRACE_FORMATS
+from minipaged_cli.units import format_bytes, parse_bytes
+
+# Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
+stdout = Console(width=None if Console().is_terminal else 130)
+stderr = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 130)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handle_errors(command: F) -> F:
+    """Bad input -> one line on stderr and exit 2; any other exception -> one line and exit 1
+    (``MINIPAGED_DEBUG=1`` re-raises it with its traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except InputError as error:
+            stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as error:
+            if os.environ.get("MINIPAGED_DEBUG"):
+                raise
+            stderr.print(f"internal error: {type(error).__name__}: {error} (MINIPAGED_DEBUG=1 shows the traceback)",
+                         markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# -- option aliases ----------------------------------------------------------------------------------------
+
+TraceArg = Annotated[Path, typer.Argument(help="Request trace: YAML, Azure CSV, Mooncake JSONL or a lengths CSV.",
+                                          show_default=False)]
+FormatOpt = Annotated[str, typer.Option("--format", help=f"Trace format: {', '.join(TRACE_FORMATS)}.")]
+RateOpt = Annotated[float | None, typer.Option(
+    "--rate", help="Replace arrival times with a seeded Poisson process of this many requests/s "
+                   "(length-only CSVs: default all at t=0).", show_default=False)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --rate's arrivals.")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="Keep the first N requests.", show_default=False)]
+TimeScaleOpt = Annotated[float, typer.Option(
+    "--time-scale", help="Multiply arrival times (0.5 = twice the request rate).")]
+ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (qwen3-8b, qwen3-0.6b, opt-13b) or a "
+                                                        "Hugging Face config.json path.")]
+GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset for the roofline step time: h200, h100, a100-40gb.")]
+BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
+NumBlocksOpt = Annotated[int | None, typer.Option(
+    "--num-blocks", help="KV capacity in blocks (instead of --kv-memory).", show_default=False)]
+KvMemoryOpt = Annotated[str | None, typer.Option(
+    "--kv-memory", help="KV capacity in bytes, e.g. 16GiB. Default: --gpu-memory-utilization of the GPU's "
+                        "memory minus the model's weights, as vLLM sizes it.", show_default=False)]
+GpuUtilOpt = Annotated[float, typer.Option(
+    "--gpu-memory-utilization", help="Share of GPU memory for weights + KV when --kv-memory is not given.")]
+MaxModelLenOpt = Annotated[int | None, typer.Option(
+    "--max-model-len", help="Longest request (prompt + output) served; longer ones are rejected and counted. "
+                            "Default: the model's.", show_default=False)]
+JsonOpt = Annotated[str | None, typer.Option(
+    "--json", help="Write the results as JSON to PATH ('-': stdout, and the tables go to stderr).",
+    metavar="PATH", show_default=False)]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot to this path.", metavar="PNG",
+                                              show_default=False)]
+
+
+def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: int, num_blocks: int | None,
+                       kv_memory: str | None, gpu_memory_utilization: float) -> tuple[int, str]:
+    """The KV capacity in blocks, and a phrase saying where it came from."""
+    if block_size < 1:
+        raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
+    if num_blocks is not None and kv_memory is not None:
+        raise InputError("give either --num-blocks or --kv-memory, not both", field="--num-blocks")
+    if num_blocks is not None:
+        if num_blocks < 1:
+            raise InputError("must be >= 1", field="--num-blocks", value=num_blocks, has_value=True)
+        return num_blocks, "--num-blocks"
+    if kv_memory is not None:
+        memory = parse_bytes(kv_memory)
+        origin = f"--kv-memory {kv_memory}"
+    else:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise InputError("must be in (0, 1]", field="--gpu-memory-utilization", value=gpu_memory_utilization,
+                             has_value=True)
+        memory = int(gpu_memory_utilization * gpu_memory_bytes - model.weight_bytes)
+        origin = (f"{gpu_memory_utilization:g} of {format_bytes(gpu_memory_bytes)} minus "
+                  f"{format_bytes(model.weight_bytes)} of weights")
+        if memory <= 0:
+            raise InputError(f"the model's weights ({format_bytes(model.weight_bytes)}) leave no KV memory on this "
+                             "GPU; pass --kv-memory", field="--gpu")
+    blocks = num_blocks_for_memory(memory, model, block_size)
+    if blocks < 1:
+        block_bytes = format_bytes(block_size * model.kv_bytes_per_token)
+        raise InputError(f"holds no block of {block_size} tokens ({block_bytes})", field="--kv-memory",
+                         value=kv_memory, has_value=True)
+    return blocks, origin

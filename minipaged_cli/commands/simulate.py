@@ -1,0 +1,107 @@
+"""``minipaged simulate TRACE``: paged vs contiguous KV allocation on one trace and one capacity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from minipaged_cli.allocators import STRATEGIES
+from minipaged_cli.commands.common import (
+    BlockSizeOpt,
+    FormatOpt,
+    GpuOpt,
+    GpuUtilOpt,
+    JsonOpt,
+    KvMemoryOpt,
+    LimitOpt,
+    MaxModelLenOpt,
+    ModelOpt,
+    NumBlocksOpt,
+    PlotOpt,
+    RateOpt,
+    SeedOpt,
+    TimeScaleOpt,
+    TraceArg,
+    handle_errors,
+    resolve_num_blocks,
+    stderr,
+    stdout,
+)
+from minipaged_cli.errors import InputError
+from minipaged_cli.presets import load_gpu, load_model
+from minipaged_cli.render import ReplayProgress, simulation_tables, write_json
+from minipaged_cli.simulator import SimConfig, simulate
+from minipaged_cli.trace import load_trace
+
+EPILOG = """\
+Examples:\n\n
+  minipaged simulate traces/mixed.yaml\n\n
+  minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --kv-memory 16GiB --plot memory.png\n\n
+  minipaged simulate ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --rate 20 --limit 2000
+  --model qwen3-8b --kv-memory 16GiB --max-model-len 8192\n\n
+  minipaged simulate traces/mixed.yaml --strategies paged,oracle-reserve --json -
+"""
+
+
+@handle_errors
+def simulate_command(
+    trace_path: TraceArg,
+    trace_format: FormatOpt = "auto",
+    model: ModelOpt = "qwen3-8b",
+    gpu: GpuOpt = "h200",
+    block_size: BlockSizeOpt = 16,
+    num_blocks: NumBlocksOpt = None,
+    kv_memory: KvMemoryOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    max_model_len: MaxModelLenOpt = None,
+    strategies: Annotated[str, typer.Option(
+        "--strategies", help="Comma-separated, from: " + ", ".join(STRATEGIES) + ".")] = ",".join(STRATEGIES),
+    max_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-batched-tokens", help="Chunked prefill: tokens per step (decodes first). Default: whole prompts, "
+                                     "up to max(max-model-len, 2048) prompt tokens a step.",
+        show_default=False)] = None,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most requests running at once.")] = 256,
+    rate: RateOpt = None,
+    seed: SeedOpt = 0,
+    limit: LimitOpt = None,
+    time_scale: TimeScaleOpt = 1.0,
+    check_invariants: Annotated[bool, typer.Option(
+        "--check-invariants", help="Check the allocator's invariants after every event; count violations "
+                                   "(exit 1 if any).")] = False,
+    json_path: JsonOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
+    capacity, and report where the memory goes: token states, reservations, internal and external
+    fragmentation, free; with batch size, preemptions, throughput and latency of each strategy."""
+    names = tuple(s.strip() for s in strategies.split(",") if s.strip())
+    if not names:
+        raise InputError("name at least one strategy", field="--strategies", value=strategies, has_value=True)
+    spec = load_model(model)
+    gpu_spec = load_gpu(gpu)
+    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
+                                        gpu_memory_utilization)
+    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
+                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       max_batched_tokens=max_batched_tokens, check_invariants=check_invariants,
+                       record_timeline=plot is not None)
+
+    console = stderr if json_path == "-" else stdout
+    with ReplayProgress(stderr, trace.num_requests, names) as progress:
+        result = simulate(trace, config, names, progress=progress)
+    for renderable in simulation_tables(result, origin):
+        console.print(renderable)
+    if json_path is not None:
+        write_json(result.to_dict(), json_path, stdout)
+    if plot is not None:
+        from minipaged_cli.plot import plot_memory_timeline
+
+        plot_memory_timeline(result, Path(plot))
+        console.print(f"plot: {plot}")
+    violations = sum(m.invariant_violations for m in result.strategies.values())
+    if violations:
+        stderr.print(f"invariant violations: {violations} (a bug in the allocator; see the table)")
+        raise typer.Exit(1)

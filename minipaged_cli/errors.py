@@ -1,0 +1,38 @@
+"""The one error type that means "the user's input is wrong" (exit code 2 on the command line)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad input: says where (file, request, field), what value, and what to do.
+
+    The CLI prints ``str(error)`` as one line and exits with code 2; the library raises it wherever
+    user-supplied data (a trace, a preset, an option) cannot be used.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        where: str | None = None,
+        field: str | None = None,
+        value: Any = None,
+        has_value: bool = False,
+    ) -> None:
+        self.source = source
+        self.where = where
+        self.field = field
+        self.value = value
+        self.has_value = has_value
+        self.message = message
+        super().__init__(self._line())
+
+    def _line(self) -> str:
+        parts = [p for p in (self.source, self.where, self.field) if p]
+        if self.has_value:
+            parts.append(repr(self.value))
+        parts.append(self.message)
+        return ": ".join(parts)

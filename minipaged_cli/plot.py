@@ -1,0 +1,56 @@
+"""PNG plots (matplotlib, imported only when a plot is asked for)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from minipaged_cli.simulator import CATEGORIES, SimulationResult
+
+_LABELS = {
+    "token_state": "token states",
+    "reserved_future": "reserved (future tokens)",
+    "internal_frag": "internal fragmentation",
+    "external_frag": "external fragmentation",
+    "free": "free",
+}
+_COLOURS = {
+    "token_state": "#2f7d32",
+    "reserved_future": "#f9a825",
+    "internal_frag": "#e65100",
+    "external_frag": "#b71c1c",
+    "free": "#cfd8dc",
+}
+_MAX_POINTS = 2000
+
+
+def plot_memory_timeline(result: SimulationResult, path: Path) -> None:
+    """One stacked-area panel per strategy: the memory categories (% of capacity) over simulated time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strategies = result.strategies
+    figure, axes = plt.subplots(len(strategies), 1, figsize=(10, 2.2 * len(strategies) + 0.8), sharex=True,
+                                squeeze=False)
+    for axis, (name, metrics) in zip(axes[:, 0], strategies.items(), strict=True):
+        timeline = metrics.timeline
+        times = np.asarray(timeline.get("time_s", []))
+        stride = max(1, len(times) // _MAX_POINTS)
+        series = [np.asarray(timeline[c])[::stride] for c in CATEGORIES] if len(times) else []
+        if len(times):
+            axis.stackplot(times[::stride], *series, labels=[_LABELS[c] for c in CATEGORIES],
+                           colors=[_COLOURS[c] for c in CATEGORIES], step="post", linewidth=0)
+        axis.set_ylim(0, 100)
+        axis.set_ylabel("% of KV")
+        axis.set_title(f"{name}: token states {metrics.token_state_pct:.1f}% ({metrics.averaged_over} steps)",
+                       fontsize=10, loc="left")
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    axes[0, 0].legend(loc="upper center", bbox_to_anchor=(0.5, 1.6), ncol=5, fontsize=8, frameon=False)
+    figure.suptitle(f"{result.trace.name}: KV memory over time ({result.config.model.name}, "
+                    f"{result.config.kv_capacity_tokens:,} token slots)", y=0.995)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,188 @@
+"""Model and GPU presets (``configs/``): the shapes that size the KV cache and the roofline of a step."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minipaged_cli.errors import InputError
+
+# An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
+_PACKAGE_DIR = Path(__file__).resolve().parent
+CONFIG_DIR = next(
+    (d for d in (_PACKAGE_DIR / "configs", _PACKAGE_DIR.parent / "configs") if d.is_dir()),
+    _PACKAGE_DIR.parent / "configs",
+)
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
+# Architectures whose MLP has two matrices (up, down); the rest (Llama, Qwen, Mistral...) gate with three.
+_PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shapes of a decoder-only transformer that the simulator needs."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    gated_mlp: bool
+    dtype: str
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads",
+                     "head_dim", "vocab_size", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise InputError("must be a positive integer", source=self.name, field=name,
+                                 value=getattr(self, name), has_value=True)
+        if self.num_q_heads % self.num_kv_heads:
+            raise InputError(f"num_attention_heads {self.num_q_heads} is not a multiple of it",
+                             source=self.name, field="num_key_value_heads", value=self.num_kv_heads,
+                             has_value=True)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) * layers * kv_heads * head_dim * dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def num_params(self) -> int:
+        """Weights: attention and MLP of every layer plus the embeddings (norms are negligible)."""
+        q_width = self.num_q_heads * self.head_dim
+        kv_width = self.num_kv_heads * self.head_dim
+        attention = self.hidden_size * (2 * q_width + 2 * kv_width)
+        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attention + mlp) + embeddings
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def attention_flops_per_context_token(self) -> int:
+        """FLOPs one query token spends on one cached token: QK^T and PV, a multiply-add each, every layer."""
+        return 4 * self.num_layers * self.num_q_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """The roofline of one GPU: a step takes max(flops / peak_flops, bytes / bandwidth) + overhead."""
+
+    name: str
+    memory_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    peak_flops: float
+    step_overhead_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops"):
+            if getattr(self, name) <= 0:
+                raise InputError("must be positive", source=self.name, field=name,
+                                 value=getattr(self, name), has_value=True)
+        if self.step_overhead_s < 0:
+            raise InputError("must be >= 0", source=self.name, field="step_overhead_s",
+                             value=self.step_overhead_s, has_value=True)
+
+
+def preset_names(kind: str) -> list[str]:
+    """Names of the presets in ``configs/<kind>/`` (kind: 'models' or 'gpus')."""
+    return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset name (``qwen3-8b``) or a path to a Hugging Face ``config.json`` (or a YAML with its keys)."""
+    source, config = _load_config("models", name_or_path, "--model")
+    path = Path(name_or_path)
+    if not path.is_file():
+        name = name_or_path
+    else:
+        name = path.resolve().parent.name if path.name == "config.json" else path.stem
+    return model_from_hf_config(config, name=name, source=source)
+
+
+def load_gpu(name_or_path: str) -> GpuSpec:
+    source, config = _load_config("gpus", name_or_path, "--gpu")
+    fields = {"name", "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "step_overhead_s"}
+    unknown = sorted(set(config) - fields)
+    if unknown:
+        raise InputError(f"unknown key; expected {sorted(fields)}", source=source, field=unknown[0])
+    missing = sorted(fields - set(config))
+    if missing:
+        raise InputError("missing", source=source, field=missing[0])
+    for key in fields - {"name"}:
+        if isinstance(config[key], bool) or not isinstance(config[key], int | float):
+            raise InputError("must be a number", source=source, field=key, value=config[key], has_value=True)
+    return GpuSpec(**{k: config[k] if k == "name" else float(config[k]) for k in fields})
+
+
+def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> ModelSpec:
+    """Read the fields of a Hugging Face ``config.json`` (Llama/Qwen/Mistral/OPT naming)."""
+
+    def get(key: str, *alternatives: str, default: int | None = None) -> int:
+        for k in (key, *alternatives):
+            if k in config:
+                value = config[k]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise InputError("must be an integer", source=source, field=k, value=value, has_value=True)
+                return value
+        if default is None:
+            raise InputError("missing", source=source, field=key)
+        return default
+
+    num_q_heads = get("num_attention_heads")
+    hidden_size = get("hidden_size")
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    if dtype not in _DTYPE_BYTES:
+        raise InputError(f"expected one of {sorted(_DTYPE_BYTES)}", source=source, field="torch_dtype",
+                         value=dtype, has_value=True)
+    return ModelSpec(
+        name=name,
+        num_layers=get("num_hidden_layers"),
+        hidden_size=hidden_size,
+        intermediate_size=get("intermediate_size", "ffn_dim"),
+        num_q_heads=num_q_heads,
+        num_kv_heads=get("num_key_value_heads", default=num_q_heads),
+        head_dim=get("head_dim", default=hidden_size // num_q_heads),
+        vocab_size=get("vocab_size"),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        gated_mlp=config.get("model_type") not in _PLAIN_MLP_TYPES,
+        dtype=dtype,
+        max_model_len=get("max_position_embeddings", "max_sequence_length", "seq_length"),
+    )
+
+
+def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[str, Any]]:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
+    if not path.is_file():
+        names = preset_names(kind)
+        close = difflib.get_close_matches(name_or_path, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise InputError(f"no such preset or file; {hint}presets: {', '.join(names)}", field=option,
+                         value=name_or_path, has_value=True)
+    try:
+        text = path.read_text()
+        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, json.JSONDecodeError, yaml.YAMLError) as error:
+        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
+    if not isinstance(config, dict):
+        raise InputError("expected a mapping of keys to values", source=str(path))
+    return str(path), config

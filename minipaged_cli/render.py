@@ -1,0 +1,107 @@
+"""The one place that formats results: Rich tables, JSON documents, progress bars. The library only returns data."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from minipaged_cli.simulator import SimulationResult
+from minipaged_cli.units import format_bytes
+
+
+def write_json(document: dict[str, Any], destination: str, stdout: Console) -> None:
+    """``destination`` '-' writes to stdout; anything else is a file path."""
+    text = json.dumps(document, indent=2, allow_nan=False)
+    if destination == "-":
+        stdout.file.write(text + "\n")
+        stdout.file.flush()
+    else:
+        with open(destination, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+
+
+def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:
+    """A header line, the memory table and the service table."""
+    config, trace = result.config, result.trace
+    header = (
+        f"[bold]{trace.name}[/]: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
+        f"{trace.output_tokens:,} output tokens · {config.model.name} on {config.gpu.name} · KV capacity "
+        f"{config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
+        f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {capacity_origin}) · "
+        f"max model len {config.model_len:,}"
+    )
+    rows = result.strategies
+    over = " / ".join(sorted({m.averaged_over for m in rows.values()}))
+    memory = Table(title=f"Where the KV memory goes: % of capacity, time-weighted over {over} steps",
+                   title_justify="left", box=box.SIMPLE_HEAD)
+    memory.add_column("strategy", no_wrap=True)
+    for name in ("token states", "reserved", "internal frag", "external frag", "free", "usage"):
+        memory.add_column(name, justify="right")
+    for name, m in rows.items():
+        memory.add_row(name, _pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
+                       _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc))
+
+    service = Table(title="Serving, in simulated time", title_justify="left", box=box.SIMPLE_HEAD)
+    service.add_column("strategy", no_wrap=True)
+    columns = ["done", "rejected", "preempted", "batch mean/max", "output tok/s", "makespan s", "TTFT mean/p99 s",
+               "TPOT ms"]
+    if any(m.invariant_violations for m in rows.values()):
+        columns.append("invariant violations")
+    for name in columns:
+        service.add_column(name, justify="right")
+    for name, m in rows.items():
+        cells = [name, f"{m.completed_requests:,}", f"{m.rejected_requests:,}", f"{m.num_preemptions:,}",
+                 f"{m.mean_batch_size:.1f}/{m.max_batch_size}", f"{m.throughput_tokens_per_s:,.0f}",
+                 f"{m.makespan_s:,.1f}", f"{m.mean_ttft_s:.2f}/{m.p99_ttft_s:.2f}", f"{1000 * m.mean_tpot_s:.1f}"]
+        service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 8 else []))
+    return [header, memory, service]
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1f}"
+
+
+class ReplayProgress:
+    """A progress bar that appears only when a replay has run for more than ``delay_s`` seconds.
+
+    Called as ``progress(strategy, requests_done)`` from the simulator's loop, so it looks at the clock only
+    every few hundred calls.
+    """
+
+    def __init__(self, console: Console, total_per_strategy: int, strategies: tuple[str, ...],
+                 delay_s: float = 1.0) -> None:
+        self.console = console
+        self.total = total_per_strategy * len(strategies)
+        self.offsets = {name: i * total_per_strategy for i, name in enumerate(strategies)}
+        self.delay_s = delay_s
+        self.start = time.monotonic()
+        self.calls = 0
+        self.bar: Progress | None = None
+        self.task: Any = None
+
+    def __call__(self, strategy: str, done: int) -> None:
+        self.calls += 1
+        if self.calls % 256:
+            return
+        if self.bar is None:
+            if time.monotonic() - self.start < self.delay_s:
+                return
+            self.bar = Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(strategy, total=self.total)
+        self.bar.update(self.task, completed=self.offsets[strategy] + done, description=strategy)
+
+    def __enter__(self) -> ReplayProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+

@@ -1,0 +1,534 @@
+"""Continuous-batching replay of a trace under one allocation strategy, and where the KV memory goes.
+
+Each step: running requests in the decode phase each need room for one more token (if the pool cannot give
+it, the latest admitted request is preempted and recomputed later); if nobody was preempted, waiting requests
+are admitted first-come first-served while the strategy can place their prompt; admitted prompts are prefilled
+(whole, or in chunks of a ``max_batched_tokens`` budget); every decoding request writes one token's KV and
+samples the next; finished requests free their memory. A step lasts
+``max(flops / peak_flops, bytes / hbm_bandwidth) + overhead`` on the GPU preset.
+
+Memory categories during a step, as slots, for each live request of current length L, final length F and
+allocated slots A (they sum to the capacity):
+
+    token states     Σ L                       reserved-future  Σ (min(A, F) - L)
+    internal frag    Σ max(A - F, 0)           external frag    free slots in holes smaller than the smallest
+    free             the rest                                   waiting request's need (0 if nobody waits)
+
+A request's final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never
+written.
+
+Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
+an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
+so ``replay`` advances all those steps at once and integrates the metrics over them (``bulk=False`` steps one
+at a time, the reference the fast path is tested against).
+"""
+
+from __future__ import annotations
+
+import bisect
+import difflib
+import functools
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from minipaged_cli.allocators import STRATEGIES, Allocator, Holding, make_allocator
+from minipaged_cli.errors import InputError
+from minipaged_cli.presets import GpuSpec, ModelSpec
+from minipaged_cli.trace import Request, Trace
+
+CATEGORIES = ("token_state", "reserved_future", "internal_frag", "external_frag", "free")
+_MAX_BULK_STEPS = 4096
+_MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
+_STEPS = np.arange(1, _MAX_BULK_STEPS + 1, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One capacity for every strategy: ``num_blocks * block_size`` KV slots of ``model.kv_bytes_per_token``."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    num_blocks: int
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the model's
+    max_num_seqs: int = 256
+    max_batched_tokens: int | None = None  # None: whole prompts, no chunking
+    check_invariants: bool = False
+    record_timeline: bool = False
+
+    def __post_init__(self) -> None:
+        positive = {"--num-blocks": self.num_blocks, "--block-size": self.block_size,
+                    "--max-num-seqs": self.max_num_seqs, "--max-model-len": self.max_model_len or 1,
+                    "--max-batched-tokens": self.max_batched_tokens or 1}
+        for option, value in positive.items():
+            if value < 1:
+                raise InputError("must be >= 1", field=option, value=value, has_value=True)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def model_len(self) -> int:
+        return self.max_model_len or self.model.max_model_len
+
+    @property
+    def prefill_token_limit(self) -> int:
+        """Prompt tokens one step may prefill: the chunked-prefill budget, else vLLM's unchunked default."""
+        return self.max_batched_tokens or max(self.model_len, 2048)
+
+
+@dataclass
+class StrategyMetrics:
+    """What one strategy did with the trace. Percentages are of the KV capacity, 0-100."""
+
+    token_state_pct: float
+    reserved_future_pct: float
+    internal_frag_pct: float
+    external_frag_pct: float
+    free_pct: float
+    averaged_over: str  # "saturated" (steps with a request waiting for memory) or "busy" (all steps)
+    kv_cache_usage_perc: float
+    completed_requests: int
+    rejected_requests: int
+    num_preemptions: int
+    mean_batch_size: float
+    max_batch_size: int
+    throughput_tokens_per_s: float
+    makespan_s: float
+    mean_ttft_s: float
+    p99_ttft_s: float
+    mean_tpot_s: float
+    invariant_violations: int
+    timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+@dataclass(eq=False)  # identity: the engine looks requests up in its lists
+class _Live(Holding):
+    """A request inside the engine."""
+
+    request: Request | None = None
+    num_computed: int = 0  # L: tokens whose KV is written
+    num_generated: int = 0  # output tokens sampled so far
+    prompt_length: int = 0  # tokens to prefill since the last admission: prompt + tokens generated before it
+    first_token_s: float | None = None
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.prompt_length
+
+
+class _Integrator:
+    """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps."""
+
+    def __init__(self) -> None:
+        self.weight = {"saturated": 0.0, "busy": 0.0}
+        self.sums = {key: np.zeros(len(CATEGORIES) + 1) for key in self.weight}
+
+    def add(self, duration: float, integrals: np.ndarray, saturated: bool) -> None:
+        """``integrals``: Σ duration * slots over the steps, per category and (last) allocated slots."""
+        for key in ("saturated", "busy") if saturated else ("busy",):
+            self.weight[key] += duration
+            self.sums[key] += integrals
+
+    def averages(self, capacity: int) -> tuple[str, np.ndarray]:
+        key = "saturated" if self.weight["saturated"] > 0 else "busy"
+        if self.weight[key] == 0:  # nothing ever ran: all memory stayed free
+            return key, np.array([0.0, 0.0, 0.0, 0.0, 100.0, 0.0])
+        return key, 100.0 * self.sums[key] / self.weight[key] / capacity
+
+
+class _Replay:
+    def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, bulk: bool,
+                 progress: Callable[[int], None] | None) -> None:
+        self.config = config
+        self.model = config.model
+        self.allocator = allocator
+        self.bulk = bulk
+        self.progress = progress
+        self.requests = trace.requests
+        self.next_arrival = 0
+        self.waiting: deque[_Live] = deque()
+        self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
+        self.running: list[_Live] = []
+        self.now = 0.0
+        self.integrator = _Integrator()
+        self.finished: list[tuple[_Live, float]] = []  # (request, finish time)
+        self.num_rejected = 0
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.batch_size_sum = 0
+        self.max_batch_size = 0
+        self.invariant_violations = 0
+        self.timeline: dict[str, list[float]] = {"time_s": [], **{c: [] for c in CATEGORIES}}
+        gpu = config.gpu
+        self._seconds_per_token = 2.0 * self.model.num_params / gpu.peak_flops
+        self._seconds_per_attended_token = self.model.attention_flops_per_context_token / gpu.peak_flops
+        self._seconds_for_weights = self.model.weight_bytes / gpu.hbm_bandwidth_bytes_per_s
+        self._seconds_per_kv_token = self.model.kv_bytes_per_token / gpu.hbm_bandwidth_bytes_per_s
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> StrategyMetrics:
+        while self.next_arrival < len(self.requests) or self.waiting or self.running:
+            self._arrive()
+            if not self.running and not self.waiting:
+                if self.next_arrival < len(self.requests):  # idle until the next arrival
+                    self.now = max(self.now, self.requests[self.next_arrival].arrival_s)
+                continue
+            if not (self.bulk and self._bulk_step()):
+                self._single_step()
+            if self.config.check_invariants:
+                self.invariant_violations += bool(self.allocator.invariant_violations())
+            if self.progress is not None:
+                self.progress(len(self.finished) + self.num_rejected)
+        return self._metrics()
+
+    def _arrive(self) -> None:
+        while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= self.now:
+            request = self.requests[self.next_arrival]
+            live = _Live(self.next_arrival, request.prompt_tokens, request.output_tokens, request=request,
+                         prompt_length=request.prompt_tokens)
+            self.next_arrival += 1
+            if request.total_tokens > self.config.model_len or \
+                    self.allocator.largest_need(live) > self.allocator.capacity_tokens:
+                self.num_rejected += 1
+            else:
+                self._enqueue(live, front=False)
+
+    def _head_admissible(self) -> bool:
+        """Whether the first waiting request would be admitted now (ignoring this step's decode growth)."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        if self.config.max_batched_tokens is not None and \
+                sum(r.prefill_done for r in self.running) >= self.config.max_batched_tokens:
+            return False
+        head = self.waiting[0]
+        return self.allocator.can_admit(head, head.prompt_length)
+
+    def _waiting_for_memory(self) -> bool:
+        """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
+        if not self.waiting:
+            return False
+        head = self.waiting[0]
+        return not self.allocator.can_admit(head, head.prompt_length)
+
+    def _single_step(self) -> None:
+        decoders = [r for r in self.running if r.prefill_done]
+        copied = 0
+        preempted = False
+        for live in decoders:
+            while live in self.running:
+                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + 1)
+                if moved is not None:
+                    copied += moved
+                    break
+                self._preempt(self.running[-1])
+                preempted = True
+        if preempted:
+            decoders = [r for r in decoders if r in self.running]
+
+        budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
+        saturated = preempted or self._waiting_for_memory()
+        if not preempted:
+            self._admit(budget)
+        if not self.running:
+            # Nothing runs and the head still does not fit: it never will (only reachable when its
+            # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
+            self._dequeue()
+            self.num_rejected += 1
+            return
+
+        # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
+        chunks: list[tuple[_Live, int]] = []
+        for live in self.running:
+            if live.prefill_done:
+                continue
+            chunk = live.prompt_length - live.num_computed
+            if self.config.max_batched_tokens is not None:
+                chunk = min(chunk, budget)
+                if chunk <= 0:
+                    break
+                budget -= chunk
+            chunks.append((live, chunk))
+
+        contexts = sum(r.num_computed + 1 for r in decoders)
+        num_new = len(decoders) + sum(c for _, c in chunks)
+        attended = contexts + sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks)
+        kv_moved = contexts + len(decoders) + sum(r.num_computed + c for r, c in chunks) + 2 * copied
+        duration = float(self._step_time(num_new, attended, kv_moved))
+
+        for live in decoders:
+            live.num_computed += 1
+            live.num_generated += 1
+        for live, chunk in chunks:
+            live.num_computed += chunk
+            if live.prefill_done:
+                live.num_generated += 1
+                if live.first_token_s is None:
+                    live.first_token_s = self.now + duration
+        self._record(duration, duration * self._categories_now(), saturated, 1)
+        self.now += duration
+        self._finish()
+
+    def _bulk_step(self) -> bool:
+        """Advance several decode-only steps at once; False when this step needs the single-step path."""
+        # Without chunking every prompt is prefilled whole in the step that admits it.
+        chunked = self.config.max_batched_tokens is not None
+        if (chunked and any(not r.prefill_done for r in self.running)) or self._head_admissible():
+            return False
+        running = self.running
+        n = len(running)
+        lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
+        num_steps = min(min(r.output_tokens - r.num_generated for r in running), _MAX_BULK_STEPS,
+                        max(1, _MAX_BULK_CELLS // n))
+        steps = _STEPS[:num_steps]
+        total_length = int(lengths.sum())
+        contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
+        durations = self._step_time(n, contexts, contexts + n)
+        if self.next_arrival < len(self.requests):
+            # Stop before the step that starts at or after the next arrival: it may admit that request.
+            ends = self.now + np.cumsum(durations)
+            num_steps = 1 + int(np.searchsorted(ends[:-1], self.requests[self.next_arrival].arrival_s, side="left"))
+        allocated = np.fromiter((self.allocator.allocated(r) for r in running), dtype=np.int64, count=n)
+        finals = np.fromiter((r.final_length for r in running), dtype=np.int64, count=n)
+        profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
+        num_steps = profile.num_steps
+        if num_steps == 0:
+            return False
+
+        durations = durations[:num_steps]
+        duration = float(durations.sum())
+        token_integral = total_length * duration + n * float(durations @ steps[:num_steps])
+        allocated_integral = _integral(profile.allocated, durations, duration)
+        internal_integral = _integral(profile.internal, durations, duration)
+        external_integral = self._external_fragmentation() * duration
+        self._record(duration, np.array([
+            token_integral,
+            allocated_integral - token_integral - internal_integral,
+            internal_integral,
+            external_integral,
+            self.allocator.capacity_tokens * duration - allocated_integral - external_integral,
+            allocated_integral,
+        ]), self._waiting_for_memory(), num_steps)
+
+        self.allocator.advance(running, num_steps)
+        for live in running:
+            live.num_computed += num_steps
+            live.num_generated += num_steps
+        self.now += duration
+        self._finish()
+        return True
+
+    # -- admission, preemption, completion -----------------------------------------------------------------
+
+    def _admit(self, budget: int) -> None:
+        admitted_tokens = 0
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            head = self.waiting[0]
+            if not self.allocator.can_admit(head, head.prompt_length):
+                return
+            if self.config.max_batched_tokens is not None:
+                if budget - admitted_tokens <= 0:
+                    return
+            elif admitted_tokens and admitted_tokens + head.prompt_length > budget:
+                return
+            self.allocator.admit(head, head.prompt_length)
+            admitted_tokens += head.prompt_length
+            self.running.append(self._dequeue())
+
+    def _enqueue(self, live: _Live, *, front: bool) -> None:
+        if front:
+            self.waiting.appendleft(live)
+        else:
+            self.waiting.append(live)
+        if self.allocator.has_external_fragmentation:
+            bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.prompt_length))
+
+    def _dequeue(self) -> _Live:
+        live = self.waiting.popleft()
+        if self.allocator.has_external_fragmentation:
+            del self.waiting_needs[bisect.bisect_left(self.waiting_needs,
+                                                      self.allocator.admission_need(live, live.prompt_length))]
+        return live
+
+    def _preempt(self, victim: _Live) -> None:
+        """Recompute preemption: drop the victim's KV; it re-prefills prompt + generated tokens when readmitted."""
+        self.allocator.release(victim)
+        self.running.remove(victim)
+        victim.num_computed = 0
+        victim.prompt_length = victim.prompt_tokens + victim.num_generated
+        self._enqueue(victim, front=True)
+        self.num_preemptions += 1
+
+    def _finish(self) -> None:
+        done = [r for r in self.running if r.num_generated >= r.output_tokens]
+        for live in done:
+            self.allocator.release(live)
+            self.running.remove(live)
+            self.finished.append((live, self.now))
+
+    # -- measurement ---------------------------------------------------------------------------------------
+
+    def _step_time(self, num_new_tokens: int, attended: Any, kv_tokens_moved: Any) -> Any:
+        """Roofline duration of steps processing ``num_new_tokens`` tokens that attend to ``attended`` cached
+        tokens in all and read or write ``kv_tokens_moved`` tokens of KV (floats or arrays of them)."""
+        compute = num_new_tokens * self._seconds_per_token + attended * self._seconds_per_attended_token
+        memory = self._seconds_for_weights + kv_tokens_moved * self._seconds_per_kv_token
+        return np.maximum(compute, memory) + self.config.gpu.step_overhead_s
+
+    def _external_fragmentation(self) -> int:
+        if not self.waiting_needs:
+            return 0
+        return self.allocator.external_fragmentation(self.waiting_needs[0])
+
+    def _categories_now(self) -> np.ndarray:
+        tokens = sum(r.num_computed for r in self.running)
+        allocated = [self.allocator.allocated(r) for r in self.running]
+        internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, self.running, strict=True))
+        used = sum(allocated)
+        external = self._external_fragmentation()
+        free = self.allocator.capacity_tokens - used - external
+        return np.array([tokens, used - tokens - internal, internal, external, free, used], dtype=np.float64)
+
+    def _record(self, duration: float, integrals: np.ndarray, saturated: bool, num_steps: int) -> None:
+        self.integrator.add(duration, integrals, saturated)
+        self.num_steps += num_steps
+        self.batch_size_sum += num_steps * len(self.running)
+        self.max_batch_size = max(self.max_batch_size, len(self.running))
+        if self.config.record_timeline:
+            self.timeline["time_s"].append(self.now)
+            for name, value in zip(CATEGORIES, integrals, strict=False):
+                self.timeline[name].append(100.0 * value / duration / self.allocator.capacity_tokens)
+
+    def _metrics(self) -> StrategyMetrics:
+        capacity = self.allocator.capacity_tokens
+        averaged_over, averages = self.integrator.averages(capacity)
+        completed = [r for r, _ in self.finished]
+        finish_times = [t for _, t in self.finished]
+        ttfts = np.array([r.first_token_s - r.request.arrival_s for r in completed]) if completed else np.zeros(1)
+        tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
+        first_arrival = self.requests[0].arrival_s
+        makespan = max(finish_times) - first_arrival if finish_times else 0.0
+        output_tokens = sum(r.output_tokens for r in completed)
+        return StrategyMetrics(
+            token_state_pct=float(averages[0]),
+            reserved_future_pct=float(averages[1]),
+            internal_frag_pct=float(averages[2]),
+            external_frag_pct=float(averages[3]),
+            free_pct=float(averages[4]),
+            averaged_over=averaged_over,
+            kv_cache_usage_perc=float(averages[5]),
+            completed_requests=len(completed),
+            rejected_requests=self.num_rejected,
+            num_preemptions=self.num_preemptions,
+            mean_batch_size=self.batch_size_sum / self.num_steps if self.num_steps else 0.0,
+            max_batch_size=self.max_batch_size,
+            throughput_tokens_per_s=output_tokens / makespan if makespan > 0 else 0.0,
+            makespan_s=makespan,
+            mean_ttft_s=float(ttfts.mean()),
+            p99_ttft_s=float(np.percentile(ttfts, 99)),
+            mean_tpot_s=float(np.mean(tpots)) if tpots else 0.0,
+            invariant_violations=self.invariant_violations,
+            timeline=self.timeline if self.config.record_timeline else {},
+        )
+
+
+def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float) -> float:
+    """Σ durations * values, where values is per step or one constant."""
+    return float(values @ durations) if isinstance(values, np.ndarray) else values * duration
+
+
+def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...]) -> None:
+    """Bad input, before any replay: no request fits max_model_len, or a strategy can place none of them."""
+    fitting = [r for r in trace.requests if r.total_tokens <= config.model_len]
+    if not fitting:
+        shortest = min(r.total_tokens for r in trace.requests)
+        raise InputError(f"every request is longer (the shortest holds {shortest} tokens); raise it",
+                         field="--max-model-len", value=config.model_len, has_value=True)
+    for name in strategies:
+        allocator = _allocator(name, config)
+        smallest = min(allocator.largest_need(Holding(0, r.prompt_tokens, r.output_tokens)) for r in fitting)
+        if smallest > allocator.capacity_tokens:
+            hint = " or lower --max-model-len" if name == "max-reserve" else ""
+            raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens is too small for any request "
+                             f"under {name} (the smallest needs {smallest}); raise --kv-memory or --num-blocks{hint}",
+                             field="capacity")
+
+
+@dataclass
+class SimulationResult:
+    """Every strategy's metrics on one trace and one capacity; ``to_dict`` is the ``--json`` document."""
+
+    trace: Trace
+    config: SimConfig
+    strategies: dict[str, StrategyMetrics]
+
+    def to_dict(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
+                      "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
+            "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
+                       "num_blocks": config.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
+                       "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len},
+            "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
+        }
+
+
+def simulate(
+    trace: Trace,
+    config: SimConfig,
+    strategies: tuple[str, ...] = STRATEGIES,
+    *,
+    progress: Callable[[str, int], None] | None = None,
+) -> SimulationResult:
+    """Replay ``trace`` under each strategy on the same capacity. ``progress(strategy, requests_done)``."""
+    for name in strategies:
+        _check_strategy(name)
+    check_capacity(trace, config, strategies)
+    results = {}
+    for name in strategies:
+        report = functools.partial(progress, name) if progress is not None else None
+        results[name] = replay(trace, config, name, progress=report)
+    return SimulationResult(trace, config, results)
+
+
+def replay(
+    trace: Trace,
+    config: SimConfig,
+    strategy: str,
+    *,
+    bulk: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> StrategyMetrics:
+    """Replay ``trace`` under one strategy. ``progress`` gets the number of requests done so far."""
+    _check_strategy(strategy)
+    return _Replay(trace, config, _allocator(strategy, config), bulk, progress).run()
+
+
+def _check_strategy(name: str) -> None:
+    if name not in STRATEGIES:
+        close = difflib.get_close_matches(name, STRATEGIES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(f"unknown strategy{hint}; expected some of {', '.join(STRATEGIES)}", field="--strategies",
+                         value=name, has_value=True)
+
+
+def _allocator(name: str, config: SimConfig) -> Allocator:
+    return make_allocator(name, num_blocks=config.num_blocks, block_size=config.block_size,
+                          max_model_len=config.model_len)
+
+
+def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int) -> int:
+    """Blocks of ``block_size`` tokens that fit in ``kv_memory_bytes`` of KV for ``model``."""
+    return math.floor(kv_memory_bytes / (block_size * model.kv_bytes_per_token))

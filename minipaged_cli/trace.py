@@ -1,0 +1,392 @@
+"""Request traces: the YAML workload format, its validation, and seeded synthetic request groups.
+
+A trace is a list of requests, each arriving at ``arrival_s`` with ``prompt_tokens`` to prefill and
+``output_tokens`` to generate, optionally starting with named shared prompt segments (``prefix``). See
+``traces/README.md`` for the format; ``trace_import.py`` reads the public CSV/JSONL traces into the same form.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from minipaged_cli.errors import InputError
+
+TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: arrives, prefills ``prompt_tokens``, then generates ``output_tokens`` one step at a time."""
+
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix: tuple[str, ...] = ()
+
+    @property
+    def total_tokens(self) -> int:
+        """prompt + output: what ``--max-model-len`` bounds and what an exact reservation holds."""
+        return self.prompt_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A workload: requests sorted by arrival time, and the token counts of their shared prefix segments."""
+
+    name: str
+    requests: tuple[Request, ...]
+    segments: dict[str, int] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.prompt_tokens for r in self.requests)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.requests)
+
+    def limited(self, limit: int | None) -> Trace:
+        """The first ``limit`` requests by arrival."""
+        if limit is None or limit >= len(self.requests):
+            return self
+        return replace(self, requests=self.requests[:limit])
+
+    def time_scaled(self, time_scale: float) -> Trace:
+        """Every arrival time multiplied by ``time_scale`` (< 1 compresses the trace: a higher request rate)."""
+        if time_scale == 1.0:
+            return self
+        return replace(self, requests=tuple(replace(r, arrival_s=r.arrival_s * time_scale) for r in self.requests))
+
+    def with_poisson_arrivals(self, rate_per_s: float, seed: int) -> Trace:
+        """Arrival times replaced by a seeded Poisson process of ``rate_per_s`` (order kept)."""
+        times = poisson_arrivals(len(self.requests), rate_per_s, np.random.default_rng(seed))
+        requests = tuple(replace(r, arrival_s=float(t)) for r, t in zip(self.requests, times, strict=True))
+        return replace(self, requests=requests)
+
+
+def poisson_arrivals(count: int, rate_per_s: float, rng: np.random.Generator, start_s: float = 0.0) -> np.ndarray:
+    """Arrival times of a Poisson process: cumulative sums of exponential gaps with mean 1 / rate."""
+    return start_s + np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
+
+
+def make_trace(
+    name: str,
+    requests: list[Request],
+    *,
+    source: str,
+    segments: dict[str, int] | None = None,
+    description: str = "",
+) -> Trace:
+    """Sort by arrival (stably) and check what holds across requests: unique ids, known segments."""
+    if not requests:
+        raise InputError("the trace has no requests", source=source)
+    seen: set[str] = set()
+    segments = segments or {}
+    for index, request in enumerate(requests):
+        where = f"requests[{index}] (id {request.id})"
+        if request.id in seen:
+            raise InputError("duplicate request id", source=source, where=where, field="id",
+                             value=request.id, has_value=True)
+        seen.add(request.id)
+        prefix_tokens = 0
+        for segment in request.prefix:
+            if segment not in segments:
+                raise InputError(f"unknown segment{_did_you_mean(segment, segments)}; define it under "
+                                 "'segments'", source=source, where=where, field="prefix",
+                                 value=segment, has_value=True)
+            prefix_tokens += segments[segment]
+        if prefix_tokens > request.prompt_tokens:
+            raise InputError(f"prefix segments hold {prefix_tokens} tokens, more than the prompt's "
+                             f"{request.prompt_tokens}", source=source, where=where, field="prefix",
+                             value=list(request.prefix), has_value=True)
+    ordered = sorted(requests, key=lambda r: r.arrival_s)
+    return Trace(name=name, requests=tuple(ordered), segments=dict(segments), description=description)
+
+
+# -- the YAML format ---------------------------------------------------------------------------------------
+
+_TOP_KEYS = {"version", "name", "description", "requests", "generate", "segments"}
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix"}
+_GROUP_KEYS = {"count", "seed", "arrival", "prompt_tokens", "output_tokens", "id_prefix", "prefix"}
+_ARRIVAL_KEYS = {
+    "poisson": {"rate_per_s"},
+    "constant": {"rate_per_s"},
+    "uniform": {"end_s"},
+}
+_LENGTH_KEYS = {
+    "constant": {"value"},
+    "uniform": {"low", "high"},
+    "lognormal": {"median", "sigma"},
+    "normal": {"mean", "std"},
+}
+
+
+def load_yaml_trace(path: Path) -> Trace:
+    """Read and validate a YAML trace (``yaml.safe_load``); every problem is an ``InputError`` naming the field."""
+    source = str(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else None
+        raise InputError(f"not valid YAML: {getattr(error, 'problem', None) or error}", source=source,
+                         where=where) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read: {error}", source=source) from None
+    if not isinstance(document, dict):
+        raise InputError("expected a mapping with a 'requests' or 'generate' list", source=source)
+    reader = _Fields(source, None)
+    reader.check_keys(document, _TOP_KEYS)
+    version = document.get("version", 1)
+    if version != 1:
+        raise InputError("only version 1 exists", source=source, field="version", value=version, has_value=True)
+    segments = _read_segments(document.get("segments") or {}, source)
+
+    requests: list[Request] = []
+    explicit = document.get("requests") or []
+    if not isinstance(explicit, list):
+        raise InputError("expected a list", source=source, field="requests", value=explicit, has_value=True)
+    for index, entry in enumerate(explicit):
+        requests.append(_read_request(entry, index, source))
+    groups = document.get("generate") or []
+    if not isinstance(groups, list):
+        raise InputError("expected a list", source=source, field="generate", value=groups, has_value=True)
+    for index, group in enumerate(groups):
+        requests.extend(_generate_group(group, index, source))
+    name = document.get("name") or path.stem
+    description = document.get("description") or ""
+    return make_trace(str(name), requests, source=source, segments=segments, description=str(description))
+
+
+def _read_segments(raw: Any, source: str) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        raise InputError("expected a mapping of segment name to token count", source=source,
+                         field="segments", value=raw, has_value=True)
+    reader = _Fields(source, "segments")
+    return {str(name): reader.count(raw, name, minimum=1) for name in raw}
+
+
+def _read_request(entry: Any, index: int, source: str) -> Request:
+    request_id = entry.get("id") if isinstance(entry, dict) else None
+    where = f"requests[{index}]" + (f" (id {request_id})" if request_id is not None else "")
+    if not isinstance(entry, dict):
+        raise InputError("expected a mapping", source=source, where=where, value=entry, has_value=True)
+    reader = _Fields(source, where)
+    reader.check_keys(entry, _REQUEST_KEYS)
+    if "id" not in entry:
+        raise InputError("missing", source=source, where=where, field="id")
+    if not isinstance(request_id, str | int) or isinstance(request_id, bool):
+        raise InputError("must be a string or an integer", source=source, where=where, field="id",
+                         value=request_id, has_value=True)
+    return Request(
+        id=str(request_id),
+        arrival_s=reader.number(entry, "arrival_s", minimum=0.0),
+        prompt_tokens=reader.count(entry, "prompt_tokens", minimum=1),
+        output_tokens=reader.count(entry, "output_tokens", minimum=1),
+        prefix=reader.prefix(entry),
+    )
+
+
+def _generate_group(group: Any, index: int, source: str) -> list[Request]:
+    where = f"generate[{index}]"
+    if not isinstance(group, dict):
+        raise InputError("expected a mapping", source=source, where=where, value=group, has_value=True)
+    reader = _Fields(source, where)
+    reader.check_keys(group, _GROUP_KEYS)
+    count = reader.count(group, "count", minimum=1)
+    seed = reader.count(group, "seed", minimum=0, default=0)
+    id_prefix = str(group.get("id_prefix", f"gen{index}-"))
+    rng = np.random.default_rng(seed)
+    arrivals = _sample_arrivals(reader.mapping(group, "arrival"), count, rng, _Fields(source, f"{where}.arrival"))
+    prompts = _sample_lengths(reader.mapping(group, "prompt_tokens"), count, rng,
+                              _Fields(source, f"{where}.prompt_tokens"))
+    outputs = _sample_lengths(reader.mapping(group, "output_tokens"), count, rng,
+                              _Fields(source, f"{where}.output_tokens"))
+    prefix = reader.prefix(group)
+    return [
+        Request(f"{id_prefix}{i}", float(arrivals[i]), int(prompts[i]), int(outputs[i]), prefix)
+        for i in range(count)
+    ]
+
+
+def _sample_arrivals(spec: dict[str, Any], count: int, rng: np.random.Generator, reader: _Fields) -> np.ndarray:
+    process = reader.choice(spec, "process", sorted(_ARRIVAL_KEYS))
+    reader.check_keys(spec, {"process", "start_s"} | _ARRIVAL_KEYS[process])
+    start = reader.number(spec, "start_s", minimum=0.0, default=0.0)
+    if process == "uniform":
+        end = reader.number(spec, "end_s", minimum=start)
+        return np.sort(rng.uniform(start, end, size=count))
+    rate = reader.number(spec, "rate_per_s", minimum=0.0, exclusive=True)
+    if process == "poisson":
+        return poisson_arrivals(count, rate, rng, start)
+    return start + np.arange(count) / rate
+
+
+def _sample_lengths(spec: dict[str, Any], count: int, rng: np.random.Generator, reader: _Fields) -> np.ndarray:
+    """Token counts from a distribution, rounded and clipped into [min, max] (min defaults to 1)."""
+    dist = reader.choice(spec, "dist", sorted(_LENGTH_KEYS))
+    reader.check_keys(spec, {"dist", "min", "max"} | _LENGTH_KEYS[dist])
+    low_bound = reader.count(spec, "min", minimum=1, default=1)
+    high_bound = reader.count(spec, "max", minimum=low_bound, default=None)
+    if dist == "constant":
+        values = np.full(count, float(reader.count(spec, "value", minimum=1)))
+    elif dist == "uniform":
+        low = reader.count(spec, "low", minimum=1)
+        high = reader.count(spec, "high", minimum=low)
+        values = rng.integers(low, high, size=count, endpoint=True).astype(float)
+    elif dist == "lognormal":
+        median = reader.number(spec, "median", minimum=0.0, exclusive=True)
+        sigma = reader.number(spec, "sigma", minimum=0.0)
+        values = rng.lognormal(math.log(median), sigma, size=count)
+    else:
+        mean = reader.number(spec, "mean", minimum=0.0)
+        std = reader.number(spec, "std", minimum=0.0)
+        values = rng.normal(mean, std, size=count)
+    return np.clip(np.rint(values), low_bound, high_bound if high_bound is not None else np.inf).astype(np.int64)
+
+
+_REQUIRED = object()
+
+
+class _Fields:
+    """Typed field access for one YAML mapping, raising ``InputError`` that names file, place and field."""
+
+    def __init__(self, source: str, where: str | None) -> None:
+        self.source = source
+        self.where = where
+
+    def error(self, message: str, key: str | None = None, value: Any = None, has_value: bool = True) -> InputError:
+        return InputError(message, source=self.source, where=self.where, field=key, value=value,
+                          has_value=has_value)
+
+    def check_keys(self, mapping: dict[str, Any], allowed: set[str]) -> None:
+        for key in mapping:
+            if key not in allowed:
+                raise self.error(f"unknown key{_did_you_mean(str(key), allowed)}; expected one of "
+                                 f"{', '.join(sorted(allowed))}", str(key), has_value=False)
+
+    def _get(self, mapping: dict[str, Any], key: str) -> Any:
+        if key not in mapping:
+            raise self.error("missing", key, has_value=False)
+        return mapping[key]
+
+    def count(self, mapping: dict[str, Any], key: str, *, minimum: int, default: Any = _REQUIRED) -> Any:
+        """A whole number of tokens (``600`` or ``600.0``; not ``-5``, ``12.5`` or ``"600"``)."""
+        if key not in mapping and default is not _REQUIRED:
+            return default
+        value = self._get(mapping, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or (isinstance(value, float) and not value.is_integer()):
+            raise self.error("must be a whole number", key, value)
+        if value < minimum:
+            raise self.error(f"must be >= {minimum}", key, value)
+        return int(value)
+
+    def number(self, mapping: dict[str, Any], key: str, *, minimum: float, exclusive: bool = False,
+               default: Any = _REQUIRED) -> Any:
+        if key not in mapping and default is not _REQUIRED:
+            return default
+        value = self._get(mapping, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.error("must be a number", key, value)
+        if value < minimum or (exclusive and value == minimum):
+            raise self.error(f"must be {'>' if exclusive else '>='} {minimum:g}", key, value)
+        return float(value)
+
+    def mapping(self, mapping: dict[str, Any], key: str) -> dict[str, Any]:
+        value = self._get(mapping, key)
+        if not isinstance(value, dict):
+            raise self.error("expected a mapping", key, value)
+        return value
+
+    def choice(self, mapping: dict[str, Any], key: str, options: list[str]) -> str:
+        value = self._get(mapping, key)
+        if value not in options:
+            raise self.error(f"expected one of {', '.join(options)}{_did_you_mean(str(value), options)}", key, value)
+        return value
+
+    def prefix(self, mapping: dict[str, Any]) -> tuple[str, ...]:
+        value = mapping.get("prefix", [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error("expected a list of segment names", "prefix", value)
+        return tuple(value)
+
+
+
+def _did_you_mean(word: str, options: Any) -> str:
+    close = difflib.get_close_matches(word, [str(o) for o in options], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def dump_trace(trace: Trace, *, header: str = "") -> str:
+    """The trace as YAML in the format ``load_yaml_trace`` reads (explicit requests only)."""
+    document: dict[str, Any] = {"version": 1, "name": trace.name}
+    if trace.description:
+        document["description"] = trace.description
+    if trace.segments:
+        document["segments"] = dict(trace.segments)
+    document["requests"] = [
+        {"id": r.id, "arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
+         "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {})}
+        for r in trace.requests
+    ]
+    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(document, sort_keys=False, width=120)
+
+
+def load_trace(
+    path: str | Path,
+    trace_format: str = "auto",
+    *,
+    rate: float | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+) -> Trace:
+    """Read a trace in any supported format, then apply ``limit``, ``rate`` (Poisson re-timing) and ``time_scale``.
+
+    ``rate`` replaces the arrival times with a seeded Poisson process (length-only CSVs have none: without a
+    rate all their requests arrive at t = 0, like an offline benchmark).
+    """
+    from minipaged_cli import trace_import
+
+    path = Path(path)
+    if trace_format not in TRACE_FORMATS:
+        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--format", value=trace_format,
+                         has_value=True)
+    if not path.is_file():
+        raise InputError("no such file", source=str(path))
+    if trace_format == "auto":
+        trace_format = trace_import.detect_format(path)
+    readers: dict[str, Callable[[Path], Trace]] = {
+        "yaml": load_yaml_trace,
+        "azure": trace_import.read_azure,
+        "mooncake": trace_import.read_mooncake,
+        "lengths-csv": trace_import.read_lengths_csv,
+    }
+    trace = readers[trace_format](path)
+    if limit is not None:
+        if limit < 1:
+            raise InputError("must be >= 1", field="--limit", value=limit, has_value=True)
+        trace = trace.limited(limit)
+    if rate is not None:
+        if not rate > 0:
+            raise InputError("must be > 0", field="--rate", value=rate, has_value=True)
+        trace = trace.with_poisson_arrivals(rate, seed)
+    if not time_scale > 0:
+        raise InputError("must be > 0", field="--time-scale", value=time_scale, has_value=True)
+    return trace.time_scaled(time_scale)

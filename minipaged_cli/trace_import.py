@@ -1,0 +1,178 @@
+"""Readers for public production traces, into the same ``Trace`` as the YAML format.
+
+- ``azure``: Azure LLM inference trace 2023 (Splitwise), CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``.
+- ``mooncake``: Mooncake FAST'25 JSONL, ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``
+  (one id per 512-token prompt block; equal ids mean equal content). Every full block becomes a shared prefix
+  segment ``h<id>`` of 512 tokens; a partial last block is the request's own.
+- ``lengths-csv``: length-only CSVs (ShareGPT via sarathi-serve: ``num_prefill_tokens,num_decode_tokens,...``;
+  also ``prompt_tokens,output_tokens`` or ``input_length,output_length``); arrivals come from ``--rate``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from minipaged_cli.errors import InputError
+from minipaged_cli.trace import Request, Trace, make_trace
+
+MOONCAKE_BLOCK_TOKENS = 512
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_LENGTH_COLUMNS = (
+    ("num_prefill_tokens", "num_decode_tokens"),
+    ("prompt_tokens", "output_tokens"),
+    ("input_length", "output_length"),
+)
+
+
+def detect_format(path: Path) -> str:
+    """By extension, then by the CSV header."""
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    if suffix == ".jsonl":
+        return "mooncake"
+    if suffix == ".csv":
+        header = _csv_header(path)
+        if set(_AZURE_COLUMNS) <= set(header):
+            return "azure"
+        if _length_columns(header) is not None:
+            return "lengths-csv"
+        raise InputError(f"unrecognised CSV header {','.join(header)}; pass --format", source=str(path))
+    raise InputError("cannot tell the format from the extension (.yaml, .jsonl, .csv); pass --format",
+                     source=str(path))
+
+
+def read_azure(path: Path) -> Trace:
+    source = str(path)
+    requests = []
+    start: datetime | None = None
+    with _open(path) as handle:
+        reader = csv.DictReader(handle)
+        _require_columns(reader.fieldnames or [], _AZURE_COLUMNS, source)
+        for line, row in enumerate(reader, start=2):
+            where = f"line {line}"
+            stamp = _azure_time(row["TIMESTAMP"], source, where)
+            start = start or stamp
+            requests.append(Request(
+                id=f"azure-{line - 2}",
+                arrival_s=(stamp - start).total_seconds(),
+                prompt_tokens=_positive_int(row["ContextTokens"], source, where, "ContextTokens"),
+                output_tokens=_positive_int(row["GeneratedTokens"], source, where, "GeneratedTokens"),
+            ))
+    return make_trace(path.stem, requests, source=source,
+                      description="Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY-4.0)")
+
+
+def read_mooncake(path: Path) -> Trace:
+    source = str(path)
+    requests = []
+    segments: dict[str, int] = {}
+    with _open(path) as handle:
+        for line, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            where = f"line {line}"
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise InputError(f"not JSON: {error.msg}", source=source, where=where) from None
+            if not isinstance(row, dict):
+                raise InputError("expected a JSON object", source=source, where=where)
+            for key in ("timestamp", "input_length", "output_length"):
+                if key not in row:
+                    raise InputError("missing", source=source, where=where, field=key)
+            prompt = _positive_int(row["input_length"], source, where, "input_length")
+            hash_ids = row.get("hash_ids", [])
+            if not isinstance(hash_ids, list):
+                raise InputError("expected a list", source=source, where=where, field="hash_ids",
+                                 value=hash_ids, has_value=True)
+            full_blocks = hash_ids[: prompt // MOONCAKE_BLOCK_TOKENS]
+            prefix = tuple(f"h{h}" for h in full_blocks)
+            for name in prefix:
+                segments[name] = MOONCAKE_BLOCK_TOKENS
+            requests.append(Request(
+                id=f"mooncake-{len(requests)}",
+                arrival_s=_non_negative(row["timestamp"], source, where, "timestamp") / 1000.0,
+                prompt_tokens=prompt,
+                output_tokens=_positive_int(row["output_length"], source, where, "output_length"),
+                prefix=prefix,
+            ))
+    return make_trace(path.stem, requests, source=source, segments=segments,
+                      description="Mooncake FAST'25 trace (kvcache-ai/Mooncake, Apache-2.0)")
+
+
+def read_lengths_csv(path: Path) -> Trace:
+    """Prompt and output lengths only; every request arrives at t = 0 (``load_trace(rate=...)`` re-times them)."""
+    source = str(path)
+    requests = []
+    with _open(path) as handle:
+        reader = csv.DictReader(handle)
+        columns = _length_columns(reader.fieldnames or [])
+        if columns is None:
+            raise InputError(f"expected columns {' or '.join(','.join(c) for c in _LENGTH_COLUMNS)}",
+                             source=source, where="line 1")
+        prompt_column, output_column = columns
+        for line, row in enumerate(reader, start=2):
+            where = f"line {line}"
+            requests.append(Request(
+                id=f"{path.stem}-{line - 2}",
+                arrival_s=0.0,
+                prompt_tokens=_positive_int(row[prompt_column], source, where, prompt_column),
+                output_tokens=_positive_int(row[output_column], source, where, output_column),
+            ))
+    return make_trace(path.stem, requests, source=source, description=f"lengths from {path.name}")
+
+
+def _open(path: Path) -> Any:
+    try:
+        return path.open(newline="", encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"cannot read: {error.strerror}", source=str(path)) from None
+
+
+def _csv_header(path: Path) -> list[str]:
+    with _open(path) as handle:
+        return next(csv.reader(handle), [])
+
+
+def _length_columns(header: list[str]) -> tuple[str, str] | None:
+    return next((pair for pair in _LENGTH_COLUMNS if set(pair) <= set(header)), None)
+
+
+def _require_columns(header: list[str], columns: tuple[str, ...], source: str) -> None:
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise InputError(f"missing column {missing[0]!r}; expected {','.join(columns)}", source=source,
+                         where="line 1")
+
+
+def _azure_time(text: str, source: str, where: str) -> datetime:
+    # The trace writes 7 fractional digits (100 ns); datetime's %f takes at most 6.
+    try:
+        date, _, fraction = (text or "").strip().partition(".")
+        return datetime.strptime(f"{date}.{(fraction or '0')[:6]}", "%Y-%m-%d %H:%M:%S.%f")
+    except ValueError:
+        raise InputError("expected a time like 2023-11-16 18:15:46.6805900", source=source, where=where,
+                         field="TIMESTAMP", value=text, has_value=True) from None
+
+
+def _positive_int(value: Any, source: str, where: str, field: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < 1 or isinstance(value, bool) or (isinstance(value, float) and value != number):
+        raise InputError("must be a whole number >= 1", source=source, where=where, field=field, value=value,
+                         has_value=True)
+    return number
+
+
+def _non_negative(value: Any, source: str, where: str, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise InputError("must be a number >= 0", source=source, where=where, field=field, value=value,
+                         has_value=True)
+    return float(value)

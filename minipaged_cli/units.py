@@ -1,0 +1,43 @@
+"""Memory sizes as users write them (``12GiB``, ``500MB``, ``1073741824``)."""
+
+from __future__ import annotations
+
+import re
+
+from minipaged_cli.errors import InputError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, *, field: str = "--kv-memory") -> int:
+    """``"12GiB"`` -> 12884901888. Decimal (GB) and binary (GiB) units; a bare number is bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise InputError(
+            "expected a size such as 12GiB, 500MB or 1073741824", field=field, value=text, has_value=True
+        )
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise InputError("must be positive", field=field, value=text, has_value=True)
+    return size
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Binary units, three significant digits: 12884901888 -> '12.0 GiB'."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.3g} {unit}"
+    return f"{num_bytes:.0f} B"
