@@ -47,8 +47,9 @@ class BulkProfile:
     """How allocation evolves over the next ``num_steps`` decode steps (one token per running request each).
 
     ``allocated[j]`` and ``internal[j]`` are the slots allocated and the slots past every request's final length
-    during step ``j + 1``, or one int when they stay constant. ``num_steps`` may be shorter than asked when the strategy must act (allocate a block
-    it does not have, move an extent) before then; 0 means the very next step needs the slow path.
+    during step ``j + 1``, or one int when they stay constant. ``num_steps`` may be shorter than asked when the
+    strategy must act (allocate a block it does not have, move an extent) before then; 0 means the very next
+    step needs the slow path.
     """
 
     num_steps: int
@@ -98,7 +99,7 @@ class Allocator(ABC):
                      num_steps: int) -> BulkProfile:
         """For running requests of ``lengths`` holding ``allocated`` slots, each writing one token a step."""
 
-    def advance(self, holdings: list[Holding], num_steps: int) -> None:
+    def advance(self, holdings: list[Holding], num_steps: int) -> None:  # noqa: B027 - a no-op by default
         """Apply ``num_steps`` decode steps of a ``bulk_profile`` (the contiguous extents already hold them)."""
 
     def external_fragmentation(self, smallest_need: int) -> int:
