@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from minipaged_cli import __version__
-from minipaged_cli.commands import simulate
+from minipaged_cli.commands import convert, simulate
 
 app = typer.Typer(
     name="minipaged",
@@ -17,6 +17,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("simulate", epilog=simulate.EPILOG)(simulate.simulate_command)
+app.command("convert", epilog=convert.EPILOG)(convert.convert_command)
 
 
 def _version(value: bool) -> None:

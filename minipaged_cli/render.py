@@ -37,15 +37,22 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
         f"max model len {config.model_len:,}"
     )
     rows = result.strategies
-    over = " / ".join(sorted({m.averaged_over for m in rows.values()}))
-    memory = Table(title=f"Where the KV memory goes: % of capacity, time-weighted over {over} steps",
+    overs = {m.averaged_over for m in rows.values()}
+    # Saturated steps (a request waiting for memory) show how well a strategy packs a full cache; a strategy
+    # that never filled up is averaged over all its busy steps instead.
+    mixed = len(overs) > 1
+    over = "the steps named in the last column" if mixed else f"{next(iter(overs))} steps"
+    memory = Table(title=f"Where the KV memory goes: % of capacity, time-weighted over {over}",
                    title_justify="left", box=box.SIMPLE_HEAD)
     memory.add_column("strategy", no_wrap=True)
     for name in ("token states", "reserved", "internal frag", "external frag", "free", "usage"):
         memory.add_column(name, justify="right")
+    if mixed:
+        memory.add_column("over")
     for name, m in rows.items():
-        memory.add_row(name, _pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
-                       _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc))
+        cells = [_pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
+                 _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc)]
+        memory.add_row(name, *cells, *([m.averaged_over] if mixed else []))
 
     service = Table(title="Serving, in simulated time", title_justify="left", box=box.SIMPLE_HEAD)
     service.add_column("strategy", no_wrap=True)

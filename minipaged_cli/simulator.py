@@ -144,7 +144,8 @@ class _Integrator:
         key = "saturated" if self.weight["saturated"] > 0 else "busy"
         if self.weight[key] == 0:  # nothing ever ran: all memory stayed free
             return key, np.array([0.0, 0.0, 0.0, 0.0, 100.0, 0.0])
-        return key, 100.0 * self.sums[key] / self.weight[key] / capacity
+        averages = 100.0 * self.sums[key] / self.weight[key] / capacity
+        return key, np.where(np.abs(averages) < 1e-9, 0.0, averages)  # no "-0.0" from rounding
 
 
 class _Replay:
@@ -462,7 +463,7 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
             hint = " or lower --max-model-len" if name == "max-reserve" else ""
             raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens is too small for any request "
                              f"under {name} (the smallest needs {smallest}); raise --kv-memory or --num-blocks{hint}",
-                             field="capacity")
+                             field="--kv-memory")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -333,19 +334,20 @@ def _did_you_mean(word: str, options: Any) -> str:
 
 
 def dump_trace(trace: Trace, *, header: str = "") -> str:
-    """The trace as YAML in the format ``load_yaml_trace`` reads (explicit requests only)."""
+    """The trace as YAML in the format ``load_yaml_trace`` reads: explicit requests, one per line."""
     document: dict[str, Any] = {"version": 1, "name": trace.name}
     if trace.description:
         document["description"] = trace.description
     if trace.segments:
         document["segments"] = dict(trace.segments)
-    document["requests"] = [
-        {"id": r.id, "arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
-         "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {})}
-        for r in trace.requests
-    ]
-    comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
-    return comment + yaml.safe_dump(document, sort_keys=False, width=120)
+    lines = [f"# {line}" if line else "#" for text in header.splitlines() for line in textwrap.wrap(text, 110)]
+    lines.append(yaml.safe_dump(document, sort_keys=False, width=120).rstrip())
+    lines.append("requests:")
+    for r in trace.requests:
+        entry = {"id": r.id, "arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
+                 "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {})}
+        lines.append("  - " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip())
+    return "\n".join(lines) + "\n"
 
 
 def load_trace(

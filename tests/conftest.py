@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minipaged_cli.presets import GpuSpec, ModelSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+@pytest.fixture
+def tiny_model() -> ModelSpec:
+    """A model whose shapes do not matter: with ``clock_gpu`` every step lasts exactly 1 ms."""
+    return ModelSpec(name="tiny", num_layers=1, hidden_size=8, intermediate_size=8, num_q_heads=1, num_kv_heads=1,
+                     head_dim=8, vocab_size=8, tie_word_embeddings=True, gated_mlp=True, dtype="float16",
+                     max_model_len=1024)
+
+
+@pytest.fixture
+def clock_gpu() -> GpuSpec:
+    """Infinitely fast hardware: the roofline term vanishes and each step costs the 1 ms overhead."""
+    return GpuSpec(name="clock", memory_bytes=1e12, hbm_bandwidth_bytes_per_s=1e30, peak_flops=1e30,
+                   step_overhead_s=0.001)
+
+
+def shared_trace(name: str) -> Path:
+    """A public trace from ../shared/traces; tests that need one skip where the checkout has none."""
+    path = SHARED_TRACES / name
+    if not path.is_file():
+        pytest.skip(f"{path} is not available")
+    return path
