@@ -329,7 +329,7 @@ class _Fields:
 
 
 def _did_you_mean(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, [str(o) for o in options], n=1)
+    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
