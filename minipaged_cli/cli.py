@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from minipaged_cli import __version__
 from minipaged_cli.commands import convert, simulate
+from minipaged_cli.commands.common import stderr
+
+# Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """Usage errors (a missing argument, a value of the wrong type) as one line on stderr and exit code 2,
+    like the errors the commands raise themselves, instead of Typer's usage-and-panel block."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except _UsageError as error:
+            if not standalone_mode:
+                raise
+            if type(error).__name__ != "NoArgsIsHelpError":  # the help was printed instead
+                command = error.ctx.command_path if error.ctx is not None else "minipaged"
+                stderr.print(f"error: {error.format_message()} (see '{command} --help')", markup=False,
+                             highlight=False, soft_wrap=True)
+            sys.exit(error.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            stderr.print("aborted", markup=False)
+            sys.exit(1)
+        if not standalone_mode:
+            return result
+        # Without standalone mode, click returns the code of typer.Exit instead of exiting with it.
+        sys.exit(result if isinstance(result, int) else 0)
 
 app = typer.Typer(
     name="minipaged",
+    cls=_OneLineUsageErrors,
     help="Paged KV-cache memory management for LLM inference: see what paging saves on real request traces.",
     no_args_is_help=True,
     add_completion=False,

@@ -86,7 +86,8 @@ generate:
 
 BAD_TRACES = [
     ("requests: [unclosed", "not valid YAML", None),
-    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, promt: 3}", "did you mean 'prompt", "promt"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, promt: 3}", "did you mean 'prompt",
+     "promt"),
     ("requests:\n  - {id: a, arrival_s: 0, output_tokens: 2}", "missing", "prompt_tokens"),
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: '12', output_tokens: 2}", "whole number", "prompt_tokens"),
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: -5, output_tokens: 2}", ">= 1", "-5"),
@@ -96,7 +97,8 @@ BAD_TRACES = [
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2}\n"
      "  - {id: a, arrival_s: 1, prompt_tokens: 5, output_tokens: 2}", "duplicate request id", "requests[1] (id a)"),
     ("requests: []", "no requests", None),
-    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, prefix: [sys]}", "unknown segment", "sys"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, prefix: [sys]}", "unknown segment",
+     "sys"),
     ("segments: {sys: 10}\nrequests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, prefix: [sys]}",
      "more than the prompt", "prefix"),
     ("version: 2\nrequests: []", "only version 1", "version"),

@@ -50,7 +50,7 @@ def handle_errors(command: F) -> F:
 # -- option aliases ----------------------------------------------------------------------------------------
 
 TraceArg = Annotated[Path, typer.Argument(help="Request trace: YAML, Azure CSV, Mooncake JSONL or a lengths CSV.",
-                                          show_default=False)]
+                                          metavar="TRACE", show_default=False)]
 FormatOpt = Annotated[str, typer.Option("--format", help=f"Trace format: {', '.join(TRACE_FORMATS)}.")]
 RateOpt = Annotated[float | None, typer.Option(
     "--rate", help="Replace arrival times with a seeded Poisson process of this many requests/s "

@@ -30,7 +30,7 @@ Examples:\n\n
 @handle_errors
 def convert_command(
     trace_path: TraceArg,
-    output: Annotated[Path, typer.Argument(help="YAML file to write.", show_default=False)],
+    output: Annotated[Path, typer.Argument(help="YAML file to write.", metavar="OUTPUT", show_default=False)],
     trace_format: FormatOpt = "auto",
     rate: RateOpt = None,
     seed: SeedOpt = 0,

@@ -1,0 +1,148 @@
+"""The command line: exit codes, one-line errors, JSON keys, plots, and a start-up that imports no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from minipaged_cli.cli import app
+from tests.conftest import ROOT
+
+runner = CliRunner()
+MIXED = str(ROOT / "traces" / "mixed.yaml")
+STRATEGY_KEYS = {"token_state_pct", "reserved_future_pct", "internal_frag_pct", "external_frag_pct", "free_pct",
+                 "averaged_over", "kv_cache_usage_perc", "completed_requests", "rejected_requests",
+                 "num_preemptions", "mean_batch_size", "max_batch_size", "throughput_tokens_per_s", "makespan_s",
+                 "mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "invariant_violations"}
+
+
+def test_simulate_mixed_prints_a_row_per_strategy() -> None:
+    result = runner.invoke(app, ["simulate", MIXED])
+    assert result.exit_code == 0, result.output
+    for name in ("paged", "max-reserve", "pow2-reserve", "oracle-reserve", "dynamic"):
+        assert name in result.output
+    assert "token states" in result.output
+
+
+def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", MIXED, "--json", "-", "--kv-memory", "64GiB",
+                                 "--strategies", "paged,oracle-reserve"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert set(document["trace"]) == {"name", "num_requests", "prompt_tokens", "output_tokens"}
+    assert set(document["config"]) == {"model", "gpu", "block_size", "num_blocks", "kv_capacity_tokens",
+                                       "kv_bytes_per_token", "max_model_len"}
+    assert document["config"]["kv_bytes_per_token"] == 2 * 36 * 8 * 128 * 2  # qwen3-8b, bf16
+    assert document["config"]["num_blocks"] == 64 * 2**30 // (16 * 147456)
+    assert list(document["strategies"]) == ["paged", "oracle-reserve"]
+    for metrics in document["strategies"].values():
+        assert set(metrics) == STRATEGY_KEYS
+    # the same numbers in the table (printed to stderr when the JSON takes stdout)
+    paged = document["strategies"]["paged"]
+    assert f"{paged['token_state_pct']:.1f}" in result.stderr
+
+    path = tmp_path / "out.json"
+    result = runner.invoke(app, ["simulate", MIXED, "--json", str(path), "--kv-memory", "64GiB",
+                                 "--strategies", "paged,oracle-reserve"])
+    assert result.exit_code == 0
+    assert json.loads(path.read_text())["strategies"]["paged"] == paged
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "memory.png"
+    result = runner.invoke(app, ["simulate", MIXED, "--plot", str(path), "--strategies", "paged,max-reserve"])
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_check_invariants_reports_none_on_mixed() -> None:
+    result = runner.invoke(app, ["simulate", MIXED, "--check-invariants", "--json", "-"])
+    assert result.exit_code == 0
+    assert all(m["invariant_violations"] == 0 for m in json.loads(result.stdout)["strategies"].values())
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["simulate", "no/such/trace.yaml"], "no/such/trace.yaml: no such file"),
+    (["simulate", MIXED, "--model", "qwen3-8"], "did you mean 'qwen3-8b'"),
+    (["simulate", MIXED, "--kv-memory", "12 furlongs"], "--kv-memory: '12 furlongs'"),
+    (["simulate", MIXED, "--kv-memory", "1GiB", "--num-blocks", "10"], "not both"),
+    (["simulate", MIXED, "--strategies", "paged,orcale-reserve"], "did you mean 'oracle-reserve'"),
+    (["simulate", MIXED, "--num-blocks", "10"], "too small for any request"),
+    (["simulate", MIXED, "--max-model-len", "10"], "--max-model-len: 10"),
+    (["simulate", MIXED, "--format", "csv"], "--format: 'csv'"),
+    (["simulate", MIXED, "--block-size", "0"], "--block-size: 0"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert needle in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["simulate", MIXED, "--block-size", "abc"], "--block-size"),
+    (["simulate"], "Missing argument 'TRACE'"),
+    (["simulate", MIXED, "--bogus"], "No such option: --bogus"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_bad_trace_file_names_file_request_field_value(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("requests:\n  - {id: q1, arrival_s: 0, prompt_tokens: -3, output_tokens: 4}\n")
+    result = runner.invoke(app, ["simulate", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {path}: requests[0] (id q1): prompt_tokens: -3: must be >= 1"
+
+
+def test_internal_error_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    import minipaged_cli.commands.simulate as command
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(command, "simulate", broken)
+    result = runner.invoke(app, ["simulate", MIXED])
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith("internal error: ZeroDivisionError: boom")
+
+
+def test_convert_round_trips_a_slice(tmp_path: Path) -> None:
+    out = tmp_path / "slice.yaml"
+    result = runner.invoke(app, ["convert", str(ROOT / "traces" / "azure_conv_1k.yaml"), str(out), "--limit", "5",
+                                 "--note", "test note"])
+    assert result.exit_code == 0, result.output
+    assert "test note" in out.read_text()
+    again = runner.invoke(app, ["simulate", str(out), "--json", "-"])
+    assert json.loads(again.stdout)["trace"]["num_requests"] == 5
+
+
+def test_help_has_examples() -> None:
+    result = runner.invoke(app, ["simulate", "--help"])
+    assert result.exit_code == 0
+    assert "minipaged simulate traces/mixed.yaml" in result.output
+
+
+def test_start_up_imports_neither_torch_nor_transformers() -> None:
+    code = ("import sys; from minipaged_cli.cli import app; "
+            "print('torch' in sys.modules, 'transformers' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False", "False"]
+
+
+def test_console_script_runs() -> None:
+    result = subprocess.run([sys.executable, "-m", "minipaged_cli", "simulate", MIXED, "--strategies", "paged",
+                             "--json", "-"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["strategies"]["paged"]["completed_requests"] == 100
