@@ -140,3 +140,13 @@ def test_sharegpt_reproduces_the_vllm_paper_fig2_picture() -> None:
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
     assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0
     assert all(m.averaged_over == "saturated" for m in result.strategies.values())
+
+
+def test_committed_azure_sample_shows_the_same_picture() -> None:
+    # The same acceptance on the committed slice of a real trace, so it runs wherever the tests run.
+    trace = load_trace(ROOT / "traces" / "azure_conv_1k.yaml", rate=40.0)
+    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
+                       max_model_len=8192)
+    token = {name: m.token_state_pct for name, m in simulate(trace, config).strategies.items()}
+    assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
+    assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0
