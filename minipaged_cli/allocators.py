@@ -194,14 +194,7 @@ class ContiguousArena:
         index = self.first_fit(size)
         if index is None:
             return False
-        start = self.hole_starts[index]
-        if self.hole_sizes[index] == size:
-            del self.hole_starts[index], self.hole_sizes[index]
-        else:
-            self.hole_starts[index] += size
-            self.hole_sizes[index] -= size
-        self.extents[owner] = (start, size)
-        self.used += size
+        self.extents[owner] = (self._take_front(index, size), size)
         return True
 
     def extend_in_place(self, owner: int, new_size: int) -> bool:
@@ -212,14 +205,20 @@ class ContiguousArena:
         extra = new_size - size
         if index == len(self.hole_starts) or self.hole_starts[index] != end or self.hole_sizes[index] < extra:
             return False
-        if self.hole_sizes[index] == extra:
+        self._take_front(index, extra)
+        self.extents[owner] = (start, new_size)
+        return True
+
+    def _take_front(self, index: int, size: int) -> int:
+        """Take ``size`` slots from the front of hole ``index``; returns where they start."""
+        start = self.hole_starts[index]
+        if self.hole_sizes[index] == size:
             del self.hole_starts[index], self.hole_sizes[index]
         else:
-            self.hole_starts[index] += extra
-            self.hole_sizes[index] -= extra
-        self.extents[owner] = (start, new_size)
-        self.used += extra
-        return True
+            self.hole_starts[index] += size
+            self.hole_sizes[index] -= size
+        self.used += size
+        return start
 
     def free(self, owner: int) -> None:
         start, size = self.extents.pop(owner)
