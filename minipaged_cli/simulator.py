@@ -243,11 +243,12 @@ class _Replay:
         if not preempted:
             self._admit(budget)
         if not self.running:
-            # Nothing runs and the head still does not fit: it never will (only reachable when its
-            # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
-            self._dequeue()
-            self.num_rejected += 1
-            return
+            if not preempted:
+                # Nothing runs and the head still does not fit: it never will (only reachable when its
+                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
+                self._dequeue()
+                self.num_rejected += 1
+            return  # a request that preempted itself is admitted again, into an empty pool, next step
 
         # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
         chunks: list[tuple[_Live, int]] = []

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minipaged_cli.allocators import STRATEGIES
+from minipaged_cli.allocators import STRATEGIES, Holding, make_allocator
 from minipaged_cli.errors import InputError
 from minipaged_cli.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.simulator import SimConfig, replay, simulate
@@ -95,7 +95,8 @@ def test_capacity_too_small_for_any_request_is_bad_input(tiny_model: ModelSpec, 
         simulate(trace_of((0.0, 1, 1)), config, ("pagd",))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
+@example(seed=0, block_size=1, chunk=None, num_blocks=32)  # dynamic: a request preempts itself, then runs alone
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]),
        chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120))
 def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | None, num_blocks: int) -> None:
@@ -108,6 +109,11 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
     trace = trace_of(*requests)
     for strategy in STRATEGIES:
         fast = replay(trace, config, strategy).to_dict()
+        # every request completes unless it could never run: too long, or larger than the whole pool
+        allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size, max_model_len=512)
+        never = sum(r.total_tokens > 512 or allocator.largest_need(Holding(0, r.prompt_tokens, r.output_tokens))
+                    > allocator.capacity_tokens for r in trace.requests)
+        assert (fast["completed_requests"], fast["rejected_requests"]) == (len(requests) - never, never), strategy
         slow = replay(trace, config, strategy, bulk=False).to_dict()
         assert fast.pop("averaged_over") == slow.pop("averaged_over"), strategy
         assert fast == pytest.approx(slow, rel=1e-9, abs=1e-9), strategy
