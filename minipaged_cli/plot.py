@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minipaged_cli.errors import InputError
 from minipaged_cli.simulator import CATEGORIES, SimulationResult
 
 _LABELS = {
@@ -52,5 +53,9 @@ def plot_memory_timeline(result: SimulationResult, path: Path) -> None:
     figure.suptitle(f"{result.trace.name}: KV memory over time ({result.config.model.name}, "
                     f"{result.config.kv_capacity_tokens:,} token slots)", y=0.995)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as error:
+        raise InputError(f"cannot write: {error.strerror}", field="--plot", value=str(path), has_value=True) from None
+    finally:
+        plt.close(figure)

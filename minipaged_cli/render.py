@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from minipaged_cli.errors import InputError
 from minipaged_cli.simulator import SimulationResult
 from minipaged_cli.units import format_bytes
 
@@ -22,8 +23,12 @@ def write_json(document: dict[str, Any], destination: str, stdout: Console) -> N
         stdout.file.write(text + "\n")
         stdout.file.flush()
     else:
-        with open(destination, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
+        try:
+            with open(destination, "w", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+        except OSError as error:
+            raise InputError(f"cannot write: {error.strerror}", field="--json", value=destination,
+                             has_value=True) from None
 
 
 def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:

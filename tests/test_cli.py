@@ -76,6 +76,8 @@ def test_check_invariants_reports_none_on_mixed() -> None:
     (["simulate", MIXED, "--max-model-len", "10"], "--max-model-len: 10"),
     (["simulate", MIXED, "--format", "csv"], "--format: 'csv'"),
     (["simulate", MIXED, "--block-size", "0"], "--block-size: 0"),
+    (["simulate", MIXED, "--json", "/no/such/dir/out.json"], "--json: '/no/such/dir/out.json': cannot write"),
+    (["simulate", MIXED, "--plot", "/no/such/dir/out.png"], "--plot: '/no/such/dir/out.png': cannot write"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     result = runner.invoke(app, args)
@@ -146,3 +148,23 @@ def test_console_script_runs() -> None:
                              "--json", "-"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["strategies"]["paged"]["completed_requests"] == 100
+
+
+def test_progress_bar_appears_only_after_the_delay() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from minipaged_cli.render import ReplayProgress
+
+    console = Console(file=StringIO(), force_terminal=True)
+    with ReplayProgress(console, 1000, ("paged", "dynamic"), delay_s=3600) as slow:
+        for done in range(1000):
+            slow("paged", done)
+    assert slow.bar is None
+    with ReplayProgress(console, 1000, ("paged", "dynamic"), delay_s=0) as fast:
+        for done in range(1000):
+            fast("dynamic", done)
+        assert fast.bar is not None
+        assert fast.bar.tasks[0].completed >= 1000 + 511  # dynamic is the second strategy
+        assert fast.bar.tasks[0].total == 2000
