@@ -1,0 +1,95 @@
+"""Backends run the data plane's two operations on one device and time them.
+
+The interface is what ``minipaged run`` and the kernels' tests call: ``cache_write``, ``paged_attention``,
+``synchronize``, and ``timed`` (seconds of device time). Every call is validated first (shapes, dtypes, devices,
+block ids, sequence lengths): a bad argument is a ``ValueError``, never an out-of-range read.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minipaged_cli.errors import InputError
+from minipaged_cli.paged_ops import (
+    cache_write,
+    check_cache_write,
+    check_paged_attention,
+    paged_attention_vectorized,
+)
+
+
+class Backend(ABC):
+    name: str
+    device: torch.device
+
+    def cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """key, value [num_tokens, num_kv_heads, head_dim] -> the caches at ``slot_mapping`` [num_tokens] (-1: skip)."""
+        check_cache_write(key, value, key_cache, value_cache, slot_mapping)
+        self._cache_write(key, value, key_cache, value_cache, slot_mapping)
+
+    def paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """query [batch, num_q_heads, head_dim] over the cached K/V -> out [batch, num_q_heads, head_dim]."""
+        check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens)
+        return self._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+    @abstractmethod
+    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+
+    @abstractmethod
+    def synchronize(self) -> None: ...
+
+    def timed(self, call: Callable[[], Any]) -> tuple[Any, float]:
+        """Run ``call``; return its result and the seconds it took on the device."""
+        self.synchronize()
+        start = time.perf_counter()
+        result = call()
+        self.synchronize()
+        return result, time.perf_counter() - start
+
+
+class TorchBackend(Backend):
+    """The PyTorch reference implementations, on the CPU (or any device torch runs on)."""
+
+    name = "torch"
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        cache_write(key, value, key_cache, value_cache, slot_mapping)
+
+    def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        return paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def select_backend(device: str) -> Backend:
+    """``auto``: the CUDA kernels when they are usable, else the CPU; ``cpu``; ``cuda`` (one clear error if absent).
+
+    The PyCUDA kernels arrive with their own issue; until then ``cuda`` runs the PyTorch reference on the GPU.
+    """
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError("expected auto, cpu or cuda", field="--device", value=device, has_value=True)
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return TorchBackend("cpu")
+    if not torch.cuda.is_available():
+        raise InputError("CUDA is not available: torch sees no GPU; use --device cpu", field="--device",
+                         value=device, has_value=True)
+    return TorchBackend("cuda")
