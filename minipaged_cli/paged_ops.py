@@ -152,34 +152,37 @@ def paged_attention_naive(query: torch.Tensor, key_cache: torch.Tensor, value_ca
 
 def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """Gather one kv head's blocks for a group of sequences (padded to the longest), mask, one softmax.
+    """Gather one kv head's blocks for a group of sequences (padded to the group's longest), mask, one softmax.
 
     Memory traffic decides the speed on a CPU: ``index_select`` of one head's blocks lands contiguous as
     [sequences, tokens, head_dim], ready for ``bmm`` with no second copy, into one buffer that K and then V
-    reuse and that is small enough (sequences are taken in groups) to stay in the CPU's cache between the copy
-    and the product.
+    reuse and that is small enough to stay in the CPU's cache between the copy and the product. Sequences are
+    grouped by length, so a short one is not padded to the longest of the batch.
     """
     batch, num_q_heads, head_dim = query.shape
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = num_q_heads // num_kv_heads
-    num_read = -(-int(seq_lens.max()) // block_size)
-    num_tokens = num_read * block_size
-    tables = block_tables[:, :num_read].long().clamp(min=0)  # -1 padding reads block 0: masked below
-    invalid = torch.arange(num_tokens, device=query.device)[None, :] >= seq_lens[:, None]  # [batch, tokens]
-    q = query.float().view(batch, num_kv_heads, group, head_dim)
+    q = query.float().reshape(batch, num_kv_heads, group, head_dim)
     out = torch.empty(batch, num_kv_heads, group, head_dim, device=query.device)
-    per_group = max(1, _CACHE_RESIDENT_BYTES // (num_tokens * head_dim * 4))
-    for first in range(0, batch, per_group):
-        rows = slice(first, first + per_group)
-        block_ids = tables[rows].reshape(-1)
+    order = torch.argsort(seq_lens, descending=True)
+    lengths = seq_lens[order].tolist()
+    first = 0
+    while first < batch:
+        num_tokens = -(-lengths[first] // block_size) * block_size  # the longest of the group, in whole blocks
+        size = max(1, _CACHE_RESIDENT_BYTES // (num_tokens * head_dim * 4))
+        rows = order[first:first + size]
+        first += size
+        num_read = num_tokens // block_size
+        block_ids = block_tables[rows, :num_read].reshape(-1).long().clamp(min=0)  # -1 padding: masked below
+        invalid = torch.arange(num_tokens, device=query.device)[None, :] >= seq_lens[rows, None]
+        padding = invalid.nonzero(as_tuple=True)  # (sequence, token) past each sequence's end
         gathered = torch.empty(block_ids.numel(), block_size, head_dim, dtype=key_cache.dtype, device=query.device)
         as_float = gathered if key_cache.dtype == torch.float32 else torch.empty_like(gathered, dtype=torch.float32)
-        x = as_float.view(-1, num_tokens, head_dim)  # [sequences in the group, tokens, head_dim]
-        padding = invalid[rows].nonzero(as_tuple=True)  # (sequence, token) past each sequence's end: few
+        x = as_float.view(len(rows), num_tokens, head_dim)  # [sequences in the group, tokens, head_dim]
         for kv_head in range(num_kv_heads):
             _gather_head(key_cache, kv_head, block_ids, gathered, as_float)
             logits = torch.bmm(q[rows, kv_head], x.transpose(1, 2)).mul_(scale)  # [sequences, group, tokens]
-            logits.masked_fill_(invalid[rows, None, :], float("-inf"))
+            logits.masked_fill_(invalid[:, None, :], float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             _gather_head(value_cache, kv_head, block_ids, gathered, as_float)
             x[padding] = 0.0  # select, never multiply: stale slots may hold NaN, and 0 * NaN is NaN
@@ -211,7 +214,7 @@ def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_c
     batch, num_q_heads, head_dim = query.shape
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = num_q_heads // num_kv_heads
-    q = query.float().view(batch, num_kv_heads, group, head_dim) * scale
+    q = query.float().reshape(batch, num_kv_heads, group, head_dim) * scale
     running_max = torch.full((batch, num_kv_heads, group, 1), float("-inf"), device=query.device)
     running_sum = torch.zeros((batch, num_kv_heads, group, 1), device=query.device)
     acc = torch.zeros((batch, num_kv_heads, group, head_dim), device=query.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +54,34 @@ def plot_memory_timeline(result: SimulationResult, path: Path) -> None:
     figure.suptitle(f"{result.trace.name}: KV memory over time ({result.config.model.name}, "
                     f"{result.config.kv_capacity_tokens:,} token slots)", y=0.995)
     figure.tight_layout()
+    _save(figure, path, plt)
+
+
+def plot_run_steps(report: Any, path: Path, *, title: str) -> None:
+    """``minipaged run``: time of attention and cache writes per step, with the batch and the live tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = np.arange(1, report.steps + 1)
+    figure, (times, load) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    times.plot(steps, report.per_step["attention_ms"], label="decode attention", linewidth=0.8)
+    times.plot(steps, report.per_step["cache_write_ms"], label="cache write", linewidth=0.8)
+    times.set_ylabel("ms per step (all layers)")
+    times.legend(frameon=False)
+    load.plot(steps, report.per_step["live_tokens"], color="#2f7d32", linewidth=0.8)
+    load.set_ylabel("live tokens")
+    batch = load.twinx()
+    batch.plot(steps, report.per_step["batch_size"], color="#e65100", linewidth=0.8)
+    batch.set_ylabel("decoding sequences", color="#e65100")
+    load.set_xlabel("step")
+    figure.suptitle(title)
+    figure.tight_layout()
+    _save(figure, path, plt)
+
+
+def _save(figure: Any, path: Path, plt: Any) -> None:
     try:
         figure.savefig(path, dpi=120)
     except OSError as error:

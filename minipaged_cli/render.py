@@ -75,6 +75,34 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     return [header, memory, service]
 
 
+def run_table(report: Any) -> Table:
+    """``minipaged run``'s measurements (a ``runner.RunReport``), one per row, with their JSON keys."""
+    table = Table(title=f"Data plane on {report.device} ({report.backend} backend)", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_column("JSON key", style="dim")
+    rows = [
+        ("steps", f"{report.steps:,}", "steps"),
+        ("prompt tokens written", f"{report.prompt_tokens:,}", "prompt_tokens"),
+        ("decode tokens", f"{report.decode_tokens:,}", "decode_tokens"),
+        ("wall time", f"{report.wall_s:.2f} s", "wall_s"),
+        ("decode throughput", f"{report.decode_tokens_per_s:,.1f} tok/s", "decode_tokens_per_s"),
+        ("decode attention", f"{report.attention_s:.3f} s", "attention_s"),
+        ("  K/V read", f"{report.attention_gbps:.2f} GB/s", "attention_gbps"),
+        ("cache write", f"{report.cache_write_s:.3f} s", "cache_write_s"),
+        ("  K/V written", f"{report.cache_write_gbps:.2f} GB/s", "cache_write_gbps"),
+        ("token states (step mean)", f"{_pct(report.token_state_pct)} %", "token_state_pct"),
+        ("blocks in use (step mean)", f"{_pct(report.kv_cache_usage_perc)} %", "kv_cache_usage_perc"),
+        ("KV pool", format_bytes(report.kv_pool_bytes), "kv_pool_bytes"),
+        ("peak memory", format_bytes(report.peak_memory_bytes), "peak_memory_bytes"),
+        ("preemptions", f"{report.num_preemptions:,}", "num_preemptions"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def _pct(value: float) -> str:
     return f"{value:.1f}"
 
@@ -82,8 +110,8 @@ def _pct(value: float) -> str:
 class ReplayProgress:
     """A progress bar that appears only when a replay has run for more than ``delay_s`` seconds.
 
-    Called as ``progress(strategy, requests_done)`` from the simulator's loop, so it looks at the clock only
-    every few hundred calls.
+    Called as ``progress(strategy, requests_done)`` from the replay's loop, as often as every event; it redraws
+    at most ten times a second.
     """
 
     def __init__(self, console: Console, total_per_strategy: int, strategies: tuple[str, ...],
@@ -91,19 +119,17 @@ class ReplayProgress:
         self.console = console
         self.total = total_per_strategy * len(strategies)
         self.offsets = {name: i * total_per_strategy for i, name in enumerate(strategies)}
-        self.delay_s = delay_s
-        self.start = time.monotonic()
-        self.calls = 0
+        self.show_at = time.monotonic() + delay_s
+        self.next_update = self.show_at
         self.bar: Progress | None = None
         self.task: Any = None
 
     def __call__(self, strategy: str, done: int) -> None:
-        self.calls += 1
-        if self.calls % 256:
+        now = time.monotonic()
+        if now < self.next_update:
             return
+        self.next_update = now + 0.1
         if self.bar is None:
-            if time.monotonic() - self.start < self.delay_s:
-                return
             self.bar = Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()

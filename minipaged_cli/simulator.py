@@ -112,6 +112,20 @@ class StrategyMetrics:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
 
 
+@dataclass(frozen=True)
+class StepWork:
+    """What one step writes, for a data plane to execute: K/V of every new token, then decode attention.
+
+    ``prefills``: (sequence_id, first position, number of tokens) of each prompt chunk; ``decodes``:
+    (sequence_id, position) of the one token each decoding sequence writes and attends from (it attends to
+    positions 0..position). ``live_tokens``: tokens held by running requests once the step has run.
+    """
+
+    prefills: list[tuple[int, int, int]]
+    decodes: list[tuple[int, int]]
+    live_tokens: int
+
+
 @dataclass(eq=False)  # identity: the engine looks requests up in its lists
 class _Live(Holding):
     """A request inside the engine."""
@@ -150,7 +164,9 @@ class _Integrator:
 
 class _Replay:
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, bulk: bool,
-                 progress: Callable[[int], None] | None) -> None:
+                 progress: Callable[[int], None] | None,
+                 on_step: Callable[[StepWork, Allocator], None] | None = None,
+                 max_steps: int | None = None) -> None:
         self.config = config
         self.model = config.model
         self.allocator = allocator
@@ -171,6 +187,8 @@ class _Replay:
         self.max_batch_size = 0
         self.invariant_violations = 0
         self.timeline: dict[str, list[float]] = {"time_s": [], **{c: [] for c in CATEGORIES}}
+        self.on_step = on_step
+        self.max_steps = max_steps
         gpu = config.gpu
         self._seconds_per_token = 2.0 * self.model.num_params / gpu.peak_flops
         self._seconds_per_attended_token = self.model.attention_flops_per_context_token / gpu.peak_flops
@@ -181,6 +199,8 @@ class _Replay:
 
     def run(self) -> StrategyMetrics:
         while self.next_arrival < len(self.requests) or self.waiting or self.running:
+            if self.max_steps is not None and self.num_steps >= self.max_steps:
+                break
             self._arrive()
             if not self.running and not self.waiting:
                 if self.next_arrival < len(self.requests):  # idle until the next arrival
@@ -269,6 +289,11 @@ class _Replay:
         kv_moved = contexts + len(decoders) + sum(r.num_computed + c for r, c in chunks) + 2 * copied
         duration = float(self._step_time(num_new, attended, kv_moved))
 
+        if self.on_step is not None:
+            work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
+                            decodes=[(r.sequence_id, r.num_computed) for r in decoders],
+                            live_tokens=sum(r.num_computed for r in self.running) + num_new)
+            self.on_step(work, self.allocator)
         for live in decoders:
             live.num_computed += 1
             live.num_generated += 1
@@ -512,10 +537,18 @@ def replay(
     *,
     bulk: bool = True,
     progress: Callable[[int], None] | None = None,
+    on_step: Callable[[StepWork, Allocator], None] | None = None,
+    max_steps: int | None = None,
 ) -> StrategyMetrics:
-    """Replay ``trace`` under one strategy. ``progress`` gets the number of requests done so far."""
+    """Replay ``trace`` under one strategy. ``progress`` gets the number of requests done so far.
+
+    ``on_step`` is called after every step's allocation with the tokens the step writes (and the allocator,
+    whose block manager holds their slots): the data plane executes them. It implies one step at a time.
+    ``max_steps`` ends the replay early; the metrics then cover the steps that ran.
+    """
     _check_strategy(strategy)
-    return _Replay(trace, config, _allocator(strategy, config), bulk, progress).run()
+    allocator = _allocator(strategy, config)
+    return _Replay(trace, config, allocator, bulk and on_step is None, progress, on_step, max_steps).run()
 
 
 def _check_strategy(name: str) -> None:
