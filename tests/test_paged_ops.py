@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from minipaged_cli.backends import TorchBackend
 from minipaged_cli.kv_cache import PagedKVCache
 from minipaged_cli.paged_ops import (
-    cache_write,
     cache_write_naive,
     check_paged_attention,
     paged_attention_naive,
@@ -138,7 +137,8 @@ def test_cache_write_is_bit_exact_from_strided_views(dtype: torch.dtype, block_s
         cache.value_cache[0].fill_(float("nan"))
     cache_write_naive(key, value, caches[0].key_cache[0], caches[0].value_cache[0], slot_mapping)
     TorchBackend().cache_write(key, value, caches[1].key_cache[0], caches[1].value_cache[0], slot_mapping)
-    for a, b in ((caches[0].key_cache[0], caches[1].key_cache[0]), (caches[0].value_cache[0], caches[1].value_cache[0])):
+    pairs = ((caches[0].key_cache[0], caches[1].key_cache[0]), (caches[0].value_cache[0], caches[1].value_cache[0]))
+    for a, b in pairs:
         assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
     # each written token reads back from its slot; padding tokens were not written anywhere
     for token, slot in enumerate(slot_mapping.tolist()):
