@@ -162,7 +162,7 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
     batch, num_q_heads, head_dim = query.shape
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = num_q_heads // num_kv_heads
-    q = query.float().reshape(batch, num_kv_heads, group, head_dim)
+    q = query.float().reshape(batch, num_kv_heads, group, head_dim) * scale
     out = torch.empty(batch, num_kv_heads, group, head_dim, device=query.device)
     order = torch.argsort(seq_lens, descending=True)
     lengths = seq_lens[order].tolist()
@@ -176,16 +176,19 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
         block_ids = block_tables[rows, :num_read].reshape(-1).long().clamp(min=0)  # -1 padding: masked below
         invalid = torch.arange(num_tokens, device=query.device)[None, :] >= seq_lens[rows, None]
         padding = invalid.nonzero(as_tuple=True)  # (sequence, token) past each sequence's end
+        padded = len(padding[0]) > 0
         gathered = torch.empty(block_ids.numel(), block_size, head_dim, dtype=key_cache.dtype, device=query.device)
         as_float = gathered if key_cache.dtype == torch.float32 else torch.empty_like(gathered, dtype=torch.float32)
         x = as_float.view(len(rows), num_tokens, head_dim)  # [sequences in the group, tokens, head_dim]
         for kv_head in range(num_kv_heads):
             _gather_head(key_cache, kv_head, block_ids, gathered, as_float)
-            logits = torch.bmm(q[rows, kv_head], x.transpose(1, 2)).mul_(scale)  # [sequences, group, tokens]
-            logits.masked_fill_(invalid[:, None, :], float("-inf"))
+            logits = torch.bmm(q[rows, kv_head], x.transpose(1, 2))  # [sequences, group, tokens]
+            if padded:
+                logits.masked_fill_(invalid[:, None, :], float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             _gather_head(value_cache, kv_head, block_ids, gathered, as_float)
-            x[padding] = 0.0  # select, never multiply: stale slots may hold NaN, and 0 * NaN is NaN
+            if padded:
+                x[padding] = 0.0  # select, never multiply: stale slots may hold NaN, and 0 * NaN is NaN
             out[rows, kv_head] = torch.bmm(probs, x)
     return out.view(batch, num_q_heads, head_dim).to(query.dtype)
 
