@@ -103,6 +103,20 @@ def run_table(report: Any) -> Table:
     return table
 
 
+def verify_table(report: Any) -> Table:
+    """A row per check of ``minipaged verify`` (a ``verify.VerifyReport``)."""
+    verdict = "[green]all passed[/]" if report.passed else "[bold red]FAILED[/]"
+    table = Table(title=f"Paged attention vs Hugging Face: {verdict}", title_justify="left", box=box.SIMPLE_HEAD)
+    for name, justify in (("check", "left"), ("max abs err", "right"), ("mean abs err", "right"),
+                          ("tolerance", "right"), ("result", "left"), ("tolerance because", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for check in report.checks:
+        result = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
+        table.add_row(check.name, f"{check.max_abs_err:.3g}", f"{check.mean_abs_err:.3g}", f"{check.tolerance:.3g}",
+                      result, check.why)
+    return table
+
+
 def _pct(value: float) -> str:
     return f"{value:.1f}"
 
