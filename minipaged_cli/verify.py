@@ -99,7 +99,7 @@ def tolerance_for(dtype: torch.dtype, reference: torch.Tensor) -> tuple[float, s
         return FP32_TOLERANCE, "fp32: both sides compute in fp32; only summation order differs"
     magnitude = float(reference.abs().max())
     return (LOW_PRECISION_ULPS * torch.finfo(dtype).eps * magnitude,
-            f"{LOW_PRECISION_ULPS} ulps of the largest |output| ({magnitude:.3g}) in {str(dtype).split('.')[-1]}")
+            f"{str(dtype).split('.')[-1]}: {LOW_PRECISION_ULPS} eps x the largest |output| ({magnitude:.3g})")
 
 
 def errors(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
