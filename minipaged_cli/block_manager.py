@@ -95,6 +95,8 @@ class KVBlockManager:
         self.free_blocks: deque[int] = deque(range(num_physical_blocks))
         self.sequences: dict[SequenceId, SequenceState] = {}
         self._released: set[SequenceId] = set()
+        self.num_allocations = 0  # blocks taken from the free queue, ever
+        self.num_frees = 0  # blocks returned to it, ever
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -140,6 +142,7 @@ class KVBlockManager:
         """Take one block from the free queue (the caller puts it in a block table)."""
         if not self.free_blocks:
             raise OutOfBlocksError(f"no free block: all {self.num_physical_blocks} blocks are in use")
+        self.num_allocations += 1
         return self.free_blocks.popleft()
 
     def append_token(self, sequence_id: SequenceId) -> int:
@@ -172,6 +175,7 @@ class KVBlockManager:
         append, take = state.block_table.append, self.free_blocks.popleft
         for _ in range(needed):
             append(take())
+        self.num_allocations += needed
         state.sequence_length = new_length
         return state
 
@@ -197,6 +201,7 @@ class KVBlockManager:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self._state(sequence_id)
         self.free_blocks.extend(state.block_table)
+        self.num_frees += len(state.block_table)
         del self.sequences[sequence_id]
         self._released.add(sequence_id)
 

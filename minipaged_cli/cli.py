@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from minipaged_cli import __version__
-from minipaged_cli.commands import convert, run, simulate, verify
+from minipaged_cli.commands import convert, profile, run, simulate, verify
 from minipaged_cli.commands.common import stderr
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
@@ -54,6 +54,7 @@ app = typer.Typer(
 app.command("simulate", epilog=simulate.EPILOG)(simulate.simulate_command)
 app.command("run", epilog=run.EPILOG)(run.run_command)
 app.command("verify", epilog=verify.EPILOG)(verify.verify_command)
+app.command("profile", epilog=profile.EPILOG)(profile.profile_command)
 app.command("convert", epilog=convert.EPILOG)(convert.convert_command)
 
 

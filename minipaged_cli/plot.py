@@ -81,6 +81,36 @@ def plot_run_steps(report: Any, path: Path, *, title: str) -> None:
     _save(figure, path, plt)
 
 
+def plot_block_sizes(rows: list[Any], path: Path, *, title: str) -> None:
+    """``minipaged profile``: waste and attention time against block size (log2 axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r.block_size for r in rows]
+    figure, waste = plt.subplots(figsize=(8, 4.5))
+    waste.plot(sizes, [r.mean_tail_waste_tokens for r in rows], "o-", color="#e65100", label="tail waste (tokens)")
+    waste.plot(sizes, [r.expected_tail_waste_tokens for r in rows], ":", color="#e65100", label="(B-1)/2")
+    waste.set_xscale("log", base=2)
+    waste.set_xticks(sizes, [str(s) for s in sizes])
+    waste.set_xlabel("block size (tokens)")
+    waste.set_ylabel("tail waste per sequence (tokens)", color="#e65100")
+    handles, labels = waste.get_legend_handles_labels()
+    timed = [r for r in rows if r.kernel is not None]
+    if timed:
+        attention = waste.twinx()
+        attention.plot([r.block_size for r in timed], [r.kernel.attention_us for r in timed], "s-", color="#1565c0",
+                       label="decode attention (µs)")
+        attention.set_ylabel("decode attention, busiest batch (µs)", color="#1565c0")
+        more_handles, more_labels = attention.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    waste.legend(handles, labels, frameon=False, loc="upper center")
+    figure.suptitle(title)
+    figure.tight_layout()
+    _save(figure, path, plt)
+
+
 def _save(figure: Any, path: Path, plt: Any) -> None:
     try:
         figure.savefig(path, dpi=120)

@@ -117,6 +117,65 @@ def verify_table(report: Any) -> Table:
     return table
 
 
+def profile_table(rows: list[Any]) -> Table:
+    """A row per block size (``block_size_profile.ProfileRow``); the best value of each column in bold green."""
+    table = Table(title="Block sizes on this trace and this KV memory (tail tok: unused slots of a sequence's last "
+                        "block, time-weighted; tables: int32 block-table bytes at the peak; attn: the busiest batch)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    # (header, value, better: -1 lower, +1 higher, 0 no ranking, format)
+    columns: list[tuple[str, Any, int, str]] = [
+        ("block", lambda r: r.block_size, 0, "{:d}"),
+        ("int frag %", lambda r: r.internal_frag_pct, -1, "{:.2f}"),
+        ("tail tok", lambda r: r.mean_tail_waste_tokens, -1, "{:.1f}"),
+        ("(B-1)/2", lambda r: r.expected_tail_waste_tokens, 0, "{:.1f}"),
+        ("tables", lambda r: r.block_table_bytes, -1, "bytes"),
+        ("allocs", lambda r: r.num_block_allocations, -1, "{:,d}"),
+        ("tok st %", lambda r: r.metrics.token_state_pct, 1, "{:.1f}"),
+        ("batch", lambda r: r.metrics.mean_batch_size, 1, "{:.1f}"),
+        ("preempt", lambda r: r.metrics.num_preemptions, -1, "{:,d}"),
+        ("tok/s", lambda r: r.metrics.throughput_tokens_per_s, 1, "{:,.0f}"),
+        ("prefix lost", lambda r: r.prefix_tokens_lost, -1, "{:,d}"),
+        ("write µs/tok", lambda r: r.kernel.cache_write_us_per_token if r.kernel else None, -1, "{:.3f}"),
+        ("attn ms", lambda r: r.kernel.attention_us / 1e3 if r.kernel else None, -1, "{:,.2f}"),
+        ("attn GB/s", lambda r: r.kernel.attention_gbps if r.kernel else None, 1, "{:.2f}"),
+    ]
+    for header, *_ in columns:
+        table.add_column(header, justify="right", no_wrap=True)
+    best = {}
+    for header, value, better, _ in columns:
+        values = [value(r) for r in rows if value(r) is not None]
+        if better and len(rows) > 1 and values and len(set(values)) > 1:
+            best[header] = max(values) if better > 0 else min(values)
+    for row in rows:
+        cells = []
+        for header, value, _, form in columns:
+            v = value(row)
+            text = "-" if v is None else format_bytes(v) if form == "bytes" else form.format(v)
+            cells.append(f"[bold green]{text}[/]" if header in best and v == best[header] else text)
+        table.add_row(*cells)
+    return table
+
+
+def profile_detail(row: Any) -> list[Any]:
+    """For one block size: the tail waste of completed requests and where the memory went."""
+    from minipaged_cli.block_size_profile import tail_waste_histogram
+
+    waste = Table(title=f"Tail waste at completion, block size {row.block_size} (requests per range of tokens)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    histogram = tail_waste_histogram(row.final_tail_waste, row.block_size)
+    for label, _ in histogram:
+        waste.add_column(label, justify="right")
+    waste.add_row(*(f"{count:,}" for _, count in histogram))
+    m = row.metrics
+    memory = Table(title=f"Where the KV memory goes: % of capacity, time-weighted over {m.averaged_over} steps",
+                   title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("token states", "reserved", "internal frag", "external frag", "free", "usage"):
+        memory.add_column(name, justify="right")
+    memory.add_row(_pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
+                   _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc))
+    return [waste, memory]
+
+
 def _pct(value: float) -> str:
     return f"{value:.1f}"
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from minipaged_cli.allocators import STRATEGIES, Allocator, Holding, make_allocator
+from minipaged_cli.allocators import STRATEGIES, Allocator, Holding, PagedAllocator, make_allocator
 from minipaged_cli.errors import InputError
 from minipaged_cli.presets import GpuSpec, ModelSpec
 from minipaged_cli.trace import Request, Trace
@@ -84,6 +84,25 @@ class SimConfig:
 
 
 @dataclass
+class ReplayDetail:
+    """Measurements beyond ``simulate``'s table, for ``profile``: time integrals over busy steps and the shape
+    of the busiest step."""
+
+    busy_time_s: float  # Σ step durations
+    running_time_s: float  # Σ duration * running requests
+    unused_slot_time_s: float  # Σ duration * Σ (allocated - length): the tails of the live allocations
+    allocated_slot_time_s: float  # Σ duration * allocated slots
+    busiest_seq_lens: list[int]  # lengths of the decoding requests when the most tokens were live
+    peak_used_slots: int
+    num_block_allocations: int  # paged: blocks taken from the free queue, ever (0 for contiguous strategies)
+    num_block_frees: int
+
+    @property
+    def mean_unused_slots_per_request(self) -> float:
+        return self.unused_slot_time_s / self.running_time_s if self.running_time_s else 0.0
+
+
+@dataclass
 class StrategyMetrics:
     """What one strategy did with the trace. Percentages are of the KV capacity, 0-100."""
 
@@ -106,9 +125,10 @@ class StrategyMetrics:
     mean_tpot_s: float
     invariant_violations: int
     timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    detail: ReplayDetail | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, float | int | str]:
-        out = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail")}
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
 
 
@@ -189,6 +209,10 @@ class _Replay:
         self.timeline: dict[str, list[float]] = {"time_s": [], **{c: [] for c in CATEGORIES}}
         self.on_step = on_step
         self.max_steps = max_steps
+        self.running_time = 0.0
+        self.peak_tokens = -1
+        self.busiest_seq_lens: list[int] = []
+        self.peak_used_slots = 0
         gpu = config.gpu
         self._seconds_per_token = 2.0 * self.model.num_params / gpu.peak_flops
         self._seconds_per_attended_token = self.model.attention_flops_per_context_token / gpu.peak_flops
@@ -304,6 +328,7 @@ class _Replay:
                 if live.first_token_s is None:
                     live.first_token_s = self.now + duration
         self._record(duration, duration * self._categories_now(), saturated, 1)
+        self._note_busiest()
         self.now += duration
         self._finish()
 
@@ -352,6 +377,7 @@ class _Replay:
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
+        self._note_busiest(total_length + n * num_steps)
         self.now += duration
         self._finish()
         return True
@@ -406,6 +432,15 @@ class _Replay:
 
     # -- measurement ---------------------------------------------------------------------------------------
 
+    def _note_busiest(self, live_tokens: int | None = None) -> None:
+        """Keep the decoding lengths of the step with the most live tokens (the end of a bulk advance)."""
+        self.peak_used_slots = max(self.peak_used_slots, self.allocator.used_slots)
+        if live_tokens is None:
+            live_tokens = sum(r.num_computed for r in self.running)
+        if live_tokens > self.peak_tokens:
+            self.peak_tokens = live_tokens
+            self.busiest_seq_lens = [r.num_computed for r in self.running if r.prefill_done]
+
     def _step_time(self, num_new_tokens: int, attended: Any, kv_tokens_moved: Any) -> Any:
         """Roofline duration of steps processing ``num_new_tokens`` tokens that attend to ``attended`` cached
         tokens in all and read or write ``kv_tokens_moved`` tokens of KV (floats or arrays of them)."""
@@ -429,6 +464,7 @@ class _Replay:
 
     def _record(self, duration: float, integrals: np.ndarray, saturated: bool, num_steps: int) -> None:
         self.integrator.add(duration, integrals, saturated)
+        self.running_time += duration * len(self.running)
         self.num_steps += num_steps
         self.batch_size_sum += num_steps * len(self.running)
         self.max_batch_size = max(self.max_batch_size, len(self.running))
@@ -438,6 +474,7 @@ class _Replay:
                 self.timeline[name].append(100.0 * value / duration / self.allocator.capacity_tokens)
 
     def _metrics(self) -> StrategyMetrics:
+        manager = self.allocator.manager if isinstance(self.allocator, PagedAllocator) else None
         capacity = self.allocator.capacity_tokens
         averaged_over, averages = self.integrator.averages(capacity)
         completed = [r for r, _ in self.finished]
@@ -467,6 +504,17 @@ class _Replay:
             mean_tpot_s=float(np.mean(tpots)) if tpots else 0.0,
             invariant_violations=self.invariant_violations,
             timeline=self.timeline if self.config.record_timeline else {},
+            detail=ReplayDetail(
+                busy_time_s=self.integrator.weight["busy"],
+                running_time_s=self.running_time,
+                # allocated - tokens; max() drops the -1e-14 that cancellation leaves when nothing is unused
+                unused_slot_time_s=max(0.0, float(self.integrator.sums["busy"][5] - self.integrator.sums["busy"][0])),
+                allocated_slot_time_s=float(self.integrator.sums["busy"][5]),
+                busiest_seq_lens=self.busiest_seq_lens,
+                peak_used_slots=self.peak_used_slots,
+                num_block_allocations=manager.num_allocations if manager is not None else 0,
+                num_block_frees=manager.num_frees if manager is not None else 0,
+            ),
         )
 
 

@@ -1,0 +1,139 @@
+"""``minipaged profile``: the block-size trade-off on one trace, measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from minipaged_cli.commands.common import (
+    FormatOpt,
+    GpuOpt,
+    GpuUtilOpt,
+    JsonOpt,
+    KvMemoryOpt,
+    LimitOpt,
+    MaxModelLenOpt,
+    ModelOpt,
+    NumBlocksOpt,
+    PlotOpt,
+    RateOpt,
+    SeedOpt,
+    TimeScaleOpt,
+    handle_errors,
+    resolve_num_blocks,
+    stderr,
+    stdout,
+)
+from minipaged_cli.errors import InputError
+from minipaged_cli.presets import load_gpu, load_model
+from minipaged_cli.render import ReplayProgress, profile_detail, profile_table, write_json
+from minipaged_cli.trace import load_trace
+
+EPILOG = """\
+Examples:\n\n
+  minipaged profile\n\n
+  minipaged profile --block-size 16\n\n
+  minipaged profile ../shared/traces/mooncake_conversation_trace.jsonl --limit 500 --max-model-len 131072
+  --block-size 16 --block-size 64 --block-size 512 --kv-memory 40GiB --json profile.json --plot profile.png
+"""
+CPU_KERNEL_TOKENS = 65_536  # the CPU times attention on at most this many live tokens
+
+
+@handle_errors
+def profile_command(
+    trace_path: Annotated[Path, typer.Argument(help="Request trace (default: traces/mixed.yaml).",
+                                               metavar="[TRACE]")] = Path("traces/mixed.yaml"),
+    block_sizes: Annotated[list[int] | None, typer.Option(
+        "--block-size", help="A block size to profile; repeat for several. Default: 1, 8, 16, 32, 64, 128.",
+        show_default=False)] = None,
+    trace_format: FormatOpt = "auto",
+    model: ModelOpt = "qwen3-8b",
+    gpu: GpuOpt = "h200",
+    num_blocks: NumBlocksOpt = None,
+    kv_memory: KvMemoryOpt = None,
+    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    max_model_len: MaxModelLenOpt = None,
+    device: Annotated[str, typer.Option(
+        "--device", help="Where kernels are timed: auto (cuda when usable, else cpu), cpu, cuda, or none.")
+    ] = "auto",
+    dtype: Annotated[str | None, typer.Option("--dtype", help="KV dtype for the kernel timings. Default: the "
+                                                              "model's.", show_default=False)] = None,
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed repetitions per kernel (the median counts).")] = 5,
+    rate: RateOpt = None,
+    seed: SeedOpt = 0,
+    limit: LimitOpt = None,
+    time_scale: TimeScaleOpt = 1.0,
+    json_path: JsonOpt = None,
+    plot: PlotOpt = None,
+) -> None:
+    """Which block size? For each, on the same trace and the same KV memory: the waste at the tail of every
+    sequence, the block-table metadata and allocations, what capacity buys (token states, batch size,
+    preemptions, throughput), prefix reuse lost to partial blocks, and the cost of cache writes and decode
+    attention on a batch shaped like the trace's busiest step. Ends with a recommendation and its reason.
+    With a single --block-size, also the distribution of tail waste and where the memory goes."""
+    import torch
+
+    from minipaged_cli.backends import select_backend
+    from minipaged_cli.block_size_profile import (
+        DEFAULT_BLOCK_SIZES,
+        profile_block_size,
+        recommend,
+        time_kernels,
+    )
+    from minipaged_cli.simulator import SimConfig, check_capacity
+
+    sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES
+    if min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise InputError("block sizes must be distinct integers >= 1", field="--block-size", value=list(sizes),
+                         has_value=True)
+    if repeat < 1:
+        raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
+    spec, gpu_spec = load_model(model), load_gpu(gpu)
+    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
+                                        gpu_memory_utilization)
+    kv_bytes = blocks * sizes[0] * spec.kv_bytes_per_token  # every block size gets these bytes
+    backend = None if device == "none" else select_backend(device)
+    dtype_name = dtype or spec.dtype
+    if dtype_name not in ("float32", "float16", "bfloat16"):
+        raise InputError("expected float32, float16 or bfloat16", field="--dtype", value=dtype_name, has_value=True)
+    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len)
+    check_capacity(trace, base, ("paged",))
+
+    rows = []
+    with ReplayProgress(stderr, trace.num_requests, tuple(f"block size {b}" for b in sizes)) as progress:
+        for size in sizes:
+            rows.append(profile_block_size(trace, base, size, kv_bytes,
+                                           progress=lambda done, size=size: progress(f"block size {size}", done)))
+    if backend is not None:
+        # One batch for every size: the busiest step of the first replay.
+        shape = rows[0].metrics.detail.busiest_seq_lens  # type: ignore[union-attr]
+        cap = CPU_KERNEL_TOKENS if backend.device.type == "cpu" else None
+        with stderr.status("timing the kernels"):
+            for row in rows:
+                if shape:
+                    row.kernel = time_kernels(backend, base, row.block_size, shape, getattr(torch, dtype_name),
+                                              cap, repeat, seed)
+    choice, reason = recommend(rows)
+
+    console = stderr if json_path == "-" else stdout
+    device_name = str(backend.device) if backend is not None else "none"
+    backend_name = backend.name if backend is not None else "none"
+    console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {spec.name} · KV {kv_bytes / 2**30:.3g} "
+                  f"GiB at every block size ({origin}) · kernels on {device_name} ({backend_name})")
+    console.print(profile_table(rows))
+    if len(rows) == 1:
+        for renderable in profile_detail(rows[0]):
+            console.print(renderable)
+    console.print(f"[bold]recommendation: block size {choice}[/] - {reason}")
+    if json_path is not None:
+        write_json({"trace": trace.name, "device": device_name, "backend": backend_name,
+                    "rows": [r.to_dict() for r in rows],
+                    "recommendation": {"block_size": choice, "reason": reason}}, json_path, stdout)
+    if plot is not None:
+        from minipaged_cli.plot import plot_block_sizes
+
+        plot_block_sizes(rows, Path(plot), title=f"{trace.name}: block-size trade-off ({spec.name})")
+        console.print(f"plot: {plot}")
