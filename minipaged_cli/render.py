@@ -120,15 +120,15 @@ def verify_table(report: Any) -> Table:
 def profile_table(rows: list[Any]) -> Table:
     """A row per block size (``block_size_profile.ProfileRow``); the best value of each column in bold green."""
     table = Table(title="Block sizes on this trace and this KV memory (tail tok: unused slots of a sequence's last "
-                        "block, time-weighted; tables: int32 block-table bytes at the peak; attn: the busiest batch)",
+                        "block, time-weighted, about (B-1)/2; tables: int32 block-table bytes at the peak; attn: the "
+                        "busiest batch)",
                   title_justify="left", box=box.SIMPLE_HEAD)
     # (header, value, better: -1 lower, +1 higher, 0 no ranking, format)
     columns: list[tuple[str, Any, int, str]] = [
         ("block", lambda r: r.block_size, 0, "{:d}"),
         ("int frag %", lambda r: r.internal_frag_pct, -1, "{:.2f}"),
         ("tail tok", lambda r: r.mean_tail_waste_tokens, -1, "{:.1f}"),
-        ("(B-1)/2", lambda r: r.expected_tail_waste_tokens, 0, "{:.1f}"),
-        ("tables", lambda r: r.block_table_bytes, -1, "bytes"),
+        ("tables KiB", lambda r: r.block_table_bytes / 1024, -1, "{:,.1f}"),
         ("allocs", lambda r: r.num_block_allocations, -1, "{:,d}"),
         ("tok st %", lambda r: r.metrics.token_state_pct, 1, "{:.1f}"),
         ("batch", lambda r: r.metrics.mean_batch_size, 1, "{:.1f}"),
@@ -140,7 +140,7 @@ def profile_table(rows: list[Any]) -> Table:
         ("attn GB/s", lambda r: r.kernel.attention_gbps if r.kernel else None, 1, "{:.2f}"),
     ]
     for header, *_ in columns:
-        table.add_column(header, justify="right", no_wrap=True)
+        table.add_column(header, justify="right")
     best = {}
     for header, value, better, _ in columns:
         values = [value(r) for r in rows if value(r) is not None]
@@ -150,7 +150,7 @@ def profile_table(rows: list[Any]) -> Table:
         cells = []
         for header, value, _, form in columns:
             v = value(row)
-            text = "-" if v is None else format_bytes(v) if form == "bytes" else form.format(v)
+            text = "-" if v is None else form.format(v)
             cells.append(f"[bold green]{text}[/]" if header in best and v == best[header] else text)
         table.add_row(*cells)
     return table

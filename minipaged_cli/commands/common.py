@@ -18,8 +18,8 @@ from minipaged_cli.trace import TRACE_FORMATS
 from minipaged_cli.units import format_bytes, parse_bytes
 
 # Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
-stdout = Console(width=None if Console().is_terminal else 130)
-stderr = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 130)
+stdout = Console(width=None if Console().is_terminal else 150)
+stderr = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 150)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
