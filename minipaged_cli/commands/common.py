@@ -80,6 +80,21 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot t
                                               show_default=False)]
 
 
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_dtype(name: str) -> str:
+    """A torch dtype name the data plane supports (``--dtype``)."""
+    if name not in DTYPES:
+        raise InputError(f"expected one of {', '.join(DTYPES)}", field="--dtype", value=name, has_value=True)
+    return name
+
+
+def tables_console(json_path: str | None) -> Console:
+    """Tables go to stdout, unless the JSON does (``--json -``): then to stderr."""
+    return stderr if json_path == "-" else stdout
+
+
 def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: int, num_blocks: int | None,
                        kv_memory: str | None, gpu_memory_utilization: float) -> tuple[int, str]:
     """The KV capacity in blocks, and a phrase saying where it came from."""

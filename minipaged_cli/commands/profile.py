@@ -21,10 +21,12 @@ from minipaged_cli.commands.common import (
     RateOpt,
     SeedOpt,
     TimeScaleOpt,
+    check_dtype,
     handle_errors,
     resolve_num_blocks,
     stderr,
     stdout,
+    tables_console,
 )
 from minipaged_cli.errors import InputError
 from minipaged_cli.presets import load_gpu, load_model
@@ -96,8 +98,7 @@ def profile_command(
     kv_bytes = blocks * sizes[0] * spec.kv_bytes_per_token  # every block size gets these bytes
     backend = None if device == "none" else select_backend(device)
     dtype_name = dtype or spec.dtype
-    if dtype_name not in ("float32", "float16", "bfloat16"):
-        raise InputError("expected float32, float16 or bfloat16", field="--dtype", value=dtype_name, has_value=True)
+    check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len)
     check_capacity(trace, base, ("paged",))
@@ -118,7 +119,7 @@ def profile_command(
                                               cap, repeat, seed)
     choice, reason = recommend(rows)
 
-    console = stderr if json_path == "-" else stdout
+    console = tables_console(json_path)
     device_name = str(backend.device) if backend is not None else "none"
     backend_name = backend.name if backend is not None else "none"
     console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {spec.name} · KV {kv_bytes / 2**30:.3g} "

@@ -23,10 +23,12 @@ from minipaged_cli.commands.common import (
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    check_dtype,
     handle_errors,
     resolve_num_blocks,
     stderr,
     stdout,
+    tables_console,
 )
 from minipaged_cli.errors import InputError
 from minipaged_cli.presets import load_gpu, load_model
@@ -43,7 +45,6 @@ Examples:\n\n
 CPU_KV_MEMORY = "4GiB"  # a pool the CPU can read every step: about 29k tokens of Qwen3-8B
 CPU_MAX_STEPS = 200
 CPU_LAYERS = 2
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 @handle_errors
@@ -103,13 +104,12 @@ def run_command(
     if max_steps < 0:
         raise InputError("must be >= 0", field="--max-steps", value=max_steps, has_value=True)
     dtype_name = dtype or spec.dtype
-    if dtype_name not in DTYPES:
-        raise InputError(f"expected one of {', '.join(DTYPES)}", field="--dtype", value=dtype_name, has_value=True)
+    check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens)
 
-    console = stderr if json_path == "-" else stdout
+    console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
         report = run_trace(trace, config, backend, num_layers=num_layers, dtype=getattr(torch, dtype_name),
                            max_steps=max_steps or None, seed=seed, progress=lambda done: progress("paged", done))

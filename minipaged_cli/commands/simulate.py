@@ -28,6 +28,7 @@ from minipaged_cli.commands.common import (
     resolve_num_blocks,
     stderr,
     stdout,
+    tables_console,
 )
 from minipaged_cli.errors import InputError
 from minipaged_cli.presets import load_gpu, load_model
@@ -89,7 +90,7 @@ def simulate_command(
                        max_batched_tokens=max_batched_tokens, check_invariants=check_invariants,
                        record_timeline=plot is not None)
 
-    console = stderr if json_path == "-" else stdout
+    console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, names) as progress:
         result = simulate(trace, config, names, progress=progress)
     for renderable in simulation_tables(result, origin):

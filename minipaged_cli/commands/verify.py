@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.commands.common import JsonOpt, SeedOpt, handle_errors, stderr, stdout
+from minipaged_cli.commands.common import JsonOpt, SeedOpt, check_dtype, handle_errors, stderr, stdout, tables_console
 from minipaged_cli.errors import InputError
 from minipaged_cli.render import verify_table, write_json
 
@@ -17,7 +17,6 @@ Examples:\n\n
   minipaged verify --layer 0 --dtype bfloat16 --seq-lens 37,5,64 --block-size 1\n\n
   minipaged verify --model-path ~/models/Qwen3-0.6B --layer 27 --generate 16 --json verify.json
 """
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def parse_seq_lens(seq_lens: str | None, seq_len: int | None, batch: int | None, seed: int) -> list[int]:
@@ -81,8 +80,7 @@ def verify_command(
     from minipaged_cli.qwen3 import build_random_qwen3, load_config_file, load_qwen3
     from minipaged_cli.verify import VerifyReport, make_prompts, verify_generation, verify_layer
 
-    if dtype not in DTYPES:
-        raise InputError(f"expected one of {', '.join(DTYPES)}", field="--dtype", value=dtype, has_value=True)
+    check_dtype(dtype)
     if block_size < 1:
         raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
     for option, value in (("--decode-steps", decode_steps), ("--generate", generate)):
@@ -102,7 +100,7 @@ def verify_command(
     if generate:
         report.checks.extend(verify_generation(model, prompts, generate, backend, block_size, seed))
 
-    console = stderr if json_path == "-" else stdout
+    console = tables_console(json_path)
     source = str(model_path) if model_path is not None else f"random weights from {config} (seed {seed})"
     console.print(f"Qwen3 ({source}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
                   f"{', '.join(map(str, lengths))} tokens, block size {block_size}, {report.device} "
