@@ -80,16 +80,26 @@ class TorchBackend(Backend):
             torch.cuda.synchronize(self.device)
 
 
-def select_backend(device: str) -> Backend:
-    """``auto``: the CUDA kernels when they are usable, else the CPU; ``cpu``; ``cuda`` (one clear error if absent).
+DEVICES = ("auto", "cpu", "cuda", "emulated")
 
-    The PyCUDA kernels arrive with their own issue; until then ``cuda`` runs the PyTorch reference on the GPU.
-    """
-    if device not in ("auto", "cpu", "cuda"):
-        raise InputError("expected auto, cpu or cuda", field="--device", value=device, has_value=True)
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+
+def select_backend(device: str) -> Backend:
+    """``auto``: the CUDA kernels when a GPU and PyCUDA are there, else the CPU; ``cpu`` (the PyTorch
+    reference); ``cuda`` (one clear error when it cannot run); ``emulated`` (the CUDA kernels on the CPU)."""
+    if device not in DEVICES:
+        raise InputError(f"expected one of {', '.join(DEVICES)}", field="--device", value=device, has_value=True)
+    if device == "emulated":
+        from minipaged_cli.emulation import EmulatedBackend
+
+        return EmulatedBackend()
+    if device == "cpu":
         return TorchBackend("cpu")
-    if not torch.cuda.is_available():
-        raise InputError("CUDA is not available: torch sees no GPU; use --device cpu", field="--device",
-                         value=device, has_value=True)
-    return TorchBackend("cuda")
+    from minipaged_cli.cuda_backend import CudaBackend, cuda_backend_unavailable_reason
+
+    reason = cuda_backend_unavailable_reason()
+    if reason is None:
+        return CudaBackend()
+    if device == "auto":
+        return TorchBackend("cpu")
+    raise InputError(f"the CUDA backend cannot run: {reason}; use --device cpu or emulated", field="--device",
+                     value=device, has_value=True)

@@ -150,5 +150,5 @@ def test_run_bad_input(args: list[str], needle: str) -> None:
 def test_device_cuda_without_a_gpu_is_one_line() -> None:
     result = CliRunner().invoke(app, ["run", str(ROOT / "traces" / "burst.yaml"), "--device", "cuda"])
     assert result.exit_code == 2
-    assert result.stderr.strip() == \
-        "error: --device: 'cuda': CUDA is not available: torch sees no GPU; use --device cpu"
+    assert result.stderr.strip() == ("error: --device: 'cuda': the CUDA backend cannot run: torch sees no GPU; "
+                                     "use --device cpu or emulated")

@@ -58,7 +58,8 @@ def profile_command(
     gpu_memory_utilization: GpuUtilOpt = 0.9,
     max_model_len: MaxModelLenOpt = None,
     device: Annotated[str, typer.Option(
-        "--device", help="Where kernels are timed: auto (cuda when usable, else cpu), cpu, cuda, or none.")
+        "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
+                         "cpu), cpu, cuda, emulated, or none (no timings).")
     ] = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="KV dtype for the kernel timings. Default: the "
                                                               "model's.", show_default=False)] = None,

@@ -9,6 +9,7 @@ import typer
 
 from minipaged_cli.commands.common import (
     BlockSizeOpt,
+    DeviceOpt,
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
@@ -51,7 +52,7 @@ CPU_LAYERS = 2
 def run_command(
     trace_path: TraceArg,
     trace_format: FormatOpt = "auto",
-    device: Annotated[str, typer.Option("--device", help="auto (cuda when usable, else cpu), cpu or cuda.")] = "auto",
+    device: DeviceOpt = "auto",
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
     dtype: Annotated[str | None, typer.Option(

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.commands.common import JsonOpt, SeedOpt, check_dtype, handle_errors, stderr, stdout, tables_console
+from minipaged_cli.commands.common import (
+    DeviceOpt,
+    JsonOpt,
+    SeedOpt,
+    check_dtype,
+    handle_errors,
+    stderr,
+    stdout,
+    tables_console,
+)
 from minipaged_cli.errors import InputError
 from minipaged_cli.render import verify_table, write_json
 
@@ -65,8 +74,7 @@ def verify_command(
                            "Face generate (0: skip).")] = 8,
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = 16,
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = "float32",
-    device: Annotated[str, typer.Option("--device", help="auto (cuda when usable, else cpu), cpu or cuda.")
-                      ] = "auto",
+    device: DeviceOpt = "auto",
     seed: SeedOpt = 0,
     json_path: JsonOpt = None,
 ) -> None:

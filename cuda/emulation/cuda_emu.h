@@ -1,0 +1,136 @@
+// A CPU emulation of the parts of CUDA that minipaged's kernels use, so that the same .cu source runs on the
+// CPU in CI: grid and block indices, __shared__ memory per block, __syncthreads as a barrier across the block's
+// threads, warp shuffles across 32 lanes, and the fp16 / bf16 types with their conversions.
+//
+// Every CUDA thread of a block is an OS thread; the block's threads run the grid's blocks one after another, in
+// the same order, with a barrier between blocks, so a function-static variable (what __shared__ becomes here)
+// is exactly one block's shared memory. Slow, but exact: for small shapes in tests and for debugging.
+#pragma once
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+namespace emu {
+inline thread_local dim3 thread_index;
+inline thread_local dim3 block_index;
+inline dim3 block_dim;
+inline dim3 grid_dim;
+inline std::barrier<>* block_barrier = nullptr;
+inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+inline std::vector<float> warp_exchange;  // [threads] one float per lane, for shuffles
+
+inline unsigned linear_thread() {
+    return thread_index.x + block_dim.x * (thread_index.y + block_dim.y * thread_index.z);
+}
+
+// Run kernel() as a CUDA launch of grid x block threads.
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
+    const unsigned threads = block.x * block.y * block.z;
+    block_dim = block;
+    grid_dim = grid;
+    std::barrier<> barrier(threads);
+    block_barrier = &barrier;
+    warp_barriers.clear();
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w) {
+        warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
+    }
+    warp_exchange.assign(threads, 0.0f);
+    std::vector<std::thread> workers;
+    for (unsigned t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+            thread_index = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+            for (unsigned z = 0; z < grid.z; ++z)
+                for (unsigned y = 0; y < grid.y; ++y)
+                    for (unsigned x = 0; x < grid.x; ++x) {
+                        block_index = {x, y, z};
+                        kernel();
+                        barrier.arrive_and_wait();  // the next block's shared memory is this block's
+                    }
+        });
+    }
+    for (auto& worker : workers) worker.join();
+    block_barrier = nullptr;
+}
+}  // namespace emu
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define threadIdx (emu::thread_index)
+#define blockIdx (emu::block_index)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+
+inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+
+// CUDA's integer min/max are global device functions.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+// Lane (lane_id ^ lane_mask)'s value. Every lane of the warp must call it, as with a full mask on a GPU.
+inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask, int width = 32) {
+    const unsigned me = emu::linear_thread();
+    const unsigned warp = me / 32;
+    auto& barrier = *emu::warp_barriers[warp];
+    emu::warp_exchange[me] = value;
+    barrier.arrive_and_wait();
+    const unsigned lane = me % 32;
+    const unsigned other = (lane ^ static_cast<unsigned>(lane_mask)) % static_cast<unsigned>(width);
+    const float result = emu::warp_exchange[warp * 32 + other];
+    barrier.arrive_and_wait();  // nobody overwrites the exchange before everyone has read
+    return result;
+}
+
+// fp16 and bf16 as their bits; arithmetic happens in float, as the kernels do.
+struct __half {
+    uint16_t bits;
+};
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+
+inline float __half2float(__half h) {
+    _Float16 value;
+    std::memcpy(&value, &h.bits, 2);
+    return static_cast<float>(value);
+}
+inline __half __float2half_rn(float f) {
+    const _Float16 value = static_cast<_Float16>(f);  // round to nearest even
+    __half h;
+    std::memcpy(&h.bits, &value, 2);
+    return h;
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+    const uint32_t bits = static_cast<uint32_t>(b.bits) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    __nv_bfloat16 b;
+    if (std::isnan(f)) {
+        b.bits = 0x7fc0;
+        return b;
+    }
+    bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
+    b.bits = static_cast<uint16_t>(bits >> 16);
+    return b;
+}
+
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};

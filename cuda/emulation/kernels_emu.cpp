@@ -1,0 +1,49 @@
+// Host entry points that run the kernels of ../cache_write.cu and ../paged_attention.cu on the CPU through
+// cuda_emu.h: one C function per kernel, taking the launch shape first, loaded by minipaged_cli/emulation.py
+// with ctypes. Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -DMINIPAGED_EMULATION kernels_emu.cpp
+#include "cuda_emu.h"
+
+#include "../cache_write.cu"
+#include "../paged_attention.cu"
+
+#define EMU_CACHE_WRITE(SUFFIX, T)                                                                               \
+    extern "C" void emu_cache_write_##SUFFIX(unsigned grid_x, unsigned block_x, const T* key, const T* value,   \
+                                             T* key_cache, T* value_cache, const int64_t* slot_mapping,          \
+                                             int64_t key_stride, int64_t value_stride, int num_kv_heads,         \
+                                             int head_dim, int block_size, int vectorized) {                     \
+        emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, [&] {                                                      \
+            cache_write_##SUFFIX(key, value, key_cache, value_cache, slot_mapping, key_stride, value_stride,     \
+                                 num_kv_heads, head_dim, block_size, vectorized);                                \
+        });                                                                                                      \
+    }
+
+#define EMU_PAGED_ATTENTION(SUFFIX, T, HEAD_DIM)                                                                 \
+    extern "C" void emu_paged_attention_##SUFFIX##_hd##HEAD_DIM(                                                 \
+        unsigned grid_x, unsigned grid_y, unsigned grid_z, T* out, const T* query, const T* key_cache,           \
+        const T* value_cache, const int* block_tables, const int* seq_lens, float* tmp_out, float* tmp_max,      \
+        float* tmp_sum, float scale, int num_kv_heads, int group, int block_size, int max_blocks,                \
+        int tokens_per_split, int num_splits) {                                                                  \
+        emu::launch({grid_x, grid_y, grid_z}, {NUM_THREADS, 1, 1}, [&] {                                         \
+            paged_attention_##SUFFIX##_hd##HEAD_DIM(out, query, key_cache, value_cache, block_tables, seq_lens,  \
+                                                    tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, group,       \
+                                                    block_size, max_blocks, tokens_per_split, num_splits);       \
+        });                                                                                                      \
+    }                                                                                                            \
+    extern "C" void emu_paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(                                           \
+        unsigned grid_x, unsigned grid_y, T* out, const float* tmp_out, const float* tmp_max,                    \
+        const float* tmp_sum, const int* seq_lens, int num_q_heads, int num_splits, int tokens_per_split) {      \
+        emu::launch({grid_x, grid_y, 1}, {HEAD_DIM, 1, 1}, [&] {                                                 \
+            paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(out, tmp_out, tmp_max, tmp_sum, seq_lens, num_q_heads, \
+                                                          num_splits, tokens_per_split);                         \
+        });                                                                                                      \
+    }
+
+EMU_CACHE_WRITE(f32, float)
+EMU_CACHE_WRITE(f16, __half)
+EMU_CACHE_WRITE(bf16, __nv_bfloat16)
+EMU_PAGED_ATTENTION(f32, float, 64)
+EMU_PAGED_ATTENTION(f32, float, 128)
+EMU_PAGED_ATTENTION(f16, __half, 64)
+EMU_PAGED_ATTENTION(f16, __half, 128)
+EMU_PAGED_ATTENTION(bf16, __nv_bfloat16, 64)
+EMU_PAGED_ATTENTION(bf16, __nv_bfloat16, 128)

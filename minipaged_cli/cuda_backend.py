@@ -1,0 +1,121 @@
+"""The CUDA kernels of ``cuda/`` on a GPU, through PyCUDA (an optional extra: ``pip install -e ".[gpu]"``).
+
+torch initialises CUDA first; PyCUDA then attaches to the same primary context (``pycuda.autoprimaryctx``), so
+kernels run on torch tensors' memory (``data_ptr``), on the default stream torch also uses, timed with CUDA
+events. Each ``.cu`` is compiled once per process by ``SourceModule`` (``no_extern_c``: the files declare their
+own ``extern "C"`` entry points) for the device's architecture; launches are prepared calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from minipaged_cli import kernels
+from minipaged_cli.backends import Backend
+
+_ATTENTION_ARGS = "PPPPPPPPPfiiiiii"  # out, query, key_cache, value_cache, block_tables, seq_lens, tmp x3, scale, ints
+_MERGE_ARGS = "PPPPPiii"
+_CACHE_WRITE_ARGS = "PPPPPqqiiii"
+
+
+def cuda_backend_unavailable_reason() -> str | None:
+    """Why the CUDA backend cannot run here, or None when it can."""
+    if not torch.cuda.is_available():
+        return "torch sees no GPU"
+    try:
+        import pycuda  # noqa: F401
+    except ImportError:
+        return 'PyCUDA is not installed (pip install -e ".[gpu]")'
+    return None
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, device_index: int = 0) -> None:
+        torch.cuda.init()  # torch owns the primary context; PyCUDA attaches to it below
+        self.device = torch.device("cuda", device_index)
+        torch.cuda.set_device(self.device)
+        import pycuda.autoprimaryctx  # noqa: F401
+        from pycuda.compiler import SourceModule
+
+        properties = torch.cuda.get_device_properties(self.device)
+        self.num_sms = properties.multi_processor_count
+        self.arch = f"sm_{properties.major}{properties.minor}"
+        self._source_module = SourceModule
+        self._modules: dict[str, Any] = {}
+        self._functions: dict[str, Any] = {}
+
+    def _function(self, source: str, name: str, argument_types: str) -> Any:
+        """Kernel ``name`` of ``cuda/<source>.cu``, the module compiled once, the call prepared once."""
+        if name not in self._functions:
+            if source not in self._modules:
+                self._modules[source] = self._source_module(
+                    (kernels.CUDA_DIR / f"{source}.cu").read_text(), no_extern_c=True, arch=self.arch,
+                    include_dirs=[str(kernels.CUDA_DIR)], options=["-O3"])
+            function = self._modules[source].get_function(name)
+            function.prepare(argument_types)
+            self._functions[name] = function
+        return self._functions[name]
+
+    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        if not (kernels.rows_contiguous(key) and kernels.rows_contiguous(value)):
+            key, value = key.contiguous(), value.contiguous()
+        if key.shape[0] == 0:
+            return
+        _, num_kv_heads, block_size, head_dim = key_cache.shape
+        function = self._function("cache_write", kernels.cache_write_kernel(key.dtype), _CACHE_WRITE_ARGS)
+        function.prepared_call(
+            (key.shape[0], 1, 1), (kernels.CACHE_WRITE_THREADS, 1, 1), _ptr(key), _ptr(value), _ptr(key_cache),
+            _ptr(value_cache), _ptr(slot_mapping), np.int64(key.stride(0)), np.int64(value.stride(0)),
+            np.int32(num_kv_heads), np.int32(head_dim), np.int32(block_size),
+            np.int32(kernels.can_vectorize(key, value, key_cache, value_cache)))
+
+    def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        batch, num_q_heads, head_dim = query.shape
+        _, num_kv_heads, block_size, _ = key_cache.shape
+        group = num_q_heads // num_kv_heads
+        kernels.check_attention_supported(head_dim, group)
+        query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
+        # One host sync for the longest sequence: it sizes the split plan. Callers that know it could pass it.
+        tokens_per_split, num_splits = kernels.plan_splits(batch, num_kv_heads, int(seq_lens.max()), self.num_sms)
+        out = torch.empty_like(query)
+        split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
+        tmp_out = torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), device=self.device)
+        tmp_max = torch.empty(split_shape, device=self.device)
+        tmp_sum = torch.empty(split_shape, device=self.device)
+        attention = self._function("paged_attention", kernels.attention_kernel(query.dtype, head_dim),
+                                   _ATTENTION_ARGS)
+        attention.prepared_call(
+            (num_kv_heads, batch, num_splits), (kernels.NUM_THREADS, 1, 1), _ptr(out), _ptr(query),
+            _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens), _ptr(tmp_out), _ptr(tmp_max),
+            _ptr(tmp_sum), np.float32(scale), np.int32(num_kv_heads), np.int32(group), np.int32(block_size),
+            np.int32(block_tables.shape[1]), np.int32(tokens_per_split), np.int32(num_splits))
+        if num_splits > 1:
+            merge = self._function("paged_attention", kernels.merge_kernel(query.dtype, head_dim), _MERGE_ARGS)
+            merge.prepared_call((num_q_heads, batch, 1), (head_dim, 1, 1), _ptr(out), _ptr(tmp_out), _ptr(tmp_max),
+                                _ptr(tmp_sum), _ptr(seq_lens), np.int32(num_q_heads), np.int32(num_splits),
+                                np.int32(tokens_per_split))
+        return out
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def timed(self, call: Callable[[], Any]) -> tuple[Any, float]:
+        """CUDA events around the call on the current stream: device time, not host time."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = call()
+        end.record()
+        end.synchronize()
+        return result, start.elapsed_time(end) / 1e3
+
+
+def _ptr(tensor: torch.Tensor) -> np.uintp:
+    return np.uintp(tensor.data_ptr())

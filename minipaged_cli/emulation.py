@@ -1,0 +1,108 @@
+"""The CUDA kernels of ``cuda/``, compiled for the CPU against ``cuda/emulation/cuda_emu.h`` and run through
+ctypes: the same source as on a GPU, slow but exact. ``--device emulated``; and the kernels' tests in CI."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from minipaged_cli import kernels
+from minipaged_cli.backends import Backend
+
+_SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu", "paged_attention.cu",
+            "common.cuh")
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "minipaged"
+
+
+@cache
+def load_library() -> ctypes.CDLL:
+    """Compile (once per source version, cached in ~/.cache/minipaged) and load the emulated kernels."""
+    digest = hashlib.sha256()
+    for name in _SOURCES:
+        digest.update((kernels.CUDA_DIR / name).read_bytes())
+    target = _cache_dir() / f"kernels_emu_{digest.hexdigest()[:16]}.so"
+    if not target.is_file():
+        compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+        if compiler is None:
+            raise RuntimeError("the emulated kernels need a C++20 compiler (g++); none found")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            built = Path(scratch) / target.name
+            command = [compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-DMINIPAGED_EMULATION",
+                       str(kernels.CUDA_DIR / "emulation" / "kernels_emu.cpp"), "-o", str(built)]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"compiling the emulated kernels failed:\n{result.stderr[-4000:]}")
+            built.replace(target)  # atomic: a concurrent build never sees half a file
+    return ctypes.CDLL(str(target))
+
+
+def _ptr(tensor: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(tensor.data_ptr())
+
+
+class EmulatedBackend(Backend):
+    """The CUDA kernels executed on the CPU (one OS thread per CUDA thread). For tests and debugging."""
+
+    name = "emulated"
+
+    def __init__(self, tokens_per_split: int | None = None, num_sms: int = 132) -> None:
+        self.device = torch.device("cpu")
+        self.tokens_per_split = tokens_per_split  # None: the GPU's plan for an H200-sized GPU (num_sms)
+        self.num_sms = num_sms
+        self.library = load_library()
+
+    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        if not (kernels.rows_contiguous(key) and kernels.rows_contiguous(value)):
+            key, value = key.contiguous(), value.contiguous()
+        if key.shape[0] == 0:
+            return
+        _, num_kv_heads, block_size, head_dim = key_cache.shape
+        vectorized = kernels.can_vectorize(key, value, key_cache, value_cache)
+        function = getattr(self.library, "emu_" + kernels.cache_write_kernel(key.dtype))
+        function(ctypes.c_uint(key.shape[0]), ctypes.c_uint(kernels.CACHE_WRITE_THREADS), _ptr(key), _ptr(value),
+                 _ptr(key_cache), _ptr(value_cache), _ptr(slot_mapping), ctypes.c_int64(key.stride(0)),
+                 ctypes.c_int64(value.stride(0)), ctypes.c_int(num_kv_heads), ctypes.c_int(head_dim),
+                 ctypes.c_int(block_size), ctypes.c_int(int(vectorized)))
+
+    def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        batch, num_q_heads, head_dim = query.shape
+        _, num_kv_heads, block_size, _ = key_cache.shape
+        group = num_q_heads // num_kv_heads
+        kernels.check_attention_supported(head_dim, group)
+        query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
+        tokens_per_split, num_splits = kernels.plan_splits(batch, num_kv_heads, int(seq_lens.max()), self.num_sms,
+                                                           self.tokens_per_split)
+        out = torch.empty_like(query)  # [batch, num_q_heads, head_dim]
+        tmp_out = torch.empty(batch, num_q_heads, num_splits, head_dim) if num_splits > 1 else torch.empty(1)
+        tmp_max = torch.empty(batch, num_q_heads, num_splits) if num_splits > 1 else torch.empty(1)
+        tmp_sum = torch.empty_like(tmp_max)
+        function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim))
+        function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(num_splits), _ptr(out),
+                 _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens), _ptr(tmp_out),
+                 _ptr(tmp_max), _ptr(tmp_sum), ctypes.c_float(scale), ctypes.c_int(num_kv_heads), ctypes.c_int(group),
+                 ctypes.c_int(block_size), ctypes.c_int(block_tables.shape[1]), ctypes.c_int(tokens_per_split),
+                 ctypes.c_int(num_splits))
+        if num_splits > 1:
+            merge = getattr(self.library, "emu_" + kernels.merge_kernel(query.dtype, head_dim))
+            merge(ctypes.c_uint(num_q_heads), ctypes.c_uint(batch), _ptr(out), _ptr(tmp_out), _ptr(tmp_max),
+                  _ptr(tmp_sum), _ptr(seq_lens), ctypes.c_int(num_q_heads), ctypes.c_int(num_splits),
+                  ctypes.c_int(tokens_per_split))
+        return out
+
+    def synchronize(self) -> None:
+        """Emulated launches finish before they return."""

@@ -1,0 +1,67 @@
+"""What the CUDA kernels of ``cuda/`` need from their launchers, shared by the PyCUDA and the emulated backend:
+entry-point names per dtype, what the kernels cover, the split-K plan and the 16-byte-vector test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CUDA_DIR = next((d for d in (Path(__file__).resolve().parent / "cuda", Path(__file__).resolve().parent.parent / "cuda")
+                 if d.is_dir()), Path(__file__).resolve().parent.parent / "cuda")
+SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 8  # query heads per kv head in one thread block (cuda/paged_attention.cu MAX_GROUP)
+TILE = 32  # tokens per tile (cuda/paged_attention.cu TILE); a split holds a multiple of it
+NUM_THREADS = 128  # threads per attention block (cuda/paged_attention.cu NUM_THREADS)
+CACHE_WRITE_THREADS = 128
+MIN_TOKENS_PER_SPLIT = 256
+
+
+def attention_kernel(dtype: torch.dtype, head_dim: int) -> str:
+    return f"paged_attention_{SUFFIX[dtype]}_hd{head_dim}"
+
+
+def merge_kernel(dtype: torch.dtype, head_dim: int) -> str:
+    return f"paged_attention_merge_{SUFFIX[dtype]}_hd{head_dim}"
+
+
+def cache_write_kernel(dtype: torch.dtype) -> str:
+    return f"cache_write_{SUFFIX[dtype]}"
+
+
+def check_attention_supported(head_dim: int, group: int) -> None:
+    """The kernels are compiled for head_dim 64 and 128 and GQA groups up to 8."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"the CUDA kernels cover head_dim {HEAD_DIMS}, not {head_dim}")
+    if group > MAX_GROUP:
+        raise ValueError(f"the CUDA kernels cover up to {MAX_GROUP} query heads per kv head, not {group}")
+
+
+def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
+                tokens_per_split: int | None = None) -> tuple[int, int]:
+    """(tokens_per_split, num_splits). One split per (sequence, kv head) unless those thread blocks cannot fill
+    the GPU (fewer than two per SM) and the sequences are long: then split the tokens, at least
+    MIN_TOKENS_PER_SPLIT each, so that about two blocks per SM run."""
+    if tokens_per_split is None:
+        blocks = batch * num_kv_heads
+        splits = 1
+        if blocks < 2 * num_sms and max_seq_len > MIN_TOKENS_PER_SPLIT:
+            splits = min(-(-2 * num_sms // blocks), -(-max_seq_len // MIN_TOKENS_PER_SPLIT))
+        tokens_per_split = -(-max_seq_len // splits)
+    tokens_per_split = -(-tokens_per_split // TILE) * TILE
+    return tokens_per_split, -(-max_seq_len // tokens_per_split)
+
+
+def rows_contiguous(tensor: torch.Tensor) -> bool:
+    """[tokens, heads, head_dim] with each token's heads back to back (any token stride): what cache_write reads."""
+    return tensor.stride(2) == 1 and tensor.stride(1) == tensor.shape[2]
+
+
+def can_vectorize(*tensors: torch.Tensor) -> bool:
+    """16-byte loads and stores: every row starts on a 16-byte boundary and head_dim fills whole vectors."""
+    for tensor in tensors:
+        size = tensor.element_size()
+        if tensor.data_ptr() % 16 or (tensor.shape[-1] * size) % 16 or (tensor.stride(0) * size) % 16:
+            return False
+    return True

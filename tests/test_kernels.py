@@ -1,0 +1,158 @@
+"""The CUDA kernels of cuda/: they compile with nvcc for sm_80 and sm_90, and the same source, compiled for the
+CPU against cuda/emulation/cuda_emu.h, matches the Python references (tests/test_paged_ops.py's batches: scrambled
+or repeated block ids, NaN in every slot no sequence owns) — so indexing bugs are caught on every commit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from minipaged_cli import kernels
+from minipaged_cli.emulation import EmulatedBackend
+from minipaged_cli.kv_cache import PagedKVCache
+from minipaged_cli.paged_ops import cache_write_naive, paged_attention_naive
+from tests.test_paged_ops import NUM_KV_HEADS, make_batch, sdpa_reference, tolerance
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("source", ["cache_write.cu", "paged_attention.cu"])
+def test_kernels_compile_with_nvcc(source: str, arch: str, tmp_path) -> None:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    result = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-O3", "-o", str(tmp_path / "out.cubin"),
+                             str(kernels.CUDA_DIR / source)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
+
+
+@pytest.fixture(scope="module")
+def emulated() -> EmulatedBackend:
+    return EmulatedBackend()
+
+
+@pytest.mark.parametrize("repeated", [False, True], ids=["permuted", "repeated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_emulated_attention_matches_the_references(emulated: EmulatedBackend, group: int, head_dim: int,
+                                                   block_size: int, dtype: torch.dtype, repeated: bool) -> None:
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(block_size, head_dim, group, dtype, repeated)
+    scale = head_dim ** -0.5
+    out = emulated.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    assert not out.isnan().any()
+    naive = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    torch.testing.assert_close(out, naive, **tolerance(dtype))
+    torch.testing.assert_close(out.float(), sdpa_reference(query, key_cache, value_cache, block_tables, seq_lens,
+                                                           scale), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("tokens_per_split", [32, 64, 10_000], ids=["32", "64", "one split"])
+def test_split_k_merge_matches_one_pass(tokens_per_split: int) -> None:
+    # 517 tokens in splits of 32 and 64 (a sequence of 1 token leaves most of its splits empty), and one split.
+    backend = EmulatedBackend(tokens_per_split=tokens_per_split)
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 64, 4, torch.float32, repeated=False)
+    out = backend.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, 0.125)
+    naive = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, 0.125)
+    torch.testing.assert_close(out, naive, **tolerance(torch.float32))
+    assert kernels.plan_splits(3, NUM_KV_HEADS, 517, 132, tokens_per_split)[1] == -(-517 // tokens_per_split)
+
+
+def test_split_plan() -> None:
+    # Enough (sequence, kv head) blocks to fill 132 SMs twice: no split. Few, long: split, >= 256 tokens each.
+    assert kernels.plan_splits(64, 8, 4096, 132) == (4096, 1)
+    tokens_per_split, splits = kernels.plan_splits(1, 8, 4096, 132)
+    assert splits == 16 and tokens_per_split == 256
+    assert kernels.plan_splits(1, 8, 200, 132) == (224, 1)  # short: one split (rounded up to whole tiles)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [4, 64, 128])  # 4: rows too short for 16-byte vectors
+def test_emulated_cache_write_is_bit_exact(emulated: EmulatedBackend, dtype: torch.dtype, head_dim: int) -> None:
+    generator = torch.Generator().manual_seed(3)
+    num_tokens, num_q_heads, block_size = 37, 4, 8
+    qkv = torch.randn(num_tokens, num_q_heads + 2 * NUM_KV_HEADS, head_dim, generator=generator).to(dtype)
+    key, value = qkv[:, num_q_heads:num_q_heads + NUM_KV_HEADS], qkv[:, num_q_heads + NUM_KV_HEADS:]
+    num_blocks = -(-(num_tokens + 5) // block_size)
+    slot_mapping = torch.randperm(num_blocks * block_size, generator=generator)[:num_tokens].to(torch.int64)
+    slot_mapping[::5] = -1
+    caches = [PagedKVCache(1, num_blocks, NUM_KV_HEADS, block_size, head_dim, dtype) for _ in range(2)]
+    for cache in caches:
+        cache.key_cache[0].fill_(float("nan"))
+        cache.value_cache[0].fill_(float("nan"))
+    cache_write_naive(key, value, caches[0].key_cache[0], caches[0].value_cache[0], slot_mapping)
+    emulated.cache_write(key, value, caches[1].key_cache[0], caches[1].value_cache[0], slot_mapping)
+    assert kernels.can_vectorize(key, value, caches[1].key_cache[0]) == (head_dim * key.element_size() % 16 == 0)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16  # compare bits: NaN != NaN as numbers
+    for a, b in ((caches[0].key_cache[0], caches[1].key_cache[0]),
+                 (caches[0].value_cache[0], caches[1].value_cache[0])):
+        assert torch.equal(a.view(bits), b.view(bits))
+
+
+def test_unsupported_shapes_are_refused(emulated: EmulatedBackend) -> None:
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 64, 2, torch.float32, repeated=False)
+    with pytest.raises(ValueError, match="head_dim"):
+        emulated.paged_attention(query[..., :32].contiguous(), key_cache[..., :32].contiguous(),
+                                 value_cache[..., :32].contiguous(), block_tables, seq_lens, 0.1)
+
+
+# -- on a GPU (pytest -m gpu; skipped elsewhere) ------------------------------------------------------------
+
+def _cuda_backend():
+    from minipaged_cli.cuda_backend import CudaBackend, cuda_backend_unavailable_reason
+
+    reason = cuda_backend_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    return CudaBackend()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 8), (64, 8), (40, 40)], ids=str)
+def test_gpu_attention_on_vllm_shapes(heads: tuple[int, int], head_dim: int, block_size: int,
+                                      dtype: torch.dtype) -> None:
+    # vLLM's test shapes: 7 sequences, random lengths up to 8,192 with one at the maximum, random block ids.
+    backend = _cuda_backend()
+    num_q_heads, num_kv_heads = heads
+    generator = torch.Generator().manual_seed(0)
+    seq_lens = torch.randint(1, 8193, (7,), generator=generator, dtype=torch.int32)
+    seq_lens[-1] = 8192
+    max_blocks = -(-8192 // block_size)
+    num_blocks = 7 * max_blocks
+    key_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=generator).to(dtype)
+    value_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=generator).to(dtype)
+    block_tables = torch.randint(0, num_blocks, (7, max_blocks), generator=generator, dtype=torch.int32)
+    query = torch.randn(7, num_q_heads, head_dim, generator=generator).to(dtype)
+    scale = head_dim ** -0.5
+    # the naive reference over 8k tokens is slow in Python: the vectorized one is tested against it elsewhere
+    from minipaged_cli.paged_ops import paged_attention_vectorized
+
+    reference = paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    device = backend.device
+    out = backend.paged_attention(query.to(device), key_cache.to(device), value_cache.to(device),
+                                  block_tables.to(device), seq_lens.to(device), scale)
+    torch.testing.assert_close(out.cpu(), reference, **tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_gpu_cache_write_is_bit_exact(dtype: torch.dtype) -> None:
+    backend = _cuda_backend()
+    generator = torch.Generator().manual_seed(1)
+    qkv = torch.randn(500, 48, 128, generator=generator).to(dtype)
+    key, value = qkv[:, 32:40], qkv[:, 40:]
+    slot_mapping = torch.randperm(64 * 16, generator=generator)[:500].to(torch.int64)
+    slot_mapping[::9] = -1
+    expected = [torch.zeros(64, 8, 16, 128, dtype=dtype) for _ in range(2)]
+    cache_write_naive(key, value, expected[0], expected[1], slot_mapping)
+    device = backend.device
+    caches = [torch.zeros(64, 8, 16, 128, dtype=dtype, device=device) for _ in range(2)]
+    backend.cache_write(key.to(device), value.to(device), caches[0], caches[1], slot_mapping.to(device))
+    assert torch.equal(caches[0].cpu(), expected[0]) and torch.equal(caches[1].cpu(), expected[1])
