@@ -78,13 +78,19 @@ class CudaBackend(Backend):
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        # One host sync for the longest sequence: it sizes the split plan (launch_attention takes it known).
+        return self.launch_attention(query.contiguous(), key_cache, value_cache, block_tables.contiguous(),
+                                     seq_lens.contiguous(), scale, int(seq_lens.max()))
+
+    def launch_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                         max_seq_len: int) -> torch.Tensor:
+        """The launches alone, unvalidated and without a host sync: contiguous arguments, checked already."""
         batch, num_q_heads, head_dim = query.shape
         _, num_kv_heads, block_size, _ = key_cache.shape
         group = num_q_heads // num_kv_heads
         kernels.check_attention_supported(head_dim, group)
-        query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
-        # One host sync for the longest sequence: it sizes the split plan. Callers that know it could pass it.
-        tokens_per_split, num_splits = kernels.plan_splits(batch, num_kv_heads, int(seq_lens.max()), self.num_sms)
+        tokens_per_split, num_splits = kernels.plan_splits(batch, num_kv_heads, max_seq_len, self.num_sms)
         out = torch.empty_like(query)
         split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
         tmp_out = torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), device=self.device)

@@ -156,3 +156,23 @@ def test_gpu_cache_write_is_bit_exact(dtype: torch.dtype) -> None:
     caches = [torch.zeros(64, 8, 16, 128, dtype=dtype, device=device) for _ in range(2)]
     backend.cache_write(key.to(device), value.to(device), caches[0], caches[1], slot_mapping.to(device))
     assert torch.equal(caches[0].cpu(), expected[0]) and torch.equal(caches[1].cpu(), expected[1])
+
+
+def test_commands_run_on_the_emulated_kernels() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from minipaged_cli.cli import app
+    from tests.conftest import ROOT
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(ROOT / "traces" / "burst.yaml"), "--device", "emulated", "--kv-memory",
+                                 "1GiB", "--max-steps", "3", "--layers", "1", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["backend"] == "emulated"
+    result = runner.invoke(app, ["verify", "--device", "emulated", "--config", "qwen3-gqa3-hd64", "--seq-lens",
+                                 "9,4", "--decode-steps", "1", "--generate", "1", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["backend"] == "emulated" and document["passed"]

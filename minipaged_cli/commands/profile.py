@@ -40,7 +40,8 @@ Examples:\n\n
   minipaged profile ../shared/traces/mooncake_conversation_trace.jsonl --limit 500 --max-model-len 131072
   --block-size 16 --block-size 64 --block-size 512 --kv-memory 40GiB --json profile.json --plot profile.png
 """
-CPU_KERNEL_TOKENS = 65_536  # the CPU times attention on at most this many live tokens
+# Live tokens of the timed attention batch, at most: the CPU reference and, far slower, the emulated kernels.
+KERNEL_TOKEN_CAP = {"torch": 65_536, "emulated": 2_048}
 
 
 @handle_errors
@@ -112,7 +113,7 @@ def profile_command(
     if backend is not None:
         # One batch for every size: the busiest step of the first replay.
         shape = rows[0].metrics.detail.busiest_seq_lens  # type: ignore[union-attr]
-        cap = CPU_KERNEL_TOKENS if backend.device.type == "cpu" else None
+        cap = KERNEL_TOKEN_CAP.get(backend.name) if backend.device.type == "cpu" else None
         with stderr.status("timing the kernels"):
             for row in rows:
                 if shape:
