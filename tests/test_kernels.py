@@ -158,17 +158,19 @@ def test_gpu_cache_write_is_bit_exact(dtype: torch.dtype) -> None:
     assert torch.equal(caches[0].cpu(), expected[0]) and torch.equal(caches[1].cpu(), expected[1])
 
 
-def test_commands_run_on_the_emulated_kernels() -> None:
+def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
     import json
 
     from typer.testing import CliRunner
 
     from minipaged_cli.cli import app
-    from tests.conftest import ROOT
 
     runner = CliRunner()
-    result = runner.invoke(app, ["run", str(ROOT / "traces" / "burst.yaml"), "--device", "emulated", "--kv-memory",
-                                 "1GiB", "--max-steps", "3", "--layers", "1", "--json", "-"])
+    trace = tmp_path / "small.yaml"
+    trace.write_text("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 40, output_tokens: 4}\n"
+                     "  - {id: b, arrival_s: 0, prompt_tokens: 9, output_tokens: 6}\n")
+    result = runner.invoke(app, ["run", str(trace), "--device", "emulated", "--kv-memory", "1GiB", "--layers", "1",
+                                 "--json", "-"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["backend"] == "emulated"
     result = runner.invoke(app, ["verify", "--device", "emulated", "--config", "qwen3-gqa3-hd64", "--seq-lens",
