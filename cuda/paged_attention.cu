@@ -44,7 +44,7 @@ __device__ void paged_attention(
     int num_splits) {
     constexpr int OUTPUTS = MAX_GROUP * HEAD_DIM / NUM_THREADS;  // accumulator slots per thread
     __shared__ float q_s[MAX_GROUP][HEAD_DIM];
-    __shared__ float k_s[TILE][HEAD_DIM];
+    __shared__ float k_s[TILE][HEAD_DIM + 1];  // +1: lanes reading one d of 32 tokens hit 32 different banks
     __shared__ float v_s[TILE][HEAD_DIM];
     __shared__ float p_s[MAX_GROUP][TILE];
     __shared__ float m_s[MAX_GROUP];
