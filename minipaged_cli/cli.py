@@ -51,11 +51,16 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("simulate", epilog=simulate.EPILOG)(simulate.simulate_command)
-app.command("run", epilog=run.EPILOG)(run.run_command)
-app.command("verify", epilog=verify.EPILOG)(verify.verify_command)
-app.command("profile", epilog=profile.EPILOG)(profile.profile_command)
-app.command("convert", epilog=convert.EPILOG)(convert.convert_command)
+app.command("simulate", epilog=simulate.EPILOG,
+            short_help="Paged vs contiguous KV allocation on a trace: where memory goes.")(simulate.simulate_command)
+app.command("run", epilog=run.EPILOG,
+            short_help="The paged replay on real K/V tensors: cache writes and decode attention.")(run.run_command)
+app.command("verify", epilog=verify.EPILOG,
+            short_help="Qwen3 attention through the paged cache against Hugging Face.")(verify.verify_command)
+app.command("profile", epilog=profile.EPILOG,
+            short_help="Which block size? The trade-off on a trace, measured.")(profile.profile_command)
+app.command("convert", epilog=convert.EPILOG,
+            short_help="A public trace, or a slice of it, to the YAML trace format.")(convert.convert_command)
 
 
 def _version(value: bool) -> None:
