@@ -120,13 +120,9 @@ class _Executor:
 
     def _slot_mapping(self, work: StepWork, sequences: dict) -> torch.Tensor:
         """[new tokens] int64: each prefill chunk's positions, then each decode's one position."""
-        parts = []
-        for sequence_id, start, count in work.prefills:
-            parts.append(_slots(sequences[sequence_id].block_table, np.arange(start, start + count), self.block_size))
-        if work.decodes:
-            positions = np.array([p for _, p in work.decodes])
-            tables = [sequences[s].block_table[p // self.block_size] for s, p in work.decodes]
-            parts.append(np.array(tables) * self.block_size + positions % self.block_size)
+        writes = [*work.prefills, *((sequence_id, position, 1) for sequence_id, position in work.decodes)]
+        parts = [_slots(sequences[sequence_id].block_table, np.arange(start, start + count), self.block_size)
+                 for sequence_id, start, count in writes]
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return torch.from_numpy(slots.astype(np.int64)).to(self.cache.device)
 
