@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from minipaged_cli.cuda_backend import CudaBackend, cuda_backend_unavailable_reason
+from minipaged_cli.kernels import random_block_tables
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
 CASES = {
@@ -53,14 +54,7 @@ def attention_case(name: str, lengths: list[int], backend: CudaBackend, key_cach
                    value_cache: torch.Tensor, generator: torch.Generator, repeat: int, flush: torch.Tensor) -> None:
     device, element = backend.device, key_cache.element_size()
     num_blocks, batch, scale = key_cache.shape[0], len(lengths), HEAD_DIM ** -0.5
-    needed = [-(-n // BLOCK_SIZE) for n in lengths]
-    order = torch.randperm(num_blocks, generator=generator)[: sum(needed)].to(torch.int32)
-    block_tables = torch.full((batch, max(needed)), -1, dtype=torch.int32)
-    start = 0
-    for row, count in enumerate(needed):
-        block_tables[row, :count] = order[start:start + count]
-        start += count
-    block_tables = block_tables.to(device)
+    block_tables = random_block_tables(lengths, num_blocks, BLOCK_SIZE, generator).to(device)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
     query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
     max_len = max(lengths)

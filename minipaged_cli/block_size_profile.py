@@ -17,6 +17,7 @@ import torch
 
 from minipaged_cli.backends import Backend
 from minipaged_cli.block_manager import num_blocks_for, tail_waste
+from minipaged_cli.kernels import random_block_tables
 from minipaged_cli.kv_cache import PagedKVCache
 from minipaged_cli.simulator import SimConfig, StrategyMetrics, num_blocks_for_memory, replay
 from minipaged_cli.trace import Trace
@@ -136,13 +137,7 @@ def time_kernels(backend: Backend, config: SimConfig, block_size: int, seq_lens:
     cache = PagedKVCache(1, num_blocks, model.num_kv_heads, block_size, model.head_dim, dtype, device)
     for tensor in (cache.key_cache[0], cache.value_cache[0]):
         tensor.copy_(torch.randn(tensor.shape, generator=generator).to(dtype))
-    order = torch.randperm(num_blocks, generator=generator).to(torch.int32)
-    block_tables = torch.full((len(seq_lens), max(needed)), -1, dtype=torch.int32)
-    start = 0
-    for row, count in enumerate(needed):
-        block_tables[row, :count] = order[start:start + count]
-        start += count
-    block_tables = block_tables.to(device)
+    block_tables = random_block_tables(seq_lens, num_blocks, block_size, generator).to(device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     query = torch.randn(len(seq_lens), model.num_q_heads, model.head_dim, generator=generator).to(dtype).to(device)
     scale = model.head_dim ** -0.5

@@ -64,17 +64,15 @@ class CudaBackend(Backend):
 
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if not (kernels.rows_contiguous(key) and kernels.rows_contiguous(value)):
-            key, value = key.contiguous(), value.contiguous()
         if key.shape[0] == 0:
             return
+        key, value, vectorized = kernels.cache_write_operands(key, value, key_cache, value_cache)
         _, num_kv_heads, block_size, head_dim = key_cache.shape
         function = self._function("cache_write", kernels.cache_write_kernel(key.dtype), _CACHE_WRITE_ARGS)
         function.prepared_call(
             (key.shape[0], 1, 1), (kernels.CACHE_WRITE_THREADS, 1, 1), _ptr(key), _ptr(value), _ptr(key_cache),
             _ptr(value_cache), _ptr(slot_mapping), np.int64(key.stride(0)), np.int64(value.stride(0)),
-            np.int32(num_kv_heads), np.int32(head_dim), np.int32(block_size),
-            np.int32(kernels.can_vectorize(key, value, key_cache, value_cache)))
+            np.int32(num_kv_heads), np.int32(head_dim), np.int32(block_size), np.int32(vectorized))
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -88,27 +86,21 @@ class CudaBackend(Backend):
         """The launches alone, unvalidated and without a host sync: contiguous arguments, checked already."""
         batch, num_q_heads, head_dim = query.shape
         _, num_kv_heads, block_size, _ = key_cache.shape
-        group = num_q_heads // num_kv_heads
-        kernels.check_attention_supported(head_dim, group)
-        tokens_per_split, num_splits = kernels.plan_splits(batch, num_kv_heads, max_seq_len, self.num_sms)
-        out = torch.empty_like(query)
-        split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
-        tmp_out = torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), device=self.device)
-        tmp_max = torch.empty(split_shape, device=self.device)
-        tmp_sum = torch.empty(split_shape, device=self.device)
+        plan = kernels.plan_attention(query, num_kv_heads, max_seq_len, self.num_sms)
         attention = self._function("paged_attention", kernels.attention_kernel(query.dtype, head_dim),
                                    _ATTENTION_ARGS)
         attention.prepared_call(
-            (num_kv_heads, batch, num_splits), (kernels.NUM_THREADS, 1, 1), _ptr(out), _ptr(query),
-            _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens), _ptr(tmp_out), _ptr(tmp_max),
-            _ptr(tmp_sum), np.float32(scale), np.int32(num_kv_heads), np.int32(group), np.int32(block_size),
-            np.int32(block_tables.shape[1]), np.int32(tokens_per_split), np.int32(num_splits))
-        if num_splits > 1:
+            (num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1), _ptr(plan.out), _ptr(query),
+            _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens), _ptr(plan.tmp_out),
+            _ptr(plan.tmp_max), _ptr(plan.tmp_sum), np.float32(scale), np.int32(num_kv_heads), np.int32(plan.group),
+            np.int32(block_size), np.int32(block_tables.shape[1]), np.int32(plan.tokens_per_split),
+            np.int32(plan.num_splits))
+        if plan.num_splits > 1:
             merge = self._function("paged_attention", kernels.merge_kernel(query.dtype, head_dim), _MERGE_ARGS)
-            merge.prepared_call((num_q_heads, batch, 1), (head_dim, 1, 1), _ptr(out), _ptr(tmp_out), _ptr(tmp_max),
-                                _ptr(tmp_sum), _ptr(seq_lens), np.int32(num_q_heads), np.int32(num_splits),
-                                np.int32(tokens_per_split))
-        return out
+            merge.prepared_call((num_q_heads, batch, 1), (head_dim, 1, 1), _ptr(plan.out), _ptr(plan.tmp_out),
+                                _ptr(plan.tmp_max), _ptr(plan.tmp_sum), _ptr(seq_lens), np.int32(num_q_heads),
+                                np.int32(plan.num_splits), np.int32(plan.tokens_per_split))
+        return plan.out
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

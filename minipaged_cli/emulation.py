@@ -66,12 +66,10 @@ class EmulatedBackend(Backend):
 
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if not (kernels.rows_contiguous(key) and kernels.rows_contiguous(value)):
-            key, value = key.contiguous(), value.contiguous()
         if key.shape[0] == 0:
             return
+        key, value, vectorized = kernels.cache_write_operands(key, value, key_cache, value_cache)
         _, num_kv_heads, block_size, head_dim = key_cache.shape
-        vectorized = kernels.can_vectorize(key, value, key_cache, value_cache)
         function = getattr(self.library, "emu_" + kernels.cache_write_kernel(key.dtype))
         function(ctypes.c_uint(key.shape[0]), ctypes.c_uint(kernels.CACHE_WRITE_THREADS), _ptr(key), _ptr(value),
                  _ptr(key_cache), _ptr(value_cache), _ptr(slot_mapping), ctypes.c_int64(key.stride(0)),
@@ -82,27 +80,21 @@ class EmulatedBackend(Backend):
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         batch, num_q_heads, head_dim = query.shape
         _, num_kv_heads, block_size, _ = key_cache.shape
-        group = num_q_heads // num_kv_heads
-        kernels.check_attention_supported(head_dim, group)
         query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
-        tokens_per_split, num_splits = kernels.plan_splits(batch, num_kv_heads, int(seq_lens.max()), self.num_sms,
-                                                           self.tokens_per_split)
-        out = torch.empty_like(query)  # [batch, num_q_heads, head_dim]
-        tmp_out = torch.empty(batch, num_q_heads, num_splits, head_dim) if num_splits > 1 else torch.empty(1)
-        tmp_max = torch.empty(batch, num_q_heads, num_splits) if num_splits > 1 else torch.empty(1)
-        tmp_sum = torch.empty_like(tmp_max)
+        plan = kernels.plan_attention(query, num_kv_heads, int(seq_lens.max()), self.num_sms, self.tokens_per_split)
         function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim))
-        function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(num_splits), _ptr(out),
-                 _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens), _ptr(tmp_out),
-                 _ptr(tmp_max), _ptr(tmp_sum), ctypes.c_float(scale), ctypes.c_int(num_kv_heads), ctypes.c_int(group),
-                 ctypes.c_int(block_size), ctypes.c_int(block_tables.shape[1]), ctypes.c_int(tokens_per_split),
-                 ctypes.c_int(num_splits))
-        if num_splits > 1:
+        function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(plan.num_splits), _ptr(plan.out),
+                 _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens),
+                 _ptr(plan.tmp_out), _ptr(plan.tmp_max), _ptr(plan.tmp_sum), ctypes.c_float(scale),
+                 ctypes.c_int(num_kv_heads), ctypes.c_int(plan.group), ctypes.c_int(block_size),
+                 ctypes.c_int(block_tables.shape[1]), ctypes.c_int(plan.tokens_per_split),
+                 ctypes.c_int(plan.num_splits))
+        if plan.num_splits > 1:
             merge = getattr(self.library, "emu_" + kernels.merge_kernel(query.dtype, head_dim))
-            merge(ctypes.c_uint(num_q_heads), ctypes.c_uint(batch), _ptr(out), _ptr(tmp_out), _ptr(tmp_max),
-                  _ptr(tmp_sum), _ptr(seq_lens), ctypes.c_int(num_q_heads), ctypes.c_int(num_splits),
-                  ctypes.c_int(tokens_per_split))
-        return out
+            merge(ctypes.c_uint(num_q_heads), ctypes.c_uint(batch), _ptr(plan.out), _ptr(plan.tmp_out),
+                  _ptr(plan.tmp_max), _ptr(plan.tmp_sum), _ptr(seq_lens), ctypes.c_int(num_q_heads),
+                  ctypes.c_int(plan.num_splits), ctypes.c_int(plan.tokens_per_split))
+        return plan.out
 
     def synchronize(self) -> None:
         """Emulated launches finish before they return."""

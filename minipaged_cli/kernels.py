@@ -3,6 +3,7 @@ entry-point names per dtype, what the kernels cover, the split-K plan and the 16
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,3 +66,54 @@ def can_vectorize(*tensors: torch.Tensor) -> bool:
         if tensor.data_ptr() % 16 or (tensor.shape[-1] * size) % 16 or (tensor.stride(0) * size) % 16:
             return False
     return True
+
+
+def cache_write_operands(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                         value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """key and value as cache_write reads them (copied only if a token's heads are not back to back), and
+    whether the 16-byte path applies."""
+    if not (rows_contiguous(key) and rows_contiguous(value)):
+        key, value = key.contiguous(), value.contiguous()
+    return key, value, can_vectorize(key, value, key_cache, value_cache)
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """Outputs and split plan of one decode-attention launch (tmp tensors are 1-element when unsplit)."""
+
+    out: torch.Tensor  # [batch, num_q_heads, head_dim], the query's dtype
+    tmp_out: torch.Tensor  # [batch, num_q_heads, num_splits, head_dim] fp32
+    tmp_max: torch.Tensor  # [batch, num_q_heads, num_splits] fp32
+    tmp_sum: torch.Tensor  # [batch, num_q_heads, num_splits] fp32
+    group: int
+    tokens_per_split: int
+    num_splits: int
+
+
+def plan_attention(query: torch.Tensor, num_kv_heads: int, max_seq_len: int, num_sms: int,
+                   tokens_per_split: int | None = None) -> AttentionLaunch:
+    batch, num_q_heads, head_dim = query.shape
+    group = num_q_heads // num_kv_heads
+    check_attention_supported(head_dim, group)
+    tokens_per_split, num_splits = plan_splits(batch, num_kv_heads, max_seq_len, num_sms, tokens_per_split)
+    split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
+    return AttentionLaunch(
+        out=torch.empty_like(query),
+        tmp_out=torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), device=query.device),
+        tmp_max=torch.empty(split_shape, device=query.device),
+        tmp_sum=torch.empty(split_shape, device=query.device),
+        group=group, tokens_per_split=tokens_per_split, num_splits=num_splits)
+
+
+def random_block_tables(seq_lens: list[int], num_blocks: int, block_size: int,
+                        generator: torch.Generator) -> torch.Tensor:
+    """[batch, max blocks] int32 tables (-1 padded) whose blocks are distinct and in random order: what a busy
+    pool hands out, for benchmarks."""
+    needed = [-(-length // block_size) for length in seq_lens]
+    order = torch.randperm(num_blocks, generator=generator)[: sum(needed)].to(torch.int32)
+    tables = torch.full((len(seq_lens), max(needed)), -1, dtype=torch.int32)
+    start = 0
+    for row, count in enumerate(needed):
+        tables[row, :count] = order[start:start + count]
+        start += count
+    return tables
