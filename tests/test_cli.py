@@ -167,3 +167,32 @@ def test_progress_bar_appears_only_after_the_delay() -> None:
         assert fast.bar is not None
         assert fast.bar.tasks[0].completed == 1010  # dynamic is the second strategy
         assert fast.bar.tasks[0].total == 2000
+
+
+def test_plots_of_run_and_profile(tmp_path: Path) -> None:
+    burst = str(ROOT / "traces" / "burst.yaml")
+    run_png, profile_png = tmp_path / "run.png", tmp_path / "profile.png"
+    result = runner.invoke(app, ["run", burst, "--device", "cpu", "--kv-memory", "1GiB", "--max-steps", "5",
+                                 "--layers", "1", "--plot", str(run_png)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["profile", burst, "--kv-memory", "1GiB", "--max-model-len", "4096", "--device",
+                                 "none", "--block-size", "8", "--block-size", "16", "--plot", str(profile_png)])
+    assert result.exit_code == 0, result.output
+    for path in (run_png, profile_png):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_reads_a_mooncake_slice_with_an_explicit_format(tmp_path: Path) -> None:
+    path = tmp_path / "trace.data"  # no telling extension: --format says what it is
+    path.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]}\n'
+                    '{"timestamp": 500, "input_length": 600, "output_length": 9, "hash_ids": [0, 3]}\n')
+    assert runner.invoke(app, ["simulate", str(path)]).exit_code == 2
+    result = runner.invoke(app, ["simulate", str(path), "--format", "mooncake", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["trace"] == {"name": "trace", "num_requests": 2, "prompt_tokens": 1700, "output_tokens": 14}
+
+
+def test_convert_refuses_a_non_yaml_output(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["convert", MIXED, str(tmp_path / "out.csv")])
+    assert result.exit_code == 2 and "must be a .yaml file" in result.stderr
