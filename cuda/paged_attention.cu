@@ -2,30 +2,46 @@
 //
 // Grid (num_kv_heads, batch, num_splits), NUM_THREADS threads. A thread block owns one kv head of one sequence
 // (of one split of its tokens) and ALL the query heads of that GQA group: every K/V byte is read once, not once
-// per query head as in vLLM's v1/v2 kernels. It walks its tokens a tile of TILE at a time:
-//   1. the tile's block ids (the block-table slice) into shared memory;
-//   2. the tile's K and V rows into shared memory, converted to fp32 (coalesced; only positions < seq_len);
-//   3. logits q . k for every (query head, token) of the tile;
-//   4. single-pass online softmax, a warp per query head: tile max, m_new = max(m, tile max),
-//      p = exp(logit - m_new), l = l * exp(m - m_new) + sum p;
-//   5. each thread's slice of the accumulators: acc = acc * exp(m - m_new) + sum_t p_t v_t.
-// No array of every logit exists, so the context length is unbounded. Positions >= seq_len are never loaded:
-// they are selected out, never multiplied by zero (stale cache memory may hold NaN). With num_splits > 1 each
-// split writes its unnormalised (acc, m, l) and paged_attention_merge combines them. Address math in int64.
+// per query head as in vLLM's v1/v2 kernels.
+//
+// Inside, a "token group" of LANES = HEAD_DIM / VEC lanes handles one token at a time, each lane 16 bytes
+// (VEC elements) of the token's K and V row, so a group reads whole rows, coalesced; a warp holds 32 / LANES
+// groups and the block NUM_THREADS / LANES of them, taking every (number of groups)-th token of the split. Each
+// group keeps, in registers, the single-pass online softmax state of every query head of the GQA group: running
+// max m, running sum l, and its lanes' VEC-wide slice of the unnormalised output acc. Per token:
+//   logit = q . k (each lane's VEC products, summed across the group's lanes with shuffles),
+//   m' = max(m, logit), l = l e^(m - m') + e^(logit - m'), acc = acc e^(m - m') + e^(logit - m') v.
+// No array of every logit exists, so the context length is unbounded; positions >= seq_len are never loaded
+// (stale cache memory may hold NaN: it is selected out, never multiplied by zero). At the end the groups merge
+// their states through shared memory. With num_splits > 1 each split writes its unnormalised (acc, m, l) and
+// paged_attention_merge combines them. The block table is read in chunks staged in shared memory. int64 addresses.
 #include "common.cuh"
 
 #define NUM_THREADS 128
-#define NUM_WARPS (NUM_THREADS / 32)
-#define TILE 32  // tokens per tile: one per lane in the softmax step
 #define MAX_GROUP 8  // query heads per kv head
+#define TABLE_CHUNK 128  // block-table entries staged in shared memory at a time
 
-__device__ __forceinline__ float warp_max(float x) {
-    for (int mask = 16; mask > 0; mask >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask, 32));
-    return x;
+template <typename T>
+struct Vec {
+    static constexpr int SIZE = 16 / sizeof(T);  // elements in one 16-byte load
+};
+
+// VEC consecutive elements at p (16-byte aligned) as floats.
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[Vec<T>::SIZE]) {
+    union {
+        uint4 raw;
+        T values[Vec<T>::SIZE];
+    } chunk;
+    chunk.raw = *reinterpret_cast<const uint4*>(p);
+#pragma unroll
+    for (int i = 0; i < Vec<T>::SIZE; ++i) out[i] = to_float(chunk.values[i]);
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int mask = 16; mask > 0; mask >>= 1) x += __shfl_xor_sync(0xffffffffu, x, mask, 32);
+template <int LANES>
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+    for (int mask = LANES / 2; mask > 0; mask >>= 1) x += __shfl_xor_sync(0xffffffffu, x, mask, LANES);
     return x;
 }
 
@@ -42,100 +58,121 @@ __device__ void paged_attention(
     float* __restrict__ tmp_sum,            // [batch, num_q_heads, num_splits]
     float scale, int num_kv_heads, int group, int block_size, int max_blocks, int tokens_per_split,
     int num_splits) {
-    constexpr int OUTPUTS = MAX_GROUP * HEAD_DIM / NUM_THREADS;  // accumulator slots per thread
-    __shared__ float q_s[MAX_GROUP][HEAD_DIM];
-    __shared__ float k_s[TILE][HEAD_DIM + 1];  // +1: lanes reading one d of 32 tokens hit 32 different banks
-    __shared__ float v_s[TILE][HEAD_DIM];
-    __shared__ float p_s[MAX_GROUP][TILE];
-    __shared__ float m_s[MAX_GROUP];
-    __shared__ float l_s[MAX_GROUP];
-    __shared__ float correction_s[MAX_GROUP];
-    __shared__ int blocks_s[TILE];
+    constexpr int VEC = Vec<T>::SIZE;
+    constexpr int LANES = HEAD_DIM / VEC;  // lanes per token group
+    constexpr int GROUPS = NUM_THREADS / LANES;  // token groups in the block
+    static_assert(HEAD_DIM % VEC == 0 && LANES <= 32 && 32 % LANES == 0, "head_dim must split into lanes");
+    __shared__ int table_s[TABLE_CHUNK];
+    __shared__ float m_s[GROUPS][MAX_GROUP];
+    __shared__ float l_s[GROUPS][MAX_GROUP];
+    __shared__ float acc_s[GROUPS][MAX_GROUP][HEAD_DIM];
 
     const int kv_head = blockIdx.x;
     const int64_t seq = blockIdx.y;
     const int split = blockIdx.z;
     const int tid = threadIdx.x;
-    const int warp = tid / 32;
-    const int lane = tid % 32;
+    const int token_group = tid / LANES;
+    const int lane = tid % LANES;  // which VEC-wide slice of head_dim this thread holds
     const int num_q_heads = num_kv_heads * group;
     const int seq_len = seq_lens[seq];
     const int start = split * tokens_per_split;
     const int end = min(seq_len, start + tokens_per_split);
 
-    for (int i = tid; i < group * HEAD_DIM; i += NUM_THREADS) {
-        const int64_t q_head = (int64_t)kv_head * group + i / HEAD_DIM;
-        q_s[i / HEAD_DIM][i % HEAD_DIM] = to_float(query[(seq * num_q_heads + q_head) * HEAD_DIM + i % HEAD_DIM]) * scale;
-    }
-    if (tid < group) {
-        m_s[tid] = -INFINITY;
-        l_s[tid] = 0.0f;
-    }
-    float acc[OUTPUTS];
-    for (int k = 0; k < OUTPUTS; ++k) acc[k] = 0.0f;
-    __syncthreads();
-
-    for (int tile_start = start; tile_start < end; tile_start += TILE) {
-        const int n = min(TILE, end - tile_start);
-        if (tid < n) blocks_s[tid] = block_tables[seq * max_blocks + (tile_start + tid) / block_size];
-        __syncthreads();
-        for (int i = tid; i < n * HEAD_DIM; i += NUM_THREADS) {
-            const int t = i / HEAD_DIM;
-            const int64_t row = ((int64_t)blocks_s[t] * num_kv_heads + kv_head) * block_size + (tile_start + t) % block_size;
-            k_s[t][i % HEAD_DIM] = to_float(key_cache[row * HEAD_DIM + i % HEAD_DIM]);
-            v_s[t][i % HEAD_DIM] = to_float(value_cache[row * HEAD_DIM + i % HEAD_DIM]);
+    float q[MAX_GROUP][VEC];
+    float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP][VEC];
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            acc[g][v] = 0.0f;
+            q[g][v] = 0.0f;
         }
-        __syncthreads();
-        for (int i = tid; i < group * TILE; i += NUM_THREADS) {
-            const int g = i / TILE;
-            const int t = i % TILE;
-            float dot = -INFINITY;
-            if (t < n) {
-                dot = 0.0f;
-                for (int d = 0; d < HEAD_DIM; ++d) dot += q_s[g][d] * k_s[t][d];
-            }
-            p_s[g][t] = dot;
+        if (g < group) {
+            load_vec(query + (seq * num_q_heads + (int64_t)kv_head * group + g) * HEAD_DIM + lane * VEC, q[g]);
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) q[g][v] *= scale;
         }
-        __syncthreads();
-        for (int g = warp; g < group; g += NUM_WARPS) {
-            const float logit = p_s[g][lane];
-            const float new_max = fmaxf(m_s[g], warp_max(logit));  // finite: the tile has a token
-            const float p = lane < n ? expf(logit - new_max) : 0.0f;
-            const float tile_sum = warp_sum(p);
-            p_s[g][lane] = p;
-            if (lane == 0) {
-                const float correction = expf(m_s[g] - new_max);  // 0 on the first tile (m = -inf)
-                correction_s[g] = correction;
-                l_s[g] = l_s[g] * correction + tile_sum;
-                m_s[g] = new_max;
-            }
-        }
-        __syncthreads();
-        for (int k = 0; k < OUTPUTS; ++k) {
-            const int o = tid + k * NUM_THREADS;
-            const int g = o / HEAD_DIM;
-            if (g >= group) break;
-            float a = acc[k] * correction_s[g];
-            for (int t = 0; t < n; ++t) a += p_s[g][t] * v_s[t][o % HEAD_DIM];
-            acc[k] = a;
-        }
-        __syncthreads();  // the next tile overwrites the shared tiles
     }
 
-    for (int k = 0; k < OUTPUTS; ++k) {
-        const int o = tid + k * NUM_THREADS;
-        const int g = o / HEAD_DIM;
+    // The split's tokens, in chunks whose block ids are staged in shared memory first.
+    const int first_block = start / block_size;
+    for (int chunk_block = first_block; chunk_block * block_size < end; chunk_block += TABLE_CHUNK) {
+        __syncthreads();  // the previous chunk's table is no longer read
+        for (int i = tid; i < TABLE_CHUNK && (chunk_block + i) * block_size < end; i += NUM_THREADS)
+            table_s[i] = block_tables[seq * max_blocks + chunk_block + i];
+        __syncthreads();
+        const int chunk_start = max(start, chunk_block * block_size);
+        const int chunk_end = min(end, (chunk_block + TABLE_CHUNK) * block_size);
+        // Every lane runs the same rounds, so that the shuffles inside see the whole warp; a group past the
+        // chunk's end loads nothing and changes nothing.
+        for (int round = chunk_start; round < chunk_end; round += GROUPS) {
+            const int t = round + token_group;
+            const bool valid = t < chunk_end;
+            float k[VEC], v[VEC];
+            if (valid) {
+                const int64_t block = table_s[t / block_size - chunk_block];
+                const int64_t row = ((block * num_kv_heads + kv_head) * block_size + t % block_size) * HEAD_DIM;
+                load_vec(key_cache + row + lane * VEC, k);
+                load_vec(value_cache + row + lane * VEC, v);
+            }
+#pragma unroll
+            for (int g = 0; g < MAX_GROUP; ++g) {
+                if (g >= group) break;
+                float partial = 0.0f;
+                if (valid) {
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) partial += q[g][e] * k[e];
+                }
+                const float logit = group_sum<LANES>(partial);
+                if (valid) {
+                    const float new_max = fmaxf(m[g], logit);
+                    const float correction = expf(m[g] - new_max);  // 0 for the group's first token (m = -inf)
+                    const float p = expf(logit - new_max);
+                    l[g] = l[g] * correction + p;
+#pragma unroll
+                    for (int e = 0; e < VEC; ++e) acc[g][e] = acc[g][e] * correction + p * v[e];
+                    m[g] = new_max;
+                }
+            }
+        }
+    }
+
+    // Merge the token groups' states: each writes its own, then threads combine per (query head, dim).
+#pragma unroll
+    for (int g = 0; g < MAX_GROUP; ++g) {  // constant indices keep q, m, l, acc in registers
         if (g >= group) break;
-        const int64_t q_head = (int64_t)kv_head * group + g;
+        if (lane == 0) {
+            m_s[token_group][g] = m[g];
+            l_s[token_group][g] = l[g];
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc_s[token_group][g][lane * VEC + e] = acc[g][e];
+    }
+    __syncthreads();
+    for (int o = tid; o < group * HEAD_DIM; o += NUM_THREADS) {
+        const int g = o / HEAD_DIM;
         const int d = o % HEAD_DIM;
+        float global_max = -INFINITY;
+        for (int i = 0; i < GROUPS; ++i) global_max = fmaxf(global_max, m_s[i][g]);
+        float total = 0.0f, value = 0.0f;
+        if (global_max != -INFINITY) {  // a split past the sequence's end saw no token at all
+            for (int i = 0; i < GROUPS; ++i) {
+                const float weight = expf(m_s[i][g] - global_max);  // 0 for a group that saw no token
+                total += weight * l_s[i][g];
+                value += weight * acc_s[i][g][d];
+            }
+        }
+        const int64_t q_head = (int64_t)kv_head * group + g;
         if (num_splits == 1) {
-            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(acc[k] / l_s[g]);
+            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(value / total);
         } else {
             const int64_t part = (seq * num_q_heads + q_head) * num_splits + split;
-            tmp_out[part * HEAD_DIM + d] = acc[k];
+            tmp_out[part * HEAD_DIM + d] = value;
             if (d == 0) {
-                tmp_max[part] = m_s[g];  // -inf and 0 for a split past the sequence's end
-                tmp_sum[part] = l_s[g];
+                tmp_max[part] = global_max;  // -inf and 0 for a split past the sequence's end
+                tmp_sum[part] = total;
             }
         }
     }

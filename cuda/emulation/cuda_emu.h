@@ -27,7 +27,8 @@ inline dim3 block_dim;
 inline dim3 grid_dim;
 inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
-inline std::vector<float> warp_exchange;  // [threads] one float per lane, for shuffles
+inline std::vector<float> warp_exchange[2];  // [threads] one float per lane, two buffers used in turn
+inline thread_local unsigned shuffle_parity = 0;
 
 inline unsigned linear_thread() {
     return thread_index.x + block_dim.x * (thread_index.y + block_dim.y * thread_index.z);
@@ -44,7 +45,8 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
     for (unsigned w = 0; w < (threads + 31) / 32; ++w) {
         warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min(32u, threads - 32 * w)));
     }
-    warp_exchange.assign(threads, 0.0f);
+    warp_exchange[0].assign(threads, 0.0f);
+    warp_exchange[1].assign(threads, 0.0f);
     std::vector<std::thread> workers;
     for (unsigned t = 0; t < threads; ++t) {
         workers.emplace_back([&, t] {
@@ -79,18 +81,21 @@ inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
-// Lane (lane_id ^ lane_mask)'s value. Every lane of the warp must call it, as with a full mask on a GPU.
+// Lane (lane_id ^ lane_mask)'s value. Every lane of the warp must call it, as with a full mask on a GPU (a
+// diverged call deadlocks here, as it is undefined there). Two exchange buffers used in turn need one barrier
+// per shuffle: a lane can only write a buffer again after the next barrier, which every lane reaches after
+// reading it.
 inline float __shfl_xor_sync(unsigned /*mask*/, float value, int lane_mask, int width = 32) {
     const unsigned me = emu::linear_thread();
     const unsigned warp = me / 32;
-    auto& barrier = *emu::warp_barriers[warp];
-    emu::warp_exchange[me] = value;
-    barrier.arrive_and_wait();
+    std::vector<float>& exchange = emu::warp_exchange[emu::shuffle_parity];
+    emu::shuffle_parity ^= 1u;
+    exchange[me] = value;
+    emu::warp_barriers[warp]->arrive_and_wait();
     const unsigned lane = me % 32;
-    const unsigned other = (lane ^ static_cast<unsigned>(lane_mask)) % static_cast<unsigned>(width);
-    const float result = emu::warp_exchange[warp * 32 + other];
-    barrier.arrive_and_wait();  // nobody overwrites the exchange before everyone has read
-    return result;
+    unsigned other = lane ^ static_cast<unsigned>(lane_mask);
+    if (other / static_cast<unsigned>(width) != lane / static_cast<unsigned>(width)) other = lane;  // outside the segment
+    return exchange[warp * 32 + other];
 }
 
 // fp16 and bf16 as their bits; arithmetic happens in float, as the kernels do.
