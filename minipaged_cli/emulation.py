@@ -22,8 +22,14 @@ _SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "minipaged"
+    """~/.cache/minipaged (or $XDG_CACHE_HOME), or the temporary directory where home is not writable."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "minipaged"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        base = Path(tempfile.gettempdir()) / f"minipaged-{os.getuid()}"
+        base.mkdir(parents=True, exist_ok=True)
+    return base
 
 
 @cache
@@ -37,7 +43,6 @@ def load_library() -> ctypes.CDLL:
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
         if compiler is None:
             raise RuntimeError("the emulated kernels need a C++20 compiler (g++); none found")
-        target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
             built = Path(scratch) / target.name
             command = [compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-DMINIPAGED_EMULATION",
