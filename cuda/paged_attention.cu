@@ -18,7 +18,6 @@
 #include "common.cuh"
 
 #define NUM_THREADS 128
-#define MAX_GROUP 8  // query heads per kv head
 #define TABLE_CHUNK 128  // block-table entries staged in shared memory at a time
 
 template <typename T>
@@ -45,7 +44,9 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
-template <typename T, int HEAD_DIM>
+// MAX_G: query heads per kv head this instantiation holds (1, 2, 4 or 8; `group` <= MAX_G at run time). The
+// online-softmax state lives in registers sized by it, so a small group leaves room for more blocks per SM.
+template <typename T, int HEAD_DIM, int MAX_G>
 __device__ void paged_attention(
     T* __restrict__ out,                    // [batch, num_q_heads, HEAD_DIM] (num_splits == 1)
     const T* __restrict__ query,            // [batch, num_q_heads, HEAD_DIM]
@@ -63,9 +64,9 @@ __device__ void paged_attention(
     constexpr int GROUPS = NUM_THREADS / LANES;  // token groups in the block
     static_assert(HEAD_DIM % VEC == 0 && LANES <= 32 && 32 % LANES == 0, "head_dim must split into lanes");
     __shared__ int table_s[TABLE_CHUNK];
-    __shared__ float m_s[GROUPS][MAX_GROUP];
-    __shared__ float l_s[GROUPS][MAX_GROUP];
-    __shared__ float acc_s[GROUPS][MAX_GROUP][HEAD_DIM];
+    __shared__ float m_s[GROUPS][MAX_G];
+    __shared__ float l_s[GROUPS][MAX_G];
+    __shared__ float acc_s[GROUPS][MAX_G][HEAD_DIM];
 
     const int kv_head = blockIdx.x;
     const int64_t seq = blockIdx.y;
@@ -78,10 +79,10 @@ __device__ void paged_attention(
     const int start = split * tokens_per_split;
     const int end = min(seq_len, start + tokens_per_split);
 
-    float q[MAX_GROUP][VEC];
-    float m[MAX_GROUP], l[MAX_GROUP], acc[MAX_GROUP][VEC];
+    float q[MAX_G][VEC];
+    float m[MAX_G], l[MAX_G], acc[MAX_G][VEC];
 #pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g) {
+    for (int g = 0; g < MAX_G; ++g) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
 #pragma unroll
@@ -118,7 +119,7 @@ __device__ void paged_attention(
                 load_vec(value_cache + row + lane * VEC, v);
             }
 #pragma unroll
-            for (int g = 0; g < MAX_GROUP; ++g) {
+            for (int g = 0; g < MAX_G; ++g) {
                 if (g >= group) break;
                 float partial = 0.0f;
                 if (valid) {
@@ -141,7 +142,7 @@ __device__ void paged_attention(
 
     // Merge the token groups' states: each writes its own, then threads combine per (query head, dim).
 #pragma unroll
-    for (int g = 0; g < MAX_GROUP; ++g) {  // constant indices keep q, m, l, acc in registers
+    for (int g = 0; g < MAX_G; ++g) {  // constant indices keep q, m, l, acc in registers
         if (g >= group) break;
         if (lane == 0) {
             m_s[token_group][g] = m[g];
@@ -204,15 +205,21 @@ __device__ void paged_attention_merge(
     out[(seq * num_q_heads + blockIdx.x) * HEAD_DIM + d] = from_float<T>(value / total);
 }
 
-#define MINIPAGED_PAGED_ATTENTION(SUFFIX, T, HEAD_DIM)                                                           \
-    extern "C" __global__ void paged_attention_##SUFFIX##_hd##HEAD_DIM(                                          \
+#define MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, MAX_G)                                                  \
+    extern "C" __global__ void paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G(                               \
         T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,               \
         const int* seq_lens, float* tmp_out, float* tmp_max, float* tmp_sum, float scale, int num_kv_heads,     \
         int group, int block_size, int max_blocks, int tokens_per_split, int num_splits) {                       \
-        paged_attention<T, HEAD_DIM>(out, query, key_cache, value_cache, block_tables, seq_lens, tmp_out,       \
-                                     tmp_max, tmp_sum, scale, num_kv_heads, group, block_size, max_blocks,      \
-                                     tokens_per_split, num_splits);                                             \
-    }                                                                                                            \
+        paged_attention<T, HEAD_DIM, MAX_G>(out, query, key_cache, value_cache, block_tables, seq_lens,         \
+                                            tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, group, block_size,  \
+                                            max_blocks, tokens_per_split, num_splits);                          \
+    }
+
+#define MINIPAGED_PAGED_ATTENTION(SUFFIX, T, HEAD_DIM)                                                           \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 1)                                                          \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 2)                                                          \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 4)                                                          \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 8)                                                          \
     extern "C" __global__ void paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(                                    \
         T* out, const float* tmp_out, const float* tmp_max, const float* tmp_sum, const int* seq_lens,          \
         int num_q_heads, int num_splits, int tokens_per_split) {                                                 \

@@ -87,7 +87,7 @@ class CudaBackend(Backend):
         batch, num_q_heads, head_dim = query.shape
         _, num_kv_heads, block_size, _ = key_cache.shape
         plan = kernels.plan_attention(query, num_kv_heads, max_seq_len, self.num_sms)
-        attention = self._function("paged_attention", kernels.attention_kernel(query.dtype, head_dim),
+        attention = self._function("paged_attention", kernels.attention_kernel(query.dtype, head_dim, plan.group),
                                    _ATTENTION_ARGS)
         attention.prepared_call(
             (num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1), _ptr(plan.out), _ptr(query),

@@ -87,7 +87,7 @@ class EmulatedBackend(Backend):
         _, num_kv_heads, block_size, _ = key_cache.shape
         query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
         plan = kernels.plan_attention(query, num_kv_heads, int(seq_lens.max()), self.num_sms, self.tokens_per_split)
-        function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim))
+        function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim, plan.group))
         function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(plan.num_splits), _ptr(plan.out),
                  _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens),
                  _ptr(plan.tmp_out), _ptr(plan.tmp_max), _ptr(plan.tmp_sum), ctypes.c_float(scale),

@@ -12,15 +12,18 @@ CUDA_DIR = next((d for d in (Path(__file__).resolve().parent / "cuda", Path(__fi
                  if d.is_dir()), Path(__file__).resolve().parent.parent / "cuda")
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 HEAD_DIMS = (64, 128)
-MAX_GROUP = 8  # query heads per kv head in one thread block (cuda/paged_attention.cu MAX_GROUP)
+GROUP_SIZES = (1, 2, 4, 8)  # the MAX_G instantiations of cuda/paged_attention.cu
+MAX_GROUP = GROUP_SIZES[-1]  # query heads per kv head in one thread block, at most
 TILE = 32  # tokens per tile (cuda/paged_attention.cu TILE); a split holds a multiple of it
 NUM_THREADS = 128  # threads per attention block (cuda/paged_attention.cu NUM_THREADS)
 CACHE_WRITE_THREADS = 128
 MIN_TOKENS_PER_SPLIT = 256
 
 
-def attention_kernel(dtype: torch.dtype, head_dim: int) -> str:
-    return f"paged_attention_{SUFFIX[dtype]}_hd{head_dim}"
+def attention_kernel(dtype: torch.dtype, head_dim: int, group: int) -> str:
+    """The instantiation whose register state fits ``group`` query heads: the smallest MAX_G >= group."""
+    max_g = next(g for g in GROUP_SIZES if g >= group)
+    return f"paged_attention_{SUFFIX[dtype]}_hd{head_dim}_g{max_g}"
 
 
 def merge_kernel(dtype: torch.dtype, head_dim: int) -> str:

@@ -17,18 +17,25 @@
         });                                                                                                      \
     }
 
-#define EMU_PAGED_ATTENTION(SUFFIX, T, HEAD_DIM)                                                                 \
-    extern "C" void emu_paged_attention_##SUFFIX##_hd##HEAD_DIM(                                                 \
+#define EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, MAX_G)                                                       \
+    extern "C" void emu_paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G(                                      \
         unsigned grid_x, unsigned grid_y, unsigned grid_z, T* out, const T* query, const T* key_cache,           \
         const T* value_cache, const int* block_tables, const int* seq_lens, float* tmp_out, float* tmp_max,      \
         float* tmp_sum, float scale, int num_kv_heads, int group, int block_size, int max_blocks,                \
         int tokens_per_split, int num_splits) {                                                                  \
         emu::launch({grid_x, grid_y, grid_z}, {NUM_THREADS, 1, 1}, [&] {                                         \
-            paged_attention_##SUFFIX##_hd##HEAD_DIM(out, query, key_cache, value_cache, block_tables, seq_lens,  \
-                                                    tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, group,       \
-                                                    block_size, max_blocks, tokens_per_split, num_splits);       \
+            paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G(out, query, key_cache, value_cache, block_tables, \
+                                                               seq_lens, tmp_out, tmp_max, tmp_sum, scale,       \
+                                                               num_kv_heads, group, block_size, max_blocks,      \
+                                                               tokens_per_split, num_splits);                    \
         });                                                                                                      \
-    }                                                                                                            \
+    }
+
+#define EMU_PAGED_ATTENTION(SUFFIX, T, HEAD_DIM)                                                                 \
+    EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 1)                                                                \
+    EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 2)                                                                \
+    EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 4)                                                                \
+    EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 8)                                                                \
     extern "C" void emu_paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(                                           \
         unsigned grid_x, unsigned grid_y, T* out, const float* tmp_out, const float* tmp_max,                    \
         const float* tmp_sum, const int* seq_lens, int num_q_heads, int num_splits, int tokens_per_split) {      \
