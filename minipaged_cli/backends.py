@@ -50,6 +50,10 @@ class Backend(ABC):
     @abstractmethod
     def synchronize(self) -> None: ...
 
+    def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+        """Why this backend cannot run attention of that shape, or None when it can."""
+        return None
+
     def timed(self, call: Callable[[], Any]) -> tuple[Any, float]:
         """Run ``call``; return its result and the seconds it took on the device."""
         self.synchronize()

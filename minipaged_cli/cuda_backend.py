@@ -102,6 +102,9 @@ class CudaBackend(Backend):
                                 np.int32(plan.num_splits), np.int32(plan.tokens_per_split))
         return plan.out
 
+    def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+        return kernels.unsupported_reason(head_dim, num_q_heads // num_kv_heads)
+
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 

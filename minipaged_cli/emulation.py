@@ -101,5 +101,8 @@ class EmulatedBackend(Backend):
                   ctypes.c_int(plan.num_splits), ctypes.c_int(plan.tokens_per_split))
         return plan.out
 
+    def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
+        return kernels.unsupported_reason(head_dim, num_q_heads // num_kv_heads)
+
     def synchronize(self) -> None:
         """Emulated launches finish before they return."""

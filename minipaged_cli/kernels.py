@@ -34,12 +34,19 @@ def cache_write_kernel(dtype: torch.dtype) -> str:
     return f"cache_write_{SUFFIX[dtype]}"
 
 
-def check_attention_supported(head_dim: int, group: int) -> None:
-    """The kernels are compiled for head_dim 64 and 128 and GQA groups up to 8."""
+def unsupported_reason(head_dim: int, group: int) -> str | None:
+    """Why the kernels cannot run that shape (they are compiled for head_dim 64 and 128, GQA groups up to 8)."""
     if head_dim not in HEAD_DIMS:
-        raise ValueError(f"the CUDA kernels cover head_dim {HEAD_DIMS}, not {head_dim}")
+        return f"the CUDA kernels cover head_dim {' and '.join(map(str, HEAD_DIMS))}, not {head_dim}"
     if group > MAX_GROUP:
-        raise ValueError(f"the CUDA kernels cover up to {MAX_GROUP} query heads per kv head, not {group}")
+        return f"the CUDA kernels cover up to {MAX_GROUP} query heads per kv head, not {group}"
+    return None
+
+
+def check_attention_supported(head_dim: int, group: int) -> None:
+    reason = unsupported_reason(head_dim, group)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,

@@ -143,3 +143,27 @@ def test_single_block_size_shows_its_detail() -> None:
 def test_profile_bad_block_size() -> None:
     result = CliRunner().invoke(app, ["profile", "--block-size", "0", "--device", "none"])
     assert result.exit_code == 2 and "--block-size" in result.stderr
+
+
+def test_kernel_timing_on_the_emulated_kernels() -> None:
+    from dataclasses import replace
+
+    from minipaged_cli.emulation import EmulatedBackend
+
+    backend = EmulatedBackend()
+    assert backend.unsupported(MODEL.num_q_heads, MODEL.num_kv_heads, MODEL.head_dim) is not None  # head_dim 16
+    kernel_model = replace(MODEL, head_dim=64)
+    cost = time_kernels(backend, replace(config(), model=kernel_model), 16, [40, 9], torch.float32, max_tokens=2048,
+                        repeat=1)
+    assert cost.tokens == 49 and cost.attention_us > 0 and cost.cache_write_us_per_token > 0
+
+
+def test_a_shape_the_kernels_do_not_cover_is_bad_input(tmp_path) -> None:
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps({"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
+                                       "num_key_value_heads": 8, "head_dim": 32, "num_hidden_layers": 2,
+                                       "vocab_size": 100, "max_position_embeddings": 4096}))
+    result = CliRunner().invoke(app, ["profile", str(ROOT / "traces" / "burst.yaml"), "--model", str(config_path),
+                                      "--kv-memory", "64MiB", "--device", "emulated"])
+    assert result.exit_code == 2
+    assert "the CUDA kernels cover head_dim 64 and 128, not 32" in result.stderr

@@ -93,6 +93,14 @@ def check_dtype(name: str) -> str:
     return name
 
 
+def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, model: str) -> None:
+    """Bad input, not a crash, when the chosen backend cannot run the model's attention shape."""
+    reason = backend.unsupported(num_q_heads, num_kv_heads, head_dim)
+    if reason is not None:
+        raise InputError(f"{reason} ({model}); use --device cpu", field="--device", value=backend.name,
+                         has_value=True)
+
+
 def tables_console(json_path: str | None) -> Console:
     """Tables go to stdout, unless the JSON does (``--json -``): then to stderr."""
     return stderr if json_path == "-" else stdout

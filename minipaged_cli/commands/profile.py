@@ -23,6 +23,7 @@ from minipaged_cli.commands.common import (
     TimeScaleOpt,
     check_dtype,
     handle_errors,
+    require_support,
     resolve_num_blocks,
     stderr,
     stdout,
@@ -99,6 +100,8 @@ def profile_command(
                                         gpu_memory_utilization)
     kv_bytes = blocks * sizes[0] * spec.kv_bytes_per_token  # every block size gets these bytes
     backend = None if device == "none" else select_backend(device)
+    if backend is not None:
+        require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
     dtype_name = dtype or spec.dtype
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)

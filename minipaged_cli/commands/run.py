@@ -26,6 +26,7 @@ from minipaged_cli.commands.common import (
     TraceArg,
     check_dtype,
     handle_errors,
+    require_support,
     resolve_num_blocks,
     stderr,
     stdout,
@@ -91,6 +92,7 @@ def run_command(
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"
     spec = load_model(model)
+    require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
     gpu_spec = load_gpu(gpu)
     if on_cpu and kv_memory is None and num_blocks is None:
         kv_memory = CPU_KV_MEMORY

@@ -13,6 +13,7 @@ from minipaged_cli.commands.common import (
     SeedOpt,
     check_dtype,
     handle_errors,
+    require_support,
     stderr,
     stdout,
     tables_console,
@@ -101,6 +102,9 @@ def verify_command(
         model = load_qwen3(model_path.expanduser(), torch_dtype, backend.device)
     else:
         model = build_random_qwen3(load_config_file(config), seed, torch_dtype, backend.device)
+    source = str(model_path) if model_path is not None else f"random weights from {config} (seed {seed})"
+    require_support(backend, model.config.num_attention_heads, model.config.num_key_value_heads,
+                    model.model.layers[0].self_attn.head_dim, source)
     prompts = make_prompts(lengths, model.config.vocab_size, seed)
 
     report = VerifyReport(layer=layer, dtype=dtype, device=str(backend.device), backend=backend.name)
@@ -109,7 +113,6 @@ def verify_command(
         report.checks.extend(verify_generation(model, prompts, generate, backend, block_size, seed))
 
     console = tables_console(json_path)
-    source = str(model_path) if model_path is not None else f"random weights from {config} (seed {seed})"
     console.print(f"Qwen3 ({source}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
                   f"{', '.join(map(str, lengths))} tokens, block size {block_size}, {report.device} "
                   f"({report.backend} backend)")
