@@ -67,12 +67,10 @@ class CudaBackend(Backend):
         if key.shape[0] == 0:
             return
         key, value, vectorized = kernels.cache_write_operands(key, value, key_cache, value_cache)
-        _, num_kv_heads, block_size, head_dim = key_cache.shape
         function = self._function("cache_write", kernels.cache_write_kernel(key.dtype), _CACHE_WRITE_ARGS)
-        function.prepared_call(
-            (key.shape[0], 1, 1), (kernels.CACHE_WRITE_THREADS, 1, 1), _ptr(key), _ptr(value), _ptr(key_cache),
-            _ptr(value_cache), _ptr(slot_mapping), np.int64(key.stride(0)), np.int64(value.stride(0)),
-            np.int32(num_kv_heads), np.int32(head_dim), np.int32(block_size), np.int32(vectorized))
+        function.prepared_call((key.shape[0], 1, 1), (kernels.CACHE_WRITE_THREADS, 1, 1),
+                               *_numpy(kernels.cache_write_args(key, value, key_cache, value_cache, slot_mapping,
+                                                                vectorized)))
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -85,21 +83,16 @@ class CudaBackend(Backend):
                          max_seq_len: int) -> torch.Tensor:
         """The launches alone, unvalidated and without a host sync: contiguous arguments, checked already."""
         batch, num_q_heads, head_dim = query.shape
-        _, num_kv_heads, block_size, _ = key_cache.shape
+        num_kv_heads = key_cache.shape[1]
         plan = kernels.plan_attention(query, num_kv_heads, max_seq_len, self.num_sms)
         attention = self._function("paged_attention", kernels.attention_kernel(query.dtype, head_dim, plan.group),
                                    _ATTENTION_ARGS)
-        attention.prepared_call(
-            (num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1), _ptr(plan.out), _ptr(query),
-            _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens), _ptr(plan.tmp_out),
-            _ptr(plan.tmp_max), _ptr(plan.tmp_sum), np.float32(scale), np.int32(num_kv_heads), np.int32(plan.group),
-            np.int32(block_size), np.int32(block_tables.shape[1]), np.int32(plan.tokens_per_split),
-            np.int32(plan.num_splits))
+        attention.prepared_call((num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1),
+                                *_numpy(kernels.attention_args(plan, query, key_cache, value_cache, block_tables,
+                                                               seq_lens, scale)))
         if plan.num_splits > 1:
             merge = self._function("paged_attention", kernels.merge_kernel(query.dtype, head_dim), _MERGE_ARGS)
-            merge.prepared_call((num_q_heads, batch, 1), (head_dim, 1, 1), _ptr(plan.out), _ptr(plan.tmp_out),
-                                _ptr(plan.tmp_max), _ptr(plan.tmp_sum), _ptr(seq_lens), np.int32(num_q_heads),
-                                np.int32(plan.num_splits), np.int32(plan.tokens_per_split))
+            merge.prepared_call((num_q_heads, batch, 1), (head_dim, 1, 1), *_numpy(kernels.merge_args(plan, seq_lens)))
         return plan.out
 
     def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
@@ -118,5 +111,16 @@ class CudaBackend(Backend):
         return result, start.elapsed_time(end) / 1e3
 
 
-def _ptr(tensor: torch.Tensor) -> np.uintp:
-    return np.uintp(tensor.data_ptr())
+def _numpy(args: list[kernels.KernelArg]) -> list[object]:
+    """Kernel arguments as PyCUDA's prepared calls take them (types matching _*_ARGS)."""
+    converted: list[object] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            converted.append(np.uintp(arg.data_ptr()))
+        elif isinstance(arg, kernels.Int64):
+            converted.append(np.int64(arg.value))
+        elif isinstance(arg, float):
+            converted.append(np.float32(arg))
+        else:
+            converted.append(np.int32(arg))
+    return converted

@@ -54,8 +54,18 @@ def load_library() -> ctypes.CDLL:
     return ctypes.CDLL(str(target))
 
 
-def _ptr(tensor: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(tensor.data_ptr())
+def _ctypes(args: list[kernels.KernelArg]) -> list[object]:
+    converted: list[object] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            converted.append(ctypes.c_void_p(arg.data_ptr()))
+        elif isinstance(arg, kernels.Int64):
+            converted.append(ctypes.c_int64(arg.value))
+        elif isinstance(arg, float):
+            converted.append(ctypes.c_float(arg))
+        else:
+            converted.append(ctypes.c_int(arg))
+    return converted
 
 
 class EmulatedBackend(Backend):
@@ -74,31 +84,22 @@ class EmulatedBackend(Backend):
         if key.shape[0] == 0:
             return
         key, value, vectorized = kernels.cache_write_operands(key, value, key_cache, value_cache)
-        _, num_kv_heads, block_size, head_dim = key_cache.shape
         function = getattr(self.library, "emu_" + kernels.cache_write_kernel(key.dtype))
-        function(ctypes.c_uint(key.shape[0]), ctypes.c_uint(kernels.CACHE_WRITE_THREADS), _ptr(key), _ptr(value),
-                 _ptr(key_cache), _ptr(value_cache), _ptr(slot_mapping), ctypes.c_int64(key.stride(0)),
-                 ctypes.c_int64(value.stride(0)), ctypes.c_int(num_kv_heads), ctypes.c_int(head_dim),
-                 ctypes.c_int(block_size), ctypes.c_int(int(vectorized)))
+        function(ctypes.c_uint(key.shape[0]), ctypes.c_uint(kernels.CACHE_WRITE_THREADS),
+                 *_ctypes(kernels.cache_write_args(key, value, key_cache, value_cache, slot_mapping, vectorized)))
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         batch, num_q_heads, head_dim = query.shape
-        _, num_kv_heads, block_size, _ = key_cache.shape
+        num_kv_heads = key_cache.shape[1]
         query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
         plan = kernels.plan_attention(query, num_kv_heads, int(seq_lens.max()), self.num_sms, self.tokens_per_split)
         function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim, plan.group))
-        function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(plan.num_splits), _ptr(plan.out),
-                 _ptr(query), _ptr(key_cache), _ptr(value_cache), _ptr(block_tables), _ptr(seq_lens),
-                 _ptr(plan.tmp_out), _ptr(plan.tmp_max), _ptr(plan.tmp_sum), ctypes.c_float(scale),
-                 ctypes.c_int(num_kv_heads), ctypes.c_int(plan.group), ctypes.c_int(block_size),
-                 ctypes.c_int(block_tables.shape[1]), ctypes.c_int(plan.tokens_per_split),
-                 ctypes.c_int(plan.num_splits))
+        function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(plan.num_splits),
+                 *_ctypes(kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, scale)))
         if plan.num_splits > 1:
             merge = getattr(self.library, "emu_" + kernels.merge_kernel(query.dtype, head_dim))
-            merge(ctypes.c_uint(num_q_heads), ctypes.c_uint(batch), _ptr(plan.out), _ptr(plan.tmp_out),
-                  _ptr(plan.tmp_max), _ptr(plan.tmp_sum), _ptr(seq_lens), ctypes.c_int(num_q_heads),
-                  ctypes.c_int(plan.num_splits), ctypes.c_int(plan.tokens_per_split))
+            merge(ctypes.c_uint(num_q_heads), ctypes.c_uint(batch), *_ctypes(kernels.merge_args(plan, seq_lens)))
         return plan.out
 
     def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:

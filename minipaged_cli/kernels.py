@@ -127,3 +127,35 @@ def random_block_tables(seq_lens: list[int], num_blocks: int, block_size: int,
         tables[row, :count] = order[start:start + count]
         start += count
     return tables
+
+
+@dataclass(frozen=True)
+class Int64:
+    """An argument the kernel declares int64_t (the others are int or float, tensors are pointers)."""
+
+    value: int
+
+
+KernelArg = torch.Tensor | Int64 | int | float
+
+
+def cache_write_args(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor, vectorized: bool) -> list[KernelArg]:
+    """cache_write_<dtype>'s parameters, in the order cuda/cache_write.cu declares them."""
+    _, num_kv_heads, block_size, head_dim = key_cache.shape
+    return [key, value, key_cache, value_cache, slot_mapping, Int64(key.stride(0)), Int64(value.stride(0)),
+            num_kv_heads, head_dim, block_size, int(vectorized)]
+
+
+def attention_args(plan: AttentionLaunch, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> list[KernelArg]:
+    """paged_attention_<dtype>_hd<D>_g<G>'s parameters, in the order cuda/paged_attention.cu declares them."""
+    return [plan.out, query, key_cache, value_cache, block_tables, seq_lens, plan.tmp_out, plan.tmp_max,
+            plan.tmp_sum, float(scale), key_cache.shape[1], plan.group, key_cache.shape[2], block_tables.shape[1],
+            plan.tokens_per_split, plan.num_splits]
+
+
+def merge_args(plan: AttentionLaunch, seq_lens: torch.Tensor) -> list[KernelArg]:
+    """paged_attention_merge_<dtype>_hd<D>'s parameters."""
+    return [plan.out, plan.tmp_out, plan.tmp_max, plan.tmp_sum, seq_lens, plan.out.shape[1], plan.num_splits,
+            plan.tokens_per_split]

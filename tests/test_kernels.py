@@ -178,3 +178,23 @@ def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["backend"] == "emulated" and document["passed"]
+
+
+def test_prepared_call_signatures_match_the_argument_lists() -> None:
+    # The PyCUDA backend cannot run here, but its prepared-call type strings can be checked against the argument
+    # lists both kernel backends pass (P pointer, q int64, f float, i int).
+    from minipaged_cli import cuda_backend
+
+    def kinds(args: list) -> str:
+        return "".join("P" if isinstance(a, torch.Tensor) else "q" if isinstance(a, kernels.Int64)
+                       else "f" if isinstance(a, float) else "i" for a in args)
+
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 64, 2, torch.float32, repeated=False)
+    plan = kernels.plan_attention(query, NUM_KV_HEADS, 517, 132)
+    assert plan.num_splits > 1
+    key = torch.zeros(3, NUM_KV_HEADS, 64)
+    assert kinds(kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, 0.1)) == \
+        cuda_backend._ATTENTION_ARGS
+    assert kinds(kernels.merge_args(plan, seq_lens)) == cuda_backend._MERGE_ARGS
+    assert kinds(kernels.cache_write_args(key, key, key_cache, value_cache, torch.zeros(3, dtype=torch.int64),
+                                          True)) == cuda_backend._CACHE_WRITE_ARGS
