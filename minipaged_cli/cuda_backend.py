@@ -113,14 +113,4 @@ class CudaBackend(Backend):
 
 def _numpy(args: list[kernels.KernelArg]) -> list[object]:
     """Kernel arguments as PyCUDA's prepared calls take them (types matching _*_ARGS)."""
-    converted: list[object] = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            converted.append(np.uintp(arg.data_ptr()))
-        elif isinstance(arg, kernels.Int64):
-            converted.append(np.int64(arg.value))
-        elif isinstance(arg, float):
-            converted.append(np.float32(arg))
-        else:
-            converted.append(np.int32(arg))
-    return converted
+    return kernels.convert_args(args, np.uintp, np.int64, np.float32, np.int32)

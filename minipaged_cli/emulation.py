@@ -55,17 +55,7 @@ def load_library() -> ctypes.CDLL:
 
 
 def _ctypes(args: list[kernels.KernelArg]) -> list[object]:
-    converted: list[object] = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            converted.append(ctypes.c_void_p(arg.data_ptr()))
-        elif isinstance(arg, kernels.Int64):
-            converted.append(ctypes.c_int64(arg.value))
-        elif isinstance(arg, float):
-            converted.append(ctypes.c_float(arg))
-        else:
-            converted.append(ctypes.c_int(arg))
-    return converted
+    return kernels.convert_args(args, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int)
 
 
 class EmulatedBackend(Backend):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -137,6 +138,21 @@ class Int64:
 
 
 KernelArg = torch.Tensor | Int64 | int | float
+
+
+def convert_args(args: list[KernelArg], pointer: Any, int64: Any, float32: Any, int32: Any) -> list[Any]:
+    """Each argument through the launcher's constructor for its C type (tensors become their data pointers)."""
+    converted = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            converted.append(pointer(arg.data_ptr()))
+        elif isinstance(arg, Int64):
+            converted.append(int64(arg.value))
+        elif isinstance(arg, float):
+            converted.append(float32(arg))
+        else:
+            converted.append(int32(arg))
+    return converted
 
 
 def cache_write_args(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
