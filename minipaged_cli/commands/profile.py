@@ -130,6 +130,9 @@ def profile_command(
     console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {spec.name} · KV {kv_bytes / 2**30:.3g} "
                   f"GiB at every block size ({origin}) · kernels on {device_name} ({backend_name})")
     console.print(profile_table(rows))
+    if backend is not None and backend.name == "emulated":
+        console.print("[dim]kernel times are the CPU emulation's: they show the kernels run, not how fast a GPU "
+                      "runs them[/]")
     if len(rows) == 1:
         for renderable in profile_detail(rows[0]):
             console.print(renderable)
