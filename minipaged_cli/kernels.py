@@ -15,7 +15,7 @@ SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 HEAD_DIMS = (64, 128)
 GROUP_SIZES = (1, 2, 4, 8)  # the MAX_G instantiations of cuda/paged_attention.cu
 MAX_GROUP = GROUP_SIZES[-1]  # query heads per kv head in one thread block, at most
-TILE = 32  # tokens per tile (cuda/paged_attention.cu TILE); a split holds a multiple of it
+SPLIT_GRANULE = 32  # a split holds a multiple of this many tokens (whole blocks for block sizes up to 32)
 NUM_THREADS = 128  # threads per attention block (cuda/paged_attention.cu NUM_THREADS)
 CACHE_WRITE_THREADS = 128
 MIN_TOKENS_PER_SPLIT = 256
@@ -44,11 +44,6 @@ def unsupported_reason(head_dim: int, group: int) -> str | None:
     return None
 
 
-def check_attention_supported(head_dim: int, group: int) -> None:
-    reason = unsupported_reason(head_dim, group)
-    if reason is not None:
-        raise ValueError(reason)
-
 
 def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
                 tokens_per_split: int | None = None) -> tuple[int, int]:
@@ -61,7 +56,7 @@ def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
         if blocks < 2 * num_sms and max_seq_len > MIN_TOKENS_PER_SPLIT:
             splits = min(-(-2 * num_sms // blocks), -(-max_seq_len // MIN_TOKENS_PER_SPLIT))
         tokens_per_split = -(-max_seq_len // splits)
-    tokens_per_split = -(-tokens_per_split // TILE) * TILE
+    tokens_per_split = -(-tokens_per_split // SPLIT_GRANULE) * SPLIT_GRANULE
     return tokens_per_split, -(-max_seq_len // tokens_per_split)
 
 
@@ -105,7 +100,9 @@ def plan_attention(query: torch.Tensor, num_kv_heads: int, max_seq_len: int, num
                    tokens_per_split: int | None = None) -> AttentionLaunch:
     batch, num_q_heads, head_dim = query.shape
     group = num_q_heads // num_kv_heads
-    check_attention_supported(head_dim, group)
+    reason = unsupported_reason(head_dim, group)
+    if reason is not None:
+        raise ValueError(reason)
     tokens_per_split, num_splits = plan_splits(batch, num_kv_heads, max_seq_len, num_sms, tokens_per_split)
     split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
     return AttentionLaunch(

@@ -207,12 +207,13 @@ def _gather_head(cache: torch.Tensor, kv_head: int, block_ids: torch.Tensor, gat
 def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            blocks_per_tile: int = 1) -> torch.Tensor:
-    """Single-pass online softmax over tiles of ``blocks_per_tile`` blocks: the CUDA kernel's algorithm.
+    """Single-pass online softmax over tiles of ``blocks_per_tile`` blocks: the CUDA kernel's update rule.
 
     Per (sequence, kv head) it keeps the running max ``m``, the running sum of exp ``l`` and the unnormalised
     output ``acc`` for all query heads of the group; each tile's logits raise ``m`` and rescale ``l`` and ``acc``
     by exp(m_old - m_new). No array of all logits exists, so the context length is unbounded.
-    ``blocks_per_tile=1`` is the kernel's block-by-block loop; larger tiles amortise Python's cost per step.
+    The kernel applies the same update token by token in each group of lanes and merges the groups at the end;
+    larger tiles amortise Python's cost per step.
     """
     batch, num_q_heads, head_dim = query.shape
     _, num_kv_heads, block_size, _ = key_cache.shape
@@ -252,10 +253,3 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     batch, n, num_kv_heads, block_size, head_dim = blocks.shape
     return blocks.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, n * block_size, head_dim).float()
 
-
-ATTENTION_IMPLEMENTATIONS = {
-    "naive": paged_attention_naive,
-    "vectorized": paged_attention_vectorized,
-    "online": paged_attention_online,
-}
-CACHE_WRITE_IMPLEMENTATIONS = {"naive": cache_write_naive, "vectorized": cache_write}

@@ -88,7 +88,6 @@ class ReplayDetail:
     """Measurements beyond ``simulate``'s table, for ``profile``: time integrals over busy steps and the shape
     of the busiest step."""
 
-    busy_time_s: float  # Σ step durations
     running_time_s: float  # Σ duration * running requests
     unused_slot_time_s: float  # Σ duration * Σ (allocated - length): the tails of the live allocations
     allocated_slot_time_s: float  # Σ duration * allocated slots
@@ -505,7 +504,6 @@ class _Replay:
             invariant_violations=self.invariant_violations,
             timeline=self.timeline if self.config.record_timeline else {},
             detail=ReplayDetail(
-                busy_time_s=self.integrator.weight["busy"],
                 running_time_s=self.running_time,
                 # allocated - tokens; max() drops the -1e-14 that cancellation leaves when nothing is unused
                 unused_slot_time_s=max(0.0, float(self.integrator.sums["busy"][5] - self.integrator.sums["busy"][0])),
