@@ -95,8 +95,15 @@ def test_capacity_too_small_for_any_request_is_bad_input(tiny_model: ModelSpec, 
         simulate(trace_of((0.0, 1, 1)), config, ("pagd",))
 
 
+def unrounded(metrics) -> dict:
+    # to_dict rounds to 6 decimals; the two paths sum in different orders, and a value exactly on a rounding
+    # boundary (37.3046875) may then round apart: compare the numbers themselves.
+    return {k: v for k, v in vars(metrics).items() if k not in ("timeline", "detail")}
+
+
 @settings(max_examples=60, deadline=None)
 @example(seed=0, block_size=1, chunk=None, num_blocks=32)  # dynamic: a request preempts itself, then runs alone
+@example(seed=356, block_size=1, chunk=None, num_blocks=32)  # pow2: 37.3046875 % sits on a 6-decimal boundary
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]),
        chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120))
 def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | None, num_blocks: int) -> None:
@@ -108,13 +115,13 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
                        block_size=block_size, max_model_len=512, max_batched_tokens=chunk, check_invariants=True)
     trace = trace_of(*requests)
     for strategy in STRATEGIES:
-        fast = replay(trace, config, strategy).to_dict()
+        fast = unrounded(replay(trace, config, strategy))
         # every request completes unless it could never run: too long, or larger than the whole pool
         allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size, max_model_len=512)
         never = sum(r.total_tokens > 512 or allocator.largest_need(Holding(0, r.prompt_tokens, r.output_tokens))
                     > allocator.capacity_tokens for r in trace.requests)
         assert (fast["completed_requests"], fast["rejected_requests"]) == (len(requests) - never, never), strategy
-        slow = replay(trace, config, strategy, bulk=False).to_dict()
+        slow = unrounded(replay(trace, config, strategy, bulk=False))
         assert fast.pop("averaged_over") == slow.pop("averaged_over"), strategy
         assert fast == pytest.approx(slow, rel=1e-9, abs=1e-9), strategy
         assert sum(fast[k] for k in CATEGORY_KEYS) == pytest.approx(100.0, abs=0.01)
