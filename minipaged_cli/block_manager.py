@@ -9,12 +9,24 @@ a pool of ``num_physical_blocks``. For token position ``pos`` of a sequence::
     slot           = physical_block * block_size + block_offset      # what the cache-write kernel receives
 
 Worked example (block_size 4, block_table [5, 2, 9, 1]): token 6 -> logical 1, offset 2, physical 2, slot 10.
+
+Blocks can be shared. Every block has a reference count, the number of block tables holding it:
+
+- ``fork(parent, child)`` gives the child the parent's blocks; the first write into a shared, partly filled
+  last block copies it first (copy-on-write) and records the (src, dst) pair for the data plane.
+- With ``enable_prefix_caching``, a full block whose content is known gets a chained content hash
+  (``hash_blocks``: the hash of the parent block's hash and this block's content). A sequence created with a
+  prompt shares the longest run of cached full blocks instead of allocating them; the last prompt token is
+  always computed, so at most ``(prompt - 1) // block_size`` blocks are hits. A freed cached block stays in the
+  free queue with its hash and can be revived by a hit until the pool hands it out again: the queue's front is
+  the least recently freed block, and a sequence frees its tail before its head, so chains are evicted from
+  the tail (vLLM v1's order).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,17 +63,36 @@ class SequenceState:
     """One live sequence: how many tokens it holds and where they are.
 
     ``sequence_length`` is the number of tokens written so far, and so the position of the next append.
-    ``block_table[i]`` is the physical block holding logical block ``i``.
+    ``block_table[i]`` is the physical block holding logical block ``i``. ``block_hashes[i]`` is the chained
+    content hash of full block ``i`` where the caller knows its content (prefix caching registers a block under
+    it once it is full); ``num_cached_tokens`` are the prompt tokens found in the prefix cache at creation.
     """
 
     sequence_id: SequenceId
     sequence_length: int = 0
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[Hashable] = field(default_factory=list, repr=False)
+    num_cached_tokens: int = 0
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
     """ceil(num_tokens / block_size): blocks a sequence of that length holds."""
     return -(-num_tokens // block_size)
+
+
+def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:
+    """Chained content hashes: block ``i``'s is ``hash((block i-1's hash, contents[i]))``, so equal hashes mean
+    equal content of the whole prefix up to and including the block, not just of the block itself."""
+    hashes = []
+    for content in contents:
+        parent = hash((parent, content))
+        hashes.append(parent)
+    return hashes
+
+
+def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tuple[int, ...]]:
+    """The content of each full block of a token-id sequence, for ``hash_blocks``."""
+    return [tuple(token_ids[i:i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
 
 
 def tail_waste(num_tokens: int, block_size: int) -> int:
@@ -74,29 +105,41 @@ class KVBlockManager:
 
     Invariants (``invariant_violations`` checks them all; property tests check them after every operation):
 
-    - allocated blocks = union of all block tables, and no block is in two tables;
-    - allocated ∩ free = ∅ and |allocated| + |free| = num_physical_blocks;
+    - allocated blocks = union of all block tables; a block's reference count equals the number of tables
+      holding it (1 unless shared by a fork or a prefix-cache hit), and no table holds a block twice;
+    - allocated ∩ free = ∅ and |allocated| + |free| = num_physical_blocks; free blocks have reference count 0;
     - no block appears twice in the free list, and every block id is in [0, num_physical_blocks);
-    - every sequence holds ceil(sequence_length / block_size) blocks: a block is taken only when a token needs it.
+    - every sequence holds ceil(sequence_length / block_size) blocks: a block is taken only when a token needs it;
+    - the prefix cache maps a hash to a block exactly when that block carries the hash, and a held hashed block
+      sits where its sequence's content has that hash: no entry points at a block whose content changed.
 
     Every public method either succeeds or raises a ``BlockManagerError`` with the state exactly as before:
     multi-token calls (``append_tokens``, ``slot_mapping_for_append``) count the blocks they need first.
     Freed blocks go to the back of the free queue and allocation takes from the front, so a block just freed
-    is reused last.
+    is reused last (and, with prefix caching, a cached block is evicted least recently freed first).
     """
 
-    def __init__(self, num_physical_blocks: int, block_size: int) -> None:
+    def __init__(self, num_physical_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
         if num_physical_blocks < 1:
             raise ValueError(f"num_physical_blocks must be >= 1, got {num_physical_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.num_physical_blocks = num_physical_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(num_physical_blocks))
+        self.enable_prefix_caching = enable_prefix_caching
+        # An ordered set: popitem(last=False) takes the front, a cache hit removes a block from the middle.
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_physical_blocks))
+        self.ref_counts = [0] * num_physical_blocks
+        self.block_hash: list[Hashable | None] = [None] * num_physical_blocks
+        self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block holding that content
         self.sequences: dict[SequenceId, SequenceState] = {}
         self._released: set[SequenceId] = set()
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet taken by the data plane
         self.num_allocations = 0  # blocks taken from the free queue, ever
         self.num_frees = 0  # blocks returned to it, ever
+        self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
+        self.num_copy_on_writes = 0
+        self.num_shared_references = 0  # Σ (ref_count - 1) over held blocks: table entries that cost no memory
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -106,53 +149,112 @@ class KVBlockManager:
 
     @property
     def num_used_blocks(self) -> int:
+        """Distinct blocks held by some sequence: a shared block counts once."""
         return self.num_physical_blocks - len(self.free_blocks)
 
-    def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int) -> int:
-        """New blocks that appending ``num_tokens`` to the sequence (None: a new, empty one) would take."""
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Free blocks still holding cached content (a hit would revive them); each counted once."""
+        return sum(1 for block in self.free_blocks if self.block_hash[block] is not None)
+
+    def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int,
+                      block_hashes: Sequence[Hashable] = ()) -> int:
+        """Blocks the free queue must give to append ``num_tokens`` to the sequence, or (None) to create one
+        with a prompt of ``num_tokens`` whose full blocks have ``block_hashes`` (cache hits on held blocks
+        take nothing; hits on free cached blocks take those)."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if sequence_id is None:
-            return num_blocks_for(num_tokens, self.block_size)
+            hits = self._lookup(block_hashes, num_tokens)
+            revived = sum(1 for block in hits if self.ref_counts[block] == 0)
+            return num_blocks_for(num_tokens, self.block_size) - len(hits) + revived
         state = self._state(sequence_id)
-        return num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_table)
+        return num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_table) + \
+            self._needs_copy(state, num_tokens)
 
-    def can_allocate(self, num_tokens: int, sequence_id: SequenceId | None = None) -> bool:
+    def can_allocate(self, num_tokens: int, sequence_id: SequenceId | None = None,
+                     block_hashes: Sequence[Hashable] = ()) -> bool:
         """Whether ``num_tokens`` more tokens fit: for a new sequence, or appended to ``sequence_id``."""
-        return self.blocks_needed(sequence_id, num_tokens) <= len(self.free_blocks)
+        return self.blocks_needed(sequence_id, num_tokens, block_hashes) <= len(self.free_blocks)
+
+    def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
+        """Prompt tokens a sequence created now would find in the prefix cache."""
+        return len(self._lookup(block_hashes, num_tokens)) * self.block_size
 
     def internal_fragmentation_tokens(self) -> int:
-        """Slots allocated to live sequences but not (yet) holding a token: the tails of their last blocks."""
-        return sum(
-            len(s.block_table) * self.block_size - s.sequence_length for s in self.sequences.values()
-        )
+        """Slots allocated to live sequences but not (yet) holding a token: the tails of their last blocks,
+        a last block shared by forked sequences counted once."""
+        tails: dict[int, int] = {}
+        for s in self.sequences.values():
+            if s.block_table:
+                tails[s.block_table[-1]] = len(s.block_table) * self.block_size - s.sequence_length
+        return sum(tails.values())
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
-    def create_sequence(self, sequence_id: SequenceId) -> SequenceState:
-        """Start an empty sequence; it takes no block until its first token."""
+    def create_sequence(self, sequence_id: SequenceId, num_prompt_tokens: int = 0, *,
+                        block_hashes: Sequence[Hashable] = ()) -> SequenceState:
+        """Start a sequence, empty or holding a prompt of ``num_prompt_tokens`` (all of its blocks or none).
+
+        With prefix caching the longest run of the prompt's leading full blocks found by ``block_hashes`` is
+        shared rather than allocated (``state.num_cached_tokens``); ``block_hashes`` may run past the prompt
+        (the content of tokens still to come), and blocks register under their hash once full.
+        """
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
-        state = SequenceState(sequence_id)
+        if num_prompt_tokens < 0:
+            raise ValueError(f"num_prompt_tokens must be >= 0, got {num_prompt_tokens}")
+        hits = self._lookup(block_hashes, num_prompt_tokens)
+        needed = self.blocks_needed(None, num_prompt_tokens, block_hashes)
+        if needed > len(self.free_blocks):
+            raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
+                                   f"{needed} new blocks, {len(self.free_blocks)} free")
+        for block in hits:
+            self._reference(block)
+        state = SequenceState(sequence_id, 0, list(hits), list(block_hashes), len(hits) * self.block_size)
+        state.sequence_length = state.num_cached_tokens
         self.sequences[sequence_id] = state
         self._released.discard(sequence_id)
+        self.grow(sequence_id, num_prompt_tokens - state.num_cached_tokens)
         return state
 
+    def fork(self, parent_id: SequenceId, child_id: SequenceId, *,
+             block_hashes: Sequence[Hashable] | None = None) -> SequenceState:
+        """A child sharing every block of the parent (parallel sampling, beam search): no block is copied
+        until one of them writes into a shared, partly filled block. ``block_hashes``: the child's content
+        hashes (by default the parent's, up to its full blocks, since their continuations differ)."""
+        parent = self._state(parent_id)
+        if child_id in self.sequences:
+            raise DuplicateSequenceError(f"sequence {child_id!r} already exists")
+        if block_hashes is None:
+            block_hashes = parent.block_hashes[: parent.sequence_length // self.block_size]
+        for block in parent.block_table:
+            self._reference(block)
+        child = SequenceState(child_id, parent.sequence_length, list(parent.block_table), list(block_hashes),
+                              parent.num_cached_tokens)
+        self.sequences[child_id] = child
+        self._released.discard(child_id)
+        return child
+
     def allocate_block(self) -> int:
-        """Take one block from the free queue (the caller puts it in a block table)."""
+        """Take one block from the front of the free queue, evicting its cached content (the caller puts it
+        in a block table)."""
         if not self.free_blocks:
             raise OutOfBlocksError(f"no free block: all {self.num_physical_blocks} blocks are in use")
+        block, _ = self.free_blocks.popitem(last=False)
+        stale = self.block_hash[block]
+        if stale is not None:
+            del self.cached_blocks[stale]
+            self.block_hash[block] = None
+            self.num_evictions += 1
+        self.ref_counts[block] = 1
         self.num_allocations += 1
-        return self.free_blocks.popleft()
+        return block
 
     def append_token(self, sequence_id: SequenceId) -> int:
         """Reserve the slot of the sequence's next token, taking a new block at a block boundary."""
-        state = self._state(sequence_id)
-        logical_block, block_offset = divmod(state.sequence_length, self.block_size)
-        if logical_block == len(state.block_table):
-            state.block_table.append(self.allocate_block())
-        state.sequence_length += 1
-        return state.block_table[logical_block] * self.block_size + block_offset
+        state = self.grow(sequence_id, 1)
+        return self._slot(state, state.sequence_length - 1)
 
     def append_tokens(self, sequence_id: SequenceId, num_tokens: int) -> list[int]:
         """Reserve the next ``num_tokens`` slots of a sequence (a prefill); all of them or none."""
@@ -165,18 +267,30 @@ class KVBlockManager:
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         state = self._state(sequence_id)
-        new_length = state.sequence_length + num_tokens
-        needed = -(-new_length // self.block_size) - len(state.block_table)
+        old_length = state.sequence_length
+        new_length = old_length + num_tokens
+        copy = self._needs_copy(state, num_tokens)
+        needed = -(-new_length // self.block_size) - len(state.block_table) + copy
         if needed > len(self.free_blocks):
             raise OutOfBlocksError(
                 f"{num_tokens} tokens for sequence {sequence_id!r} need {needed} new blocks, "
                 f"{len(self.free_blocks)} free"
             )
-        append, take = state.block_table.append, self.free_blocks.popleft
-        for _ in range(needed):
-            append(take())
-        self.num_allocations += needed
+        table = state.block_table
+        if copy:  # the next token lands in a partly filled block another sequence also holds
+            shared = table[-1]
+            table[-1] = self.allocate_block()
+            self.ref_counts[shared] -= 1
+            self.num_shared_references -= 1
+            self.pending_copies.append((shared, table[-1]))
+            self.num_copy_on_writes += 1
+        for _ in range(needed - copy):
+            table.append(self.allocate_block())
         state.sequence_length = new_length
+        if self.enable_prefix_caching:
+            last_full = min(new_length // self.block_size, len(state.block_hashes))
+            for index in range(old_length // self.block_size, last_full):
+                self._register(table[index], state.block_hashes[index])
         return state
 
     def slot_mapping_for_append(self, sequence_ids: Sequence[SequenceId]) -> list[int]:
@@ -196,14 +310,27 @@ class KVBlockManager:
         return [self.append_token(sid) for sid in sequence_ids]
 
     def release_sequence(self, sequence_id: SequenceId) -> None:
-        """Return every block of the sequence to the free queue and forget the sequence."""
+        """Drop the sequence's reference to each of its blocks; a block no one holds goes to the back of the
+        free queue (with prefix caching tail first, so a chain is evicted from its end)."""
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self._state(sequence_id)
-        self.free_blocks.extend(state.block_table)
-        self.num_frees += len(state.block_table)
+        blocks = reversed(state.block_table) if self.enable_prefix_caching else state.block_table
+        for block in blocks:
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block]:
+                self.num_shared_references -= 1
+            else:
+                self.free_blocks[block] = None
+                self.num_frees += 1
         del self.sequences[sequence_id]
         self._released.add(sequence_id)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies that copy-on-write decided since the last call; the data plane must
+        run them before writing the new tokens."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     # -- batch metadata for the data plane -----------------------------------------------------------------
 
@@ -230,21 +357,37 @@ class KVBlockManager:
     def invariant_violations(self) -> list[str]:
         """Every broken invariant, each as a sentence naming the bug it points to; empty when all hold."""
         problems: list[str] = []
-        allocated: list[int] = []
+        holders = [0] * self.num_physical_blocks
+        out_of_range: set[int] = set()
         for state in self.sequences.values():
-            allocated.extend(state.block_table)
             expected = num_blocks_for(state.sequence_length, self.block_size)
             if len(state.block_table) != expected:
                 problems.append(
                     f"sequence {state.sequence_id!r} holds {len(state.block_table)} blocks for "
                     f"{state.sequence_length} tokens, expected {expected}: a block taken too early or leaked"
                 )
-        allocated_set = set(allocated)
-        free_set = set(self.free_blocks)
-        if len(allocated_set) != len(allocated):
-            problems.append("a block is in two block tables (or twice in one): two sequences share a slot")
-        if len(free_set) != len(self.free_blocks):
-            problems.append("a block is twice in the free list: a double free")
+            if len(set(state.block_table)) != len(state.block_table):
+                problems.append(f"sequence {state.sequence_id!r} holds a block twice: two of its tokens share a slot")
+            for index, block in enumerate(state.block_table):
+                if not 0 <= block < self.num_physical_blocks:
+                    out_of_range.add(block)
+                    continue
+                holders[block] += 1
+                cached = self.block_hash[block]
+                if cached is not None and (index >= len(state.block_hashes) or state.block_hashes[index] != cached):
+                    problems.append(f"block {block} is cached under a hash that is not its content in sequence "
+                                    f"{state.sequence_id!r}: a stale prefix-cache entry")
+        miscounted = [b for b in range(self.num_physical_blocks) if holders[b] != self.ref_counts[b]]
+        if miscounted:
+            b = miscounted[0]
+            problems.append(f"block {b} has ref count {self.ref_counts[b]} but {holders[b]} tables hold it: "
+                            f"{len(miscounted)} blocks miscounted (a lost reference, a double free, or two "
+                            "sequences given one block)")
+        if self.num_shared_references != sum(max(h - 1, 0) for h in holders):
+            problems.append("the shared-reference count disagrees with the block tables")
+        out_of_range |= {b for b in self.free_blocks if not 0 <= b < self.num_physical_blocks}
+        free_set = set(self.free_blocks) - out_of_range
+        allocated_set = {b for b in range(self.num_physical_blocks) if holders[b]}
         if allocated_set & free_set:
             problems.append(f"blocks {sorted(allocated_set & free_set)[:5]} are both allocated and free")
         if len(allocated_set) + len(free_set) != self.num_physical_blocks:
@@ -252,9 +395,12 @@ class KVBlockManager:
                 f"{len(allocated_set)} allocated + {len(free_set)} free != {self.num_physical_blocks} blocks: "
                 "a block leaked"
             )
-        out_of_range = [b for b in allocated_set | free_set if not 0 <= b < self.num_physical_blocks]
         if out_of_range:
             problems.append(f"block ids {sorted(out_of_range)[:5]} are outside the pool")
+        if any(self.block_hash[b] is not None and self.cached_blocks.get(self.block_hash[b]) != b
+               for b in range(self.num_physical_blocks)) or \
+                any(self.block_hash[b] != h for h, b in self.cached_blocks.items()):
+            problems.append("the prefix-cache map and the blocks' hashes disagree: an entry survived eviction")
         return problems
 
     def invariants_ok(self) -> bool:
@@ -273,6 +419,37 @@ class KVBlockManager:
     def _slot(self, state: SequenceState, pos: int) -> int:
         logical_block, block_offset = divmod(pos, self.block_size)
         return state.block_table[logical_block] * self.block_size + block_offset
+
+    def _needs_copy(self, state: SequenceState, num_tokens: int) -> int:
+        """1 when the next token would be written into a partly filled block another sequence holds."""
+        if num_tokens == 0 or state.sequence_length % self.block_size == 0:
+            return 0
+        return int(self.ref_counts[state.block_table[-1]] > 1)
+
+    def _lookup(self, block_hashes: Sequence[Hashable], num_tokens: int) -> list[int]:
+        """Blocks holding the longest cached run of the prompt's full blocks, leaving the last token to compute."""
+        if not self.enable_prefix_caching or num_tokens == 0:
+            return []
+        hits = []
+        for block_hash in block_hashes[: (num_tokens - 1) // self.block_size]:
+            block = self.cached_blocks.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _reference(self, block: int) -> None:
+        if self.ref_counts[block]:
+            self.num_shared_references += 1
+        else:  # a cache hit on a freed block revives it
+            del self.free_blocks[block]
+        self.ref_counts[block] += 1
+
+    def _register(self, block: int, block_hash: Hashable) -> None:
+        """Cache a block that just became full; the first block with some content keeps the entry."""
+        if block_hash not in self.cached_blocks and self.block_hash[block] is None:
+            self.cached_blocks[block_hash] = block
+            self.block_hash[block] = block_hash
 
 
 def _maybe_torch(array: np.ndarray, as_torch: bool) -> Any:
