@@ -11,15 +11,18 @@ first-fit, so holes appear as requests finish:
 | oracle-reserve  | prompt + output                                       | never            |
 | dynamic         | next power of two > current length                    | doubles: moves   |
 
-A strategy answers "can this request be admitted", "make room for this many tokens", "release", and, for the
-simulator's fast path, how its allocation evolves over ``k`` decode steps without any admission or release.
+A strategy answers "can this request be admitted", "make room for this many tokens", "release", "fork a
+sample", and, for the simulator's fast path, how its allocation evolves over ``k`` decode steps without any
+admission or release. Only ``paged`` shares memory: prefix-cache hits and forked samples hold the same blocks
+(``shared_slots`` is what the per-request sums count more than once); a contiguous fork copies the prompt.
 """
 
 from __future__ import annotations
 
 import bisect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,11 +33,13 @@ STRATEGIES = ("paged", "max-reserve", "pow2-reserve", "oracle-reserve", "dynamic
 
 @dataclass(eq=False)  # compared by identity: the simulator keeps them in lists
 class Holding:
-    """A request as the allocators see it: the id it is allocated under, and the lengths that size it."""
+    """A request as the allocators see it: the id it is allocated under, the lengths that size it, and the
+    content keys of its prompt's shared full blocks (for prefix caching)."""
 
     sequence_id: int
     prompt_tokens: int
     output_tokens: int
+    block_hashes: list[Hashable] = field(default_factory=list, repr=False)
 
     @property
     def final_length(self) -> int:
@@ -76,8 +81,32 @@ class Allocator(ABC):
     def can_admit(self, holding: Holding, prompt_length: int) -> bool: ...
 
     @abstractmethod
-    def admit(self, holding: Holding, prompt_length: int) -> None:
-        """Allocate for a prompt of ``prompt_length`` tokens. Precondition: ``can_admit``."""
+    def admit(self, holding: Holding, prompt_length: int) -> int:
+        """Allocate for a prompt of ``prompt_length`` tokens; returns the tokens found already computed (prefix
+        cache hits). Precondition: ``can_admit``."""
+
+    @abstractmethod
+    def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
+        """Give ``child`` the parent's ``length`` tokens. Returns the tokens copied, or None (nothing changed)."""
+
+    def rejection_reason(self, holding: Holding) -> str | None:
+        """Why the request can never run under this strategy, or None."""
+        if self.largest_need(holding) > self.capacity_tokens:
+            return "needs more KV than the whole pool"
+        return None
+
+    def swap_slots(self, holding: Holding, length: int) -> int:
+        """Slots that swapping the request out (or back in) moves: what it has written."""
+        return length
+
+    @property
+    def shared_slots(self) -> int:
+        """Slots that the per-request allocations count more than once (held by several requests)."""
+        return 0
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Block copies (src, dst) that copy-on-write decided since the last call."""
+        return []
 
     @abstractmethod
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
@@ -115,10 +144,12 @@ class PagedAllocator(Allocator):
 
     name = "paged"
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
+                 watermark_blocks: int = 0) -> None:
         super().__init__(num_blocks * block_size)
         self.block_size = block_size
-        self.manager = KVBlockManager(num_blocks, block_size)
+        self.watermark_blocks = watermark_blocks  # admission leaves this many blocks free (vLLM's watermark)
+        self.manager = KVBlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
 
     def largest_need(self, holding: Holding) -> int:
         return num_blocks_for(holding.final_length, self.block_size) * self.block_size
@@ -126,14 +157,35 @@ class PagedAllocator(Allocator):
     def admission_need(self, holding: Holding, prompt_length: int) -> int:
         return num_blocks_for(prompt_length, self.block_size) * self.block_size
 
-    def can_admit(self, holding: Holding, prompt_length: int) -> bool:
-        return self.manager.can_allocate(prompt_length)
+    def rejection_reason(self, holding: Holding) -> str | None:
+        prompt_blocks = num_blocks_for(holding.prompt_tokens, self.block_size)
+        if prompt_blocks > self.manager.num_physical_blocks - self.watermark_blocks:
+            return "its prompt needs more blocks than the pool has above the watermark"
+        return super().rejection_reason(holding)
 
-    def admit(self, holding: Holding, prompt_length: int) -> None:
-        if not self.manager.can_allocate(prompt_length):
+    def can_admit(self, holding: Holding, prompt_length: int) -> bool:
+        needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
+        return needed + self.watermark_blocks <= self.manager.num_free_blocks
+
+    def admit(self, holding: Holding, prompt_length: int) -> int:
+        if not self.can_admit(holding, prompt_length):
             raise OutOfBlocksError(f"cannot admit {prompt_length} tokens: {self.manager.num_free_blocks} blocks free")
-        self.manager.create_sequence(holding.sequence_id)
-        self.manager.grow(holding.sequence_id, prompt_length)
+        state = self.manager.create_sequence(holding.sequence_id, prompt_length, block_hashes=holding.block_hashes)
+        return state.num_cached_tokens
+
+    def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
+        self.manager.fork(parent.sequence_id, child.sequence_id)
+        return 0  # shared until one of them writes into the partly filled last block
+
+    def swap_slots(self, holding: Holding, length: int) -> int:
+        return num_blocks_for(length, self.block_size) * self.block_size  # whole blocks move
+
+    @property
+    def shared_slots(self) -> int:
+        return self.manager.num_shared_references * self.block_size
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        return self.manager.take_pending_copies()
 
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
         try:
@@ -283,9 +335,14 @@ class ContiguousAllocator(Allocator):
     def can_admit(self, holding: Holding, prompt_length: int) -> bool:
         return self.arena.first_fit(self.extent_size(holding, prompt_length)) is not None
 
-    def admit(self, holding: Holding, prompt_length: int) -> None:
+    def admit(self, holding: Holding, prompt_length: int) -> int:
         if not self.arena.allocate(holding.sequence_id, self.extent_size(holding, prompt_length)):
             raise RuntimeError(f"{self.name}: admit without room; call can_admit first")
+        return 0
+
+    def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
+        """An extent of the parent's size for the child, with the prompt's KV copied into it."""
+        return length if self.arena.allocate(child.sequence_id, self.allocated(parent)) else None
 
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
         return 0 if new_length <= self.allocated(holding) else None
@@ -371,10 +428,12 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def make_allocator(name: str, *, num_blocks: int, block_size: int, max_model_len: int) -> Allocator:
+def make_allocator(name: str, *, num_blocks: int, block_size: int, max_model_len: int,
+                   prefix_caching: bool = False, watermark_blocks: int = 0) -> Allocator:
     capacity = num_blocks * block_size
     if name == "paged":
-        return PagedAllocator(num_blocks, block_size)
+        return PagedAllocator(num_blocks, block_size, prefix_caching=prefix_caching,
+                              watermark_blocks=watermark_blocks)
     contiguous = {
         "max-reserve": MaxReserveAllocator,
         "pow2-reserve": Pow2ReserveAllocator,

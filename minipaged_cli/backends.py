@@ -1,8 +1,8 @@
 """Backends run the data plane's two operations on one device and time them.
 
 The interface is what ``minipaged run`` and the kernels' tests call: ``cache_write``, ``paged_attention``,
-``synchronize``, and ``timed`` (seconds of device time). Every call is validated first (shapes, dtypes, devices,
-block ids, sequence lengths): a bad argument is a ``ValueError``, never an out-of-range read.
+``copy_blocks``, ``synchronize``, and ``timed`` (seconds of device time). Every call is validated first (shapes,
+dtypes, devices, block ids, sequence lengths): a bad argument is a ``ValueError``, never an out-of-range read.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.paged_ops import (
     cache_write,
     check_cache_write,
+    check_copy_blocks,
     check_paged_attention,
+    copy_blocks,
     paged_attention_vectorized,
 )
 
@@ -38,6 +40,15 @@ class Backend(ABC):
         """query [batch, num_q_heads, head_dim] over the cached K/V -> out [batch, num_q_heads, head_dim]."""
         check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens)
         return self._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
+
+    def copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+        """Copy whole blocks of one layer's caches: block_mapping int64 [num_pairs, 2] of (src, dst)."""
+        check_copy_blocks(key_cache, value_cache, block_mapping)
+        if block_mapping.shape[0]:
+            self._copy_blocks(key_cache, value_cache, block_mapping.contiguous())
+
+    @abstractmethod
+    def _copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None: ...
 
     @abstractmethod
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -74,6 +85,9 @@ class TorchBackend(Backend):
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         cache_write(key, value, key_cache, value_cache, slot_mapping)
+
+    def _copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+        copy_blocks(key_cache, value_cache, block_mapping)
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:

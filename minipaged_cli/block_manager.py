@@ -25,6 +25,7 @@ Blocks can be shared. Every block has a reference count, the number of block tab
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -140,6 +141,7 @@ class KVBlockManager:
         self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
         self.num_copy_on_writes = 0
         self.num_shared_references = 0  # Σ (ref_count - 1) over held blocks: table entries that cost no memory
+        self._lookup_memo: tuple[Sequence[Hashable], tuple[int, int], list[int]] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -241,15 +243,9 @@ class KVBlockManager:
         in a block table)."""
         if not self.free_blocks:
             raise OutOfBlocksError(f"no free block: all {self.num_physical_blocks} blocks are in use")
-        block, _ = self.free_blocks.popitem(last=False)
-        stale = self.block_hash[block]
-        if stale is not None:
-            del self.cached_blocks[stale]
-            self.block_hash[block] = None
-            self.num_evictions += 1
-        self.ref_counts[block] = 1
-        self.num_allocations += 1
-        return block
+        table: list[int] = []
+        self._take(1, table)
+        return table[0]
 
     def append_token(self, sequence_id: SequenceId) -> int:
         """Reserve the slot of the sequence's next token, taking a new block at a block boundary."""
@@ -269,28 +265,27 @@ class KVBlockManager:
         state = self._state(sequence_id)
         old_length = state.sequence_length
         new_length = old_length + num_tokens
-        copy = self._needs_copy(state, num_tokens)
-        needed = -(-new_length // self.block_size) - len(state.block_table) + copy
+        table = state.block_table
+        # copy-on-write: the next token lands in a partly filled block another sequence also holds
+        copy = int(num_tokens > 0 and old_length % self.block_size > 0 and self.ref_counts[table[-1]] > 1)
+        needed = -(-new_length // self.block_size) - len(table) + copy
         if needed > len(self.free_blocks):
             raise OutOfBlocksError(
                 f"{num_tokens} tokens for sequence {sequence_id!r} need {needed} new blocks, "
                 f"{len(self.free_blocks)} free"
             )
-        table = state.block_table
-        if copy:  # the next token lands in a partly filled block another sequence also holds
-            shared = table[-1]
-            table[-1] = self.allocate_block()
+        if copy:
+            shared = table.pop()
+            self._take(1, table)
             self.ref_counts[shared] -= 1
             self.num_shared_references -= 1
             self.pending_copies.append((shared, table[-1]))
             self.num_copy_on_writes += 1
-        for _ in range(needed - copy):
-            table.append(self.allocate_block())
+        if needed > copy:
+            self._take(needed - copy, table)
         state.sequence_length = new_length
-        if self.enable_prefix_caching:
-            last_full = min(new_length // self.block_size, len(state.block_hashes))
-            for index in range(old_length // self.block_size, last_full):
-                self._register(table[index], state.block_hashes[index])
+        if self.enable_prefix_caching and len(state.block_hashes) > old_length // self.block_size:
+            self._register(state, old_length // self.block_size, new_length // self.block_size)
         return state
 
     def slot_mapping_for_append(self, sequence_ids: Sequence[SequenceId]) -> list[int]:
@@ -428,14 +423,22 @@ class KVBlockManager:
 
     def _lookup(self, block_hashes: Sequence[Hashable], num_tokens: int) -> list[int]:
         """Blocks holding the longest cached run of the prompt's full blocks, leaving the last token to compute."""
-        if not self.enable_prefix_caching or num_tokens == 0:
+        if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
             return []
+        # The scheduler asks about the same waiting prompt several times a step; the answer only changes when
+        # the cache does (a block registered or evicted). The memo holds the caller's list itself, so its
+        # identity cannot be reused by another list.
+        memo = self._lookup_memo
+        if memo is not None and memo[0] is block_hashes and memo[1] == (len(block_hashes), num_tokens):
+            return memo[2]
         hits = []
-        for block_hash in block_hashes[: (num_tokens - 1) // self.block_size]:
-            block = self.cached_blocks.get(block_hash)
+        get = self.cached_blocks.get
+        for block_hash in itertools.islice(block_hashes, (num_tokens - 1) // self.block_size):
+            block = get(block_hash)
             if block is None:
                 break
             hits.append(block)
+        self._lookup_memo = (block_hashes, (len(block_hashes), num_tokens), hits)
         return hits
 
     def _reference(self, block: int) -> None:
@@ -445,11 +448,32 @@ class KVBlockManager:
             del self.free_blocks[block]
         self.ref_counts[block] += 1
 
-    def _register(self, block: int, block_hash: Hashable) -> None:
-        """Cache a block that just became full; the first block with some content keeps the entry."""
-        if block_hash not in self.cached_blocks and self.block_hash[block] is None:
-            self.cached_blocks[block_hash] = block
-            self.block_hash[block] = block_hash
+    def _take(self, count: int, table: list[int]) -> None:
+        """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their
+        cached content (the caller has checked that there are enough)."""
+        pop, hashes, refs = self.free_blocks.popitem, self.block_hash, self.ref_counts
+        for _ in range(count):
+            block = pop(last=False)[0]
+            stale = hashes[block]
+            if stale is not None:
+                del self.cached_blocks[stale]
+                hashes[block] = None
+                self.num_evictions += 1
+            refs[block] = 1
+            table.append(block)
+        self.num_allocations += count
+        self._lookup_memo = None
+
+    def _register(self, state: SequenceState, first: int, stop: int) -> None:
+        """Cache the sequence's blocks ``first`` to ``stop`` (just filled) under their hashes; the first block
+        with some content keeps the entry."""
+        cached, hashes, table = self.cached_blocks, self.block_hash, state.block_table
+        for index in range(first, min(stop, len(state.block_hashes))):
+            block_hash, block = state.block_hashes[index], table[index]
+            if block_hash not in cached and hashes[block] is None:
+                cached[block_hash] = block
+                hashes[block] = block_hash
+        self._lookup_memo = None
 
 
 def _maybe_torch(array: np.ndarray, as_torch: bool) -> Any:

@@ -20,6 +20,7 @@ from minipaged_cli.backends import Backend
 _ATTENTION_ARGS = "PPPPPPPPPfiiiiii"  # out, query, key_cache, value_cache, block_tables, seq_lens, tmp x3, scale, ints
 _MERGE_ARGS = "PPPPPiii"
 _CACHE_WRITE_ARGS = "PPPPPqqiiii"
+_COPY_BLOCKS_ARGS = "PPPq"
 
 
 def cuda_backend_unavailable_reason() -> str | None:
@@ -71,6 +72,11 @@ class CudaBackend(Backend):
         function.prepared_call((key.shape[0], 1, 1), (kernels.CACHE_WRITE_THREADS, 1, 1),
                                *_numpy(kernels.cache_write_args(key, value, key_cache, value_cache, slot_mapping,
                                                                 vectorized)))
+
+    def _copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+        function = self._function("copy_blocks", "copy_blocks", _COPY_BLOCKS_ARGS)
+        function.prepared_call((block_mapping.shape[0], 1, 1), (kernels.COPY_BLOCKS_THREADS, 1, 1),
+                               *_numpy(kernels.copy_blocks_args(key_cache, value_cache, block_mapping)))
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:

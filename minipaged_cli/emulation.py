@@ -18,7 +18,7 @@ from minipaged_cli import kernels
 from minipaged_cli.backends import Backend
 
 _SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu", "paged_attention.cu",
-            "common.cuh")
+            "copy_blocks.cu", "common.cuh")
 
 
 def _cache_dir() -> Path:
@@ -77,6 +77,10 @@ class EmulatedBackend(Backend):
         function = getattr(self.library, "emu_" + kernels.cache_write_kernel(key.dtype))
         function(ctypes.c_uint(key.shape[0]), ctypes.c_uint(kernels.CACHE_WRITE_THREADS),
                  *_ctypes(kernels.cache_write_args(key, value, key_cache, value_cache, slot_mapping, vectorized)))
+
+    def _copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+        self.library.emu_copy_blocks(ctypes.c_uint(block_mapping.shape[0]), ctypes.c_uint(kernels.COPY_BLOCKS_THREADS),
+                                     *_ctypes(kernels.copy_blocks_args(key_cache, value_cache, block_mapping)))
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:

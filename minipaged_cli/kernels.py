@@ -18,6 +18,7 @@ MAX_GROUP = GROUP_SIZES[-1]  # query heads per kv head in one thread block, at m
 SPLIT_GRANULE = 32  # a split holds a multiple of this many tokens (whole blocks for block sizes up to 32)
 NUM_THREADS = 128  # threads per attention block (cuda/paged_attention.cu NUM_THREADS)
 CACHE_WRITE_THREADS = 128
+COPY_BLOCKS_THREADS = 128
 MIN_TOKENS_PER_SPLIT = 256
 
 
@@ -172,3 +173,10 @@ def merge_args(plan: AttentionLaunch, seq_lens: torch.Tensor) -> list[KernelArg]
     """paged_attention_merge_<dtype>_hd<D>'s parameters."""
     return [plan.out, plan.tmp_out, plan.tmp_max, plan.tmp_sum, seq_lens, plan.out.shape[1], plan.num_splits,
             plan.tokens_per_split]
+
+
+def copy_blocks_args(key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     block_mapping: torch.Tensor) -> list[KernelArg]:
+    """copy_blocks's parameters, in the order cuda/copy_blocks.cu declares them."""
+    block_bytes = key_cache[0].numel() * key_cache.element_size()
+    return [key_cache, value_cache, block_mapping, Int64(block_bytes)]

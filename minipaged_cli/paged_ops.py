@@ -51,6 +51,33 @@ def check_cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
                              f"[0, {num_blocks * block_size})")
 
 
+def check_copy_blocks(key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """Raise ValueError unless block_mapping is int64 [num_pairs, 2] of (src, dst) block ids in range, on the
+    caches' device, with every dst distinct and never a src (the pairs are copied concurrently)."""
+    _check_cache_pair(key_cache, value_cache)
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2 or block_mapping.dtype != torch.int64:
+        raise ValueError(f"block_mapping must be int64 [num_pairs, 2], got {block_mapping.dtype} "
+                         f"{list(block_mapping.shape)}")
+    if block_mapping.device != key_cache.device:
+        raise ValueError(f"block_mapping is on {block_mapping.device}, the cache on {key_cache.device}")
+    if block_mapping.numel():
+        pairs = block_mapping.cpu().tolist()
+        num_blocks = key_cache.shape[0]
+        bad = next((b for pair in pairs for b in pair if not 0 <= b < num_blocks), None)
+        if bad is not None:
+            raise ValueError(f"block_mapping holds block {bad}, outside [0, {num_blocks})")
+        sources, targets = {s for s, _ in pairs}, [d for _, d in pairs]
+        if len(set(targets)) != len(targets) or sources & set(targets):
+            raise ValueError("block_mapping copies into one block twice, or into a block another pair reads")
+
+
+def copy_blocks(key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """The reference block copy: key_cache[dst] = key_cache[src] (and V) for every (src, dst) pair."""
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    key_cache[dst] = key_cache[src]
+    value_cache[dst] = value_cache[src]
+
+
 def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Raise ValueError unless the arguments describe a valid decode attention; no block id is read unchecked."""

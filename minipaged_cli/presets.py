@@ -90,9 +90,10 @@ class GpuSpec:
     hbm_bandwidth_bytes_per_s: float
     peak_flops: float
     step_overhead_s: float
+    host_bandwidth_bytes_per_s: float = 64.0e9  # GPU <-> CPU memory, one direction: what swapping costs
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops"):
+        for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "host_bandwidth_bytes_per_s"):
             if getattr(self, name) <= 0:
                 raise InputError("must be positive", source=self.name, field=name,
                                  value=getattr(self, name), has_value=True)
@@ -119,17 +120,19 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_gpu(name_or_path: str) -> GpuSpec:
     source, config = _load_config("gpus", name_or_path, "--gpu")
+    optional = {"host_bandwidth_bytes_per_s"}
     fields = {"name", "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "step_overhead_s"}
-    unknown = sorted(set(config) - fields)
+    unknown = sorted(set(config) - fields - optional)
     if unknown:
-        raise InputError(f"unknown key; expected {sorted(fields)}", source=source, field=unknown[0])
+        raise InputError(f"unknown key; expected {sorted(fields | optional)}", source=source, field=unknown[0])
     missing = sorted(fields - set(config))
     if missing:
         raise InputError("missing", source=source, field=missing[0])
-    for key in fields - {"name"}:
+    present = (fields | optional) & set(config)
+    for key in present - {"name"}:
         if isinstance(config[key], bool) or not isinstance(config[key], int | float):
             raise InputError("must be a number", source=source, field=key, value=config[key], has_value=True)
-    return GpuSpec(**{k: config[k] if k == "name" else float(config[k]) for k in fields})
+    return GpuSpec(**{k: config[k] if k == "name" else float(config[k]) for k in present})
 
 
 def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> ModelSpec:

@@ -72,7 +72,26 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
                  f"{m.mean_batch_size:.1f}/{m.max_batch_size}", f"{m.throughput_tokens_per_s:,.0f}",
                  f"{m.makespan_s:,.1f}", f"{m.mean_ttft_s:.2f}/{m.p99_ttft_s:.2f}", f"{1000 * m.mean_tpot_s:.1f}"]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 8 else []))
-    return [header, memory, service]
+    tables = [header, memory, service]
+    sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
+    if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
+        tables.append(_sharing_table(result))
+    return tables
+
+
+def _sharing_table(result: SimulationResult) -> Table:
+    """Prefix cache, copy-on-write, swapping and why requests were rejected, per strategy."""
+    table = Table(title="Sharing, preemption and rejections", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("strategy", no_wrap=True)
+    for name in ("prefix hits / queries (tokens)", "hit %", "evictions", "copy-on-write", "swaps",
+                 "swapped out / in", "rejected because"):
+        table.add_column(name, justify="left" if name == "rejected because" else "right")
+    for name, m in result.strategies.items():
+        reasons = "; ".join(f"{count:,} {reason}" for reason, count in m.rejection_reasons.items()) or "-"
+        table.add_row(name, f"{m.prefix_cache_hits:,} / {m.prefix_cache_queries:,}", _pct(m.prefix_cache_hit_pct),
+                      f"{m.num_evictions:,}", f"{m.num_copy_on_writes:,}", f"{m.num_swaps:,}",
+                      f"{format_bytes(m.swap_out_bytes)} / {format_bytes(m.swap_in_bytes)}", reasons)
+    return table
 
 
 def run_table(report: Any) -> Table:

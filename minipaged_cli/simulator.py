@@ -17,6 +17,14 @@ allocated slots A (they sum to the capacity):
 A request's final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never
 written.
 
+Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks of
+shared segments in the prefix cache and prefills only the rest; a request with ``n`` > 1 forks ``n - 1`` more
+sequences after its prefill, holding the prompt's blocks with it until copy-on-write. A shared block holds its
+tokens once, so the per-request sums above count ``allocator.shared_slots`` too many; that is taken off the
+token states and the allocated slots. Preemption either recomputes the victim (drops its KV; it prefills
+prompt + generated tokens again) or, with ``preemption="swap"``, moves its KV to a CPU pool of ``cpu_blocks``
+blocks over the host link and back when it is readmitted (recompute when the CPU pool is full).
+
 Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
 an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
 so ``replay`` advances all those steps at once and integrates the metrics over them (``bulk=False`` steps one
@@ -28,9 +36,10 @@ from __future__ import annotations
 import bisect
 import difflib
 import functools
+import itertools
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +51,7 @@ from minipaged_cli.presets import GpuSpec, ModelSpec
 from minipaged_cli.trace import Request, Trace
 
 CATEGORIES = ("token_state", "reserved_future", "internal_frag", "external_frag", "free")
+PREEMPTION_MODES = ("recompute", "swap")
 _MAX_BULK_STEPS = 4096
 _MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
 _STEPS = np.arange(1, _MAX_BULK_STEPS + 1, dtype=np.int64)
@@ -58,6 +68,10 @@ class SimConfig:
     max_model_len: int | None = None  # None: the model's
     max_num_seqs: int = 256
     max_batched_tokens: int | None = None  # None: whole prompts, no chunking
+    prefix_caching: bool = False  # paged only
+    preemption: str = "recompute"  # or "swap"
+    cpu_blocks: int = 0  # swap space, in blocks of block_size tokens
+    watermark: float = 0.0  # paged admission keeps this fraction of the blocks free
     check_invariants: bool = False
     record_timeline: bool = False
 
@@ -68,6 +82,20 @@ class SimConfig:
         for option, value in positive.items():
             if value < 1:
                 raise InputError("must be >= 1", field=option, value=value, has_value=True)
+        if self.preemption not in PREEMPTION_MODES:
+            raise InputError(f"expected one of {', '.join(PREEMPTION_MODES)}", field="--preemption",
+                             value=self.preemption, has_value=True)
+        if self.cpu_blocks < 0:
+            raise InputError("must be >= 0", field="--cpu-blocks", value=self.cpu_blocks, has_value=True)
+        if self.preemption == "swap" and self.cpu_blocks == 0:
+            raise InputError("swap needs a CPU pool; set --cpu-blocks", field="--cpu-blocks", value=0,
+                             has_value=True)
+        if not 0.0 <= self.watermark < 1.0:
+            raise InputError("must be in [0, 1)", field="--watermark", value=self.watermark, has_value=True)
+
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.watermark * self.num_blocks)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -123,6 +151,15 @@ class StrategyMetrics:
     p99_ttft_s: float
     mean_tpot_s: float
     invariant_violations: int
+    rejection_reasons: dict[str, int] = field(default_factory=dict)  # reason -> requests
+    prefix_cache_queries: int = 0  # prompt tokens looked up at first admission (re-prefills are not queries)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    prefix_cache_hit_pct: float = 0.0
+    num_evictions: int = 0  # cached blocks the pool handed out again
+    num_copy_on_writes: int = 0
+    num_swaps: int = 0  # preemptions by swapping out (the rest recompute)
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
     timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
     detail: ReplayDetail | None = field(default=None, repr=False)
 
@@ -138,11 +175,16 @@ class StepWork:
     ``prefills``: (sequence_id, first position, number of tokens) of each prompt chunk; ``decodes``:
     (sequence_id, position) of the one token each decoding sequence writes and attends from (it attends to
     positions 0..position). ``live_tokens``: tokens held by running requests once the step has run.
+    ``copies``: (src, dst) blocks that copy-on-write needs copied before any token is written.
+    ``forks``: (parent, child) sequences forked after the step's prefill (the child attends to the parent's
+    prompt until it writes its own tokens).
     """
 
     prefills: list[tuple[int, int, int]]
     decodes: list[tuple[int, int]]
     live_tokens: int
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    forks: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(eq=False)  # identity: the engine looks requests up in its lists
@@ -150,10 +192,15 @@ class _Live(Holding):
     """A request inside the engine."""
 
     request: Request | None = None
+    request_index: int = 0
+    sample: int = 0  # 0 for the sequence that prefills; 1..n-1 for the ones forked from it
     num_computed: int = 0  # L: tokens whose KV is written
     num_generated: int = 0  # output tokens sampled so far
     prompt_length: int = 0  # tokens to prefill since the last admission: prompt + tokens generated before it
     first_token_s: float | None = None
+    queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
+    forked: bool = False  # its other samples exist (forked after its prefill, or it is one of them)
+    swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out
 
     @property
     def prefill_done(self) -> bool:
@@ -192,15 +239,32 @@ class _Replay:
         self.bulk = bulk
         self.progress = progress
         self.requests = trace.requests
+        self.segments = trace.segments
         self.next_arrival = 0
+        self.next_sequence_id = len(trace.requests)  # forked samples are numbered after the requests
         self.waiting: deque[_Live] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[_Live] = []
         self.now = 0.0
         self.integrator = _Integrator()
-        self.finished: list[tuple[_Live, float]] = []  # (request, finish time)
-        self.num_rejected = 0
+        self.finished: list[tuple[_Live, float]] = []  # (sequence, finish time), every sample
+        self.samples_left: dict[int, int] = {}  # request index -> its sequences not yet finished or rejected
+        self.num_completed = 0
+        self.rejected: set[int] = set()  # request indices
+        self.rejection_reasons: dict[str, int] = {}
         self.num_preemptions = 0
+        self.num_swaps = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.cpu_capacity = config.cpu_blocks * config.block_size  # swap space, slots
+        self.cpu_used = 0
+        self.swap_out_tokens = 0
+        self.swap_in_tokens = 0
+        self.step_swap_tokens = 0  # swapped since the last step was timed
+        self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was timed
+        self.pending_forks: list[tuple[int, int]] = []  # for the next StepWork
+        self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
+        self.hash_prefixes = config.prefix_caching and isinstance(allocator, PagedAllocator)
         self.num_steps = 0
         self.batch_size_sum = 0
         self.max_batch_size = 0
@@ -217,6 +281,7 @@ class _Replay:
         self._seconds_per_attended_token = self.model.attention_flops_per_context_token / gpu.peak_flops
         self._seconds_for_weights = self.model.weight_bytes / gpu.hbm_bandwidth_bytes_per_s
         self._seconds_per_kv_token = self.model.kv_bytes_per_token / gpu.hbm_bandwidth_bytes_per_s
+        self._seconds_per_host_token = self.model.kv_bytes_per_token / gpu.host_bandwidth_bytes_per_s
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -234,18 +299,22 @@ class _Replay:
             if self.config.check_invariants:
                 self.invariant_violations += bool(self.allocator.invariant_violations())
             if self.progress is not None:
-                self.progress(len(self.finished) + self.num_rejected)
+                self.progress(self.num_completed + len(self.rejected))
         return self._metrics()
 
     def _arrive(self) -> None:
         while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= self.now:
             request = self.requests[self.next_arrival]
             live = _Live(self.next_arrival, request.prompt_tokens, request.output_tokens, request=request,
-                         prompt_length=request.prompt_tokens)
+                         request_index=self.next_arrival, prompt_length=request.prompt_tokens)
+            if self.hash_prefixes and request.prefix:
+                live.block_hashes = prefix_block_keys(request.prefix, self.segments, self.config.block_size)
+            self.samples_left[self.next_arrival] = request.n
             self.next_arrival += 1
-            if request.total_tokens > self.config.model_len or \
-                    self.allocator.largest_need(live) > self.allocator.capacity_tokens:
-                self.num_rejected += 1
+            if request.total_tokens > self.config.model_len:
+                self._reject(live, "longer than --max-model-len")
+            elif (reason := self.allocator.rejection_reason(live)) is not None:
+                self._reject(live, reason)
             else:
                 self._enqueue(live, front=False)
 
@@ -268,7 +337,7 @@ class _Replay:
 
     def _single_step(self) -> None:
         decoders = [r for r in self.running if r.prefill_done]
-        copied = 0
+        copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
         preempted = False
         for live in decoders:
             while live in self.running:
@@ -280,6 +349,9 @@ class _Replay:
                 preempted = True
         if preempted:
             decoders = [r for r in decoders if r in self.running]
+        self.forked = False
+        copies = self.allocator.take_copies()
+        copied += len(copies) * self.config.block_size
 
         budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
         saturated = preempted or self._waiting_for_memory()
@@ -289,8 +361,7 @@ class _Replay:
             if not preempted:
                 # Nothing runs and the head still does not fit: it never will (only reachable when its
                 # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
-                self._dequeue()
-                self.num_rejected += 1
+                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
             return  # a request that preempted itself is admitted again, into an empty pool, next step
 
         # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
@@ -311,12 +382,16 @@ class _Replay:
         attended = contexts + sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks)
         kv_moved = contexts + len(decoders) + sum(r.num_computed + c for r, c in chunks) + 2 * copied
         duration = float(self._step_time(num_new, attended, kv_moved))
+        duration += self.step_swap_tokens * self._seconds_per_host_token
+        self.step_swap_tokens = 0
 
         if self.on_step is not None:
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
-                            live_tokens=sum(r.num_computed for r in self.running) + num_new)
+                            live_tokens=sum(r.num_computed for r in self.running) + num_new,
+                            copies=copies, forks=self.pending_forks)
             self.on_step(work, self.allocator)
+        self.pending_forks = []
         for live in decoders:
             live.num_computed += 1
             live.num_generated += 1
@@ -329,13 +404,17 @@ class _Replay:
         self._record(duration, duration * self._categories_now(), saturated, 1)
         self._note_busiest()
         self.now += duration
+        for live, _ in chunks:
+            if live.prefill_done and live.request.n > 1 and not live.forked:
+                self._fork_samples(live)
         self._finish()
 
     def _bulk_step(self) -> bool:
         """Advance several decode-only steps at once; False when this step needs the single-step path."""
         # Without chunking every prompt is prefilled whole in the step that admits it.
         chunked = self.config.max_batched_tokens is not None
-        if (chunked and any(not r.prefill_done for r in self.running)) or self._head_admissible():
+        if (chunked and any(not r.prefill_done for r in self.running)) or self.forked or self.step_swap_tokens \
+                or self._head_admissible():
             return False
         running = self.running
         n = len(running)
@@ -359,8 +438,9 @@ class _Replay:
 
         durations = durations[:num_steps]
         duration = float(durations.sum())
-        token_integral = total_length * duration + n * float(durations @ steps[:num_steps])
-        allocated_integral = _integral(profile.allocated, durations, duration)
+        shared = self.allocator.shared_slots  # constant: no admission, fork or release until the last step
+        token_integral = (total_length - shared) * duration + n * float(durations @ steps[:num_steps])
+        allocated_integral = _integral(profile.allocated, durations, duration) - shared * duration
         internal_integral = _integral(profile.internal, durations, duration)
         external_integral = self._external_fragmentation() * duration
         self._record(duration, np.array([
@@ -394,9 +474,21 @@ class _Replay:
                     return
             elif admitted_tokens and admitted_tokens + head.prompt_length > budget:
                 return
-            self.allocator.admit(head, head.prompt_length)
-            admitted_tokens += head.prompt_length
+            cached = self.allocator.admit(head, head.prompt_length)
             self.running.append(self._dequeue())
+            if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
+                moved = max(head.swapped_slots - cached, 0)
+                self.cpu_used -= head.swapped_slots
+                head.swapped_slots = 0
+                self.swap_in_tokens += moved
+                self.step_swap_tokens += moved
+            else:
+                head.num_computed = cached
+                if self.hash_prefixes and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
+                    head.queried = True
+                    self.prefix_cache_queries += head.prompt_length
+                    self.prefix_cache_hits += cached
+            admitted_tokens += head.prompt_length - head.num_computed
 
     def _enqueue(self, live: _Live, *, front: bool) -> None:
         if front:
@@ -414,20 +506,76 @@ class _Replay:
         return live
 
     def _preempt(self, victim: _Live) -> None:
-        """Recompute preemption: drop the victim's KV; it re-prefills prompt + generated tokens when readmitted."""
+        """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else
+        recompute: drop it, and prefill prompt + generated tokens again when readmitted."""
+        slots = self.allocator.swap_slots(victim, victim.num_computed)
         self.allocator.release(victim)
         self.running.remove(victim)
-        victim.num_computed = 0
-        victim.prompt_length = victim.prompt_tokens + victim.num_generated
-        self._enqueue(victim, front=True)
         self.num_preemptions += 1
+        if self.config.preemption == "swap" and self.cpu_used + slots <= self.cpu_capacity:
+            self.cpu_used += slots
+            victim.swapped_slots = slots
+            self.num_swaps += 1
+            self.swap_out_tokens += slots
+            self.step_swap_tokens += slots
+            # readmission allocates for what it holds, and a victim caught mid-prefill resumes it
+            victim.prompt_length = max(victim.prompt_length, victim.num_computed)
+        else:
+            victim.num_computed = 0
+            victim.prompt_length = victim.prompt_tokens + victim.num_generated
+        self._enqueue(victim, front=True)
+
+    def _fork_samples(self, leader: _Live) -> None:
+        """Parallel sampling: the other n - 1 sequences, each with its own first token, from the leader's prompt.
+        A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
+        leader.forked = True
+        for sample in range(1, leader.request.n):
+            child = _Live(self.next_sequence_id, leader.prompt_tokens, leader.output_tokens, leader.block_hashes,
+                          request=leader.request, request_index=leader.request_index, sample=sample,
+                          num_computed=leader.num_computed, num_generated=leader.num_generated,
+                          prompt_length=leader.prompt_length, first_token_s=leader.first_token_s, queried=True,
+                          forked=True)
+            self.next_sequence_id += 1
+            if child.num_generated >= child.output_tokens:  # its only token came with the prefill
+                self._sample_done(child)
+                continue
+            copied = None
+            if len(self.running) < self.config.max_num_seqs:
+                copied = self.allocator.fork(leader, child, leader.num_computed)
+            if copied is None:
+                child.num_computed = 0
+                child.prompt_length = child.prompt_tokens + child.num_generated
+                self._enqueue(child, front=True)
+                continue
+            self.running.append(child)
+            self.fork_copy_tokens += copied
+            self.pending_forks.append((leader.sequence_id, child.sequence_id))
+            self.forked = True
 
     def _finish(self) -> None:
         done = [r for r in self.running if r.num_generated >= r.output_tokens]
         for live in done:
             self.allocator.release(live)
             self.running.remove(live)
-            self.finished.append((live, self.now))
+            self._sample_done(live)
+
+    def _sample_done(self, live: _Live) -> None:
+        self.finished.append((live, self.now))
+        live.block_hashes = []  # the keys can be many; a finished sequence needs them no more
+        self._count_done(live)
+
+    def _reject(self, live: _Live, reason: str) -> None:
+        if live.request_index not in self.rejected:
+            self.rejected.add(live.request_index)
+            self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + 1
+        self.cpu_used -= live.swapped_slots
+        live.swapped_slots = 0
+        self._count_done(live)
+
+    def _count_done(self, live: _Live) -> None:
+        self.samples_left[live.request_index] -= 1
+        if not self.samples_left[live.request_index] and live.request_index not in self.rejected:
+            self.num_completed += 1
 
     # -- measurement ---------------------------------------------------------------------------------------
 
@@ -453,10 +601,11 @@ class _Replay:
         return self.allocator.external_fragmentation(self.waiting_needs[0])
 
     def _categories_now(self) -> np.ndarray:
-        tokens = sum(r.num_computed for r in self.running)
+        shared = self.allocator.shared_slots
+        tokens = sum(r.num_computed for r in self.running) - shared
         allocated = [self.allocator.allocated(r) for r in self.running]
         internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, self.running, strict=True))
-        used = sum(allocated)
+        used = sum(allocated) - shared
         external = self._external_fragmentation()
         free = self.allocator.capacity_tokens - used - external
         return np.array([tokens, used - tokens - internal, internal, external, free, used], dtype=np.float64)
@@ -476,13 +625,15 @@ class _Replay:
         manager = self.allocator.manager if isinstance(self.allocator, PagedAllocator) else None
         capacity = self.allocator.capacity_tokens
         averaged_over, averages = self.integrator.averages(capacity)
-        completed = [r for r, _ in self.finished]
+        finished = [r for r, _ in self.finished]
         finish_times = [t for _, t in self.finished]
-        ttfts = np.array([r.first_token_s - r.request.arrival_s for r in completed]) if completed else np.zeros(1)
+        firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
+        ttfts = np.array(firsts) if firsts else np.zeros(1)
         tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
         first_arrival = self.requests[0].arrival_s
         makespan = max(finish_times) - first_arrival if finish_times else 0.0
-        output_tokens = sum(r.output_tokens for r in completed)
+        output_tokens = sum(r.output_tokens for r in finished)
+        kv_bytes = self.model.kv_bytes_per_token
         return StrategyMetrics(
             token_state_pct=float(averages[0]),
             reserved_future_pct=float(averages[1]),
@@ -491,8 +642,8 @@ class _Replay:
             free_pct=float(averages[4]),
             averaged_over=averaged_over,
             kv_cache_usage_perc=float(averages[5]),
-            completed_requests=len(completed),
-            rejected_requests=self.num_rejected,
+            completed_requests=self.num_completed,
+            rejected_requests=len(self.rejected),
             num_preemptions=self.num_preemptions,
             mean_batch_size=self.batch_size_sum / self.num_steps if self.num_steps else 0.0,
             max_batch_size=self.max_batch_size,
@@ -502,6 +653,16 @@ class _Replay:
             p99_ttft_s=float(np.percentile(ttfts, 99)),
             mean_tpot_s=float(np.mean(tpots)) if tpots else 0.0,
             invariant_violations=self.invariant_violations,
+            rejection_reasons=dict(sorted(self.rejection_reasons.items())),
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_hit_pct=100.0 * self.prefix_cache_hits / self.prefix_cache_queries
+            if self.prefix_cache_queries else 0.0,
+            num_evictions=manager.num_evictions if manager is not None else 0,
+            num_copy_on_writes=manager.num_copy_on_writes if manager is not None else 0,
+            num_swaps=self.num_swaps,
+            swap_out_bytes=self.swap_out_tokens * kv_bytes,
+            swap_in_bytes=self.swap_in_tokens * kv_bytes,
             timeline=self.timeline if self.config.record_timeline else {},
             detail=ReplayDetail(
                 running_time_s=self.running_time,
@@ -530,12 +691,14 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
                          field="--max-model-len", value=config.model_len, has_value=True)
     for name in strategies:
         allocator = _allocator(name, config)
-        smallest = min(allocator.largest_need(Holding(0, r.prompt_tokens, r.output_tokens)) for r in fitting)
-        if smallest > allocator.capacity_tokens:
+        holdings = [Holding(0, r.prompt_tokens, r.output_tokens) for r in fitting]
+        if all(allocator.rejection_reason(h) is not None for h in holdings):
+            smallest = min(allocator.largest_need(h) for h in holdings)
             hint = " or lower --max-model-len" if name == "max-reserve" else ""
-            raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens is too small for any request "
-                             f"under {name} (the smallest needs {smallest}); raise --kv-memory or --num-blocks{hint}",
-                             field="--kv-memory")
+            watermark = f" above the {config.watermark:g} watermark" if config.watermark and name == "paged" else ""
+            raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens{watermark} is too small for any "
+                             f"request under {name} (the smallest needs {smallest}); raise --kv-memory or "
+                             f"--num-blocks{hint}", field="--kv-memory")
 
 
 @dataclass
@@ -553,7 +716,9 @@ class SimulationResult:
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
                        "num_blocks": config.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
-                       "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len},
+                       "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len,
+                       "prefix_caching": config.prefix_caching, "preemption": config.preemption,
+                       "cpu_blocks": config.cpu_blocks, "watermark": config.watermark},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
 
@@ -607,7 +772,44 @@ def _check_strategy(name: str) -> None:
 
 def _allocator(name: str, config: SimConfig) -> Allocator:
     return make_allocator(name, num_blocks=config.num_blocks, block_size=config.block_size,
-                          max_model_len=config.model_len)
+                          max_model_len=config.model_len, prefix_caching=config.prefix_caching,
+                          watermark_blocks=config.watermark_blocks)
+
+
+def prefix_block_keys(prefix: tuple[str, ...], segments: dict[str, int], block_size: int) -> list[Hashable]:
+    """Content keys of the full blocks that lie inside a request's shared prefix segments.
+
+    Equal keys mean equal content from the start of the prompt (what a chained hash guarantees): a block's key
+    is the hash of the previous content and this block's pieces (segment, start, end). Blocks inside one
+    segment are keyed ``(segment key, index)`` without a Python loop per block, which matters for traces like
+    Mooncake's (hundreds of blocks per prompt). Blocks that run past the prefix hold the request's own tokens:
+    no other request can hit them, so they get no key.
+    """
+    keys: list[Hashable] = []
+    chain: Hashable = None  # the hash of all prefix content before ``pieces``
+    pieces: list[tuple[str, int, int]] = []  # a block begun in an earlier segment
+    filled = 0
+    for name in prefix:
+        length = segments[name]
+        start = 0
+        if pieces:
+            start = min(block_size - filled, length)
+            pieces.append((name, 0, start))
+            filled += start
+            if filled < block_size:
+                continue
+            chain = hash((chain, tuple(pieces)))
+            keys.append(chain)
+            pieces, filled = [], 0
+        whole = (length - start) // block_size
+        if whole:
+            segment_key = hash((chain, name, start))
+            keys.extend(zip(itertools.repeat(segment_key, whole), range(whole), strict=True))
+            chain = hash((segment_key, whole))
+        if start + whole * block_size < length:
+            pieces = [(name, start + whole * block_size, length)]
+            filled = length - pieces[0][1]
+    return keys
 
 
 def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int) -> int:

@@ -25,13 +25,18 @@ TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
 
 @dataclass(frozen=True)
 class Request:
-    """One request: arrives, prefills ``prompt_tokens``, then generates ``output_tokens`` one step at a time."""
+    """One request: arrives, prefills ``prompt_tokens``, then generates ``output_tokens`` one step at a time.
+
+    ``n`` > 1 is parallel sampling: after the prefill, ``n`` sequences each generate ``output_tokens``, forked
+    from the one prompt (its blocks shared until written).
+    """
 
     id: str
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     prefix: tuple[str, ...] = ()
+    n: int = 1
 
     @property
     def total_tokens(self) -> int:
@@ -121,8 +126,8 @@ def make_trace(
 # -- the YAML format ---------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"version", "name", "description", "requests", "generate", "segments"}
-_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix"}
-_GROUP_KEYS = {"count", "seed", "arrival", "prompt_tokens", "output_tokens", "id_prefix", "prefix"}
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix", "n"}
+_GROUP_KEYS = {"count", "seed", "arrival", "prompt_tokens", "output_tokens", "id_prefix", "prefix", "n"}
 _ARRIVAL_KEYS = {
     "poisson": {"rate_per_s"},
     "constant": {"rate_per_s"},
@@ -199,6 +204,7 @@ def _read_request(entry: Any, index: int, source: str) -> Request:
         prompt_tokens=reader.count(entry, "prompt_tokens", minimum=1),
         output_tokens=reader.count(entry, "output_tokens", minimum=1),
         prefix=reader.prefix(entry),
+        n=reader.count(entry, "n", minimum=1, default=1),
     )
 
 
@@ -218,8 +224,9 @@ def _generate_group(group: Any, index: int, source: str) -> list[Request]:
     outputs = _sample_lengths(reader.mapping(group, "output_tokens"), count, rng,
                               _Fields(source, f"{where}.output_tokens"))
     prefix = reader.prefix(group)
+    n = reader.count(group, "n", minimum=1, default=1)
     return [
-        Request(f"{id_prefix}{i}", float(arrivals[i]), int(prompts[i]), int(outputs[i]), prefix)
+        Request(f"{id_prefix}{i}", float(arrivals[i]), int(prompts[i]), int(outputs[i]), prefix, n)
         for i in range(count)
     ]
 
@@ -345,7 +352,8 @@ def dump_trace(trace: Trace, *, header: str = "") -> str:
     lines.append("requests:")
     for r in trace.requests:
         entry = {"id": r.id, "arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
-                 "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {})}
+                 "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {}),
+                 **({"n": r.n} if r.n > 1 else {})}
         lines.append("  - " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip())
     return "\n".join(lines) + "\n"
 

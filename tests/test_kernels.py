@@ -18,7 +18,7 @@ from tests.test_paged_ops import NUM_KV_HEADS, make_batch, sdpa_reference, toler
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("source", ["cache_write.cu", "paged_attention.cu"])
+@pytest.mark.parametrize("source", ["cache_write.cu", "paged_attention.cu", "copy_blocks.cu"])
 def test_kernels_compile_with_nvcc(source: str, arch: str, tmp_path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -158,6 +158,57 @@ def test_gpu_cache_write_is_bit_exact(dtype: torch.dtype) -> None:
     assert torch.equal(caches[0].cpu(), expected[0]) and torch.equal(caches[1].cpu(), expected[1])
 
 
+def copy_blocks_case(dtype: torch.dtype, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    caches = [torch.randn(12, 2, 4, head_dim, generator=generator).to(dtype) for _ in range(2)]
+    mapping = torch.tensor([[3, 7], [3, 0], [11, 5], [2, 9]], dtype=torch.int64)  # one src copied twice
+    return caches[0], caches[1], mapping
+
+
+def copied_by_hand(cache: torch.Tensor, mapping: torch.Tensor) -> torch.Tensor:
+    expected = cache.clone()
+    for src, dst in mapping.tolist():
+        for index in range(cache[src].numel()):  # element by element: independent of any indexing helper
+            expected[dst].view(-1)[index] = cache[src].reshape(-1)[index]
+    return expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("head_dim", [3, 64])  # 3 x 2 bytes x 8 per block: not whole 16-byte vectors
+def test_copy_blocks_reference_and_emulated_kernel_are_exact(emulated: EmulatedBackend, dtype: torch.dtype,
+                                                             head_dim: int) -> None:
+    from minipaged_cli.backends import TorchBackend
+
+    for backend in (TorchBackend(), emulated):
+        key_cache, value_cache, mapping = copy_blocks_case(dtype, head_dim)
+        expected_key, expected_value = copied_by_hand(key_cache, mapping), copied_by_hand(value_cache, mapping)
+        backend.copy_blocks(key_cache, value_cache, mapping)
+        assert torch.equal(key_cache, expected_key) and torch.equal(value_cache, expected_value), backend.name
+
+
+def test_copy_blocks_refuses_racing_or_out_of_range_pairs(emulated: EmulatedBackend) -> None:
+    key_cache, value_cache, _ = copy_blocks_case(torch.float32, 64)
+    before = key_cache.clone()
+    for mapping, message in (([[1, 12]], "outside"), ([[1, 2], [3, 2]], "twice"), ([[1, 2], [2, 3]], "reads")):
+        with pytest.raises(ValueError, match=message):
+            emulated.copy_blocks(key_cache, value_cache, torch.tensor(mapping, dtype=torch.int64))
+    with pytest.raises(ValueError, match="int64"):
+        emulated.copy_blocks(key_cache, value_cache, torch.tensor([[1, 2]], dtype=torch.int32))
+    assert torch.equal(key_cache, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_gpu_copy_blocks_is_exact(dtype: torch.dtype) -> None:
+    backend = _cuda_backend()
+    key_cache, value_cache, mapping = copy_blocks_case(dtype, 128)
+    expected = copied_by_hand(key_cache, mapping), copied_by_hand(value_cache, mapping)
+    device = backend.device
+    caches = key_cache.to(device), value_cache.to(device)
+    backend.copy_blocks(*caches, mapping.to(device))
+    assert torch.equal(caches[0].cpu(), expected[0]) and torch.equal(caches[1].cpu(), expected[1])
+
+
 def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
     import json
 
@@ -198,3 +249,5 @@ def test_prepared_call_signatures_match_the_argument_lists() -> None:
     assert kinds(kernels.merge_args(plan, seq_lens)) == cuda_backend._MERGE_ARGS
     assert kinds(kernels.cache_write_args(key, key, key_cache, value_cache, torch.zeros(3, dtype=torch.int64),
                                           True)) == cuda_backend._CACHE_WRITE_ARGS
+    assert kinds(kernels.copy_blocks_args(key_cache, value_cache, torch.zeros(1, 2, dtype=torch.int64))) == \
+        cuda_backend._COPY_BLOCKS_ARGS

@@ -101,31 +101,53 @@ def unrounded(metrics) -> dict:
     return {k: v for k, v in vars(metrics).items() if k not in ("timeline", "detail")}
 
 
+SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary for every block size but 1
+
+
 @settings(max_examples=60, deadline=None)
-@example(seed=0, block_size=1, chunk=None, num_blocks=32)  # dynamic: a request preempts itself, then runs alone
-@example(seed=356, block_size=1, chunk=None, num_blocks=32)  # pow2: 37.3046875 % sits on a 6-decimal boundary
+@example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
+@example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]),
-       chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120))
-def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | None, num_blocks: int) -> None:
-    # The event-driven replay must give exactly what stepping one decode step at a time gives.
+       chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120), sharing=st.booleans(),
+       swap=st.booleans(), watermark=st.sampled_from([0.0, 0.05]))
+def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | None, num_blocks: int,
+                                       sharing: bool, swap: bool, watermark: float) -> None:
+    # The event-driven replay must give exactly what stepping one decode step at a time gives; with sharing:
+    # shared prefixes, prefix caching and parallel samples; with swap: swap preemption to a small CPU pool.
+    # (seed 0: dynamic, a request preempts itself, then runs alone; seed 356: pow2, 37.3046875 % sits on a
+    # 6-decimal rounding boundary.)
     rng = np.random.default_rng(seed)
-    requests = [(float(rng.uniform(0, 1.5)), int(rng.integers(1, 300)), int(rng.integers(1, 150)))
-                for _ in range(int(rng.integers(3, 30)))]
+    requests = []
+    for i in range(int(rng.integers(3, 30))):
+        prefix = tuple(rng.choice(["sys", "doc"], size=int(rng.integers(0, 3)))) if sharing else ()
+        prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, 300))
+        n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
+        requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 150)), prefix, n))
     config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=num_blocks * 16 // block_size,
-                       block_size=block_size, max_model_len=512, max_batched_tokens=chunk, check_invariants=True)
-    trace = trace_of(*requests)
+                       block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
+                       prefix_caching=sharing, preemption="swap" if swap else "recompute",
+                       cpu_blocks=8 * 16 // block_size, watermark=watermark)
+    trace = make_trace("t", requests, source="test", segments=SEGMENTS)
     for strategy in STRATEGIES:
         fast = unrounded(replay(trace, config, strategy))
-        # every request completes unless it could never run: too long, or larger than the whole pool
-        allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size, max_model_len=512)
-        never = sum(r.total_tokens > 512 or allocator.largest_need(Holding(0, r.prompt_tokens, r.output_tokens))
-                    > allocator.capacity_tokens for r in trace.requests)
-        assert (fast["completed_requests"], fast["rejected_requests"]) == (len(requests) - never, never), strategy
+        # every request ends, completed or rejected; those that can never run are rejected as such
+        allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size,
+                                   max_model_len=1024, watermark_blocks=config.watermark_blocks)
+        never = sum(r.total_tokens > 1024 or allocator.rejection_reason(Holding(0, r.prompt_tokens, r.output_tokens))
+                    is not None for r in trace.requests)
+        assert fast["completed_requests"] + fast["rejected_requests"] == len(requests), strategy
+        assert fast["rejected_requests"] >= never and sum(fast["rejection_reasons"].values()) == \
+            fast["rejected_requests"]
+        if not (watermark or swap or sharing):
+            assert fast["rejected_requests"] == never, strategy
         slow = unrounded(replay(trace, config, strategy, bulk=False))
         assert fast.pop("averaged_over") == slow.pop("averaged_over"), strategy
+        assert fast.pop("rejection_reasons") == slow.pop("rejection_reasons"), strategy
         assert fast == pytest.approx(slow, rel=1e-9, abs=1e-9), strategy
         assert sum(fast[k] for k in CATEGORY_KEYS) == pytest.approx(100.0, abs=0.01)
+        assert min(fast[k] for k in CATEGORY_KEYS) >= -1e-9
         assert fast["invariant_violations"] == 0
+        assert fast["prefix_cache_hits"] <= fast["prefix_cache_queries"]
 
 
 def test_mixed_trace_orders_the_strategies() -> None:

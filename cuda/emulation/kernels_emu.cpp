@@ -1,10 +1,16 @@
-// Host entry points that run the kernels of ../cache_write.cu and ../paged_attention.cu on the CPU through
+// Host entry points that run the kernels of ../cache_write.cu, ../paged_attention.cu and ../copy_blocks.cu on the CPU through
 // cuda_emu.h: one C function per kernel, taking the launch shape first, loaded by minipaged_cli/emulation.py
 // with ctypes. Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -DMINIPAGED_EMULATION kernels_emu.cpp
 #include "cuda_emu.h"
 
 #include "../cache_write.cu"
 #include "../paged_attention.cu"
+#include "../copy_blocks.cu"
+
+extern "C" void emu_copy_blocks(unsigned grid_x, unsigned block_x, char* key_cache, char* value_cache,
+                                const int64_t* block_mapping, int64_t block_bytes) {
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, [&] { copy_blocks(key_cache, value_cache, block_mapping, block_bytes); });
+}
 
 #define EMU_CACHE_WRITE(SUFFIX, T)                                                                               \
     extern "C" void emu_cache_write_##SUFFIX(unsigned grid_x, unsigned block_x, const T* key, const T* value,   \

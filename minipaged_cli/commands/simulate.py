@@ -42,7 +42,10 @@ Examples:\n\n
   minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --kv-memory 16GiB --plot memory.png\n\n
   minipaged simulate ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --rate 20 --limit 2000
   --model qwen3-8b --kv-memory 16GiB --max-model-len 8192\n\n
-  minipaged simulate traces/mixed.yaml --strategies paged,oracle-reserve --json -
+  minipaged simulate traces/mixed.yaml --strategies paged,oracle-reserve --json -\n\n
+  minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --prefix-caching
+  --max-model-len 131072\n\n
+  minipaged simulate traces/mixed.yaml --preemption swap --cpu-blocks 20000 --watermark 0.01
 """
 
 
@@ -64,6 +67,16 @@ def simulate_command(
                                      "up to max(max-model-len, 2048) prompt tokens a step.",
         show_default=False)] = None,
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most requests running at once.")] = 256,
+    prefix_caching: Annotated[bool, typer.Option(
+        "--prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML "
+                                 "'prefix', Mooncake hash_ids); reports prefix_cache_hits / queries.")] = False,
+    preemption: Annotated[str, typer.Option(
+        "--preemption", help="What happens to the latest admitted request when memory runs out: recompute "
+                             "(drop its KV, prefill again) or swap (to a CPU pool of --cpu-blocks).")] = "recompute",
+    cpu_blocks: Annotated[int, typer.Option(
+        "--cpu-blocks", help="Swap space, in blocks of --block-size tokens.")] = 0,
+    watermark: Annotated[float, typer.Option(
+        "--watermark", help="Paged admission keeps this fraction of the blocks free (vLLM's watermark).")] = 0.0,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
@@ -87,7 +100,9 @@ def simulate_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       max_batched_tokens=max_batched_tokens, check_invariants=check_invariants,
+                       max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
+                       preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark,
+                       check_invariants=check_invariants,
                        record_timeline=plot is not None)
 
     console = tables_console(json_path)
