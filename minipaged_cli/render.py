@@ -116,6 +116,7 @@ def run_table(report: Any) -> Table:
         ("KV pool", format_bytes(report.kv_pool_bytes), "kv_pool_bytes"),
         ("peak memory", format_bytes(report.peak_memory_bytes), "peak_memory_bytes"),
         ("preemptions", f"{report.num_preemptions:,}", "num_preemptions"),
+        ("copy-on-write block copies", f"{report.block_copies:,} in {report.copy_s:.3f} s", "block_copies, copy_s"),
     ]
     for row in rows:
         table.add_row(*row)

@@ -1,8 +1,9 @@
 """``minipaged run``'s engine: the simulator's paged replay, with the real work done on real tensors each step.
 
 Every step the simulator decides (admissions, preemptions, prefill chunks, decodes) is executed on a
-``PagedKVCache`` through a backend: the K/V of every new token is written through its slot, and every decoding
-sequence runs decode attention over its block table, in every layer. Q/K/V are random (seeded); there are no
+``PagedKVCache`` through a backend: blocks that copy-on-write duplicates are copied first (a trace with ``n`` > 1
+forks samples that share their prompt's blocks), the K/V of every new token is written through its slot, and every
+decoding sequence runs decode attention over its block table, in every layer. Q/K/V are random (seeded); there are no
 weights: what is measured is the paged data plane.
 """
 
@@ -45,6 +46,8 @@ class RunReport:
     kv_pool_bytes: int
     peak_memory_bytes: int
     num_preemptions: int
+    block_copies: int = 0  # copy-on-write block copies, each in every layer
+    copy_s: float = 0.0
     per_step: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -70,6 +73,7 @@ class RunReport:
             "cache_write_gbps": self.cache_write_gbps, "token_state_pct": self.token_state_pct,
             "kv_cache_usage_perc": self.kv_cache_usage_perc, "kv_pool_bytes": self.kv_pool_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "num_preemptions": self.num_preemptions,
+            "block_copies": self.block_copies, "copy_s": self.copy_s,
         }
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
 
@@ -97,6 +101,8 @@ class _Executor:
         self.cache_write_s = 0.0
         self.attention_bytes = 0
         self.cache_write_bytes = 0
+        self.block_copies = 0
+        self.copy_s = 0.0
         self.token_state_sum = 0.0
         self.usage_sum = 0.0
         self.per_step: dict[str, list[float]] = {"attention_ms": [], "cache_write_ms": [], "batch_size": [],
@@ -106,6 +112,7 @@ class _Executor:
         if not isinstance(allocator, PagedAllocator):
             raise TypeError("the data plane runs the paged strategy only")
         manager = allocator.manager
+        self._copy(work.copies)
         slot_mapping = self._slot_mapping(work, manager.sequences)
         write_s = self._write(slot_mapping)
         attention_s = self._attend(work, manager)
@@ -125,6 +132,17 @@ class _Executor:
                  for sequence_id, start, count in writes]
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return torch.from_numpy(slots.astype(np.int64)).to(self.cache.device)
+
+    def _copy(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: each (src, dst) block, in every layer, before any token is written."""
+        if not copies:
+            return
+        mapping = torch.tensor(copies, dtype=torch.int64, device=self.cache.device)
+        for layer in range(self.cache.num_layers):
+            _, elapsed = self.backend.timed(lambda layer=layer: self.backend.copy_blocks(
+                self.cache.key_cache[layer], self.cache.value_cache[layer], mapping))
+            self.copy_s += elapsed
+        self.block_copies += len(copies)
 
     def _rows(self, count: int) -> torch.Tensor:
         """``count`` (at most ``_RANDOM_TOKENS``) rows of the random QKV, cycling."""
@@ -211,6 +229,8 @@ def run_trace(
         kv_pool_bytes=cache.memory_bytes,
         peak_memory_bytes=_peak_memory(backend),
         num_preemptions=metrics.num_preemptions,
+        block_copies=executor.block_copies,
+        copy_s=executor.copy_s,
         per_step=executor.per_step,
     )
 

@@ -18,7 +18,9 @@ MIXED = str(ROOT / "traces" / "mixed.yaml")
 STRATEGY_KEYS = {"token_state_pct", "reserved_future_pct", "internal_frag_pct", "external_frag_pct", "free_pct",
                  "averaged_over", "kv_cache_usage_perc", "completed_requests", "rejected_requests",
                  "num_preemptions", "mean_batch_size", "max_batch_size", "throughput_tokens_per_s", "makespan_s",
-                 "mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "invariant_violations"}
+                 "mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "invariant_violations", "rejection_reasons",
+                 "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_pct", "num_evictions",
+                 "num_copy_on_writes", "num_swaps", "swap_out_bytes", "swap_in_bytes"}
 
 
 def test_simulate_mixed_prints_a_row_per_strategy() -> None:
@@ -36,7 +38,8 @@ def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path
     document = json.loads(result.stdout)
     assert set(document["trace"]) == {"name", "num_requests", "prompt_tokens", "output_tokens"}
     assert set(document["config"]) == {"model", "gpu", "block_size", "num_blocks", "kv_capacity_tokens",
-                                       "kv_bytes_per_token", "max_model_len"}
+                                       "kv_bytes_per_token", "max_model_len", "prefix_caching", "preemption",
+                                       "cpu_blocks", "watermark"}
     assert document["config"]["kv_bytes_per_token"] == 2 * 36 * 8 * 128 * 2  # qwen3-8b, bf16
     assert document["config"]["num_blocks"] == 64 * 2**30 // (16 * 147456)
     assert list(document["strategies"]) == ["paged", "oracle-reserve"]
@@ -51,6 +54,39 @@ def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path
                                  "--strategies", "paged,oracle-reserve"])
     assert result.exit_code == 0
     assert json.loads(path.read_text())["strategies"]["paged"] == paged
+
+
+def test_prefix_caching_parallel_sampling_and_swap_from_the_command_line(tmp_path: Path) -> None:
+    trace = tmp_path / "shared.yaml"
+    trace.write_text("segments: {system: 512}\n"
+                     "generate:\n"
+                     "  - {count: 40, seed: 1, prefix: [system], n: 2, arrival: {process: poisson, rate_per_s: 50},\n"
+                     "     prompt_tokens: {dist: uniform, low: 600, high: 900},\n"
+                     "     output_tokens: {dist: uniform, low: 50, high: 200}}\n")
+    result = runner.invoke(app, ["simulate", str(trace), "--prefix-caching", "--preemption", "swap", "--cpu-blocks",
+                                 "500", "--watermark", "0.01", "--num-blocks", "600", "--max-model-len", "2048",
+                                 "--json", "-"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["config"]["prefix_caching"] and document["config"]["preemption"] == "swap"
+    paged = document["strategies"]["paged"]
+    # 40 prompts each begin with the 512-token segment: all but the first find its 32 blocks cached
+    assert paged["prefix_cache_hits"] == 39 * 512
+    assert paged["num_copy_on_writes"] > 0  # the second sample of each request copies the prompt's last block
+    assert document["strategies"]["oracle-reserve"]["prefix_cache_queries"] == 0  # paged only
+    assert "Sharing, preemption and rejections" in result.stderr
+    assert f"{paged['prefix_cache_hits']:,} / {paged['prefix_cache_queries']:,}" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--preemption", "swop"], "error: --preemption: 'swop': expected one of recompute, swap"),
+    (["--preemption", "swap"], "error: --cpu-blocks: 0: swap needs a CPU pool; set --cpu-blocks"),
+    (["--watermark", "1.5"], "error: --watermark: 1.5: must be in [0, 1)"),
+])
+def test_sharing_options_bad_input_is_one_line(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["simulate", MIXED, *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == message
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

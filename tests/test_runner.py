@@ -50,8 +50,9 @@ class RecordingBackend(TorchBackend):
         return out
 
 
-def checked_replay(requests: list[tuple[float, int, int]], num_blocks: int, block_size: int,
-                   max_batched_tokens: int | None) -> tuple[int, int]:
+def checked_replay(requests: list[tuple], num_blocks: int, block_size: int,
+                   max_batched_tokens: int | None) -> tuple[int, int, int]:
+    """(decodes checked, preemptions, copy-on-writes); a request is (arrival, prompt, output[, prefix, n])."""
     trace = make_trace("t", [Request(f"r{i}", *r) for i, r in enumerate(requests)], source="test")
     config = SimConfig(MODEL, GPU, num_blocks=num_blocks, block_size=block_size, max_model_len=512,
                        max_batched_tokens=max_batched_tokens)
@@ -67,6 +68,8 @@ def checked_replay(requests: list[tuple[float, int, int]], num_blocks: int, bloc
     def on_step(work: StepWork, allocator) -> None:
         nonlocal checked
         writes_before, calls_before = len(backend.writes), len(backend.attention_calls)
+        for parent, child in work.forks:  # a forked sample starts with its parent's history
+            history[child] = dict(history[parent])
         executor(work, allocator)
         keys = torch.cat([k for k, _ in backend.writes[writes_before:]]) if work.prefills or work.decodes else None
         values = torch.cat([v for _, v in backend.writes[writes_before:]]) if keys is not None else None
@@ -91,18 +94,30 @@ def checked_replay(requests: list[tuple[float, int, int]], num_blocks: int, bloc
 
     metrics = replay(trace, config, "paged", on_step=on_step)
     assert metrics.completed_requests == len(requests)
-    return checked, metrics.num_preemptions
+    assert executor.block_copies == metrics.num_copy_on_writes
+    return checked, metrics.num_preemptions, metrics.num_copy_on_writes
 
 
 @pytest.mark.parametrize("max_batched_tokens", [None, 24])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_every_attention_call_matches_a_dense_reference(block_size: int, max_batched_tokens: int | None) -> None:
     requests = [(0.0, 30, 12), (0.0, 7, 20), (0.001, 45, 6), (0.002, 3, 25), (0.004, 60, 9), (0.02, 11, 14)]
-    checked, preemptions = checked_replay(requests, num_blocks=128 // block_size, block_size=block_size,
-                                          max_batched_tokens=max_batched_tokens)
+    checked, preemptions, _ = checked_replay(requests, num_blocks=128 // block_size, block_size=block_size,
+                                             max_batched_tokens=max_batched_tokens)
     # Every decode was checked: O - 1 per request, less one for each re-prefill that sampled a token.
     assert checked >= sum(output - 1 for _, _, output in requests) - preemptions
     assert preemptions > 0  # the pool of 128 slots is too small for all at once: recompute happens
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_forked_samples_read_their_own_tokens_after_copy_on_write(block_size: int) -> None:
+    # n = 3 samples per request share the prompt's blocks; the partly filled last block is copied on the first
+    # decode. Without the copy, the samples' first tokens land in one shared slot and all but one read the wrong K/V.
+    requests = [(0.0, 30, 12, (), 3), (0.0, 7, 20, (), 2), (0.003, 45, 6, (), 4), (0.01, 11, 14)]
+    checked, _, copies = checked_replay(requests, num_blocks=512 // block_size, block_size=block_size,
+                                        max_batched_tokens=None)
+    assert copies > 0
+    assert checked >= 3 * 11 + 2 * 19 + 4 * 5 + 13
 
 
 def test_report_counts_tokens_and_bytes() -> None:
@@ -122,7 +137,7 @@ def test_report_counts_tokens_and_bytes() -> None:
     assert set(report.to_dict()) == {"device", "backend", "steps", "prompt_tokens", "decode_tokens", "wall_s",
                                      "decode_tokens_per_s", "attention_s", "cache_write_s", "attention_gbps",
                                      "cache_write_gbps", "token_state_pct", "kv_cache_usage_perc", "kv_pool_bytes",
-                                     "peak_memory_bytes", "num_preemptions"}
+                                     "peak_memory_bytes", "num_preemptions", "block_copies", "copy_s"}
 
 
 def test_run_command_on_cpu() -> None:

@@ -102,6 +102,9 @@ BAD_TRACES = [
     ("segments: {sys: 10}\nrequests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, prefix: [sys]}",
      "more than the prompt", "prefix"),
     ("version: 2\nrequests: []", "only version 1", "version"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, n: 0}", "n: 0: must be >= 1", "(id a)"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, n: 1.5}", "must be a whole number",
+     "n: 1.5"),
     ("reqests: []", "did you mean 'requests'", "reqests"),
     ("generate:\n  - {count: 3, arrival: {process: poison, rate_per_s: 1}, prompt_tokens: {dist: constant, value: 3},"
      " output_tokens: {dist: constant, value: 3}}", "did you mean 'poisson'", "generate[0].arrival"),
@@ -129,6 +132,18 @@ def test_request_error_names_index_and_id(tmp_path: Path) -> None:
                            "  - {id: chat-3, arrival_s: 0, prompt_tokens: -5, output_tokens: 2}\n")
     with pytest.raises(InputError, match=r"requests\[1\] \(id chat-3\): prompt_tokens: -5: must be >= 1"):
         load_yaml_trace(path)
+
+
+def test_parallel_samples_are_read_generated_and_written_back(tmp_path: Path) -> None:
+    path = write(tmp_path, "requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2, n: 4}\n"
+                           "  - {id: b, arrival_s: 1, prompt_tokens: 5, output_tokens: 2}\n"
+                           "generate:\n  - {count: 2, n: 3, arrival: {process: uniform, end_s: 1},\n"
+                           "     prompt_tokens: {dist: constant, value: 3},\n"
+                           "     output_tokens: {dist: constant, value: 3}}\n")
+    trace = load_trace(path)
+    assert sorted((r.id, r.n) for r in trace.requests) == [("a", 4), ("b", 1), ("gen0-0", 3), ("gen0-1", 3)]
+    again = load_trace(write(tmp_path, dump_trace(trace), "again.yaml"))
+    assert [(r.id, r.n) for r in again.requests] == [(r.id, r.n) for r in trace.requests]
 
 
 def test_dump_and_load_round_trip(tmp_path: Path) -> None:

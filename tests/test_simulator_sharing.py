@@ -1,0 +1,133 @@
+"""The simulator with shared blocks and preemption policies: prefix caching and parallel sampling worked by hand,
+swap, the watermark, rejection reasons, and Mooncake's published prefix-reuse ceiling."""
+
+from __future__ import annotations
+
+import pytest
+
+from minipaged_cli.errors import InputError
+from minipaged_cli.presets import GpuSpec, ModelSpec, load_gpu, load_model
+from minipaged_cli.simulator import SimConfig, replay
+from minipaged_cli.trace import Request, load_trace, make_trace
+from tests.conftest import shared_trace
+
+
+def test_prefix_cache_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # Block 4, 100 blocks (400 slots). Two requests at t=0, each a 32-token shared segment + 8 own tokens, output 3.
+    # Step 1 admits A (10 blocks, its 8 segment blocks cached) then B, which finds those 8 blocks: it allocates 2.
+    # Distinct slots in use: 48, 56, 56 over the 3 steps; tokens 80-32, 82-32, 84-32 = 48, 50, 52.
+    trace = make_trace("t", [Request("a", 0.0, 40, 3, ("sys",)), Request("b", 0.0, 40, 3, ("sys",))],
+                       source="test", segments={"sys": 32})
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64, prefix_caching=True,
+                       check_invariants=True)
+    cached = replay(trace, config, "paged")
+    assert (cached.prefix_cache_queries, cached.prefix_cache_hits) == (80, 32)
+    assert cached.prefix_cache_hit_pct == pytest.approx(40.0)
+    assert cached.token_state_pct == pytest.approx(100 * 50 / 400)
+    assert cached.kv_cache_usage_perc == pytest.approx(100 * (48 + 56 + 56) / 3 / 400)
+    assert cached.internal_frag_pct == pytest.approx(100 * (0 + 4 + 4) / 3 / 400)  # each own tail: 44 - 42
+    assert cached.reserved_future_pct == pytest.approx(100 * (0 + 2 + 0) / 3 / 400)
+    assert cached.invariant_violations == 0 and cached.completed_requests == 2
+    # Without prefix caching both hold all 10-11 blocks; nothing is looked up.
+    plain = replay(trace, SimConfig(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64), "paged")
+    assert (plain.prefix_cache_queries, plain.prefix_cache_hits, plain.prefix_cache_hit_pct) == (0, 0, 0.0)
+    assert plain.token_state_pct == pytest.approx(100 * (80 + 82 + 84) / 3 / 400)
+    assert plain.kv_cache_usage_perc == pytest.approx(100 * (80 + 88 + 88) / 3 / 400)
+
+
+def test_parallel_sampling_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # n = 3, prompt 6, output 3, block 4, 40 slots. Step 1 prefills 6 tokens (2 blocks); 2 samples fork.
+    # Step 2: the first two writers copy the shared, half-filled block 1 (2 copy-on-writes), the third writes in
+    # place: block 0 shared 3 ways + 3 last blocks = 16 slots, tokens 21 - 2 x 4 = 13. Step 3: 16 slots, 16 tokens.
+    trace = make_trace("t", [Request("a", 0.0, 6, 3, (), 3)], source="test")
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, check_invariants=True)
+    paged = replay(trace, config, "paged")
+    assert paged.num_copy_on_writes == 2
+    assert paged.token_state_pct == pytest.approx(100 * (6 + 13 + 16) / 3 / 40)
+    assert paged.kv_cache_usage_perc == pytest.approx(100 * (8 + 16 + 16) / 3 / 40)
+    assert paged.completed_requests == 1 and paged.throughput_tokens_per_s == pytest.approx(9 / 0.003)
+    assert paged.mean_ttft_s == pytest.approx(0.001) and paged.mean_tpot_s == pytest.approx(0.001)
+    # Contiguous: every sample copies the prompt into an extent of its own (oracle: 9 slots each).
+    oracle = replay(trace, config, "oracle-reserve")
+    assert oracle.token_state_pct == pytest.approx(100 * (6 + 21 + 24) / 3 / 40)
+    assert oracle.kv_cache_usage_perc == pytest.approx(100 * (9 + 27 + 27) / 3 / 40)
+    assert oracle.completed_requests == 1 and oracle.num_copy_on_writes == 0
+
+
+def test_a_sample_with_no_room_to_fork_prefills_later(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # oracle-reserve, 20 slots: the leader's extent holds 9; one more fits, the third sample waits and prefills.
+    trace = make_trace("t", [Request("a", 0.0, 6, 3, (), 3)], source="test")
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=20, block_size=1, max_model_len=64, check_invariants=True)
+    oracle = replay(trace, config, "oracle-reserve")
+    assert oracle.completed_requests == 1 and oracle.rejected_requests == 0
+    assert oracle.makespan_s > 0.003  # the third sample ran after the others freed their extents
+
+
+def test_swap_moves_the_victims_kv_out_and_back(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # 4 blocks of 2: A and B each grow a block every two tokens; B, admitted last, is preempted.
+    trace = make_trace("t", [Request("a", 0.0, 2, 6), Request("b", 0.0, 2, 6)], source="test")
+    swap = SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16, preemption="swap",
+                     cpu_blocks=8, check_invariants=True)
+    swapped = replay(trace, swap, "paged", bulk=False)
+    assert swapped.num_swaps == swapped.num_preemptions >= 1
+    assert swapped.swap_out_bytes == swapped.swap_in_bytes > 0
+    assert swapped.swap_out_bytes % (2 * tiny_model.kv_bytes_per_token) == 0  # whole blocks move
+    assert swapped.completed_requests == 2 and swapped.invariant_violations == 0
+    recompute = replay(trace, SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16),
+                       "paged", bulk=False)
+    assert recompute.num_swaps == 0 and recompute.swap_out_bytes == 0 and recompute.num_preemptions >= 1
+    with pytest.raises(InputError, match="--cpu-blocks"):
+        SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, preemption="swap")
+
+
+def test_watermark_keeps_blocks_free_at_admission(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # 10 blocks of 4, watermark 0.2 = 2 blocks: a 33-token prompt (9 blocks) can never be admitted, 32 can.
+    trace = make_trace("t", [Request("big", 0.0, 33, 2), Request("ok", 0.0, 32, 2)], source="test")
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, watermark=0.2)
+    result = replay(trace, config, "paged")
+    assert (result.completed_requests, result.rejected_requests) == (1, 1)
+    assert result.rejection_reasons == {"its prompt needs more blocks than the pool has above the watermark": 1}
+    assert replay(trace, SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64),
+                  "paged").completed_requests == 2
+
+
+@pytest.mark.parametrize("options", [{}, {"preemption": "swap", "cpu_blocks": 2}, {"watermark": 0.25},
+                                     {"prefix_caching": True}], ids=["recompute", "swap", "watermark", "prefix"])
+def test_a_cache_too_small_for_anything_ends_with_every_request_rejected(tiny_model: ModelSpec, clock_gpu: GpuSpec,
+                                                                         options: dict) -> None:
+    # 8 slots: no request's prompt + output fits, and one is larger than the whole pool by far.
+    trace = make_trace("t", [Request("a", 0.0, 6, 10), Request("b", 0.0, 3, 20, (), 2), Request("c", 0.1, 100, 5)],
+                       source="test")
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=512, **options)
+    for strategy in ("paged", "oracle-reserve", "dynamic"):
+        result = replay(trace, config, strategy)
+        assert (result.completed_requests, result.rejected_requests) == (0, 3), strategy
+        assert sum(result.rejection_reasons.values()) == 3
+
+
+def mooncake_ceiling(requests: tuple[Request, ...], segments: dict[str, int]) -> float:
+    """Prompt tokens whose 512-token segment an earlier request already had, over all prompt tokens."""
+    seen: set[str] = set()
+    hits = 0
+    for request in requests:
+        hits += sum(segments[s] for s in request.prefix if s in seen)
+        seen.update(request.prefix)
+    return hits / sum(r.prompt_tokens for r in requests)
+
+
+def test_mooncake_hit_rate_reaches_the_ceiling_and_evicts_in_a_small_pool() -> None:
+    trace = load_trace(shared_trace("mooncake_conversation_trace.jsonl"), limit=1500)
+    ceiling = 100 * mooncake_ceiling(trace.requests, trace.segments)
+    model, gpu = load_model("qwen3-8b"), load_gpu("h200")
+    unbounded = -(-(trace.prompt_tokens + trace.output_tokens) // 16)
+    config = SimConfig(model, gpu, num_blocks=unbounded, block_size=16, max_model_len=131072, prefix_caching=True)
+    full = replay(trace, config, "paged")
+    assert full.prefix_cache_hit_pct <= ceiling + 1e-9
+    assert full.prefix_cache_hit_pct == pytest.approx(ceiling, abs=1.0)
+    assert full.num_evictions == 0 and full.completed_requests == 1500
+    # A tenth of the distinct prefix blocks: cached blocks are evicted before the next turn of their conversation.
+    distinct = len({s for r in trace.requests for s in r.prefix}) * 512 // 16
+    small = replay(trace, SimConfig(model, gpu, num_blocks=distinct // 10, block_size=16, max_model_len=131072,
+                                    prefix_caching=True), "paged")
+    assert small.prefix_cache_hit_pct < full.prefix_cache_hit_pct
+    assert small.num_evictions > 0 and small.completed_requests == 1500
