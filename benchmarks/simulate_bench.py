@@ -1,10 +1,11 @@
 """How fast the simulator replays real traces.
 
 Replays the full Azure conversation trace (19,366 requests) under all five strategies and the full Mooncake
-conversation trace (12,031 requests) under ``paged``, with the defaults of ``minipaged simulate`` (Qwen3-8B on an
-H200, KV = 0.9 of its memory minus the weights), and prints wall time and simulated tokens (prompt + output) per
-wall-clock second. The baseline, measured in the same run: the same replay stepping one decode step at a time
-(``bulk=False``) on the first requests of each trace. Goal on a 2-core machine: the Azure run under 30 s.
+conversation trace (12,031 requests) under ``paged``, without and with prefix caching, with the defaults of
+``minipaged simulate`` (Qwen3-8B on an H200, KV = 0.9 of its memory minus the weights), and prints wall time and
+simulated tokens (prompt + output) per wall-clock second. The baseline, measured in the same run: the same replay
+stepping one decode step at a time (``bulk=False``) on the first requests of each trace. Goal on a 2-core machine:
+the Azure run under 30 s.
 
     python benchmarks/simulate_bench.py [--traces DIR] [--baseline-requests N]
 """
@@ -23,11 +24,11 @@ from minipaged_cli.trace import Trace, load_trace
 GOAL_S = 30.0
 
 
-def default_config(max_model_len: int | None = None) -> SimConfig:
+def default_config(max_model_len: int | None = None, prefix_caching: bool = False) -> SimConfig:
     model, gpu = load_model("qwen3-8b"), load_gpu("h200")
     kv_memory = int(0.9 * gpu.memory_bytes - model.weight_bytes)
     return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, 16), block_size=16,
-                     max_model_len=max_model_len)
+                     max_model_len=max_model_len, prefix_caching=prefix_caching)
 
 
 def timed(trace: Trace, config: SimConfig, strategy: str, bulk: bool = True) -> tuple[float, float]:
@@ -47,21 +48,23 @@ def main() -> None:
     args = parser.parse_args()
 
     runs = [
-        ("AzureLLMInferenceTrace_conv.csv", STRATEGIES, None),
-        ("mooncake_conversation_trace.jsonl", ("paged",), 131072),  # prompts up to 126k tokens
+        ("AzureLLMInferenceTrace_conv.csv", STRATEGIES, None, False),
+        ("mooncake_conversation_trace.jsonl", ("paged",), 131072, False),  # prompts up to 126k tokens
+        ("mooncake_conversation_trace.jsonl", ("paged",), 131072, True),
     ]
     print(f"{'trace':36} {'strategy':15} {'requests':>8} {'wall s':>8} {'Mtok/s':>8} "
           f"{'baseline Mtok/s':>16} {'speed-up':>9}")
-    for name, strategies, max_model_len in runs:
+    for name, strategies, max_model_len, prefix_caching in runs:
         trace = load_trace(args.traces / name)
         head = trace.limited(args.baseline_requests)
-        config = default_config(max_model_len)
+        config = default_config(max_model_len, prefix_caching)
         total = 0.0
         for strategy in strategies:
             wall, rate = timed(trace, config, strategy)
             _, baseline = timed(head, config, strategy, bulk=False)
             total += wall
-            print(f"{name:36} {strategy:15} {trace.num_requests:>8,} {wall:>8.2f} {rate / 1e6:>8.2f} "
+            label = strategy + (" +prefix" if prefix_caching else "")
+            print(f"{name:36} {label:15} {trace.num_requests:>8,} {wall:>8.2f} {rate / 1e6:>8.2f} "
                   f"{baseline / 1e6:>16.3f} {rate / baseline:>8.1f}x")
         goal = f" (goal < {GOAL_S:.0f} s: {'met' if total < GOAL_S else 'NOT met'})" if len(strategies) > 1 else ""
         print(f"{name:36} {'all':15} {'':>8} {total:>8.2f}{goal}")

@@ -26,7 +26,7 @@ Blocks can be shared. Every block has a reference count, the number of block tab
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,8 +128,11 @@ class KVBlockManager:
         self.num_physical_blocks = num_physical_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        # An ordered set: popitem(last=False) takes the front, a cache hit removes a block from the middle.
-        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_physical_blocks))
+        # Without prefix caching blocks only leave from the front: a deque. With it a cache hit also revives a
+        # block from the middle: an ordered set (popitem(last=False) takes the front).
+        self.free_blocks: deque[int] | OrderedDict[int, None] = (
+            OrderedDict.fromkeys(range(num_physical_blocks)) if enable_prefix_caching
+            else deque(range(num_physical_blocks)))
         self.ref_counts = [0] * num_physical_blocks
         self.block_hash: list[Hashable | None] = [None] * num_physical_blocks
         self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block holding that content
@@ -310,14 +313,17 @@ class KVBlockManager:
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self._state(sequence_id)
-        blocks = reversed(state.block_table) if self.enable_prefix_caching else state.block_table
-        for block in blocks:
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block]:
-                self.num_shared_references -= 1
-            else:
-                self.free_blocks[block] = None
-                self.num_frees += 1
+        refs = self.ref_counts
+        if isinstance(self.free_blocks, deque):
+            freed = [block for block in state.block_table if refs[block] == 1]
+            self.free_blocks.extend(freed)
+        else:
+            freed = [block for block in reversed(state.block_table) if refs[block] == 1]
+            self.free_blocks.update(dict.fromkeys(freed))
+        for block in state.block_table:
+            refs[block] -= 1
+        self.num_shared_references -= len(state.block_table) - len(freed)
+        self.num_frees += len(freed)
         del self.sequences[sequence_id]
         self._released.add(sequence_id)
 
@@ -451,16 +457,23 @@ class KVBlockManager:
     def _take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their
         cached content (the caller has checked that there are enough)."""
-        pop, hashes, refs = self.free_blocks.popitem, self.block_hash, self.ref_counts
-        for _ in range(count):
-            block = pop(last=False)[0]
-            stale = hashes[block]
-            if stale is not None:
-                del self.cached_blocks[stale]
-                hashes[block] = None
-                self.num_evictions += 1
-            refs[block] = 1
-            table.append(block)
+        free, refs = self.free_blocks, self.ref_counts
+        if isinstance(free, deque):  # nothing is cached
+            start = len(table)
+            table.extend(free.popleft() for _ in range(count))
+            for block in table[start:]:
+                refs[block] = 1
+        else:
+            hashes = self.block_hash
+            for _ in range(count):
+                block = free.popitem(last=False)[0]
+                stale = hashes[block]
+                if stale is not None:
+                    del self.cached_blocks[stale]
+                    hashes[block] = None
+                    self.num_evictions += 1
+                refs[block] = 1
+                table.append(block)
         self.num_allocations += count
         self._lookup_memo = None
 
