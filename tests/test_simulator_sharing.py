@@ -35,6 +35,19 @@ def test_prefix_cache_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None
     assert plain.kv_cache_usage_perc == pytest.approx(100 * (80 + 88 + 88) / 3 / 400)
 
 
+def test_a_re_prefill_after_preemption_is_not_a_query(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # 6 blocks of 2: A and B share a 4-token segment and each grow a block every two tokens, so B (admitted last)
+    # is preempted and prefills again; the hit and query counts are those of the first admissions only.
+    trace = make_trace("t", [Request("a", 0.0, 5, 6, ("sys",)), Request("b", 0.0, 5, 6, ("sys",))],
+                       source="test", segments={"sys": 4})
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=6, block_size=2, max_model_len=16, prefix_caching=True,
+                       check_invariants=True)
+    result = replay(trace, config, "paged", bulk=False)
+    assert result.num_preemptions >= 1 and result.completed_requests == 2
+    assert (result.prefix_cache_queries, result.prefix_cache_hits) == (10, 4)  # B found A's two segment blocks
+    assert result.invariant_violations == 0
+
+
 def test_parallel_sampling_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # n = 3, prompt 6, output 3, block 4, 40 slots. Step 1 prefills 6 tokens (2 blocks); 2 samples fork.
     # Step 2: the first two writers copy the shared, half-filled block 1 (2 copy-on-writes), the third writes in
