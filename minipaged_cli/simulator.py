@@ -413,9 +413,9 @@ class _Replay:
         """Advance several decode-only steps at once; False when this step needs the single-step path."""
         # Without chunking every prompt is prefilled whole in the step that admits it.
         chunked = self.config.max_batched_tokens is not None
-        if (chunked and any(not r.prefill_done for r in self.running)) or self.forked or self.step_swap_tokens \
-                or self._head_admissible():
-            return False
+        if not self.running or (chunked and any(not r.prefill_done for r in self.running)) or self.forked \
+                or self.step_swap_tokens or self._head_admissible():
+            return False  # (nothing running and a head that does not fit: the single step rejects it)
         running = self.running
         n = len(running)
         lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)

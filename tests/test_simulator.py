@@ -107,6 +107,7 @@ SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary f
 @settings(max_examples=60, deadline=None)
 @example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
 @example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
+@example(seed=3225, block_size=1, chunk=None, num_blocks=30, sharing=False, swap=False, watermark=0.0)
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]),
        chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120), sharing=st.booleans(),
        swap=st.booleans(), watermark=st.sampled_from([0.0, 0.05]))
@@ -115,7 +116,7 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
     # The event-driven replay must give exactly what stepping one decode step at a time gives; with sharing:
     # shared prefixes, prefix caching and parallel samples; with swap: swap preemption to a small CPU pool.
     # (seed 0: dynamic, a request preempts itself, then runs alone; seed 356: pow2, 37.3046875 % sits on a
-    # 6-decimal rounding boundary.)
+    # 6-decimal rounding boundary; seed 3225: nothing runs and the head's recompute prompt no longer fits.)
     rng = np.random.default_rng(seed)
     requests = []
     for i in range(int(rng.integers(3, 30))):
@@ -136,10 +137,10 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         never = sum(r.total_tokens > 1024 or allocator.rejection_reason(Holding(0, r.prompt_tokens, r.output_tokens))
                     is not None for r in trace.requests)
         assert fast["completed_requests"] + fast["rejected_requests"] == len(requests), strategy
-        assert fast["rejected_requests"] >= never and sum(fast["rejection_reasons"].values()) == \
-            fast["rejected_requests"]
-        if not (watermark or swap or sharing):
-            assert fast["rejected_requests"] == never, strategy
+        assert sum(fast["rejection_reasons"].values()) == fast["rejected_requests"]
+        # the rest were rejected at run time: preempted, their recompute prompt no longer fit
+        at_arrival = {k: v for k, v in fast["rejection_reasons"].items() if not k.startswith("preempted")}
+        assert sum(at_arrival.values()) == never, strategy
         slow = unrounded(replay(trace, config, strategy, bulk=False))
         assert fast.pop("averaged_over") == slow.pop("averaged_over"), strategy
         assert fast.pop("rejection_reasons") == slow.pop("rejection_reasons"), strategy
