@@ -269,15 +269,14 @@ class KVBlockManager:
         old_length = state.sequence_length
         new_length = old_length + num_tokens
         table = state.block_table
-        # copy-on-write: the next token lands in a partly filled block another sequence also holds
-        copy = int(num_tokens > 0 and old_length % self.block_size > 0 and self.ref_counts[table[-1]] > 1)
+        copy = self._needs_copy(state, num_tokens)
         needed = -(-new_length // self.block_size) - len(table) + copy
         if needed > len(self.free_blocks):
             raise OutOfBlocksError(
                 f"{num_tokens} tokens for sequence {sequence_id!r} need {needed} new blocks, "
                 f"{len(self.free_blocks)} free"
             )
-        if copy:
+        if copy:  # the next token lands in a partly filled block another sequence also holds
             shared = table.pop()
             self._take(1, table)
             self.ref_counts[shared] -= 1
