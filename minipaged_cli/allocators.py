@@ -174,7 +174,7 @@ class PagedAllocator(Allocator):
         return state.num_cached_tokens
 
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
-        self.manager.fork(parent.sequence_id, child.sequence_id)
+        self.manager.fork(parent.sequence_id, child.sequence_id, block_hashes=child.block_hashes)
         return 0  # shared until one of them writes into the partly filled last block
 
     def swap_slots(self, holding: Holding, length: int) -> int:

@@ -17,8 +17,9 @@ allocated slots A (they sum to the capacity):
 A request's final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never
 written.
 
-Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks of
-shared segments in the prefix cache and prefills only the rest; a request with ``n`` > 1 forks ``n - 1`` more
+Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks in the
+prefix cache (those of shared segments, written by earlier requests, or its own, when it is recomputed) and
+prefills only the rest; a request with ``n`` > 1 forks ``n - 1`` more
 sequences after its prefill, holding the prompt's blocks with it until copy-on-write. A shared block holds its
 tokens once, so the per-request sums above count ``allocator.shared_slots`` too many; that is taken off the
 token states and the allocated slots. Preemption either recomputes the victim (drops its KV; it prefills
@@ -264,7 +265,7 @@ class _Replay:
         self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was timed
         self.pending_forks: list[tuple[int, int]] = []  # for the next StepWork
         self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
-        self.hash_prefixes = config.prefix_caching and isinstance(allocator, PagedAllocator)
+        self.keyed = config.prefix_caching and isinstance(allocator, PagedAllocator)  # blocks get content keys
         self.num_steps = 0
         self.batch_size_sum = 0
         self.max_batch_size = 0
@@ -307,8 +308,8 @@ class _Replay:
             request = self.requests[self.next_arrival]
             live = _Live(self.next_arrival, request.prompt_tokens, request.output_tokens, request=request,
                          request_index=self.next_arrival, prompt_length=request.prompt_tokens)
-            if self.hash_prefixes and request.prefix:
-                live.block_hashes = prefix_block_keys(request.prefix, self.segments, self.config.block_size)
+            if self.keyed:
+                live.block_hashes = self._content_keys(request, self.next_arrival, sample=0)
             self.samples_left[self.next_arrival] = request.n
             self.next_arrival += 1
             if request.total_tokens > self.config.model_len:
@@ -484,7 +485,7 @@ class _Replay:
                 self.step_swap_tokens += moved
             else:
                 head.num_computed = cached
-                if self.hash_prefixes and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
+                if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
                     head.queried = True
                     self.prefix_cache_queries += head.prompt_length
                     self.prefix_cache_hits += cached
@@ -530,7 +531,8 @@ class _Replay:
         A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
         leader.forked = True
         for sample in range(1, leader.request.n):
-            child = _Live(self.next_sequence_id, leader.prompt_tokens, leader.output_tokens, leader.block_hashes,
+            keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
+            child = _Live(self.next_sequence_id, leader.prompt_tokens, leader.output_tokens, keys,
                           request=leader.request, request_index=leader.request_index, sample=sample,
                           num_computed=leader.num_computed, num_generated=leader.num_generated,
                           prompt_length=leader.prompt_length, first_token_s=leader.first_token_s, queried=True,
@@ -551,6 +553,15 @@ class _Replay:
             self.fork_copy_tokens += copied
             self.pending_forks.append((leader.sequence_id, child.sequence_id))
             self.forked = True
+
+    def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
+        """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of
+        this sample. Only the segments can match another request's; the rest lets a recomputed sequence find its
+        own blocks while they are still cached."""
+        runs: list[tuple[Hashable, int]] = [(name, self.segments[name]) for name in request.prefix]
+        own_prompt = request.prompt_tokens - sum(length for _, length in runs)
+        runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
+        return block_content_keys(runs, self.config.block_size)
 
     def _finish(self) -> None:
         done = [r for r in self.running if r.num_generated >= r.output_tokens]
@@ -776,25 +787,26 @@ def _allocator(name: str, config: SimConfig) -> Allocator:
                           watermark_blocks=config.watermark_blocks)
 
 
-def prefix_block_keys(prefix: tuple[str, ...], segments: dict[str, int], block_size: int) -> list[Hashable]:
-    """Content keys of the full blocks that lie inside a request's shared prefix segments.
+def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[Hashable]:
+    """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
+    own tokens) of the given lengths.
 
-    Equal keys mean equal content from the start of the prompt (what a chained hash guarantees): a block's key
-    is the hash of the previous content and this block's pieces (segment, start, end). Blocks inside one
-    segment are keyed ``(segment key, index)`` without a Python loop per block, which matters for traces like
-    Mooncake's (hundreds of blocks per prompt). Blocks that run past the prefix hold the request's own tokens:
-    no other request can hit them, so they get no key.
+    Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
+    the hash of the previous content and this block's pieces (label, start, end). Blocks inside one run are keyed
+    ``(run key, index)`` without a Python step per block, which matters for traces like Mooncake's (hundreds of
+    blocks per prompt).
     """
     keys: list[Hashable] = []
-    chain: Hashable = None  # the hash of all prefix content before ``pieces``
-    pieces: list[tuple[str, int, int]] = []  # a block begun in an earlier segment
+    chain: Hashable = None  # the hash of all content before ``pieces``
+    pieces: list[tuple[Hashable, int, int]] = []  # a block begun in an earlier run
     filled = 0
-    for name in prefix:
-        length = segments[name]
+    for label, length in runs:
+        if length == 0:
+            continue
         start = 0
         if pieces:
             start = min(block_size - filled, length)
-            pieces.append((name, 0, start))
+            pieces.append((label, 0, start))
             filled += start
             if filled < block_size:
                 continue
@@ -803,11 +815,11 @@ def prefix_block_keys(prefix: tuple[str, ...], segments: dict[str, int], block_s
             pieces, filled = [], 0
         whole = (length - start) // block_size
         if whole:
-            segment_key = hash((chain, name, start))
-            keys.extend(zip(itertools.repeat(segment_key, whole), range(whole), strict=True))
-            chain = hash((segment_key, whole))
+            run_key = hash((chain, label, start))
+            keys.extend(zip(itertools.repeat(run_key, whole), range(whole), strict=True))
+            chain = hash((run_key, whole))
         if start + whole * block_size < length:
-            pieces = [(name, start + whole * block_size, length)]
+            pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]
     return keys
 

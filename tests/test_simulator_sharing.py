@@ -7,7 +7,7 @@ import pytest
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.presets import GpuSpec, ModelSpec, load_gpu, load_model
-from minipaged_cli.simulator import SimConfig, replay
+from minipaged_cli.simulator import SimConfig, StepWork, block_content_keys, replay
 from minipaged_cli.trace import Request, load_trace, make_trace
 from tests.conftest import shared_trace
 
@@ -46,6 +46,40 @@ def test_a_re_prefill_after_preemption_is_not_a_query(tiny_model: ModelSpec, clo
     assert result.num_preemptions >= 1 and result.completed_requests == 2
     assert (result.prefix_cache_queries, result.prefix_cache_hits) == (10, 4)  # B found A's two segment blocks
     assert result.invariant_violations == 0
+
+
+def test_content_keys_are_equal_exactly_for_equal_content_so_far() -> None:
+    # block 4: [a a a a] [a b b b] [b b b b] | [a a a a] [a c c c] [c c c c]: only the first block's content agrees
+    first = block_content_keys([("a", 5), ("b", 7)], 4)
+    second = block_content_keys([("a", 5), ("c", 7)], 4)
+    assert len(first) == len(second) == 3
+    assert first[0] == second[0] and first[1] != second[1] and first[2] != second[2]
+    # the same 8 tokens of "a" split differently (5 + 3 vs one run of 8) are different segments, different content
+    assert block_content_keys([("a", 5), ("x", 3)], 4)[1] != block_content_keys([("a", 8)], 4)[1]
+    # a run past the last full block leaves no key, and empty runs change nothing
+    assert block_content_keys([("a", 5), ("e", 0), ("b", 7)], 4) == first
+    assert block_content_keys([("a", 3)], 4) == []
+
+
+def test_a_recomputed_request_finds_its_own_blocks_still_cached(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # Same squeeze as above without any shared segment: B is preempted; with prefix caching its re-prefill starts
+    # at its first block that is no longer cached, without it at position 0.
+    trace = make_trace("t", [Request("a", 0.0, 5, 6), Request("b", 0.0, 5, 6)], source="test")
+    starts = {}
+    for caching in (False, True):
+        config = SimConfig(tiny_model, clock_gpu, num_blocks=6, block_size=2, max_model_len=16,
+                           prefix_caching=caching, check_invariants=True)
+        prefills: list[tuple[int, int, int]] = []
+
+        def record(work: StepWork, allocator, prefills=prefills) -> None:
+            prefills.extend(work.prefills)
+
+        result = replay(trace, config, "paged", on_step=record)
+        assert result.num_preemptions >= 1 and result.completed_requests == 2 and result.invariant_violations == 0
+        starts[caching] = [start for sequence, start, _ in prefills if sequence == 1]
+        assert result.prefix_cache_hits == 0  # its own tokens are never a hit: only other requests' can be
+    assert len(starts[False]) >= 2 and starts[False][1:] == [0] * (len(starts[False]) - 1)
+    assert any(start > 0 for start in starts[True][1:])
 
 
 def test_parallel_sampling_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
