@@ -34,7 +34,7 @@ STRATEGIES = ("paged", "max-reserve", "pow2-reserve", "oracle-reserve", "dynamic
 @dataclass(eq=False)  # compared by identity: the simulator keeps them in lists
 class Holding:
     """A request as the allocators see it: the id it is allocated under, the lengths that size it, and the
-    content keys of its prompt's shared full blocks (for prefix caching)."""
+    content keys of its full blocks (for prefix caching; empty without it)."""
 
     sequence_id: int
     prompt_tokens: int
