@@ -27,6 +27,10 @@ SEQUENCE_IDS = st.integers(min_value=0, max_value=5)
 DOCUMENTS = {name: [(name, i) for i in range(length)] for name, length in (("a", 12), ("b", 7), ("c", 20))}
 
 
+def prompt_hashes(tokens: list, block_size: int) -> list[int]:
+    return hash_blocks(token_block_contents(tokens, block_size))
+
+
 def snapshot(manager: KVBlockManager) -> tuple:
     return (list(manager.free_blocks), copy.deepcopy(manager.sequences), list(manager.ref_counts),
             dict(manager.cached_blocks), list(manager.block_hash), list(manager.pending_copies))
@@ -44,9 +48,6 @@ class SharingMachine(RuleBasedStateMachine):
 
     def fresh(self, count: int) -> list:
         return [("own", next(self.unique)) for _ in range(count)]
-
-    def hashes(self, tokens: list) -> list[int]:
-        return hash_blocks(token_block_contents(tokens, self.block_size))
 
     def write(self, sid: int, start: int, stop: int) -> None:
         """The data plane: copy-on-write copies first, then the new tokens' K/V into their slots."""
@@ -71,7 +72,7 @@ class SharingMachine(RuleBasedStateMachine):
             return
         prompt = DOCUMENTS[document] + self.fresh(own)
         tokens = prompt + self.fresh(future)
-        hashes = self.hashes(tokens)
+        hashes = prompt_hashes(tokens, self.block_size)
         if not self.manager.can_allocate(len(prompt), block_hashes=hashes):
             self.expect_out_of_blocks(self.manager.create_sequence, sid, len(prompt), block_hashes=hashes)
             return
@@ -100,7 +101,7 @@ class SharingMachine(RuleBasedStateMachine):
         if parent not in self.stream or child in self.stream:
             return
         tokens = self.stream[parent][: self.length[parent]] + self.fresh(future)
-        self.manager.fork(parent, child, block_hashes=self.hashes(tokens))
+        self.manager.fork(parent, child, block_hashes=prompt_hashes(tokens, self.block_size))
         self.stream[child], self.length[child] = tokens, self.length[parent]
 
     @rule(sid=SEQUENCE_IDS)
@@ -124,10 +125,6 @@ class SharingMachine(RuleBasedStateMachine):
 
 TestSharingMachine = SharingMachine.TestCase
 TestSharingMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
-
-
-def prompt_hashes(tokens: list, block_size: int) -> list[int]:
-    return hash_blocks(token_block_contents(tokens, block_size))
 
 
 def test_a_hit_shares_blocks_and_counts_them_once() -> None:
