@@ -167,7 +167,8 @@ __device__ void paged_attention(
         }
         const int64_t q_head = (int64_t)kv_head * group + g;
         if (num_splits == 1) {
-            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(value / total);
+            // total is 0 only for a sequence of length 0: it attends to nothing, its output is 0 (not 0/0)
+            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(total > 0.0f ? value / total : 0.0f);
         } else {
             const int64_t part = (seq * num_q_heads + q_head) * num_splits + split;
             tmp_out[part * HEAD_DIM + d] = value;
@@ -202,7 +203,7 @@ __device__ void paged_attention_merge(
         total += weight * tmp_sum[head + s];
         value += weight * tmp_out[(head + s) * HEAD_DIM + d];
     }
-    out[(seq * num_q_heads + blockIdx.x) * HEAD_DIM + d] = from_float<T>(value / total);
+    out[(seq * num_q_heads + blockIdx.x) * HEAD_DIM + d] = from_float<T>(total > 0.0f ? value / total : 0.0f);
 }
 
 #define MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, MAX_G)                                                  \

@@ -81,9 +81,10 @@ class Allocator(ABC):
     def can_admit(self, holding: Holding, prompt_length: int) -> bool: ...
 
     @abstractmethod
-    def admit(self, holding: Holding, prompt_length: int) -> int:
-        """Allocate for a prompt of ``prompt_length`` tokens; returns the tokens found already computed (prefix
-        cache hits). Precondition: ``can_admit``."""
+    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
+        """Allocate for a prompt of ``prompt_length`` tokens, of which the step admitting it computes (or swaps
+        back) the first ``num_computed`` (None: all); returns the tokens found already computed (prefix cache
+        hits). Precondition: ``can_admit``."""
 
     @abstractmethod
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
@@ -111,6 +112,10 @@ class Allocator(ABC):
     @abstractmethod
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
         """Make room for ``new_length`` tokens. Returns the tokens copied to do so, or None (nothing changed)."""
+
+    def mark_computed(self, holding: Holding, num_computed: int) -> None:  # noqa: B027 - a no-op by default
+        """The step that writes the request's first ``num_computed`` tokens has run (prefix caching publishes
+        full blocks only then)."""
 
     @abstractmethod
     def release(self, holding: Holding) -> None: ...
@@ -140,7 +145,13 @@ class Allocator(ABC):
 
 
 class PagedAllocator(Allocator):
-    """Blocks of ``block_size`` on demand; the ``KVBlockManager`` is the source of truth."""
+    """Blocks of ``block_size`` on demand; the ``KVBlockManager`` is the source of truth.
+
+    With prefix caching a full block joins the cache when the step that computes it is scheduled, never earlier
+    (vLLM's ``cache_blocks``): a prompt admitted whole but prefilled in chunks publishes each chunk's blocks as
+    the replay schedules the chunk (``mark_computed``), so a request preempted mid-prefill leaves no block that
+    no step wrote in the cache.
+    """
 
     name = "paged"
 
@@ -167,10 +178,11 @@ class PagedAllocator(Allocator):
         needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
         return needed + self.watermark_blocks <= self.manager.num_free_blocks
 
-    def admit(self, holding: Holding, prompt_length: int) -> int:
+    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
         if not self.can_admit(holding, prompt_length):
             raise OutOfBlocksError(f"cannot admit {prompt_length} tokens: {self.manager.num_free_blocks} blocks free")
-        state = self.manager.create_sequence(holding.sequence_id, prompt_length, block_hashes=holding.block_hashes)
+        state = self.manager.create_sequence(holding.sequence_id, prompt_length, block_hashes=holding.block_hashes,
+                                             num_computed_tokens=num_computed)
         return state.num_cached_tokens
 
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
@@ -193,6 +205,9 @@ class PagedAllocator(Allocator):
         except OutOfBlocksError:
             return None
         return 0
+
+    def mark_computed(self, holding: Holding, num_computed: int) -> None:
+        self.manager.mark_computed(holding.sequence_id, num_computed)
 
     def release(self, holding: Holding) -> None:
         self.manager.release_sequence(holding.sequence_id)
@@ -335,7 +350,7 @@ class ContiguousAllocator(Allocator):
     def can_admit(self, holding: Holding, prompt_length: int) -> bool:
         return self.arena.first_fit(self.extent_size(holding, prompt_length)) is not None
 
-    def admit(self, holding: Holding, prompt_length: int) -> int:
+    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
         if not self.arena.allocate(holding.sequence_id, self.extent_size(holding, prompt_length)):
             raise RuntimeError(f"{self.name}: admit without room; call can_admit first")
         return 0

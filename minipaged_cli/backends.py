@@ -39,6 +39,8 @@ class Backend(ABC):
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         """query [batch, num_q_heads, head_dim] over the cached K/V -> out [batch, num_q_heads, head_dim]."""
         check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens)
+        if query.shape[0] == 0:  # nothing to launch (a kernel grid cannot be empty)
+            return torch.empty_like(query)
         return self._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
 
     def copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:

@@ -17,17 +17,22 @@ Blocks can be shared. Every block has a reference count, the number of block tab
 - With ``enable_prefix_caching``, a full block whose content is known gets a chained content hash
   (``hash_blocks``: the hash of the parent block's hash and this block's content). A sequence created with a
   prompt shares the longest run of cached full blocks instead of allocating them; the last prompt token is
-  always computed, so at most ``(prompt - 1) // block_size`` blocks are hits. A freed cached block stays in the
-  free queue with its hash and can be revived by a hit until the pool hands it out again: the queue's front is
-  the least recently freed block, and a sequence frees its tail before its head, so chains are evicted from
-  the tail (vLLM v1's order).
+  always computed, so at most ``(prompt - 1) // block_size`` blocks are hits. A block joins the cache only once
+  its K/V is computed (``num_computed_tokens``): a prompt reserved whole but prefilled in chunks publishes each
+  block as the step that fills it runs (``mark_computed``), so nobody hits a block no step has written. A freed
+  cached block stays in the free queue with its hash and can be revived by a hit until the pool hands it out
+  again: the pool hands out blocks without cached content first, and only then evicts a cached one, least
+  recently freed first; a sequence frees its tail before its head, so chains are evicted from the tail (vLLM
+  v1's order).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import pickle
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,14 +64,20 @@ class DoubleReleaseError(UnknownSequenceError):
     """``release_sequence`` on a sequence that was already released."""
 
 
+class UncomputedForkError(BlockManagerError):
+    """``fork`` of a sequence whose reserved tokens are not all computed yet."""
+
+
 @dataclass
 class SequenceState:
     """One live sequence: how many tokens it holds and where they are.
 
-    ``sequence_length`` is the number of tokens written so far, and so the position of the next append.
+    ``sequence_length`` is the number of tokens with a slot, and so the position of the next append.
     ``block_table[i]`` is the physical block holding logical block ``i``. ``block_hashes[i]`` is the chained
     content hash of full block ``i`` where the caller knows its content (prefix caching registers a block under
-    it once it is full); ``num_cached_tokens`` are the prompt tokens found in the prefix cache at creation.
+    it once it is full and computed); ``num_cached_tokens`` are the prompt tokens found in the prefix cache at
+    creation; ``num_computed_tokens`` (<= ``sequence_length``) those whose K/V is written: a prompt reserved
+    whole and prefilled in chunks holds slots ahead of its computed tokens.
     """
 
     sequence_id: SequenceId
@@ -74,6 +85,7 @@ class SequenceState:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[Hashable] = field(default_factory=list, repr=False)
     num_cached_tokens: int = 0
+    num_computed_tokens: int = field(default=0, compare=False)  # progress, not identity: equal states compare equal
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -81,12 +93,23 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def content_hash(parent: Hashable, content: Hashable) -> int:
+    """A 128-bit BLAKE2b digest of (parent, content), as an int.
+
+    Python's ``hash()`` is 64 bits and not collision resistant (``hash(-1) == hash(-2)``, so token ids -1 and -2
+    would share a cache entry); vLLM moved to SHA-256 for the same reason. ``content`` must be picklable with a
+    stable encoding (ints, strings, tuples of them).
+    """
+    digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
+    return int.from_bytes(digest, "big")
+
+
 def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:
-    """Chained content hashes: block ``i``'s is ``hash((block i-1's hash, contents[i]))``, so equal hashes mean
-    equal content of the whole prefix up to and including the block, not just of the block itself."""
+    """Chained content hashes: block ``i``'s is ``content_hash(block i-1's hash, contents[i])``, so equal hashes
+    mean equal content of the whole prefix up to and including the block, not just of the block itself."""
     hashes = []
     for content in contents:
-        parent = hash((parent, content))
+        parent = content_hash(parent, content)
         hashes.append(parent)
     return hashes
 
@@ -101,6 +124,59 @@ def tail_waste(num_tokens: int, block_size: int) -> int:
     return num_blocks_for(num_tokens, block_size) * block_size - num_tokens
 
 
+class FreeBlockQueue:
+    """The free blocks, in the order the pool hands them out.
+
+    Blocks holding no cached content come first, oldest freed first; only when none is left does the pool evict a
+    block that still holds cached content, the least recently freed first (vLLM's order: an eviction never
+    happens while an empty block waits). A cached free block can also leave from the middle, when a prefix-cache
+    hit revives it. Invariant: each block is in at most one of the two parts.
+    """
+
+    def __init__(self, blocks: Iterable[int] = ()) -> None:
+        self._empty: deque[int] = deque(blocks)  # no cached content
+        self._cached: OrderedDict[int, None] = OrderedDict()  # an ordered set: least recently freed first
+
+    def __len__(self) -> int:
+        return len(self._empty) + len(self._cached)
+
+    def __iter__(self) -> Iterator[int]:
+        """In hand-out order."""
+        return itertools.chain(self._empty, self._cached)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def append(self, blocks: Iterable[int], is_cached: Sequence[bool] | None = None) -> None:
+        """Return freed blocks to the back of their part (``is_cached[i]``: block ``i`` keeps cached content)."""
+        if is_cached is None:
+            self._empty.extend(blocks)
+            return
+        for block, cached in zip(blocks, is_cached, strict=True):
+            if cached:
+                self._cached[block] = None  # (OrderedDict.update is several times slower than this loop)
+            else:
+                self._empty.append(block)
+
+    def take(self, count: int) -> list[int]:
+        """The next ``count`` blocks (the caller has checked that there are enough)."""
+        empty = self._empty
+        taken = [empty.popleft() for _ in range(min(count, len(empty)))]
+        while len(taken) < count:
+            taken.append(self._cached.popitem(last=False)[0])
+        return taken
+
+    def revive(self, block: int) -> None:
+        """Take a cached block out of the queue: a prefix-cache hit holds it again."""
+        del self._cached[block]
+
+    def forget_cached(self) -> None:
+        """The cached blocks lost their content: they join the empty ones, in their order."""
+        self._empty.extend(self._cached)
+        self._cached.clear()
+
+
 class KVBlockManager:
     """Allocates fixed-size KV blocks to sequences from one pool.
 
@@ -112,12 +188,13 @@ class KVBlockManager:
     - no block appears twice in the free list, and every block id is in [0, num_physical_blocks);
     - every sequence holds ceil(sequence_length / block_size) blocks: a block is taken only when a token needs it;
     - the prefix cache maps a hash to a block exactly when that block carries the hash, and a held hashed block
-      sits where its sequence's content has that hash: no entry points at a block whose content changed.
+      sits where its sequence's content has that hash, inside its computed tokens: no entry points at a block
+      whose content changed or was never written.
 
     Every public method either succeeds or raises a ``BlockManagerError`` with the state exactly as before:
     multi-token calls (``append_tokens``, ``slot_mapping_for_append``) count the blocks they need first.
-    Freed blocks go to the back of the free queue and allocation takes from the front, so a block just freed
-    is reused last (and, with prefix caching, a cached block is evicted least recently freed first).
+    Freed blocks go to the back of the free queue (``FreeBlockQueue``) and allocation takes from the front, so
+    a block just freed is reused last, and a cached block is evicted only when no empty block is left.
     """
 
     def __init__(self, num_physical_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
@@ -128,11 +205,7 @@ class KVBlockManager:
         self.num_physical_blocks = num_physical_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        # Without prefix caching blocks only leave from the front: a deque. With it a cache hit also revives a
-        # block from the middle: an ordered set (popitem(last=False) takes the front).
-        self.free_blocks: deque[int] | OrderedDict[int, None] = (
-            OrderedDict.fromkeys(range(num_physical_blocks)) if enable_prefix_caching
-            else deque(range(num_physical_blocks)))
+        self.free_blocks = FreeBlockQueue(range(num_physical_blocks))
         self.ref_counts = [0] * num_physical_blocks
         self.block_hash: list[Hashable | None] = [None] * num_physical_blocks
         self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block holding that content
@@ -144,7 +217,8 @@ class KVBlockManager:
         self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
         self.num_copy_on_writes = 0
         self.num_shared_references = 0  # Σ (ref_count - 1) over held blocks: table entries that cost no memory
-        self._lookup_memo: tuple[Sequence[Hashable], tuple[int, int], list[int]] | None = None
+        # (the looked-up hashes, num_tokens, hits) of the last lookup; None once the cache map changes
+        self._lookup_memo: tuple[list[Hashable], int, list[int]] | None = None
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -160,7 +234,7 @@ class KVBlockManager:
     @property
     def num_evictable_blocks(self) -> int:
         """Free blocks still holding cached content (a hit would revive them); each counted once."""
-        return sum(1 for block in self.free_blocks if self.block_hash[block] is not None)
+        return self.free_blocks.num_cached
 
     def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int,
                       block_hashes: Sequence[Hashable] = ()) -> int:
@@ -198,17 +272,25 @@ class KVBlockManager:
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def create_sequence(self, sequence_id: SequenceId, num_prompt_tokens: int = 0, *,
-                        block_hashes: Sequence[Hashable] = ()) -> SequenceState:
+                        block_hashes: Sequence[Hashable] = (),
+                        num_computed_tokens: int | None = None) -> SequenceState:
         """Start a sequence, empty or holding a prompt of ``num_prompt_tokens`` (all of its blocks or none).
 
         With prefix caching the longest run of the prompt's leading full blocks found by ``block_hashes`` is
         shared rather than allocated (``state.num_cached_tokens``); ``block_hashes`` may run past the prompt
-        (the content of tokens still to come), and blocks register under their hash once full.
+        (the content of tokens still to come; ``add_block_hashes`` adds more later), and blocks register under
+        their hash once full and computed. ``num_computed_tokens``: the prompt tokens the step that runs now
+        writes (default: all of them); a chunked prefill reserves the whole prompt and reports each chunk with
+        ``mark_computed`` as it runs. Cache hits count as computed.
         """
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
         if num_prompt_tokens < 0:
             raise ValueError(f"num_prompt_tokens must be >= 0, got {num_prompt_tokens}")
+        if num_computed_tokens is None:
+            num_computed_tokens = num_prompt_tokens
+        elif not 0 <= num_computed_tokens <= num_prompt_tokens:
+            raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
         hits = self._lookup(block_hashes, num_prompt_tokens)
         needed = self.blocks_needed(None, num_prompt_tokens, block_hashes)
         if needed > len(self.free_blocks):
@@ -216,39 +298,35 @@ class KVBlockManager:
                                    f"{needed} new blocks, {len(self.free_blocks)} free")
         for block in hits:
             self._reference(block)
-        state = SequenceState(sequence_id, 0, list(hits), list(block_hashes), len(hits) * self.block_size)
-        state.sequence_length = state.num_cached_tokens
+        cached = len(hits) * self.block_size
+        state = SequenceState(sequence_id, cached, list(hits), list(block_hashes), cached, cached)
         self.sequences[sequence_id] = state
         self._released.discard(sequence_id)
-        self.grow(sequence_id, num_prompt_tokens - state.num_cached_tokens)
+        self.grow(sequence_id, num_prompt_tokens - cached, computed=False)
+        self._computed(state, num_computed_tokens)
         return state
 
     def fork(self, parent_id: SequenceId, child_id: SequenceId, *,
              block_hashes: Sequence[Hashable] | None = None) -> SequenceState:
         """A child sharing every block of the parent (parallel sampling, beam search): no block is copied
         until one of them writes into a shared, partly filled block. ``block_hashes``: the child's content
-        hashes (by default the parent's, up to its full blocks, since their continuations differ)."""
+        hashes (by default the parent's, up to its full blocks, since their continuations differ). The parent's
+        tokens must all be computed: a fork shares K/V, not reservations."""
         parent = self._state(parent_id)
         if child_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {child_id!r} already exists")
+        if parent.num_computed_tokens < parent.sequence_length:
+            raise UncomputedForkError(f"sequence {parent_id!r} has computed {parent.num_computed_tokens} of its "
+                                      f"{parent.sequence_length} tokens; fork it once its prefill has run")
         if block_hashes is None:
             block_hashes = parent.block_hashes[: parent.sequence_length // self.block_size]
         for block in parent.block_table:
             self._reference(block)
         child = SequenceState(child_id, parent.sequence_length, list(parent.block_table), list(block_hashes),
-                              parent.num_cached_tokens)
+                              parent.num_cached_tokens, parent.num_computed_tokens)
         self.sequences[child_id] = child
         self._released.discard(child_id)
         return child
-
-    def allocate_block(self) -> int:
-        """Take one block from the front of the free queue, evicting its cached content (the caller puts it
-        in a block table)."""
-        if not self.free_blocks:
-            raise OutOfBlocksError(f"no free block: all {self.num_physical_blocks} blocks are in use")
-        table: list[int] = []
-        self._take(1, table)
-        return table[0]
 
     def append_token(self, sequence_id: SequenceId) -> int:
         """Reserve the slot of the sequence's next token, taking a new block at a block boundary."""
@@ -261,8 +339,12 @@ class KVBlockManager:
         state = self.grow(sequence_id, num_tokens)
         return [self._slot(state, pos) for pos in range(start, start + num_tokens)]
 
-    def grow(self, sequence_id: SequenceId, num_tokens: int) -> SequenceState:
-        """``append_tokens`` without building the slot list, for callers that only track memory (the simulator)."""
+    def grow(self, sequence_id: SequenceId, num_tokens: int, *, computed: bool = True) -> SequenceState:
+        """``append_tokens`` without building the slot list, for callers that only track memory (the simulator).
+
+        ``computed``: every token the sequence holds is written by the step that runs now (a decode, a whole
+        prefill); False only reserves the slots, and ``mark_computed`` reports them later.
+        """
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         state = self._state(sequence_id)
@@ -286,10 +368,27 @@ class KVBlockManager:
         if needed > copy:
             self._take(needed - copy, table)
         state.sequence_length = new_length
-        first_full, stop_full = old_length // self.block_size, new_length // self.block_size
-        if self.enable_prefix_caching and stop_full > first_full and len(state.block_hashes) > first_full:
-            self._register(state, first_full, stop_full)
+        if computed:
+            self._computed(state, new_length)
         return state
+
+    def mark_computed(self, sequence_id: SequenceId, num_computed_tokens: int) -> None:
+        """The sequence's first ``num_computed_tokens`` tokens have their K/V written (the step that wrote them
+        has run): full blocks among them join the prefix cache. Never moves backwards."""
+        state = self._state(sequence_id)
+        if not 0 <= num_computed_tokens <= state.sequence_length:
+            raise ValueError(f"num_computed_tokens must be in [0, {state.sequence_length}] for sequence "
+                             f"{sequence_id!r}, got {num_computed_tokens}")
+        self._computed(state, num_computed_tokens)
+
+    def add_block_hashes(self, sequence_id: SequenceId, block_hashes: Iterable[Hashable]) -> None:
+        """Append the content hashes of the sequence's next full blocks, as a decode learns its tokens (instead
+        of passing them all to ``create_sequence``); blocks already full and computed register at once."""
+        state = self._state(sequence_id)
+        known = len(state.block_hashes)
+        state.block_hashes.extend(block_hashes)
+        if self.enable_prefix_caching:
+            self._register(state, known, state.num_computed_tokens // self.block_size)
 
     def slot_mapping_for_append(self, sequence_ids: Sequence[SequenceId]) -> list[int]:
         """One new token for each listed sequence (a decode step); returns their slots in order.
@@ -299,7 +398,18 @@ class KVBlockManager:
         appends: dict[SequenceId, int] = {}
         for sequence_id in sequence_ids:
             appends[sequence_id] = appends.get(sequence_id, 0) + 1
-        needed = sum(self.blocks_needed(sid, n) for sid, n in appends.items())
+        # Forked siblings sharing a partly filled last block: every writer but the last copies it (the last one
+        # then holds it alone), so count the copies against the references each earlier writer gives up.
+        given_up: dict[int, int] = {}
+        needed = 0
+        for sid, n in appends.items():
+            state = self._state(sid)
+            needed += num_blocks_for(state.sequence_length + n, self.block_size) - len(state.block_table)
+            if state.sequence_length % self.block_size:
+                last = state.block_table[-1]
+                if self.ref_counts[last] - given_up.get(last, 0) > 1:
+                    needed += 1
+                    given_up[last] = given_up.get(last, 0) + 1
         if needed > len(self.free_blocks):
             raise OutOfBlocksError(
                 f"decode step for {len(sequence_ids)} sequences needs {needed} new blocks, "
@@ -314,19 +424,30 @@ class KVBlockManager:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self._state(sequence_id)
         refs = self.ref_counts
-        if isinstance(self.free_blocks, deque):
-            freed = [block for block in state.block_table if refs[block] == 1]
-            self.free_blocks.extend(freed)
-        else:
+        if self.enable_prefix_caching:
             freed = [block for block in reversed(state.block_table) if refs[block] == 1]
-            for block in freed:  # (OrderedDict.update is several times slower than this loop)
-                self.free_blocks[block] = None
+            self.free_blocks.append(freed, [self.block_hash[block] is not None for block in freed])
+        else:
+            freed = [block for block in state.block_table if refs[block] == 1]
+            self.free_blocks.append(freed)
         for block in state.block_table:
             refs[block] -= 1
         self.num_shared_references -= len(state.block_table) - len(freed)
         self.num_frees += len(freed)
         del self.sequences[sequence_id]
         self._released.add(sequence_id)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every prefix-cache entry (after new weights, say). Refuses, returning False and changing nothing,
+        while a sequence holds a cached block, as vLLM does; True once the cache is empty."""
+        if any(self.ref_counts[block] for block in self.cached_blocks.values()):
+            return False
+        for block in self.cached_blocks.values():
+            self.block_hash[block] = None
+        self.cached_blocks.clear()
+        self.free_blocks.forget_cached()
+        self._lookup_memo = None
+        return True
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies that copy-on-write decided since the last call; the data plane must
@@ -370,15 +491,24 @@ class KVBlockManager:
                 )
             if len(set(state.block_table)) != len(state.block_table):
                 problems.append(f"sequence {state.sequence_id!r} holds a block twice: two of its tokens share a slot")
+            if not 0 <= state.num_computed_tokens <= state.sequence_length:
+                problems.append(f"sequence {state.sequence_id!r} has {state.num_computed_tokens} computed tokens "
+                                f"of {state.sequence_length}")
+            computed_blocks = state.num_computed_tokens // self.block_size
             for index, block in enumerate(state.block_table):
                 if not 0 <= block < self.num_physical_blocks:
                     out_of_range.add(block)
                     continue
                 holders[block] += 1
                 cached = self.block_hash[block]
-                if cached is not None and (index >= len(state.block_hashes) or state.block_hashes[index] != cached):
+                if cached is None:
+                    continue
+                if index >= len(state.block_hashes) or state.block_hashes[index] != cached:
                     problems.append(f"block {block} is cached under a hash that is not its content in sequence "
                                     f"{state.sequence_id!r}: a stale prefix-cache entry")
+                elif index >= computed_blocks:
+                    problems.append(f"block {block} is cached but sequence {state.sequence_id!r} has not computed "
+                                    "it: a block published before its K/V was written")
         miscounted = [b for b in range(self.num_physical_blocks) if holders[b] != self.ref_counts[b]]
         if miscounted:
             b = miscounted[0]
@@ -403,6 +533,11 @@ class KVBlockManager:
                for b in range(self.num_physical_blocks)) or \
                 any(self.block_hash[b] != h for h, b in self.cached_blocks.items()):
             problems.append("the prefix-cache map and the blocks' hashes disagree: an entry survived eviction")
+        queued_cached = list(self.free_blocks)[len(self.free_blocks) - self.free_blocks.num_cached:]
+        if sum(self.block_hash[b] is not None for b in free_set) != len(queued_cached) or \
+                any(self.block_hash[b] is None for b in queued_cached if 0 <= b < self.num_physical_blocks):
+            problems.append("the free queue files a block under the wrong part (cached vs empty): an eviction "
+                            "ahead of an empty block, or a revival that cannot find its block")
         return problems
 
     def invariants_ok(self) -> bool:
@@ -433,54 +568,53 @@ class KVBlockManager:
         if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
             return []
         # The scheduler asks about the same waiting prompt several times a step; the answer only changes when
-        # the cache does (a block registered or evicted). The memo holds the caller's list itself, so its
-        # identity cannot be reused by another list.
+        # the cache does (a block registered or evicted). The memo is keyed on the hashes' values, compared in
+        # C, which is far cheaper than the dictionary walk: a caller may edit its list between two calls.
+        candidates = list(itertools.islice(block_hashes, (num_tokens - 1) // self.block_size))
         memo = self._lookup_memo
-        if memo is not None and memo[0] is block_hashes and memo[1] == (len(block_hashes), num_tokens):
+        if memo is not None and memo[1] == num_tokens and memo[0] == candidates:
             return memo[2]
         hits = []
         get = self.cached_blocks.get
-        for block_hash in itertools.islice(block_hashes, (num_tokens - 1) // self.block_size):
+        for block_hash in candidates:
             block = get(block_hash)
             if block is None:
                 break
             hits.append(block)
-        self._lookup_memo = (block_hashes, (len(block_hashes), num_tokens), hits)
+        self._lookup_memo = (candidates, num_tokens, hits)
         return hits
 
     def _reference(self, block: int) -> None:
         if self.ref_counts[block]:
             self.num_shared_references += 1
         else:  # a cache hit on a freed block revives it
-            del self.free_blocks[block]
+            self.free_blocks.revive(block)
         self.ref_counts[block] += 1
 
     def _take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their
-        cached content (the caller has checked that there are enough)."""
-        free, refs = self.free_blocks, self.ref_counts
-        if isinstance(free, deque):  # nothing is cached
-            start = len(table)
-            table.extend(free.popleft() for _ in range(count))
-            for block in table[start:]:
-                refs[block] = 1
-        else:
-            hashes = self.block_hash
-            for _ in range(count):
-                block = free.popitem(last=False)[0]
-                stale = hashes[block]
-                if stale is not None:
-                    del self.cached_blocks[stale]
-                    hashes[block] = None
-                    self.num_evictions += 1
-                    self._lookup_memo = None
-                refs[block] = 1
-                table.append(block)
+        cached content (the caller has checked that there are enough). The article's ``allocate_block``."""
+        refs, hashes = self.ref_counts, self.block_hash
+        for block in self.free_blocks.take(count):
+            refs[block] = 1
+            table.append(block)
+            if hashes[block] is not None:
+                del self.cached_blocks[hashes[block]]
+                hashes[block] = None
+                self.num_evictions += 1
+                self._lookup_memo = None
         self.num_allocations += count
 
+    def _computed(self, state: SequenceState, num_computed_tokens: int) -> None:
+        """Advance the sequence's computed tokens; blocks that became full and computed join the cache."""
+        first = state.num_computed_tokens // self.block_size
+        state.num_computed_tokens = max(state.num_computed_tokens, num_computed_tokens)
+        if self.enable_prefix_caching:
+            self._register(state, first, state.num_computed_tokens // self.block_size)
+
     def _register(self, state: SequenceState, first: int, stop: int) -> None:
-        """Cache the sequence's blocks ``first`` to ``stop`` (just filled) under their hashes; the first block
-        with some content keeps the entry."""
+        """Cache the sequence's blocks ``first`` to ``stop`` (full and computed) under their hashes; the first
+        block with some content keeps the entry."""
         cached, hashes, table = self.cached_blocks, self.block_hash, state.block_table
         for index in range(first, min(stop, len(state.block_hashes))):
             block_hash, block = state.block_hashes[index], table[index]

@@ -19,6 +19,7 @@ from minipaged_cli.backends import Backend
 from minipaged_cli.block_manager import num_blocks_for, tail_waste
 from minipaged_cli.kernels import random_block_tables
 from minipaged_cli.kv_cache import PagedKVCache
+from minipaged_cli.memory_categories import tail_waste_pct
 from minipaged_cli.simulator import SimConfig, StrategyMetrics, num_blocks_for_memory, replay
 from minipaged_cli.trace import Trace
 
@@ -41,7 +42,7 @@ class ProfileRow:
     block_size: int
     num_blocks: int
     metrics: StrategyMetrics
-    internal_frag_pct: float  # tails of live allocations, % of allocated slots, time-weighted
+    tail_waste_pct: float  # tails of live allocations (Σ (A - L)), % of allocated slots, time-weighted
     mean_tail_waste_tokens: float  # per running sequence, time-weighted
     block_table_entries_per_sequence: float  # final table length, mean over completed requests
     block_table_bytes: int  # int32 entries of every live table at the peak
@@ -59,7 +60,8 @@ class ProfileRow:
     def to_dict(self) -> dict[str, float | int | None]:
         values: dict[str, float | int | None] = {
             "block_size": self.block_size,
-            "internal_frag_pct": self.internal_frag_pct,
+            "tail_waste_pct": self.tail_waste_pct,
+            "internal_frag_pct": self.metrics.internal_frag_pct,
             "mean_tail_waste_tokens": self.mean_tail_waste_tokens,
             "block_table_bytes": self.block_table_bytes,
             "num_block_allocations": self.num_block_allocations,
@@ -109,8 +111,7 @@ def profile_block_size(trace: Trace, config: SimConfig, block_size: int, kv_memo
         block_size=block_size,
         num_blocks=num_blocks,
         metrics=metrics,
-        internal_frag_pct=100.0 * detail.unused_slot_time_s / detail.allocated_slot_time_s
-        if detail.allocated_slot_time_s else 0.0,
+        tail_waste_pct=tail_waste_pct(detail.unused_slot_time_s, detail.allocated_slot_time_s),
         mean_tail_waste_tokens=detail.mean_unused_slots_per_request,
         block_table_entries_per_sequence=float(np.mean([num_blocks_for(f, block_size) for f in completed_finals]))
         if completed_finals else 0.0,

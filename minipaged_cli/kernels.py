@@ -51,6 +51,7 @@ def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
     """(tokens_per_split, num_splits). One split per (sequence, kv head) unless those thread blocks cannot fill
     the GPU (fewer than two per SM) and the sequences are long: then split the tokens, at least
     MIN_TOKENS_PER_SPLIT each, so that about two blocks per SM run."""
+    max_seq_len = max(max_seq_len, 1)  # a batch of empty sequences still launches one split (it writes zeros)
     if tokens_per_split is None:
         blocks = batch * num_kv_heads
         splits = 1

@@ -8,7 +8,7 @@ reference) and fast versions; the CUDA kernels are tested against the same naive
     slot_mapping             [num_tokens] int64, slot = block * block_size + offset, -1 = skip
     query, out               [batch, num_q_heads, head_dim]                     one decode token per sequence
     block_tables             [batch, max_blocks] int32, -1 padded
-    seq_lens                 [batch] int32, >= 1
+    seq_lens                 [batch] int32, >= 0 (a sequence of length 0 attends to nothing: its output is 0)
 
 GQA: query head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``. Attention accumulates in fp32 for
 every dtype and returns the query's dtype. Positions at or beyond ``seq_len`` are never read into the result:
@@ -101,8 +101,8 @@ def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     if batch == 0:
         return
     max_blocks = block_tables.shape[1]
-    if int(seq_lens.min()) < 1:
-        raise ValueError(f"seq_lens must be >= 1, got {int(seq_lens.min())}")
+    if int(seq_lens.min()) < 0:
+        raise ValueError(f"seq_lens must be >= 0, got {int(seq_lens.min())}")
     if int(seq_lens.max()) > max_blocks * block_size:
         raise ValueError(f"seq_len {int(seq_lens.max())} exceeds max_blocks * block_size = {max_blocks * block_size}")
     needed = (seq_lens.long() + block_size - 1) // block_size  # blocks each sequence reads
@@ -160,8 +160,10 @@ def paged_attention_naive(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     """Token by token through the block table (like vLLM's test reference), then each query head in fp32."""
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = query.shape[1] // num_kv_heads
-    out = torch.empty_like(query)  # [batch, num_q_heads, head_dim]
+    out = torch.zeros_like(query)  # [batch, num_q_heads, head_dim]; a sequence of length 0 keeps zeros
     for seq, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
         table = block_tables[seq].tolist()
         keys, values = [], []
         for position in range(seq_len):
@@ -190,14 +192,15 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = num_q_heads // num_kv_heads
     q = query.float().reshape(batch, num_kv_heads, group, head_dim) * scale
-    out = torch.empty(batch, num_kv_heads, group, head_dim, device=query.device)
+    out = torch.zeros(batch, num_kv_heads, group, head_dim, device=query.device)  # length 0: zeros
     order = torch.argsort(seq_lens, descending=True)
     lengths = seq_lens[order].tolist()
+    num_attending = sum(1 for length in lengths if length > 0)  # the sequences of length 0 sort last
     first = 0
-    while first < batch:
+    while first < num_attending:
         num_tokens = -(-lengths[first] // block_size) * block_size  # the longest of the group, in whole blocks
         size = max(1, _CACHE_RESIDENT_BYTES // (num_tokens * head_dim * 4))
-        rows = order[first:first + size]
+        rows = order[first:min(first + size, num_attending)]
         first += size
         num_read = num_tokens // block_size
         block_ids = block_tables[rows, :num_read].reshape(-1).long().clamp(min=0)  # -1 padding: masked below
@@ -243,6 +246,8 @@ def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_c
     larger tiles amortise Python's cost per step.
     """
     batch, num_q_heads, head_dim = query.shape
+    if batch == 0:
+        return torch.empty_like(query)
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = num_q_heads // num_kv_heads
     q = query.float().reshape(batch, num_kv_heads, group, head_dim) * scale
@@ -270,7 +275,7 @@ def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_c
         running_sum = running_sum * correction + probs.sum(dim=-1, keepdim=True)
         acc = acc * correction + torch.einsum("bkgt,bktd->bkgd", probs, values)
         running_max = new_max
-    out = acc / running_sum
+    out = torch.where(running_sum > 0, acc / running_sum, 0.0)  # a sequence of length 0 saw no token: zeros
     return out.reshape(batch, num_q_heads, head_dim).to(query.dtype)
 
 

@@ -70,7 +70,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     for name, m in rows.items():
         cells = [name, f"{m.completed_requests:,}", f"{m.rejected_requests:,}", f"{m.num_preemptions:,}",
                  f"{m.mean_batch_size:.1f}/{m.max_batch_size}", f"{m.throughput_tokens_per_s:,.0f}",
-                 f"{m.makespan_s:,.1f}", f"{m.mean_ttft_s:.2f}/{m.p99_ttft_s:.2f}", f"{1000 * m.mean_tpot_s:.1f}"]
+                 f"{m.makespan_s:,.1f}", f"{_maybe(m.mean_ttft_s, '{:.2f}')}/{_maybe(m.p99_ttft_s, '{:.2f}')}",
+                 _maybe(m.mean_tpot_s, "{:.1f}", 1000)]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 8 else []))
     tables = [header, memory, service]
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
@@ -111,8 +112,9 @@ def run_table(report: Any) -> Table:
         ("  K/V read", f"{report.attention_gbps:.2f} GB/s", "attention_gbps"),
         ("cache write", f"{report.cache_write_s:.3f} s", "cache_write_s"),
         ("  K/V written", f"{report.cache_write_gbps:.2f} GB/s", "cache_write_gbps"),
-        ("token states (step mean)", f"{_pct(report.token_state_pct)} %", "token_state_pct"),
-        ("blocks in use (step mean)", f"{_pct(report.kv_cache_usage_perc)} %", "kv_cache_usage_perc"),
+        (f"token states ({report.averaged_over} steps)", f"{_pct(report.token_state_pct)} %", "token_state_pct"),
+        (f"blocks in use ({report.averaged_over} steps)", f"{_pct(report.kv_cache_usage_perc)} %",
+         "kv_cache_usage_perc"),
         ("KV pool", format_bytes(report.kv_pool_bytes), "kv_pool_bytes"),
         ("peak memory", format_bytes(report.peak_memory_bytes), "peak_memory_bytes"),
         ("preemptions", f"{report.num_preemptions:,}", "num_preemptions"),
@@ -139,14 +141,15 @@ def verify_table(report: Any) -> Table:
 
 def profile_table(rows: list[Any]) -> Table:
     """A row per block size (``block_size_profile.ProfileRow``); the best value of each column in bold green."""
-    table = Table(title="Block sizes on this trace and this KV memory (tail tok: unused slots of a sequence's last "
-                        "block, time-weighted, about (B-1)/2; tables: int32 block-table bytes at the peak; attn: the "
+    table = Table(title="Block sizes on this trace and this KV memory (tail %: unfilled slots of the sequences' last "
+                        "blocks, % of allocated slots; tail tok: the same per sequence, time-weighted, about (B-1)/2; "
+                        "tables: int32 block-table bytes at the peak; attn: the "
                         "busiest batch)",
                   title_justify="left", box=box.SIMPLE_HEAD)
     # (header, value, better: -1 lower, +1 higher, 0 no ranking, format)
     columns: list[tuple[str, Any, int, str]] = [
         ("block", lambda r: r.block_size, 0, "{:d}"),
-        ("int frag %", lambda r: r.internal_frag_pct, -1, "{:.2f}"),
+        ("tail %", lambda r: r.tail_waste_pct, -1, "{:.2f}"),
         ("tail tok", lambda r: r.mean_tail_waste_tokens, -1, "{:.1f}"),
         ("tables KiB", lambda r: r.block_table_bytes / 1024, -1, "{:,.1f}"),
         ("allocs", lambda r: r.num_block_allocations, -1, "{:,d}"),
@@ -198,6 +201,11 @@ def profile_detail(row: Any) -> list[Any]:
 
 def _pct(value: float) -> str:
     return f"{value:.1f}"
+
+
+def _maybe(value: float | None, form: str, scale: float = 1.0) -> str:
+    """A measurement that may not exist (no request completed): an en dash then."""
+    return "–" if value is None else form.format(scale * value)
 
 
 class ReplayProgress:

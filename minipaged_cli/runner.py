@@ -41,8 +41,9 @@ class RunReport:
     cache_write_s: float
     attention_bytes: int
     cache_write_bytes: int
-    token_state_pct: float
+    token_state_pct: float  # the memory categories of ``simulate`` (``memory_categories``), same averaging
     kv_cache_usage_perc: float
+    averaged_over: str  # "saturated" or "busy" steps, as in ``simulate``
     kv_pool_bytes: int
     peak_memory_bytes: int
     num_preemptions: int
@@ -71,7 +72,7 @@ class RunReport:
             "decode_tokens_per_s": self.decode_tokens_per_s, "attention_s": self.attention_s,
             "cache_write_s": self.cache_write_s, "attention_gbps": self.attention_gbps,
             "cache_write_gbps": self.cache_write_gbps, "token_state_pct": self.token_state_pct,
-            "kv_cache_usage_perc": self.kv_cache_usage_perc, "kv_pool_bytes": self.kv_pool_bytes,
+            "kv_cache_usage_perc": self.kv_cache_usage_perc, "averaged_over": self.averaged_over, "kv_pool_bytes": self.kv_pool_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "num_preemptions": self.num_preemptions,
             "block_copies": self.block_copies, "copy_s": self.copy_s,
         }
@@ -103,8 +104,6 @@ class _Executor:
         self.cache_write_bytes = 0
         self.block_copies = 0
         self.copy_s = 0.0
-        self.token_state_sum = 0.0
-        self.usage_sum = 0.0
         self.per_step: dict[str, list[float]] = {"attention_ms": [], "cache_write_ms": [], "batch_size": [],
                                                  "live_tokens": []}
 
@@ -119,8 +118,6 @@ class _Executor:
         self.steps += 1
         self.prompt_tokens += sum(n for _, _, n in work.prefills)
         self.decode_tokens += len(work.decodes)
-        self.token_state_sum += work.live_tokens / self.cache.num_slots
-        self.usage_sum += manager.num_used_blocks / manager.num_physical_blocks
         for name, value in (("attention_ms", 1e3 * attention_s), ("cache_write_ms", 1e3 * write_s),
                             ("batch_size", len(work.decodes)), ("live_tokens", work.live_tokens)):
             self.per_step[name].append(value)
@@ -212,7 +209,6 @@ def run_trace(
     metrics = replay(trace, config, "paged", progress=progress, on_step=executor, max_steps=max_steps)
     backend.synchronize()
     wall = time.perf_counter() - start
-    steps = max(executor.steps, 1)
     return RunReport(
         device=str(backend.device),
         backend=backend.name,
@@ -224,8 +220,9 @@ def run_trace(
         cache_write_s=executor.cache_write_s,
         attention_bytes=executor.attention_bytes,
         cache_write_bytes=executor.cache_write_bytes,
-        token_state_pct=100.0 * executor.token_state_sum / steps,
-        kv_cache_usage_perc=100.0 * executor.usage_sum / steps,
+        token_state_pct=metrics.token_state_pct,
+        kv_cache_usage_perc=metrics.kv_cache_usage_perc,
+        averaged_over=metrics.averaged_over,
         kv_pool_bytes=cache.memory_bytes,
         peak_memory_bytes=_peak_memory(backend),
         num_preemptions=metrics.num_preemptions,

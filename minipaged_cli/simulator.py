@@ -7,14 +7,8 @@ are admitted first-come first-served while the strategy can place their prompt; 
 samples the next; finished requests free their memory. A step lasts
 ``max(flops / peak_flops, bytes / hbm_bandwidth) + overhead`` on the GPU preset.
 
-Memory categories during a step, as slots, for each live request of current length L, final length F and
-allocated slots A (they sum to the capacity):
-
-    token states     Σ L                       reserved-future  Σ (min(A, F) - L)
-    internal frag    Σ max(A - F, 0)           external frag    free slots in holes smaller than the smallest
-    free             the rest                                   waiting request's need (0 if nobody waits)
-
-A request's final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never
+Memory categories during a step: ``memory_categories`` defines them (token states, reserved-future, internal and
+external fragmentation, free; they sum to the capacity). A request's final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never
 written.
 
 Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks in the
@@ -47,11 +41,12 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.allocators import STRATEGIES, Allocator, Holding, PagedAllocator, make_allocator
+from minipaged_cli.block_manager import content_hash
 from minipaged_cli.errors import InputError
+from minipaged_cli.memory_categories import CATEGORIES, USED, category_slots
 from minipaged_cli.presets import GpuSpec, ModelSpec
 from minipaged_cli.trace import Request, Trace
 
-CATEGORIES = ("token_state", "reserved_future", "internal_frag", "external_frag", "free")
 PREEMPTION_MODES = ("recompute", "swap")
 _MAX_BULK_STEPS = 4096
 _MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
@@ -148,9 +143,9 @@ class StrategyMetrics:
     max_batch_size: int
     throughput_tokens_per_s: float
     makespan_s: float
-    mean_ttft_s: float
-    p99_ttft_s: float
-    mean_tpot_s: float
+    mean_ttft_s: float | None  # None (JSON null) when no request completed: there is nothing to average
+    p99_ttft_s: float | None
+    mean_tpot_s: float | None  # None also when every completed request produced one token
     invariant_violations: int
     rejection_reasons: dict[str, int] = field(default_factory=dict)  # reason -> requests
     prefix_cache_queries: int = 0  # prompt tokens looked up at first admission (re-prefills are not queries)
@@ -175,7 +170,8 @@ class StepWork:
 
     ``prefills``: (sequence_id, first position, number of tokens) of each prompt chunk; ``decodes``:
     (sequence_id, position) of the one token each decoding sequence writes and attends from (it attends to
-    positions 0..position). ``live_tokens``: tokens held by running requests once the step has run.
+    positions 0..position). ``live_tokens``: tokens held by running requests once the step has run, a token in
+    a block several requests share counted once.
     ``copies``: (src, dst) blocks that copy-on-write needs copied before any token is written.
     ``forks``: (parent, child) sequences forked after the step's prefill (the child attends to the parent's
     prompt until it writes its own tokens).
@@ -224,7 +220,7 @@ class _Integrator:
     def averages(self, capacity: int) -> tuple[str, np.ndarray]:
         key = "saturated" if self.weight["saturated"] > 0 else "busy"
         if self.weight[key] == 0:  # nothing ever ran: all memory stayed free
-            return key, np.array([0.0, 0.0, 0.0, 0.0, 100.0, 0.0])
+            return key, category_slots(0, 0, 0, 0, 100.0)
         averages = 100.0 * self.sums[key] / self.weight[key] / capacity
         return key, np.where(np.abs(averages) < 1e-9, 0.0, averages)  # no "-0.0" from rounding
 
@@ -376,6 +372,7 @@ class _Replay:
                 if chunk <= 0:
                     break
                 budget -= chunk
+                self.allocator.mark_computed(live, live.num_computed + chunk)  # its blocks may be cached now
             chunks.append((live, chunk))
 
         contexts = sum(r.num_computed + 1 for r in decoders)
@@ -389,7 +386,8 @@ class _Replay:
         if self.on_step is not None:
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
-                            live_tokens=sum(r.num_computed for r in self.running) + num_new,
+                            live_tokens=sum(r.num_computed for r in self.running) + num_new
+                            - self.allocator.shared_slots,
                             copies=copies, forks=self.pending_forks)
             self.on_step(work, self.allocator)
         self.pending_forks = []
@@ -439,19 +437,16 @@ class _Replay:
 
         durations = durations[:num_steps]
         duration = float(durations.sum())
-        shared = self.allocator.shared_slots  # constant: no admission, fork or release until the last step
-        token_integral = (total_length - shared) * duration + n * float(durations @ steps[:num_steps])
-        allocated_integral = _integral(profile.allocated, durations, duration) - shared * duration
-        internal_integral = _integral(profile.internal, durations, duration)
-        external_integral = self._external_fragmentation() * duration
-        self._record(duration, np.array([
-            token_integral,
-            allocated_integral - token_integral - internal_integral,
-            internal_integral,
-            external_integral,
-            self.allocator.capacity_tokens * duration - allocated_integral - external_integral,
-            allocated_integral,
-        ]), self._waiting_for_memory(), num_steps)
+        # Time integrals of the category inputs (the shared slots stay constant: no admission, fork or release
+        # until the last step).
+        self._record(duration, category_slots(
+            total_length * duration + n * float(durations @ steps[:num_steps]),
+            _integral(profile.allocated, durations, duration),
+            _integral(profile.internal, durations, duration),
+            self._external_fragmentation() * duration,
+            self.allocator.capacity_tokens * duration,
+            self.allocator.shared_slots * duration,
+        ), self._waiting_for_memory(), num_steps)
 
         self.allocator.advance(running, num_steps)
         for live in running:
@@ -475,7 +470,11 @@ class _Replay:
                     return
             elif admitted_tokens and admitted_tokens + head.prompt_length > budget:
                 return
-            cached = self.allocator.admit(head, head.prompt_length)
+            # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
+            # chunk is reported as it is scheduled.
+            computed = None if self.config.max_batched_tokens is None else \
+                head.num_computed if head.swapped_slots else 0
+            cached = self.allocator.admit(head, head.prompt_length, computed)
             self.running.append(self._dequeue())
             if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
                 moved = max(head.swapped_slots - cached, 0)
@@ -612,14 +611,11 @@ class _Replay:
         return self.allocator.external_fragmentation(self.waiting_needs[0])
 
     def _categories_now(self) -> np.ndarray:
-        shared = self.allocator.shared_slots
-        tokens = sum(r.num_computed for r in self.running) - shared
         allocated = [self.allocator.allocated(r) for r in self.running]
         internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, self.running, strict=True))
-        used = sum(allocated) - shared
-        external = self._external_fragmentation()
-        free = self.allocator.capacity_tokens - used - external
-        return np.array([tokens, used - tokens - internal, internal, external, free, used], dtype=np.float64)
+        return category_slots(sum(r.num_computed for r in self.running), sum(allocated), internal,
+                              self._external_fragmentation(), self.allocator.capacity_tokens,
+                              self.allocator.shared_slots)
 
     def _record(self, duration: float, integrals: np.ndarray, saturated: bool, num_steps: int) -> None:
         self.integrator.add(duration, integrals, saturated)
@@ -639,7 +635,6 @@ class _Replay:
         finished = [r for r, _ in self.finished]
         finish_times = [t for _, t in self.finished]
         firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
-        ttfts = np.array(firsts) if firsts else np.zeros(1)
         tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
         first_arrival = self.requests[0].arrival_s
         makespan = max(finish_times) - first_arrival if finish_times else 0.0
@@ -652,7 +647,7 @@ class _Replay:
             external_frag_pct=float(averages[3]),
             free_pct=float(averages[4]),
             averaged_over=averaged_over,
-            kv_cache_usage_perc=float(averages[5]),
+            kv_cache_usage_perc=float(averages[USED]),
             completed_requests=self.num_completed,
             rejected_requests=len(self.rejected),
             num_preemptions=self.num_preemptions,
@@ -660,9 +655,9 @@ class _Replay:
             max_batch_size=self.max_batch_size,
             throughput_tokens_per_s=output_tokens / makespan if makespan > 0 else 0.0,
             makespan_s=makespan,
-            mean_ttft_s=float(ttfts.mean()),
-            p99_ttft_s=float(np.percentile(ttfts, 99)),
-            mean_tpot_s=float(np.mean(tpots)) if tpots else 0.0,
+            mean_ttft_s=float(np.mean(firsts)) if firsts else None,
+            p99_ttft_s=float(np.percentile(firsts, 99)) if firsts else None,
+            mean_tpot_s=float(np.mean(tpots)) if tpots else None,
             invariant_violations=self.invariant_violations,
             rejection_reasons=dict(sorted(self.rejection_reasons.items())),
             prefix_cache_queries=self.prefix_cache_queries,
@@ -678,8 +673,8 @@ class _Replay:
             detail=ReplayDetail(
                 running_time_s=self.running_time,
                 # allocated - tokens; max() drops the -1e-14 that cancellation leaves when nothing is unused
-                unused_slot_time_s=max(0.0, float(self.integrator.sums["busy"][5] - self.integrator.sums["busy"][0])),
-                allocated_slot_time_s=float(self.integrator.sums["busy"][5]),
+                unused_slot_time_s=max(0.0, float(self.integrator.sums["busy"][USED] - self.integrator.sums["busy"][0])),
+                allocated_slot_time_s=float(self.integrator.sums["busy"][USED]),
                 busiest_seq_lens=self.busiest_seq_lens,
                 peak_used_slots=self.peak_used_slots,
                 num_block_allocations=manager.num_allocations if manager is not None else 0,
@@ -792,7 +787,7 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
     own tokens) of the given lengths.
 
     Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
-    the hash of the previous content and this block's pieces (label, start, end). Blocks inside one run are keyed
+    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Blocks inside one run are keyed
     ``(run key, index)`` without a Python step per block, which matters for traces like Mooncake's (hundreds of
     blocks per prompt).
     """
@@ -810,14 +805,14 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
             filled += start
             if filled < block_size:
                 continue
-            chain = hash((chain, tuple(pieces)))
+            chain = content_hash(chain, tuple(pieces))
             keys.append(chain)
             pieces, filled = [], 0
         whole = (length - start) // block_size
         if whole:
-            run_key = hash((chain, label, start))
+            run_key = content_hash(chain, (label, start))
             keys.extend(zip(itertools.repeat(run_key, whole), range(whole), strict=True))
-            chain = hash((run_key, whole))
+            chain = content_hash(run_key, whole)
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]

@@ -2,7 +2,7 @@
 
 A trace is a list of requests, each arriving at ``arrival_s`` with ``prompt_tokens`` to prefill and
 ``output_tokens`` to generate, optionally starting with named shared prompt segments (``prefix``). See
-``traces/README.md`` for the format; ``trace_import.py`` reads the public CSV/JSONL traces into the same form.
+README.md's "Traces" section for the format; ``trace_import.py`` reads the public CSV/JSONL traces into the same form.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections import deque
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from minipaged_cli.block_manager import (
     BlockManagerError,
     DoubleReleaseError,
     DuplicateSequenceError,
+    FreeBlockQueue,
     KVBlockManager,
     OutOfBlocksError,
     SequenceState,
@@ -27,7 +27,7 @@ def snapshot(manager: KVBlockManager) -> tuple:
 def test_article_worked_example() -> None:
     # block_size 4, block_table [5, 2, 9, 1]: token 6 -> logical 1, offset 2, physical 2, slot 10.
     manager = KVBlockManager(num_physical_blocks=10, block_size=4)
-    manager.free_blocks = deque([5, 2, 9, 1, 0, 3, 4, 6, 7, 8])  # the order the pool hands blocks out
+    manager.free_blocks = FreeBlockQueue([5, 2, 9, 1, 0, 3, 4, 6, 7, 8])  # the order the pool hands blocks out
     manager.create_sequence(0)
     slots = manager.append_tokens(0, 16)
     assert manager.sequences[0].block_table == [5, 2, 9, 1]

@@ -2,8 +2,10 @@
 
 The property test keeps an independent model of the KV data itself: a dict from slot to the token written there.
 Every token a sequence computes is written to its slot, every copy-on-write pair is applied, and a prefix-cache hit
-writes nothing. After every operation each live sequence must read back, through its block table, exactly its
-own tokens: a stale cache entry, a missing copy or a block handed out while still held all break that.
+writes nothing. A prompt may be reserved whole and computed in chunks (``mark_computed``): only its computed tokens
+are written. After every operation each live sequence must read back, through its block table, exactly its own
+computed tokens: a stale cache entry, a missing copy, a block handed out while still held, or a hit on a block no
+step computed all break that.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import copy
 import itertools
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minipaged_cli.block_manager import (
     KVBlockManager,
     OutOfBlocksError,
+    UncomputedForkError,
     hash_blocks,
     token_block_contents,
 )
@@ -42,7 +45,8 @@ class SharingMachine(RuleBasedStateMachine):
         self.manager = KVBlockManager(num_blocks, block_size, enable_prefix_caching=True)
         self.block_size = block_size
         self.stream: dict[int, list] = {}  # each live sequence's tokens, written ones first, then its future
-        self.length: dict[int, int] = {}
+        self.length: dict[int, int] = {}  # tokens with a slot
+        self.computed: dict[int, int] = {}  # of those, tokens whose K/V is written
         self.store: dict[int, object] = {}  # the model of the KV data: slot -> token written there
         self.unique = itertools.count()
 
@@ -66,21 +70,48 @@ class SharingMachine(RuleBasedStateMachine):
         assert snapshot(self.manager) == before
 
     @rule(sid=SEQUENCE_IDS, document=st.sampled_from(sorted(DOCUMENTS)), own=st.integers(0, 6),
-          future=st.integers(0, 12))
-    def create_with_prompt(self, sid: int, document: str, own: int, future: int) -> None:
+          future=st.integers(0, 12), first_chunk=st.none() | st.integers(0, 30))
+    def create_with_prompt(self, sid: int, document: str, own: int, future: int, first_chunk: int | None) -> None:
         if sid in self.stream:
             return
         prompt = DOCUMENTS[document] + self.fresh(own)
         tokens = prompt + self.fresh(future)
         hashes = prompt_hashes(tokens, self.block_size)
+        computing = None if first_chunk is None else min(first_chunk, len(prompt))  # None: the whole prompt
         if not self.manager.can_allocate(len(prompt), block_hashes=hashes):
-            self.expect_out_of_blocks(self.manager.create_sequence, sid, len(prompt), block_hashes=hashes)
+            self.expect_out_of_blocks(self.manager.create_sequence, sid, len(prompt), block_hashes=hashes,
+                                      num_computed_tokens=computing)
             return
-        state = self.manager.create_sequence(sid, len(prompt), block_hashes=hashes)
+        state = self.manager.create_sequence(sid, len(prompt), block_hashes=hashes, num_computed_tokens=computing)
         assert state.num_cached_tokens % self.block_size == 0
         assert state.num_cached_tokens <= len(prompt) - 1  # the last prompt token is always computed
-        self.stream[sid], self.length[sid] = tokens, len(prompt)
-        self.write(sid, state.num_cached_tokens, len(prompt))  # cached tokens are already in their slots
+        expected = len(prompt) if computing is None else max(computing, state.num_cached_tokens)
+        assert state.num_computed_tokens == expected
+        self.stream[sid], self.length[sid], self.computed[sid] = tokens, len(prompt), expected
+        self.write(sid, state.num_cached_tokens, expected)  # cached tokens are already in their slots
+
+    @rule(sid=SEQUENCE_IDS, keep=st.integers(0, 2))
+    def occupy(self, sid: int, keep: int) -> None:
+        """A sequence of its own tokens taking all but ``keep`` free blocks (its last one with room for a token
+        when it can): the pool at its limit, where an over- or under-count of the blocks a call needs shows."""
+        count = (self.manager.num_free_blocks - keep) * self.block_size - (self.block_size > 1)
+        if sid in self.stream or count <= 0:
+            return
+        self.stream[sid] = self.fresh(count)
+        self.manager.create_sequence(sid, count)
+        self.length[sid] = self.computed[sid] = count
+        self.write(sid, 0, count)
+
+    @rule(sid=SEQUENCE_IDS, num_tokens=st.integers(1, 12))
+    def compute_chunk(self, sid: int, num_tokens: int) -> None:
+        """The next chunk of a reserved prompt runs: its K/V is written, then reported."""
+        if sid not in self.stream or self.computed[sid] == self.length[sid]:
+            return
+        start = self.computed[sid]
+        stop = min(self.length[sid], start + num_tokens)
+        self.write(sid, start, stop)
+        self.manager.mark_computed(sid, stop)
+        self.computed[sid] = stop
 
     @rule(sid=SEQUENCE_IDS, num_tokens=st.integers(1, 6))
     def append(self, sid: int, num_tokens: int) -> None:
@@ -92,33 +123,71 @@ class SharingMachine(RuleBasedStateMachine):
         if not self.manager.can_allocate(num_tokens, sid):
             self.expect_out_of_blocks(self.manager.append_tokens, sid, num_tokens)
             return
-        self.manager.append_tokens(sid, num_tokens)
+        self.manager.append_tokens(sid, num_tokens)  # this step computes every token the sequence holds
         self.length[sid] = start + num_tokens
-        self.write(sid, start, start + num_tokens)
+        self.write(sid, self.computed[sid], start + num_tokens)
+        self.computed[sid] = start + num_tokens
+
+    @rule()
+    def decode_every_live_sequence(self) -> None:
+        """An engine's decode step: every running sequence, forked siblings together."""
+        self.decode_step(sorted(self.stream))
+
+    @rule(sids=st.lists(SEQUENCE_IDS, min_size=1, max_size=6))
+    def decode_step(self, sids: list[int]) -> None:
+        """One token for each listed live sequence in one ``slot_mapping_for_append`` call (forked siblings
+        sharing a partial block included), against the reference: ``append_token`` one by one on a copy. The
+        call must succeed exactly when the sequential appends do, with the same slots and the same state."""
+        sids = [sid for sid in sids if sid in self.stream]
+        if not sids:
+            return
+        reference = copy.deepcopy(self.manager)
+        try:
+            expected = [reference.append_token(sid) for sid in sids]
+        except OutOfBlocksError:
+            self.expect_out_of_blocks(self.manager.slot_mapping_for_append, sids)
+            return
+        slots = self.manager.slot_mapping_for_append(sids)
+        assert slots == expected
+        assert snapshot(self.manager) == snapshot(reference)
+        for sid in sids:  # each appends a fresh token of its own, copies applied first
+            start = self.length[sid]
+            if len(self.stream[sid]) <= start:
+                self.stream[sid] += self.fresh(1)
+            self.length[sid] = start + 1
+            self.write(sid, self.computed[sid], start + 1)
+            self.computed[sid] = start + 1
 
     @rule(parent=SEQUENCE_IDS, child=SEQUENCE_IDS, future=st.integers(0, 10))
     def fork(self, parent: int, child: int, future: int) -> None:
         if parent not in self.stream or child in self.stream:
             return
         tokens = self.stream[parent][: self.length[parent]] + self.fresh(future)
+        if self.computed[parent] < self.length[parent]:
+            before = snapshot(self.manager)
+            with pytest.raises(UncomputedForkError):
+                self.manager.fork(parent, child, block_hashes=prompt_hashes(tokens, self.block_size))
+            assert snapshot(self.manager) == before
+            return
         self.manager.fork(parent, child, block_hashes=prompt_hashes(tokens, self.block_size))
         self.stream[child], self.length[child] = tokens, self.length[parent]
+        self.computed[child] = self.computed[parent]
 
     @rule(sid=SEQUENCE_IDS)
     def release(self, sid: int) -> None:
         if sid in self.stream:
             self.manager.release_sequence(sid)
-            del self.stream[sid], self.length[sid]
+            del self.stream[sid], self.length[sid], self.computed[sid]
 
     @precondition(lambda self: hasattr(self, "manager"))
     @invariant()
     def every_sequence_reads_back_its_own_tokens(self) -> None:
         assert self.manager.invariant_violations() == []
-        for sid, length in self.length.items():
+        for sid, computed in self.computed.items():
             table = self.manager.sequences[sid].block_table
             read = [self.store.get(table[p // self.block_size] * self.block_size + p % self.block_size)
-                    for p in range(length)]
-            assert read == self.stream[sid][:length], f"sequence {sid} reads another sequence's K/V"
+                    for p in range(computed)]
+            assert read == self.stream[sid][:computed], f"sequence {sid} reads another sequence's K/V"
         held = {b for s in self.manager.sequences.values() for b in s.block_table}
         assert self.manager.num_used_blocks == len(held)  # shared blocks count once
 
@@ -177,9 +246,14 @@ def test_eviction_takes_the_least_recently_freed_and_the_tail_of_a_chain_first()
     blocks_b = list(manager.create_sequence("b", 5, block_hashes=b).block_table)
     manager.release_sequence("a")
     manager.release_sequence("b")
-    assert list(manager.free_blocks) == blocks_a[::-1] + blocks_b[::-1]
-    manager.create_sequence("c", 2)  # one block: a's uncached partial block goes first
-    manager.create_sequence("d", 2)  # then a's tail block: a keeps its head block cached
+    # Hand-out order: the uncached partial blocks (a's, then b's), then the cached ones, each chain tail first.
+    assert list(manager.free_blocks) == [blocks_a[2], blocks_b[2], blocks_a[1], blocks_a[0], blocks_b[1], blocks_b[0]]
+    manager.create_sequence("c", 2)  # one block each: the two empty blocks go before any eviction
+    manager.create_sequence("d", 2)
+    assert manager.num_evictions == 0
+    assert manager.num_cached_tokens(5, a) == 4 and manager.num_cached_tokens(5, b) == 4
+    manager.create_sequence("e", 2)  # now an eviction: a's tail block, the least recently freed cached one
+    assert manager.num_evictions == 1
     assert manager.num_cached_tokens(5, a) == 2 and manager.num_cached_tokens(5, b) == 4
 
 
@@ -227,3 +301,147 @@ def test_without_prefix_caching_nothing_is_shared_by_content() -> None:
     manager.create_sequence("a", 9, block_hashes=hashes)
     assert manager.create_sequence("b", 9, block_hashes=hashes).num_cached_tokens == 0
     assert manager.cached_blocks == {} and manager.num_used_blocks == 6
+
+
+@settings(max_examples=300, deadline=None)
+@given(block_size=st.integers(1, 5), prompt=st.integers(1, 20), num_children=st.integers(1, 3),
+       spare=st.integers(0, 4), order=st.randoms(use_true_random=False))
+def test_a_decode_step_of_forked_siblings_fits_exactly_when_sequential_appends_do(
+        block_size: int, prompt: int, num_children: int, spare: int, order) -> None:
+    # A parent and its forks share their blocks, the last one maybe partly filled; the pool has ``spare`` free
+    # blocks. One decode step for the whole family (in any order) against the reference, append_token one by one.
+    needed = -(-prompt // block_size)
+    manager = KVBlockManager(needed + spare, block_size)
+    manager.create_sequence("p", prompt)
+    family = ["p"] + [f"c{i}" for i in range(num_children)]
+    for child in family[1:]:
+        manager.fork("p", child)
+    order.shuffle(family)
+    reference = copy.deepcopy(manager)
+    try:
+        expected = [reference.append_token(sid) for sid in family]
+    except OutOfBlocksError:
+        before = snapshot(manager)
+        with pytest.raises(OutOfBlocksError):
+            manager.slot_mapping_for_append(family)
+        assert snapshot(manager) == before
+        return
+    assert manager.slot_mapping_for_append(family) == expected
+    assert snapshot(manager) == snapshot(reference) and manager.invariants_ok()
+
+
+def test_slot_mapping_for_append_charges_one_copy_for_a_shared_partial_block() -> None:
+    # The audit's case: 3 blocks of 4, a 5-token parent and one fork share [full, 1-token] blocks; one decode
+    # step for both takes one block (the first writer copies, the second then holds the block alone).
+    manager = KVBlockManager(3, 4)
+    manager.create_sequence("p", 5)
+    manager.fork("p", "c")
+    assert manager.slot_mapping_for_append(["p", "c"]) == [2 * 4 + 1, 1 * 4 + 1]
+    assert manager.take_pending_copies() == [(1, 2)]
+    assert manager.num_free_blocks == 0 and manager.invariants_ok()
+
+
+def test_a_reserved_prompt_joins_the_cache_only_as_its_chunks_are_computed() -> None:
+    # A 13-token prompt reserved whole (4 blocks of 4) but prefilled 4 tokens at a time, then dropped mid-prefill
+    # (preempted): only the blocks some step computed may be hits, for itself or anyone with the same prefix.
+    manager = KVBlockManager(8, 4, enable_prefix_caching=True)
+    hashes = prompt_hashes(list(range(13)), 4)
+    state = manager.create_sequence("a", 13, block_hashes=hashes, num_computed_tokens=4)
+    assert state.sequence_length == 13 and state.num_computed_tokens == 4
+    assert manager.num_cached_tokens(13, hashes) == 4  # block 0 only
+    manager.mark_computed("a", 6)  # block 1 half computed: still not cached
+    assert manager.num_cached_tokens(13, hashes) == 4
+    manager.mark_computed("a", 9)
+    assert manager.num_cached_tokens(13, hashes) == 8
+    assert manager.invariants_ok()
+    manager.release_sequence("a")
+    again = manager.create_sequence("a", 13, block_hashes=hashes, num_computed_tokens=0)
+    assert again.num_cached_tokens == 8 and again.num_computed_tokens == 8
+    with pytest.raises(ValueError):
+        manager.mark_computed("a", 14)  # past the reserved tokens
+
+
+def test_a_sequence_with_uncomputed_tokens_cannot_be_forked() -> None:
+    manager = KVBlockManager(8, 4, enable_prefix_caching=True)
+    manager.create_sequence("p", 10, num_computed_tokens=4)
+    before = snapshot(manager)
+    with pytest.raises(UncomputedForkError):
+        manager.fork("p", "c")
+    assert snapshot(manager) == before
+    manager.mark_computed("p", 10)
+    assert manager.fork("p", "c").num_computed_tokens == 10
+
+
+def test_a_prefix_lookup_sees_the_callers_list_as_it_is_now() -> None:
+    # The scheduler may edit a waiting request's hash list in place between can_allocate and create_sequence:
+    # the lookup must answer for the new content, not for the list object it saw before.
+    manager = KVBlockManager(8, 4, enable_prefix_caching=True)
+    cached = prompt_hashes(list(range(9)), 4)
+    manager.create_sequence("a", 9, block_hashes=cached)
+    query = list(cached)
+    assert manager.can_allocate(9, block_hashes=query) and manager.num_cached_tokens(9, query) == 8
+    query[:] = prompt_hashes([100 + t for t in range(9)], 4)
+    assert manager.num_cached_tokens(9, query) == 0
+    state = manager.create_sequence("b", 9, block_hashes=query)
+    assert state.num_cached_tokens == 0 and set(state.block_table).isdisjoint(manager.sequences["a"].block_table)
+    assert manager.invariants_ok()
+
+
+def test_no_public_call_takes_a_block_outside_a_block_table() -> None:
+    # The audit found allocate_block(): it took a block no table held, so the next invariant check reported a
+    # miscount and a leak. Blocks leave the free queue only into a sequence's table (``_take``, the article's
+    # allocate_block); every public method keeps the invariants.
+    assert not hasattr(KVBlockManager, "allocate_block")
+
+
+def test_content_hashes_do_not_collide_where_pythons_hash_does() -> None:
+    # hash(-1) == hash(-2) in CPython, so tuples of token ids differing only there collided under hash().
+    assert hash((None, (-1,))) == hash((None, (-2,)))  # the collision the 128-bit hash must not inherit
+    assert hash_blocks([(-1,)]) != hash_blocks([(-2,)])
+    assert all(h.bit_length() <= 128 for h in hash_blocks([(t,) for t in range(100)]))
+    many = hash_blocks(token_block_contents(list(range(-50_000, 50_000)), 1))
+    assert len(set(many)) == len(many)
+    manager = KVBlockManager(8, 1, enable_prefix_caching=True)
+    manager.create_sequence("a", 3, block_hashes=hash_blocks([(-1,), (7,), (8,)]))
+    assert manager.num_cached_tokens(3, hash_blocks([(-2,), (7,), (8,)])) == 0
+
+
+def test_an_empty_block_is_handed_out_before_a_cached_one_is_evicted() -> None:
+    manager = KVBlockManager(2, 4, enable_prefix_caching=True)
+    hashes = prompt_hashes(list(range(4)), 4)
+    manager.create_sequence("a", 4, block_hashes=hashes)  # block 0, full and cached
+    manager.create_sequence("x", 2)  # block 1, no content hash
+    manager.release_sequence("a")  # freed first...
+    manager.release_sequence("x")  # ...the empty block after it
+    manager.create_sequence("y", 1)
+    assert manager.sequences["y"].block_table == [1] and manager.num_evictions == 0
+    assert manager.num_cached_tokens(5, hashes) == 4
+
+
+def test_reset_prefix_cache_refuses_while_a_cached_block_is_held() -> None:
+    manager = KVBlockManager(4, 4, enable_prefix_caching=True)
+    hashes = prompt_hashes(list(range(9)), 4)
+    manager.create_sequence("a", 9, block_hashes=hashes)
+    before = snapshot(manager)
+    assert manager.reset_prefix_cache() is False and snapshot(manager) == before
+    manager.release_sequence("a")
+    assert manager.num_evictable_blocks == 2
+    assert manager.reset_prefix_cache() is True
+    assert manager.cached_blocks == {} and manager.num_evictable_blocks == 0 and manager.num_free_blocks == 4
+    assert manager.num_cached_tokens(9, hashes) == 0 and manager.invariants_ok()
+
+
+def test_decode_block_hashes_can_be_added_as_the_blocks_fill() -> None:
+    # A decode learns its tokens one at a time: the hash of each block it fills is added then, and registers at
+    # once if the block is already full and computed.
+    manager = KVBlockManager(8, 2, enable_prefix_caching=True)
+    tokens = list(range(7))
+    hashes = prompt_hashes(tokens, 2)  # 3 full blocks
+    manager.create_sequence("a", 3, block_hashes=hashes[:1])  # a 3-token prompt: block 0 full
+    manager.append_token("a")  # token 3 fills block 1, whose hash is not known yet
+    assert manager.num_cached_tokens(7, hashes) == 2
+    manager.add_block_hashes("a", hashes[1:2])
+    assert manager.num_cached_tokens(7, hashes) == 4
+    manager.add_block_hashes("a", hashes[2:])  # block 2's content is known before it fills
+    manager.append_tokens("a", 2)
+    assert manager.num_cached_tokens(7, hashes) == 6 and manager.invariants_ok()

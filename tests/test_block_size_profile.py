@@ -50,21 +50,21 @@ def test_lengths_10_17_32_by_hand() -> None:
         row = profile_block_size(trace, config(), block_size, AMPLE)
         # equal step durations: time weighting is a plain mean over the three one-step lives
         assert row.mean_tail_waste_tokens == pytest.approx(sum(waste) / 3), block_size
-        assert row.internal_frag_pct == pytest.approx(100 * sum(waste) / sum(allocated)), block_size
+        assert row.tail_waste_pct == pytest.approx(100 * sum(waste) / sum(allocated)), block_size
         assert row.num_block_allocations == row.num_block_frees == sum(blocks)
         assert row.block_table_entries_per_sequence == pytest.approx(sum(blocks) / 3)
         assert row.block_table_bytes == 4 * max(blocks)  # the peak: one request at a time
         assert sorted(row.final_tail_waste) == sorted(waste)
-    assert profile_block_size(trace, config(), 4, AMPLE).internal_frag_pct == pytest.approx(100 * 5 / 64)
+    assert profile_block_size(trace, config(), 4, AMPLE).tail_waste_pct == pytest.approx(100 * 5 / 64)
 
 
-def test_internal_fragmentation_never_decreases_with_block_size() -> None:
+def test_tail_waste_never_decreases_with_block_size() -> None:
     rng = np.random.default_rng(0)
     requests = [Request(f"r{i}", float(rng.uniform(0, 2)), int(rng.integers(1, 3000)), int(rng.integers(1, 400)))
                 for i in range(60)]
     trace = make_trace("random", requests, source="test")
     rows = [profile_block_size(trace, config(), 2 ** k, AMPLE) for k in range(8)]
-    fragmentation = [r.internal_frag_pct for r in rows]
+    fragmentation = [r.tail_waste_pct for r in rows]
     waste = [r.mean_tail_waste_tokens for r in rows]
     # (-L) mod 2B >= (-L) mod B for every L, and the schedule is the same at every size (no memory pressure)
     assert all(later >= earlier - 1e-9 for earlier, later in pairwise(fragmentation))
@@ -125,7 +125,7 @@ def test_profile_command_json() -> None:
     document = json.loads(result.stdout)
     assert {"trace", "device", "backend", "rows"} <= set(document)
     assert [r["block_size"] for r in document["rows"]] == [8, 32]
-    keys = {"block_size", "internal_frag_pct", "mean_tail_waste_tokens", "block_table_bytes", "num_block_allocations",
+    keys = {"block_size", "tail_waste_pct", "internal_frag_pct", "mean_tail_waste_tokens", "block_table_bytes", "num_block_allocations",
             "token_state_pct", "mean_batch_size", "num_preemptions", "prefix_tokens_lost", "cache_write_us_per_token",
             "attention_us", "attention_gbps"}
     assert all(set(r) == keys for r in document["rows"])

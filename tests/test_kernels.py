@@ -14,6 +14,7 @@ from minipaged_cli import kernels
 from minipaged_cli.emulation import EmulatedBackend
 from minipaged_cli.kv_cache import PagedKVCache
 from minipaged_cli.paged_ops import cache_write_naive, paged_attention_naive
+from tests.conftest import REQUIRE_GPU, REQUIRE_SHARED, skip_unless_required
 from tests.test_paged_ops import NUM_KV_HEADS, make_batch, sdpa_reference, tolerance
 
 
@@ -22,7 +23,7 @@ from tests.test_paged_ops import NUM_KV_HEADS, make_batch, sdpa_reference, toler
 def test_kernels_compile_with_nvcc(source: str, arch: str, tmp_path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        pytest.skip("nvcc is not installed")
+        skip_unless_required("nvcc is not installed", REQUIRE_SHARED)
     result = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-O3", "-o", str(tmp_path / "out.cubin"),
                              str(kernels.CUDA_DIR / source)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -107,7 +108,7 @@ def _cuda_backend():
 
     reason = cuda_backend_unavailable_reason()
     if reason is not None:
-        pytest.skip(reason)
+        skip_unless_required(reason, REQUIRE_GPU)
     return CudaBackend()
 
 

@@ -9,7 +9,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.simulator import SimConfig, StepWork, block_content_keys, replay
 from minipaged_cli.trace import Request, load_trace, make_trace
-from tests.conftest import shared_trace
+from tests.conftest import ROOT, shared_trace
 
 
 def test_prefix_cache_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
@@ -178,3 +178,59 @@ def test_mooncake_hit_rate_reaches_the_ceiling_and_evicts_in_a_small_pool() -> N
                                     prefix_caching=True), "paged")
     assert small.prefix_cache_hit_pct < full.prefix_cache_hit_pct
     assert small.num_evictions > 0 and small.completed_requests == 1500
+
+
+class ComputedContent:
+    """An ``on_step`` data model for prefix caching: which content each physical block holds, known only once a
+    step has written the block's last token. Every token a step reads (a prefill chunk's earlier positions, a
+    decode's context) lies in full blocks that must hold exactly the content its key names: a prefix-cache hit
+    on a block that no step ever computed reads garbage, and fails here."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.content: dict[int, object] = {}  # physical block -> content key of the tokens written there
+        self.checked_tokens = 0
+
+    def __call__(self, work: StepWork, allocator) -> None:
+        sequences = allocator.manager.sequences
+        for src, dst in work.copies:
+            self.content.pop(dst, None)  # a partly filled block: its content has no key yet
+        writes = [*work.prefills, *((sid, position, 1) for sid, position in work.decodes)]
+        for sid, start, count in writes:  # the step writes every new token before any attention reads
+            state = sequences[sid]
+            for logical in range(start // self.block_size, (start + count) // self.block_size):
+                if (logical + 1) * self.block_size > start and logical < len(state.block_hashes):
+                    self.content[state.block_table[logical]] = state.block_hashes[logical]
+        for sid, start, _ in writes:
+            state = sequences[sid]
+            for logical in range(min(start // self.block_size, len(state.block_hashes))):
+                block = state.block_table[logical]
+                assert self.content.get(block) == state.block_hashes[logical], (
+                    f"sequence {sid} reads block {block} (its logical block {logical}) before any step computed "
+                    "that content there")
+                self.checked_tokens += self.block_size
+
+
+def test_a_request_preempted_mid_prefill_leaves_no_uncomputed_block_in_the_cache() -> None:
+    # The audit's case: the Azure conversation sample with prefix caching and chunked prefill on a pool small
+    # enough to preempt mid-prefill (Qwen3-8B, H100, 250 blocks, 512 tokens a step). Before the fix, admission
+    # cached every block of the reserved prompt, so a re-admitted request skipped ~600 tokens no step had computed.
+    trace = load_trace(ROOT / "traces" / "azure_conv_1k.yaml")
+    config = SimConfig(load_model("qwen3-8b"), load_gpu("h100"), num_blocks=250, block_size=16,
+                       max_batched_tokens=512, prefix_caching=True, check_invariants=True)
+    model = ComputedContent(config.block_size)
+    result = replay(trace, config, "paged", on_step=model)
+    assert result.num_preemptions > 0 and model.checked_tokens > 0
+    assert result.invariant_violations == 0
+
+
+def test_ttft_and_tpot_are_absent_when_no_request_completed(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    trace = make_trace("t", [Request("a", 0.0, 8, 50)], source="test")
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64)
+    cut = replay(trace, config, "paged", bulk=False, max_steps=3)  # still decoding when the replay stops
+    assert cut.completed_requests == 0
+    assert (cut.mean_ttft_s, cut.p99_ttft_s, cut.mean_tpot_s) == (None, None, None)
+    document = cut.to_dict()
+    assert document["mean_ttft_s"] is None and document["mean_tpot_s"] is None
+    one_token = replay(make_trace("t", [Request("a", 0.0, 8, 1)], source="test"), config, "paged")
+    assert one_token.mean_ttft_s == pytest.approx(0.001) and one_token.mean_tpot_s is None  # no second token
