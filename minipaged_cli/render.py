@@ -205,7 +205,7 @@ def _pct(value: float) -> str:
 
 def _maybe(value: float | None, form: str, scale: float = 1.0) -> str:
     """A measurement that may not exist (no request completed): an en dash then."""
-    return "–" if value is None else form.format(scale * value)
+    return "–" if value is None else form.format(scale * value)  # noqa: RUF001 - an en dash, as tables write it
 
 
 class ReplayProgress:

@@ -72,7 +72,8 @@ class RunReport:
             "decode_tokens_per_s": self.decode_tokens_per_s, "attention_s": self.attention_s,
             "cache_write_s": self.cache_write_s, "attention_gbps": self.attention_gbps,
             "cache_write_gbps": self.cache_write_gbps, "token_state_pct": self.token_state_pct,
-            "kv_cache_usage_perc": self.kv_cache_usage_perc, "averaged_over": self.averaged_over, "kv_pool_bytes": self.kv_pool_bytes,
+            "kv_cache_usage_perc": self.kv_cache_usage_perc, "averaged_over": self.averaged_over,
+            "kv_pool_bytes": self.kv_pool_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "num_preemptions": self.num_preemptions,
             "block_copies": self.block_copies, "copy_s": self.copy_s,
         }

@@ -8,8 +8,8 @@ samples the next; finished requests free their memory. A step lasts
 ``max(flops / peak_flops, bytes / hbm_bandwidth) + overhead`` on the GPU preset.
 
 Memory categories during a step: ``memory_categories`` defines them (token states, reserved-future, internal and
-external fragmentation, free; they sum to the capacity). A request's final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never
-written.
+external fragmentation, free; they sum to the capacity). A request's final length is prompt + output - 1: the
+last sampled token is never fed back, so its KV is never written.
 
 Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks in the
 prefix cache (those of shared segments, written by earlier requests, or its own, when it is recomputed) and
@@ -632,6 +632,7 @@ class _Replay:
         manager = self.allocator.manager if isinstance(self.allocator, PagedAllocator) else None
         capacity = self.allocator.capacity_tokens
         averaged_over, averages = self.integrator.averages(capacity)
+        busy = self.integrator.sums["busy"]
         finished = [r for r, _ in self.finished]
         finish_times = [t for _, t in self.finished]
         firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
@@ -673,8 +674,8 @@ class _Replay:
             detail=ReplayDetail(
                 running_time_s=self.running_time,
                 # allocated - tokens; max() drops the -1e-14 that cancellation leaves when nothing is unused
-                unused_slot_time_s=max(0.0, float(self.integrator.sums["busy"][USED] - self.integrator.sums["busy"][0])),
-                allocated_slot_time_s=float(self.integrator.sums["busy"][USED]),
+                unused_slot_time_s=max(0.0, float(busy[USED] - busy[0])),
+                allocated_slot_time_s=float(busy[USED]),
                 busiest_seq_lens=self.busiest_seq_lens,
                 peak_used_slots=self.peak_used_slots,
                 num_block_allocations=manager.num_allocations if manager is not None else 0,
@@ -787,9 +788,9 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
     own tokens) of the given lengths.
 
     Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
-    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Blocks inside one run are keyed
-    ``(run key, index)`` without a Python step per block, which matters for traces like Mooncake's (hundreds of
-    blocks per prompt).
+    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Blocks
+    inside one run are keyed ``(run key, index)`` without a Python step per block, which matters for traces like
+    Mooncake's (hundreds of blocks per prompt).
     """
     keys: list[Hashable] = []
     chain: Hashable = None  # the hash of all content before ``pieces``

@@ -125,9 +125,9 @@ def test_profile_command_json() -> None:
     document = json.loads(result.stdout)
     assert {"trace", "device", "backend", "rows"} <= set(document)
     assert [r["block_size"] for r in document["rows"]] == [8, 32]
-    keys = {"block_size", "tail_waste_pct", "internal_frag_pct", "mean_tail_waste_tokens", "block_table_bytes", "num_block_allocations",
-            "token_state_pct", "mean_batch_size", "num_preemptions", "prefix_tokens_lost", "cache_write_us_per_token",
-            "attention_us", "attention_gbps"}
+    keys = {"block_size", "tail_waste_pct", "internal_frag_pct", "mean_tail_waste_tokens", "block_table_bytes",
+            "num_block_allocations", "token_state_pct", "mean_batch_size", "num_preemptions", "prefix_tokens_lost",
+            "cache_write_us_per_token", "attention_us", "attention_gbps"}
     assert all(set(r) == keys for r in document["rows"])
     assert document["rows"][0]["attention_us"] > 0
     assert "recommendation: block size" in result.stderr
@@ -167,3 +167,17 @@ def test_a_shape_the_kernels_do_not_cover_is_bad_input(tmp_path) -> None:
                                       "--kv-memory", "64MiB", "--device", "emulated"])
     assert result.exit_code == 2
     assert "the CUDA kernels cover head_dim 64 and 128, not 32" in result.stderr
+
+
+def test_profile_and_simulate_mean_the_same_by_the_same_name() -> None:
+    # One name, one meaning: profile's internal_frag_pct and token_state_pct are simulate's (Σ max(A - F, 0) and
+    # Σ L, % of capacity); the whole tail (Σ (A - L), % of allocated slots) has a name of its own.
+    options = [str(ROOT / "traces" / "burst.yaml"), "--kv-memory", "1GiB", "--max-model-len", "4096", "--json", "-"]
+    profiled = CliRunner().invoke(app, ["profile", *options, "--block-size", "16", "--device", "none"])
+    simulated = CliRunner().invoke(app, ["simulate", *options, "--block-size", "16", "--strategies", "paged"])
+    assert profiled.exit_code == 0 and simulated.exit_code == 0, profiled.output + simulated.output
+    row = json.loads(profiled.stdout)["rows"][0]
+    paged = json.loads(simulated.stdout)["strategies"]["paged"]
+    for key in ("internal_frag_pct", "token_state_pct", "num_preemptions", "mean_batch_size"):
+        assert row[key] == paged[key], key
+    assert row["tail_waste_pct"] > row["internal_frag_pct"]  # the tail includes what requests will still fill

@@ -15,7 +15,13 @@ from minipaged_cli.emulation import EmulatedBackend
 from minipaged_cli.kv_cache import PagedKVCache
 from minipaged_cli.paged_ops import cache_write_naive, paged_attention_naive
 from tests.conftest import REQUIRE_GPU, REQUIRE_SHARED, skip_unless_required
-from tests.test_paged_ops import NUM_KV_HEADS, make_batch, sdpa_reference, tolerance
+from tests.test_paged_ops import (
+    NUM_KV_HEADS,
+    check_empty_batch_and_zero_lengths,
+    make_batch,
+    sdpa_reference,
+    tolerance,
+)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -61,6 +67,14 @@ def test_split_k_merge_matches_one_pass(tokens_per_split: int) -> None:
     naive = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, 0.125)
     torch.testing.assert_close(out, naive, **tolerance(torch.float32))
     assert kernels.plan_splits(3, NUM_KV_HEADS, 517, 132, tokens_per_split)[1] == -(-517 // tokens_per_split)
+
+
+@pytest.mark.parametrize("tokens_per_split", [None, 32], ids=["plan", "split 32"])
+def test_emulated_attention_at_the_edges(tokens_per_split: int | None) -> None:
+    # An empty batch launches nothing; a sequence of length 0 writes zeros (the kernel's sum is 0: not 0/0), with
+    # or without split-K, whose merge sees no split at all for it.
+    check_empty_batch_and_zero_lengths(EmulatedBackend(tokens_per_split=tokens_per_split).paged_attention)
+    assert kernels.plan_splits(3, NUM_KV_HEADS, 0, 132) == (kernels.SPLIT_GRANULE, 1)
 
 
 def test_split_plan() -> None:

@@ -157,7 +157,7 @@ def test_cache_footprint() -> None:
 
 
 BAD_ATTENTION = [
-    ("seq_lens", lambda a: {**a, "seq_lens": torch.tensor([0], dtype=torch.int32)}, ">= 1"),
+    ("seq_lens", lambda a: {**a, "seq_lens": torch.tensor([-1], dtype=torch.int32)}, ">= 0"),
     ("too long", lambda a: {**a, "seq_lens": torch.tensor([33], dtype=torch.int32)}, "exceeds max_blocks"),
     ("block id", lambda a: {**a, "block_tables": torch.tensor([[0, 99]], dtype=torch.int32)},
      r"block_tables\[0, 1\] = 99"),
@@ -201,3 +201,35 @@ def test_validation_leaves_the_cache_untouched() -> None:
     with pytest.raises(ValueError):
         TorchBackend().cache_write(key, key, cache.key_cache[0], cache.value_cache[0], torch.tensor([5, 64]))
     assert not cache.key_cache[0].any()  # the valid slot 5 was not written either
+
+
+ATTENTION_PATHS = {
+    "naive": paged_attention_naive,
+    "vectorized": paged_attention_vectorized,
+    "online": paged_attention_online,
+    "torch backend": TorchBackend("cpu").paged_attention,
+}
+
+
+@pytest.mark.parametrize("path", sorted(ATTENTION_PATHS))
+def test_an_empty_batch_and_sequences_of_length_0(path: str) -> None:
+    check_empty_batch_and_zero_lengths(ATTENTION_PATHS[path])
+
+
+def check_empty_batch_and_zero_lengths(attention) -> None:
+    """What every attention path (the references here, the kernels in test_kernels.py) must do at the edges."""
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(4, 64, 2, torch.float32, repeated=False)
+    empty = attention(query[:0], key_cache, value_cache, block_tables[:0], seq_lens[:0], 0.125)
+    assert empty.shape == (0, *query.shape[1:])
+    # Lengths 0 among real ones (their block tables all padding, the cache NaN where nobody owns it): zeros
+    # out, no NaN, and the other sequences unchanged.
+    lens = torch.tensor([0, int(seq_lens[1]), 0], dtype=torch.int32)
+    tables = block_tables.clone()
+    tables[0], tables[2] = -1, -1
+    out = attention(query, key_cache, value_cache, tables, lens, 0.125)
+    assert not out.isnan().any()
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
+    expected = sdpa_reference(query[1:2], key_cache, value_cache, tables[1:2], lens[1:2], 0.125)
+    torch.testing.assert_close(out[1:2], expected, **tolerance(torch.float32))
+    all_zero = attention(query, key_cache, value_cache, tables[:, :0], torch.zeros(3, dtype=torch.int32), 0.125)
+    assert torch.equal(all_zero, torch.zeros_like(query))

@@ -167,3 +167,21 @@ def test_device_cuda_without_a_gpu_is_one_line() -> None:
     assert result.exit_code == 2
     assert result.stderr.strip() == ("error: --device: 'cuda': the CUDA backend cannot run: torch sees no GPU; "
                                      "use --device cpu or emulated")
+
+
+def test_forked_samples_count_their_shared_tokens_once() -> None:
+    # The audit's case, worked by hand: block 16, 24 blocks (384 slots), a 64-token prompt with n = 4 and 3 output
+    # tokens, every step 1 ms. Step 1 prefills 64 tokens (4 blocks); 3 samples fork, sharing those 4 blocks;
+    # steps 2 and 3 each decode 4 tokens (step 2 takes one new block per sample). Distinct tokens after each step:
+    # 64, 4 * 65 - 3 * 64 = 68, 4 * 66 - 3 * 64 = 72; distinct slots in use: 64, then 4 shared + 4 own blocks = 128.
+    trace = make_trace("fork", [Request("a", 0.0, 64, 3, n=4)], source="test")
+    config = SimConfig(MODEL, GPU, num_blocks=24, block_size=16, max_model_len=512)
+    report = run_trace(trace, config, TorchBackend("cpu"), num_layers=1, dtype=torch.float32)
+    assert report.token_state_pct == pytest.approx(100 * (64 + 68 + 72) / 3 / 384)
+    assert report.kv_cache_usage_perc == pytest.approx(100 * (64 + 128 + 128) / 3 / 384)
+    assert report.token_state_pct <= report.kv_cache_usage_perc  # a token needs a slot
+    # the same numbers as simulate's, from the same definitions
+    simulated = replay(trace, config, "paged")
+    assert (report.token_state_pct, report.kv_cache_usage_perc) == pytest.approx(
+        (simulated.token_state_pct, simulated.kv_cache_usage_perc))
+    assert report.per_step["live_tokens"] == [64, 68, 72]

@@ -193,7 +193,7 @@ class ComputedContent:
 
     def __call__(self, work: StepWork, allocator) -> None:
         sequences = allocator.manager.sequences
-        for src, dst in work.copies:
+        for _, dst in work.copies:
             self.content.pop(dst, None)  # a partly filled block: its content has no key yet
         writes = [*work.prefills, *((sid, position, 1) for sid, position in work.decodes)]
         for sid, start, count in writes:  # the step writes every new token before any attention reads
