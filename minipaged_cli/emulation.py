@@ -86,7 +86,8 @@ class EmulatedBackend(Backend):
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
         batch, num_q_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[1]
-        query, block_tables, seq_lens = query.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
+        query = kernels.attention_operands(query, key_cache, value_cache)
+        block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
         plan = kernels.plan_attention(query, num_kv_heads, int(seq_lens.max()), self.num_sms, self.tokens_per_split)
         function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim, plan.group))
         function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(plan.num_splits),

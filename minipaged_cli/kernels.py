@@ -1,5 +1,14 @@
 """What the CUDA kernels of ``cuda/`` need from their launchers, shared by the PyCUDA and the emulated backend:
-entry-point names per dtype, what the kernels cover, the split-K plan and the 16-byte-vector test."""
+entry-point names per dtype, what the kernels cover, the split-K plan, and the launch rules checked before every
+launch (a wrong launch on a GPU can kill the process's CUDA context):
+
+- 16-byte vector loads and stores only where every base pointer and row stride they touch is 16-byte aligned:
+  cache_write and copy_blocks then take their scalar path, and attention (which has none) reads a copy of a
+  misaligned query and refuses misaligned caches;
+- no launch for an empty batch (grids cannot be empty), and no grid beyond CUDA's y/z limit of 65,535 (a batch
+  that large is refused with a clear error);
+- the split-K scratch buffers are float32, whatever torch's default dtype is.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ NUM_THREADS = 128  # threads per attention block (cuda/paged_attention.cu NUM_TH
 CACHE_WRITE_THREADS = 128
 COPY_BLOCKS_THREADS = 128
 MIN_TOKENS_PER_SPLIT = 256
+MAX_GRID_YZ = 65_535  # CUDA's limit on gridDim.y and gridDim.z
 
 
 def attention_kernel(dtype: torch.dtype, head_dim: int, group: int) -> str:
@@ -68,12 +78,26 @@ def rows_contiguous(tensor: torch.Tensor) -> bool:
 
 
 def can_vectorize(*tensors: torch.Tensor) -> bool:
-    """16-byte loads and stores: every row starts on a 16-byte boundary and head_dim fills whole vectors."""
+    """16-byte loads and stores: every row starts on a 16-byte boundary and head_dim fills whole vectors (the
+    base pointer, the row length and every stride but the last are multiples of 16 bytes)."""
     for tensor in tensors:
         size = tensor.element_size()
-        if tensor.data_ptr() % 16 or (tensor.shape[-1] * size) % 16 or (tensor.stride(0) * size) % 16:
+        if tensor.data_ptr() % 16 or (tensor.shape[-1] * size) % 16 or \
+                any((stride * size) % 16 for stride in tensor.stride()[:-1]):
             return False
     return True
+
+
+def attention_operands(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> torch.Tensor:
+    """The query as the attention kernel reads it: contiguous and 16-byte aligned (a copy when it is not). The
+    kernel has no scalar path, so misaligned caches are refused."""
+    query = query.contiguous()
+    if not can_vectorize(query):
+        query = query.clone()  # a fresh allocation: aligned
+    if not can_vectorize(key_cache, value_cache):
+        raise ValueError("the attention kernel reads 16-byte vectors: key_cache and value_cache must start on a "
+                         "16-byte boundary (a whole tensor, not a view at an odd offset)")
+    return query
 
 
 def cache_write_operands(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -105,13 +129,20 @@ def plan_attention(query: torch.Tensor, num_kv_heads: int, max_seq_len: int, num
     reason = unsupported_reason(head_dim, group)
     if reason is not None:
         raise ValueError(reason)
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"a batch of {batch} sequences exceeds the attention grid's limit of {MAX_GRID_YZ}; "
+                         "split it into several calls")
     tokens_per_split, num_splits = plan_splits(batch, num_kv_heads, max_seq_len, num_sms, tokens_per_split)
+    if num_splits > MAX_GRID_YZ:
+        raise ValueError(f"{num_splits} splits of {tokens_per_split} tokens exceed the grid's limit of "
+                         f"{MAX_GRID_YZ}; use longer splits")
     split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
+    scratch = {"device": query.device, "dtype": torch.float32}  # the kernels write float, whatever torch's default
     return AttentionLaunch(
         out=torch.empty_like(query),
-        tmp_out=torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), device=query.device),
-        tmp_max=torch.empty(split_shape, device=query.device),
-        tmp_sum=torch.empty(split_shape, device=query.device),
+        tmp_out=torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), **scratch),
+        tmp_max=torch.empty(split_shape, **scratch),
+        tmp_sum=torch.empty(split_shape, **scratch),
         group=group, tokens_per_split=tokens_per_split, num_splits=num_splits)
 
 
@@ -178,6 +209,8 @@ def merge_args(plan: AttentionLaunch, seq_lens: torch.Tensor) -> list[KernelArg]
 
 def copy_blocks_args(key_cache: torch.Tensor, value_cache: torch.Tensor,
                      block_mapping: torch.Tensor) -> list[KernelArg]:
-    """copy_blocks's parameters, in the order cuda/copy_blocks.cu declares them."""
+    """copy_blocks's parameters, in the order cuda/copy_blocks.cu declares them: 16-byte copies only when both
+    caches start aligned and a block is a whole number of 16-byte vectors."""
     block_bytes = key_cache[0].numel() * key_cache.element_size()
-    return [key_cache, value_cache, block_mapping, Int64(block_bytes)]
+    vectorized = block_bytes % 16 == 0 and key_cache.data_ptr() % 16 == 0 and value_cache.data_ptr() % 16 == 0
+    return [key_cache, value_cache, block_mapping, Int64(block_bytes), int(vectorized)]

@@ -49,6 +49,10 @@ def check_cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
         if low < -1 or high >= num_blocks * block_size:
             raise ValueError(f"slot_mapping holds {low if low < -1 else high}: slots are -1 (skip) or in "
                              f"[0, {num_blocks * block_size})")
+        slots, counts = slot_mapping[slot_mapping >= 0].unique(return_counts=True)
+        if bool((counts > 1).any()):  # two tokens into one slot race on a GPU
+            raise ValueError(f"slot_mapping writes slot {int(slots[counts > 1][0])} more than once: each token "
+                             "needs its own slot")
 
 
 def check_copy_blocks(key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:

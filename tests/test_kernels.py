@@ -266,3 +266,95 @@ def test_prepared_call_signatures_match_the_argument_lists() -> None:
                                           True)) == cuda_backend._CACHE_WRITE_ARGS
     assert kinds(kernels.copy_blocks_args(key_cache, value_cache, torch.zeros(1, 2, dtype=torch.int64))) == \
         cuda_backend._COPY_BLOCKS_ARGS
+
+
+# -- launch rules, checked before every launch (kernels.py); on the CPU through the emulated backend ------------
+
+def misaligned(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``tensor`` whose data starts one element past a 16-byte boundary."""
+    buffer = torch.empty(tensor.numel() + 1, dtype=tensor.dtype)
+    view = buffer[1:].view(tensor.shape)
+    view.copy_(tensor)
+    assert view.is_contiguous() and view.data_ptr() % 16
+    return view
+
+
+def test_a_misaligned_query_is_read_from_an_aligned_copy_and_misaligned_caches_are_refused(
+        emulated: EmulatedBackend) -> None:
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 128, 4, torch.bfloat16, repeated=False)
+    expected = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, 0.1)
+    out = emulated.paged_attention(misaligned(query), key_cache, value_cache, block_tables, seq_lens, 0.1)
+    torch.testing.assert_close(out, expected, **tolerance(torch.bfloat16))
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        emulated.paged_attention(query, misaligned(key_cache), value_cache, block_tables, seq_lens, 0.1)
+
+
+def test_misaligned_caches_take_the_scalar_paths(emulated: EmulatedBackend) -> None:
+    key_cache, value_cache, mapping = copy_blocks_case(torch.bfloat16, 64)
+    key_cache, value_cache = misaligned(key_cache), misaligned(value_cache)
+    assert kernels.copy_blocks_args(key_cache, value_cache, mapping)[-1] == 0  # not vectorized
+    expected = copied_by_hand(key_cache, mapping), copied_by_hand(value_cache, mapping)
+    emulated.copy_blocks(key_cache, value_cache, mapping)
+    assert torch.equal(key_cache, expected[0]) and torch.equal(value_cache, expected[1])
+    key = torch.randn(5, NUM_KV_HEADS, 64).to(torch.bfloat16)
+    slots = torch.tensor([0, 9, 17, 30, 47], dtype=torch.int64)
+    assert not kernels.cache_write_operands(key, key, key_cache, value_cache)[2]
+    reference = [key_cache.clone(), value_cache.clone()]
+    cache_write_naive(key, key, reference[0], reference[1], slots)
+    emulated.cache_write(key, key, key_cache, value_cache, slots)
+    assert torch.equal(key_cache, reference[0]) and torch.equal(value_cache, reference[1])
+
+
+def test_a_batch_beyond_the_grid_limit_is_refused_before_launch() -> None:
+    query = torch.zeros(kernels.MAX_GRID_YZ + 1, 1, 64)
+    with pytest.raises(ValueError, match="grid's limit"):
+        kernels.plan_attention(query, 1, 100, 132)
+    kernels.plan_attention(query[: kernels.MAX_GRID_YZ], 1, 100, 132)  # at the limit: fine
+
+
+def test_split_scratch_is_float32_whatever_the_default_dtype(emulated: EmulatedBackend) -> None:
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 64, 2, torch.float32, repeated=False)
+    expected = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, 0.125)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        plan = kernels.plan_attention(query, NUM_KV_HEADS, 517, 132, tokens_per_split=64)
+        assert {plan.tmp_out.dtype, plan.tmp_max.dtype, plan.tmp_sum.dtype} == {torch.float32}
+        out = EmulatedBackend(tokens_per_split=64).paged_attention(query, key_cache, value_cache, block_tables,
+                                                                   seq_lens, 0.125)
+    finally:
+        torch.set_default_dtype(default)
+    torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+def test_a_cache_write_with_a_slot_twice_is_refused(emulated: EmulatedBackend) -> None:
+    cache = PagedKVCache(1, 4, NUM_KV_HEADS, 4, 64, torch.float32)
+    cache.key_cache[0].zero_()
+    key = torch.randn(3, NUM_KV_HEADS, 64)
+    before = cache.key_cache[0].clone()
+    with pytest.raises(ValueError, match="slot 5 more than once"):
+        emulated.cache_write(key, key, cache.key_cache[0], cache.value_cache[0],
+                             torch.tensor([5, -1, 5], dtype=torch.int64))
+    assert torch.equal(cache.key_cache[0], before)
+    emulated.cache_write(key, key, cache.key_cache[0], cache.value_cache[0],
+                         torch.tensor([-1, 5, -1], dtype=torch.int64))  # padding may repeat
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_run_in_order_with_work_on_torchs_current_stream() -> None:
+    # On a side stream: fill the caches and the query with torch (queued, not finished), launch, then read the
+    # result with torch on the same stream. Without ordering the kernels would read the caches before the fill.
+    backend = _cuda_backend()
+    device = backend.device
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 128, 4, torch.bfloat16, repeated=False)
+    expected = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, 0.1)
+    caches = [torch.zeros_like(key_cache, device=device), torch.zeros_like(value_cache, device=device)]
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time before the fill
+        caches[0].copy_(key_cache.to(device, non_blocking=True))
+        caches[1].copy_(value_cache.to(device, non_blocking=True))
+        out = backend.paged_attention(query.to(device), caches[0], caches[1], block_tables.to(device),
+                                      seq_lens.to(device), 0.1)
+        result = (out * 1).cpu()  # torch reads the output on the side stream
+    torch.testing.assert_close(result, expected, **tolerance(torch.bfloat16))

@@ -136,7 +136,8 @@ def test_report_counts_tokens_and_bytes() -> None:
     assert report.steps == 5 and report.num_preemptions == 0
     assert set(report.to_dict()) == {"device", "backend", "steps", "prompt_tokens", "decode_tokens", "wall_s",
                                      "decode_tokens_per_s", "attention_s", "cache_write_s", "attention_gbps",
-                                     "cache_write_gbps", "token_state_pct", "kv_cache_usage_perc", "kv_pool_bytes",
+                                     "cache_write_gbps", "token_state_pct", "kv_cache_usage_perc", "averaged_over",
+                                     "kv_pool_bytes",
                                      "peak_memory_bytes", "num_preemptions", "block_copies", "copy_s"}
 
 

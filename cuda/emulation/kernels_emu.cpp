@@ -8,8 +8,9 @@
 #include "../copy_blocks.cu"
 
 extern "C" void emu_copy_blocks(unsigned grid_x, unsigned block_x, char* key_cache, char* value_cache,
-                                const int64_t* block_mapping, int64_t block_bytes) {
-    emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, [&] { copy_blocks(key_cache, value_cache, block_mapping, block_bytes); });
+                                const int64_t* block_mapping, int64_t block_bytes, int vectorized) {
+    emu::launch({grid_x, 1, 1}, {block_x, 1, 1},
+                [&] { copy_blocks(key_cache, value_cache, block_mapping, block_bytes, vectorized); });
 }
 
 #define EMU_CACHE_WRITE(SUFFIX, T)                                                                               \
