@@ -148,24 +148,28 @@ class FreeBlockQueue:
     def num_cached(self) -> int:
         return len(self._cached)
 
-    def append(self, blocks: Iterable[int], is_cached: Sequence[bool] | None = None) -> None:
-        """Return freed blocks to the back of their part (``is_cached[i]``: block ``i`` keeps cached content)."""
-        if is_cached is None:
+    def append(self, blocks: Iterable[int], block_hash: Sequence[Hashable | None] | None = None) -> None:
+        """Return freed blocks to the back of their part: the cached one when ``block_hash[block]`` is set."""
+        if block_hash is None:
             self._empty.extend(blocks)
             return
-        for block, cached in zip(blocks, is_cached, strict=True):
-            if cached:
-                self._cached[block] = None  # (OrderedDict.update is several times slower than this loop)
+        cached, empty = self._cached, self._empty
+        for block in blocks:
+            if block_hash[block] is None:
+                empty.append(block)
             else:
-                self._empty.append(block)
+                cached[block] = None  # (OrderedDict.update is several times slower than this loop)
 
-    def take(self, count: int) -> list[int]:
-        """The next ``count`` blocks (the caller has checked that there are enough)."""
+    def take(self, count: int) -> tuple[list[int], int]:
+        """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
+        the end of the list, come from the cached part: their content is evicted."""
         empty = self._empty
-        taken = [empty.popleft() for _ in range(min(count, len(empty)))]
-        while len(taken) < count:
-            taken.append(self._cached.popitem(last=False)[0])
-        return taken
+        from_empty = min(count, len(empty))
+        taken = [empty.popleft() for _ in range(from_empty)]
+        if from_empty < count:
+            pop = self._cached.popitem
+            taken.extend([pop(last=False)[0] for _ in range(count - from_empty)])
+        return taken, count - from_empty
 
     def revive(self, block: int) -> None:
         """Take a cached block out of the queue: a prefix-cache hit holds it again."""
@@ -426,7 +430,7 @@ class KVBlockManager:
         refs = self.ref_counts
         if self.enable_prefix_caching:
             freed = [block for block in reversed(state.block_table) if refs[block] == 1]
-            self.free_blocks.append(freed, [self.block_hash[block] is not None for block in freed])
+            self.free_blocks.append(freed, self.block_hash)
         else:
             freed = [block for block in state.block_table if refs[block] == 1]
             self.free_blocks.append(freed)
@@ -570,7 +574,9 @@ class KVBlockManager:
         # The scheduler asks about the same waiting prompt several times a step; the answer only changes when
         # the cache does (a block registered or evicted). The memo is keyed on the hashes' values, compared in
         # C, which is far cheaper than the dictionary walk: a caller may edit its list between two calls.
-        candidates = list(itertools.islice(block_hashes, (num_tokens - 1) // self.block_size))
+        candidates = block_hashes[: (num_tokens - 1) // self.block_size]
+        if not isinstance(candidates, (list, tuple)):  # a list's slice is a copy: the caller's later edits
+            candidates = list(candidates)  # cannot reach it; other sequences' slices may be views
         memo = self._lookup_memo
         if memo is not None and memo[1] == num_tokens and memo[0] == candidates:
             return memo[2]
@@ -595,22 +601,27 @@ class KVBlockManager:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their
         cached content (the caller has checked that there are enough). The article's ``allocate_block``."""
         refs, hashes = self.ref_counts, self.block_hash
-        for block in self.free_blocks.take(count):
+        blocks, num_evicted = self.free_blocks.take(count)
+        for block in blocks:
             refs[block] = 1
-            table.append(block)
-            if hashes[block] is not None:
+        table.extend(blocks)
+        if num_evicted:
+            for block in blocks[count - num_evicted:]:
                 del self.cached_blocks[hashes[block]]
                 hashes[block] = None
-                self.num_evictions += 1
-                self._lookup_memo = None
+            self.num_evictions += num_evicted
+            self._lookup_memo = None
         self.num_allocations += count
 
     def _computed(self, state: SequenceState, num_computed_tokens: int) -> None:
         """Advance the sequence's computed tokens; blocks that became full and computed join the cache."""
         first = state.num_computed_tokens // self.block_size
-        state.num_computed_tokens = max(state.num_computed_tokens, num_computed_tokens)
-        if self.enable_prefix_caching:
-            self._register(state, first, state.num_computed_tokens // self.block_size)
+        if num_computed_tokens <= state.num_computed_tokens:
+            return
+        state.num_computed_tokens = num_computed_tokens
+        stop = num_computed_tokens // self.block_size
+        if self.enable_prefix_caching and stop > first and len(state.block_hashes) > first:
+            self._register(state, first, stop)
 
     def _register(self, state: SequenceState, first: int, stop: int) -> None:
         """Cache the sequence's blocks ``first`` to ``stop`` (full and computed) under their hashes; the first
