@@ -1,25 +1,165 @@
 #!/usr/bin/env bash
-# One GPU session's work, prepared to run unattended on a lent machine (see ../shared/device/README.md):
-# install the carried PyCUDA wheels and the project, run the GPU tests and the emulation tests, the kernel
-# benchmark, and compute-sanitizer over the GPU tests. Everything it prints lands in $OUT (or ./gpu-out).
+# One GPU window's work, unattended, in at most 8 minutes of command time (the device tool allows 10 a command
+# and about 15 in all, the machine's start included). Everything lands in $OUT, one full log per step:
 #
-#   run with carry [".whl"]:  bash benchmarks/gpu_session.sh
+#   summary.txt     commit, GPU, driver, one line per step: status, exit code, seconds, limit
+#   setup.log       carried wheels, PATH, and the import that must work: torch + PyCUDA on torch's context
+#   bench.log       benchmarks/kernels_gpu.py: kernel figures beside same-run baselines (first: they matter most)
+#   gpu_tests.log   pytest -m gpu, full output; MINIPAGED_REQUIRE_GPU=1 makes a skipped GPU test a failure
+#   memcheck.log    compute-sanitizer memcheck over the bf16 attention, cache-write and copy-blocks GPU tests
+#   run.log         minipaged run on a slice of the Azure conversation trace, on the CUDA kernels
+#   verify.log      minipaged verify --layer 3 on the CUDA kernels, bf16
+#
+# The project is not installed there (the image has no hatchling): it runs from the source tree (PYTHONPATH).
+# The emulation tests do not run here: CI runs them.
+#
+#   on the GPU machine (device tool, carry [".whl"]):  bash benchmarks/gpu_session.sh
+#   here, without a GPU (CI runs it too):              bash benchmarks/gpu_session.sh --check
+#
+# --check shows that every pytest selection collects what it names, that every command parses (its exact
+# options, with --help appended), and that the step limits fit the budget.
 set -uo pipefail
-OUT="${OUT:-gpu-out}"
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+BUDGET_S=480
+SETUP_S=45
+STEPS=(bench gpu_tests memcheck run verify)
+declare -A LIMIT=([bench]=150 [gpu_tests]=110 [memcheck]=110 [run]=30 [verify]=35)
+
+GPU_TESTS=(tests/ -m gpu)
+# Selected by node id: -k cannot spell "(32, 8)", and the ids spell the dtype torch.bfloat16, not bf16.
+MEMCHECK_TESTS=(
+    "tests/test_kernels.py::test_gpu_attention_on_vllm_shapes[(32, 8)-128-16-torch.bfloat16]"
+    "tests/test_kernels.py::test_gpu_attention_on_vllm_shapes[(64, 8)-128-16-torch.bfloat16]"
+    "tests/test_kernels.py::test_gpu_cache_write_is_bit_exact[torch.bfloat16]"
+    "tests/test_kernels.py::test_gpu_copy_blocks_is_exact[torch.bfloat16]"
+)
+BENCH_CMD=(python3 benchmarks/kernels_gpu.py --repeat 7 --launches 20)
+RUN_CMD=(python3 -m minipaged_cli run traces/azure_conv_1k.yaml --limit 100 --device cuda --kv-memory 16GiB
+         --max-steps 400 --json -)
+VERIFY_CMD=(python3 -m minipaged_cli verify --layer 3 --device cuda --dtype bfloat16 --json -)
+
+step_command() {  # the command of step $1, one word per line of the array
+    case $1 in
+        bench) CMD=("${BENCH_CMD[@]}") ;;
+        gpu_tests) CMD=(env MINIPAGED_REQUIRE_GPU=1 python3 -m pytest -rfE "${GPU_TESTS[@]}") ;;
+        memcheck) CMD=(env MINIPAGED_REQUIRE_GPU=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck
+                       --error-exitcode 1 python3 -m pytest -rfE -m gpu "${MEMCHECK_TESTS[@]}") ;;
+        run) CMD=("${RUN_CMD[@]}") ;;
+        verify) CMD=("${VERIFY_CMD[@]}") ;;
+    esac
+}
+
+total_limit() {
+    local total=$SETUP_S name
+    for name in "${STEPS[@]}"; do total=$((total + LIMIT[$name])); done
+    echo "$total"
+}
+
+collected() {  # number of tests pytest collects for the given arguments
+    python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::"
+}
+
+check() {
+    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    local failed=0 count id
+    count=$(collected "${GPU_TESTS[@]}")
+    echo "gpu_tests: pytest ${GPU_TESTS[*]} collects $count tests"
+    [ "$count" -gt 0 ] || { echo "  FAIL: no GPU test collected"; failed=1; }
+    count=$(collected -m gpu "${MEMCHECK_TESTS[@]}")
+    echo "memcheck: the selection collects $count tests (bf16 attention, cache write, copy blocks)"
+    [ "$count" -eq "${#MEMCHECK_TESTS[@]}" ] || { echo "  FAIL: expected ${#MEMCHECK_TESTS[@]}"; failed=1; }
+    for id in "${MEMCHECK_TESTS[@]}"; do
+        count=$(collected -m gpu "$id")
+        echo "  $count  $id"
+        [ "$count" -eq 1 ] || failed=1
+    done
+    for name in bench run verify; do
+        step_command "$name"
+        if "${CMD[@]}" --help > /dev/null 2>&1; then
+            echo "$name: parses: ${CMD[*]}"
+        else
+            echo "$name: FAIL: does not parse: ${CMD[*]} --help"
+            failed=1
+        fi
+    done
+    local total
+    total=$(total_limit)
+    echo "budget: set-up ${SETUP_S} s + steps $(for n in "${STEPS[@]}"; do printf '%s %s s, ' "$n" "${LIMIT[$n]}"; done)"
+    echo "        = ${total} s of at most ${BUDGET_S} s"
+    [ "$total" -le "$BUDGET_S" ] || { echo "  FAIL: over budget"; failed=1; }
+    local files=$((2 + ${#STEPS[@]}))  # summary, setup, one log per step
+    echo "files under \$OUT: $files (at most 8)"
+    [ "$files" -le 8 ] || failed=1
+    [ "$failed" -eq 0 ] && echo "check passed" || echo "check FAILED"
+    return "$failed"
+}
+
+if [ "${1:-}" = "--check" ]; then
+    check
+    exit $?
+fi
+
+OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt
 {
-    echo "== $(date -u) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+    echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with changes)')"
+    echo "date $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu, driver, memory: /'
+} > "$SUMMARY"
+
+elapsed_since() { echo $(( $(date +%s) - $1 )); }
+
+# -- set-up: fatal ---------------------------------------------------------------------------------------------
+started=$(date +%s)
+(
+    set -e
+    echo "== carried wheels into /tmp/site"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
-    python3 -c "import torch; torch.cuda.init(); import pycuda.autoprimaryctx; print('pycuda ok on', torch.cuda.get_device_name())"
-    echo "== pytest -m gpu"
-    timeout 300 python3 -m pytest -q -m gpu tests/test_kernels.py 2>&1 | tail -15
-    echo "== emulation tests"
-    timeout 300 python3 -m pytest -q tests/test_kernels.py -k "emulated or split or compile" 2>&1 | tail -5
-    echo "== benchmarks/kernels_gpu.py"
-    timeout 300 python3 benchmarks/kernels_gpu.py --repeat 30 2>&1
-    echo "== compute-sanitizer memcheck over the GPU tests"
-    timeout 300 compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu tests/test_kernels.py -k "128 and bf16" 2>&1 | tail -8
-} 2>&1 | tee "$OUT/gpu_session.txt"
+    for dir in /usr/local/cuda*/bin /usr/local/cuda*/compute-sanitizer; do
+        [ -d "$dir" ] && PATH=$PATH:$dir
+    done
+    echo "nvcc: $(command -v nvcc || echo missing); host compiler: $(command -v g++ || command -v c++ || echo missing)"
+    echo "compute-sanitizer: $(command -v compute-sanitizer || echo missing)"
+    timeout "$SETUP_S" env PYTHONPATH="$ROOT:/tmp/site" python3 -c "
+import torch
+torch.cuda.init()
+import pycuda.autoprimaryctx
+import minipaged_cli.cuda_backend as cb
+print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'on', torch.cuda.get_device_name())
+print('cuda backend:', cb.cuda_backend_unavailable_reason() or 'available')
+"
+) > "$OUT/setup.log" 2>&1
+rc=$?
+export PATH
+for dir in /usr/local/cuda*/bin /usr/local/cuda*/compute-sanitizer; do [ -d "$dir" ] && PATH=$PATH:$dir; done
+export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PYCUDA_CACHE_DIR=/tmp/pycuda-cache
+mkdir -p "$PYCUDA_CACHE_DIR"
+if [ "$rc" -ne 0 ]; then
+    echo "setup      FAILED  rc=$rc  $(elapsed_since "$started") s (limit $SETUP_S s): see setup.log" >> "$SUMMARY"
+    cat "$SUMMARY" "$OUT/setup.log"
+    exit 1
+fi
+echo "setup      ok      rc=0  $(elapsed_since "$started") s (limit $SETUP_S s)" >> "$SUMMARY"
+
+# -- the steps, in order of what matters most ------------------------------------------------------------------
+failures=0
+for name in "${STEPS[@]}"; do
+    step_command "$name"
+    started=$(date +%s)
+    { echo "\$ ${CMD[*]}"; timeout --kill-after=10 "${LIMIT[$name]}" "${CMD[@]}"; } > "$OUT/$name.log" 2>&1
+    rc=$?
+    case $rc in
+        0) status=ok ;;
+        124|137) status=TIMEOUT ;;
+        *) status=FAILED ;;
+    esac
+    [ "$rc" -eq 0 ] || failures=$((failures + 1))
+    printf '%-10s %-7s rc=%-3s %s s (limit %s s)\n' "$name" "$status" "$rc" "$(elapsed_since "$started")" \
+        "${LIMIT[$name]}" >> "$SUMMARY"
+done
+cat "$SUMMARY"
+[ "$failures" -eq 0 ]  # the exit status says whether every step passed

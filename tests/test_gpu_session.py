@@ -1,0 +1,28 @@
+"""benchmarks/gpu_session.sh --check: what the rare GPU window will run is checked here, on every commit."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+def test_the_gpu_script_selects_real_tests_runs_parsable_commands_and_fits_its_budget() -> None:
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "--check"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    output = result.stdout
+    assert "check passed" in output
+    assert int(re.search(r"collects (\d+) tests", output).group(1)) > 0  # pytest -m gpu
+    memcheck = re.findall(r"^\s+(\d+)\s+tests/test_kernels.py::(\w+)\[(.*)\]$", output, re.M)
+    assert {name for _, name, _ in memcheck} >= {
+        "test_gpu_attention_on_vllm_shapes", "test_gpu_cache_write_is_bit_exact", "test_gpu_copy_blocks_is_exact"}
+    assert all(count == "1" and "bfloat16" in ids for count, _, ids in memcheck)
+    total, budget = map(int, re.search(r"= (\d+) s of at most (\d+) s", output).groups())
+    assert total <= budget <= 480
