@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from minipaged_cli.paged_ops import paged_attention_online, paged_attention_vectorized
+from minipaged_cli.dataplane.reference import paged_attention_online, paged_attention_vectorized
 
 GOAL = 1.5
 

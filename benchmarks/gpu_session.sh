@@ -127,7 +127,7 @@ started=$(date +%s)
 import torch
 torch.cuda.init()
 import pycuda.autoprimaryctx
-import minipaged_cli.cuda_backend as cb
+import minipaged_cli.dataplane.cuda as cb
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'on', torch.cuda.get_device_name())
 print('cuda backend:', cb.cuda_backend_unavailable_reason() or 'available')
 "

@@ -32,8 +32,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from minipaged_cli.cuda_backend import CudaBackend, cuda_backend_unavailable_reason
-from minipaged_cli.kernels import random_block_tables
+from minipaged_cli.dataplane.cuda import CudaBackend, cuda_backend_unavailable_reason
+from minipaged_cli.dataplane.kernels import random_block_tables
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
 CASES = {

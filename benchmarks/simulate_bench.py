@@ -16,10 +16,11 @@ import argparse
 import time
 from pathlib import Path
 
-from minipaged_cli.allocators import STRATEGIES
-from minipaged_cli.presets import load_gpu, load_model
-from minipaged_cli.simulator import SimConfig, num_blocks_for_memory, replay
-from minipaged_cli.trace import Trace, load_trace
+from minipaged_cli.memory.allocators import STRATEGIES
+from minipaged_cli.sim.replay import SimConfig, num_blocks_for_memory, replay
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import Trace
 
 GOAL_S = 30.0
 

@@ -1,3 +1,3 @@
-from minipaged_cli.cli import main
+from minipaged_cli.cli.main import main
 
 main()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from minipaged_cli.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"

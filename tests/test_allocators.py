@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged_cli.allocators import (
+from minipaged_cli.memory.allocators import (
     ContiguousArena,
     DynamicAllocator,
     Holding,

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from minipaged_cli.block_manager import (
+from minipaged_cli.memory.block_manager import (
     BlockManagerError,
     DoubleReleaseError,
     DuplicateSequenceError,

@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minipaged_cli.block_manager import (
+from minipaged_cli.memory.block_manager import (
     BlockManagerError,
     DoubleReleaseError,
     DuplicateSequenceError,

@@ -10,18 +10,18 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from minipaged_cli.backends import TorchBackend
-from minipaged_cli.block_size_profile import (
+from minipaged_cli.apps.profile import (
     KernelCost,
     prefix_tokens_lost,
     profile_block_size,
     recommend,
     time_kernels,
 )
-from minipaged_cli.cli import app
-from minipaged_cli.presets import GpuSpec, ModelSpec
-from minipaged_cli.simulator import SimConfig
-from minipaged_cli.trace import Request, make_trace
+from minipaged_cli.cli.main import app
+from minipaged_cli.dataplane.backends import TorchBackend
+from minipaged_cli.sim.replay import SimConfig
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT
 
 MODEL = ModelSpec(name="small", num_layers=1, hidden_size=64, intermediate_size=64, num_q_heads=4, num_kv_heads=2,
@@ -148,7 +148,7 @@ def test_profile_bad_block_size() -> None:
 def test_kernel_timing_on_the_emulated_kernels() -> None:
     from dataclasses import replace
 
-    from minipaged_cli.emulation import EmulatedBackend
+    from minipaged_cli.dataplane.emulation import EmulatedBackend
 
     backend = EmulatedBackend()
     assert backend.unsupported(MODEL.num_q_heads, MODEL.num_kv_heads, MODEL.head_dim) is not None  # head_dim 16

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from minipaged_cli.cli import app
+from minipaged_cli.cli.main import app
 from tests.conftest import ROOT
 
 runner = CliRunner()
@@ -145,7 +145,7 @@ def test_bad_trace_file_names_file_request_field_value(tmp_path: Path) -> None:
 
 
 def test_internal_error_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    import minipaged_cli.commands.simulate as command
+    import minipaged_cli.cli.simulate as command
 
     def broken(*args: object, **kwargs: object) -> None:
         raise ZeroDivisionError("boom")
@@ -173,7 +173,7 @@ def test_help_has_examples() -> None:
 
 
 def test_start_up_imports_neither_torch_nor_transformers() -> None:
-    code = ("import sys; from minipaged_cli.cli import app; "
+    code = ("import sys; from minipaged_cli.cli.main import app; "
             "print('torch' in sys.modules, 'transformers' in sys.modules, 'matplotlib' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False", "False"]
@@ -191,7 +191,7 @@ def test_progress_bar_appears_only_after_the_delay() -> None:
 
     from rich.console import Console
 
-    from minipaged_cli.render import ReplayProgress
+    from minipaged_cli.cli.render import ReplayProgress
 
     console = Console(file=StringIO(), force_terminal=True)
     with ReplayProgress(console, 1000, ("paged", "dynamic"), delay_s=3600) as slow:

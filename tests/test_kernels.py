@@ -10,10 +10,10 @@ import subprocess
 import pytest
 import torch
 
-from minipaged_cli import kernels
-from minipaged_cli.emulation import EmulatedBackend
-from minipaged_cli.kv_cache import PagedKVCache
-from minipaged_cli.paged_ops import cache_write_naive, paged_attention_naive
+from minipaged_cli.dataplane import kernels
+from minipaged_cli.dataplane.emulation import EmulatedBackend
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.reference import cache_write_naive, paged_attention_naive
 from tests.conftest import REQUIRE_GPU, REQUIRE_SHARED, skip_unless_required
 from tests.test_paged_ops import (
     NUM_KV_HEADS,
@@ -118,7 +118,7 @@ def test_unsupported_shapes_are_refused(emulated: EmulatedBackend) -> None:
 # -- on a GPU (pytest -m gpu; skipped elsewhere) ------------------------------------------------------------
 
 def _cuda_backend():
-    from minipaged_cli.cuda_backend import CudaBackend, cuda_backend_unavailable_reason
+    from minipaged_cli.dataplane.cuda import CudaBackend, cuda_backend_unavailable_reason
 
     reason = cuda_backend_unavailable_reason()
     if reason is not None:
@@ -147,7 +147,7 @@ def test_gpu_attention_on_vllm_shapes(heads: tuple[int, int], head_dim: int, blo
     query = torch.randn(7, num_q_heads, head_dim, generator=generator).to(dtype)
     scale = head_dim ** -0.5
     # the naive reference over 8k tokens is slow in Python: the vectorized one is tested against it elsewhere
-    from minipaged_cli.paged_ops import paged_attention_vectorized
+    from minipaged_cli.dataplane.reference import paged_attention_vectorized
 
     reference = paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
     device = backend.device
@@ -192,7 +192,7 @@ def copied_by_hand(cache: torch.Tensor, mapping: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("head_dim", [3, 64])  # 3 x 2 bytes x 8 per block: not whole 16-byte vectors
 def test_copy_blocks_reference_and_emulated_kernel_are_exact(emulated: EmulatedBackend, dtype: torch.dtype,
                                                              head_dim: int) -> None:
-    from minipaged_cli.backends import TorchBackend
+    from minipaged_cli.dataplane.backends import TorchBackend
 
     for backend in (TorchBackend(), emulated):
         key_cache, value_cache, mapping = copy_blocks_case(dtype, head_dim)
@@ -229,7 +229,7 @@ def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
 
     from typer.testing import CliRunner
 
-    from minipaged_cli.cli import app
+    from minipaged_cli.cli.main import app
 
     runner = CliRunner()
     trace = tmp_path / "small.yaml"
@@ -249,7 +249,7 @@ def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
 def test_prepared_call_signatures_match_the_argument_lists() -> None:
     # The PyCUDA backend cannot run here, but its prepared-call type strings can be checked against the argument
     # lists both kernel backends pass (P pointer, q int64, f float, i int).
-    from minipaged_cli import cuda_backend
+    from minipaged_cli.dataplane import cuda as cuda_backend
 
     def kinds(args: list) -> str:
         return "".join("P" if isinstance(a, torch.Tensor) else "q" if isinstance(a, kernels.Int64)

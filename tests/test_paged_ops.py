@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minipaged_cli.backends import TorchBackend
-from minipaged_cli.kv_cache import PagedKVCache
-from minipaged_cli.paged_ops import (
+from minipaged_cli.dataplane.backends import TorchBackend
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.reference import (
     cache_write_naive,
     check_paged_attention,
     paged_attention_naive,

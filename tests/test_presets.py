@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import load_gpu, load_model, preset_names
 from minipaged_cli.units import format_bytes, parse_bytes
+from minipaged_cli.workloads.presets import load_gpu, load_model, preset_names
 
 
 @pytest.mark.parametrize(("name", "kv_bytes", "params_billion"), [

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from minipaged_cli.backends import TorchBackend
-from minipaged_cli.cli import app
-from minipaged_cli.kv_cache import PagedKVCache
-from minipaged_cli.presets import GpuSpec, ModelSpec
-from minipaged_cli.runner import _Executor, run_trace
-from minipaged_cli.simulator import SimConfig, StepWork, replay
-from minipaged_cli.trace import Request, make_trace
+from minipaged_cli.apps.run import _Executor, run_trace
+from minipaged_cli.cli.main import app
+from minipaged_cli.dataplane.backends import TorchBackend
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.sim.replay import SimConfig, StepWork, replay
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT
 
 MODEL = ModelSpec(name="small", num_layers=2, hidden_size=64, intermediate_size=64, num_q_heads=4, num_kv_heads=2,

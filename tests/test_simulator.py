@@ -8,11 +8,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from minipaged_cli.allocators import STRATEGIES, Holding, make_allocator
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import GpuSpec, ModelSpec, load_gpu, load_model
-from minipaged_cli.simulator import SimConfig, replay, simulate
-from minipaged_cli.trace import Request, load_trace, make_trace
+from minipaged_cli.memory.allocators import STRATEGIES, Holding, make_allocator
+from minipaged_cli.sim.replay import SimConfig, replay, simulate
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT, shared_trace
 from tests.test_simulator_sharing import ComputedContent
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import GpuSpec, ModelSpec, load_gpu, load_model
-from minipaged_cli.simulator import SimConfig, StepWork, block_content_keys, replay
-from minipaged_cli.trace import Request, load_trace, make_trace
+from minipaged_cli.sim.replay import SimConfig, StepWork, block_content_keys, replay
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT, shared_trace
 
 

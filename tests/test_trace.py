@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.trace import dump_trace, load_trace, load_yaml_trace
-from minipaged_cli.trace_import import detect_format
+from minipaged_cli.workloads.readers import detect_format, load_trace
+from minipaged_cli.workloads.trace import dump_trace, load_yaml_trace
 from tests.conftest import ROOT, shared_trace
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from minipaged_cli.backends import TorchBackend
-from minipaged_cli.cli import app
-from minipaged_cli.qwen3 import apply_rope, build_random_qwen3, load_config_file
-from minipaged_cli.verify import make_prompts, verify_generation, verify_layer
+from minipaged_cli.apps.qwen3 import apply_rope, build_random_qwen3, load_config_file
+from minipaged_cli.apps.verify import make_prompts, verify_generation, verify_layer
+from minipaged_cli.cli.main import app
+from minipaged_cli.dataplane.backends import TorchBackend
 
 SHAPES = ["qwen3-0.6b-4-layers", "qwen3-gqa3-hd64"]  # 16 q / 8 kv, head_dim 128; 12 q / 4 kv, head_dim 64
 runner = CliRunner()
@@ -102,7 +102,7 @@ def test_pickle_weights_are_refused(tmp_path: Path) -> None:
 
 
 def test_a_failing_check_exits_1_with_a_failed_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    import minipaged_cli.verify as verify
+    import minipaged_cli.apps.verify as verify
 
     original = verify.verify_layer
     monkeypatch.setattr(verify, "verify_layer", lambda *a, **k: original(*a, **k, corrupt="offset-slot"))

@@ -1,4 +1,5 @@
-"""Readers for public production traces, into the same ``Trace`` as the YAML format.
+"""Reading a trace in any supported format (``load_trace``): the YAML format of ``trace.py``, and readers for
+public production traces into the same ``Trace``.
 
 - ``azure``: Azure LLM inference trace 2023 (Splitwise), CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``.
 - ``mooncake``: Mooncake FAST'25 JSONL, ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.trace import Request, Trace, make_trace
+from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
+
+TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
 
 MOONCAKE_BLOCK_TOKENS = 512
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -176,3 +180,45 @@ def _non_negative(value: Any, source: str, where: str, field: str) -> float:
         raise InputError("must be a number >= 0", source=source, where=where, field=field, value=value,
                          has_value=True)
     return float(value)
+
+
+def load_trace(
+    path: str | Path,
+    trace_format: str = "auto",
+    *,
+    rate: float | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    time_scale: float = 1.0,
+) -> Trace:
+    """Read a trace in any supported format, then apply ``limit``, ``rate`` (Poisson re-timing) and ``time_scale``.
+
+    ``rate`` replaces the arrival times with a seeded Poisson process (length-only CSVs have none: without a
+    rate all their requests arrive at t = 0, like an offline benchmark).
+    """
+    path = Path(path)
+    if trace_format not in TRACE_FORMATS:
+        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--format", value=trace_format,
+                         has_value=True)
+    if not path.is_file():
+        raise InputError("no such file", source=str(path))
+    if trace_format == "auto":
+        trace_format = detect_format(path)
+    readers: dict[str, Callable[[Path], Trace]] = {
+        "yaml": load_yaml_trace,
+        "azure": read_azure,
+        "mooncake": read_mooncake,
+        "lengths-csv": read_lengths_csv,
+    }
+    trace = readers[trace_format](path)
+    if limit is not None:
+        if limit < 1:
+            raise InputError("must be >= 1", field="--limit", value=limit, has_value=True)
+        trace = trace.limited(limit)
+    if rate is not None:
+        if not rate > 0:
+            raise InputError("must be > 0", field="--rate", value=rate, has_value=True)
+        trace = trace.with_poisson_arrivals(rate, seed)
+    if not time_scale > 0:
+        raise InputError("must be > 0", field="--time-scale", value=time_scale, has_value=True)
+    return trace.time_scaled(time_scale)

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from minipaged_cli import kernels
-from minipaged_cli.backends import Backend
+from minipaged_cli.dataplane import kernels
+from minipaged_cli.dataplane.backends import Backend
 
 _ATTENTION_ARGS = "PPPPPPPPPfiiiiii"  # out, query, key_cache, value_cache, block_tables, seq_lens, tmp x3, scale, ints
 _MERGE_ARGS = "PPPPPiii"

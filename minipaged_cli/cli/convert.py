@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.commands.common import (
+from minipaged_cli.cli.common import (
     FormatOpt,
     LimitOpt,
     RateOpt,
@@ -18,7 +18,8 @@ from minipaged_cli.commands.common import (
     stdout,
 )
 from minipaged_cli.errors import InputError
-from minipaged_cli.trace import dump_trace, load_trace
+from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import dump_trace
 
 EPILOG = """\
 Examples:\n\n

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
-CUDA_DIR = next((d for d in (Path(__file__).resolve().parent / "cuda", Path(__file__).resolve().parent.parent / "cuda")
-                 if d.is_dir()), Path(__file__).resolve().parent.parent / "cuda")
+# An installed wheel carries cuda/ inside the package; a source checkout has it beside the package.
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+CUDA_DIR = next((d for d in (_PACKAGE_DIR / "cuda", _PACKAGE_DIR.parent / "cuda") if d.is_dir()),
+                _PACKAGE_DIR.parent / "cuda")
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 HEAD_DIMS = (64, 128)
 GROUP_SIZES = (1, 2, 4, 8)  # the MAX_G instantiations of cuda/paged_attention.cu

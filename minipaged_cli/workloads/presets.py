@@ -13,7 +13,7 @@ import yaml
 from minipaged_cli.errors import InputError
 
 # An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 CONFIG_DIR = next(
     (d for d in (_PACKAGE_DIR / "configs", _PACKAGE_DIR.parent / "configs") if d.is_dir()),
     _PACKAGE_DIR.parent / "configs",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.commands.common import (
+from minipaged_cli.cli.common import (
     BlockSizeOpt,
     DeviceOpt,
     FormatOpt,
@@ -32,10 +32,10 @@ from minipaged_cli.commands.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.render import ReplayProgress, run_table, write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import load_gpu, load_model
-from minipaged_cli.render import ReplayProgress, run_table, write_json
-from minipaged_cli.trace import load_trace
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
 Examples:\n\n
@@ -85,9 +85,9 @@ def run_command(
     On the CPU the defaults keep a run short: 2 layers, a 4GiB KV capacity and 200 steps."""
     import torch  # the data plane needs torch; simulate does not
 
-    from minipaged_cli.backends import select_backend
-    from minipaged_cli.runner import run_trace
-    from minipaged_cli.simulator import SimConfig
+    from minipaged_cli.apps.run import run_trace
+    from minipaged_cli.dataplane.backends import select_backend
+    from minipaged_cli.sim.replay import SimConfig
 
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"
@@ -125,7 +125,7 @@ def run_command(
     if json_path is not None:
         write_json(report.to_dict(), json_path, stdout)
     if plot is not None:
-        from minipaged_cli.plot import plot_run_steps
+        from minipaged_cli.cli.plot import plot_run_steps
 
         plot_run_steps(report, Path(plot), title=f"{trace.name} on {report.device} ({report.backend})")
         console.print(f"plot: {plot}")

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from minipaged_cli.backends import Backend
+from minipaged_cli.apps.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
+from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.errors import InputError
-from minipaged_cli.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
 
 FP32_TOLERANCE = 1e-4
 # In bf16/fp16 both sides round to the dtype at different points: Hugging Face applies RoPE in the dtype (three

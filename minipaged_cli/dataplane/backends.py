@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from minipaged_cli.errors import InputError
-from minipaged_cli.paged_ops import (
+from minipaged_cli.dataplane.reference import (
     cache_write,
     check_cache_write,
     check_copy_blocks,
@@ -23,6 +22,7 @@ from minipaged_cli.paged_ops import (
     copy_blocks,
     paged_attention_vectorized,
 )
+from minipaged_cli.errors import InputError
 
 
 class Backend(ABC):
@@ -109,12 +109,12 @@ def select_backend(device: str) -> Backend:
     if device not in DEVICES:
         raise InputError(f"expected one of {', '.join(DEVICES)}", field="--device", value=device, has_value=True)
     if device == "emulated":
-        from minipaged_cli.emulation import EmulatedBackend
+        from minipaged_cli.dataplane.emulation import EmulatedBackend
 
         return EmulatedBackend()
     if device == "cpu":
         return TorchBackend("cpu")
-    from minipaged_cli.cuda_backend import CudaBackend, cuda_backend_unavailable_reason
+    from minipaged_cli.dataplane.cuda import CudaBackend, cuda_backend_unavailable_reason
 
     reason = cuda_backend_unavailable_reason()
     if reason is None:

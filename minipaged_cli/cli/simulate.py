@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.allocators import STRATEGIES
-from minipaged_cli.commands.common import (
+from minipaged_cli.cli.common import (
     BlockSizeOpt,
     FormatOpt,
     GpuOpt,
@@ -30,11 +29,12 @@ from minipaged_cli.commands.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import load_gpu, load_model
-from minipaged_cli.render import ReplayProgress, simulation_tables, write_json
-from minipaged_cli.simulator import SimConfig, simulate
-from minipaged_cli.trace import load_trace
+from minipaged_cli.memory.allocators import STRATEGIES
+from minipaged_cli.sim.replay import SimConfig, simulate
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
 Examples:\n\n
@@ -113,7 +113,7 @@ def simulate_command(
     if json_path is not None:
         write_json(result.to_dict(), json_path, stdout)
     if plot is not None:
-        from minipaged_cli.plot import plot_memory_timeline
+        from minipaged_cli.cli.plot import plot_memory_timeline
 
         plot_memory_timeline(result, Path(plot))
         console.print(f"plot: {plot}")

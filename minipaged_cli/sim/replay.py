@@ -7,7 +7,7 @@ are admitted first-come first-served while the strategy can place their prompt; 
 samples the next; finished requests free their memory. A step lasts
 ``max(flops / peak_flops, bytes / hbm_bandwidth) + overhead`` on the GPU preset.
 
-Memory categories during a step: ``memory_categories`` defines them (token states, reserved-future, internal and
+Memory categories during a step: ``sim.categories`` defines them (token states, reserved-future, internal and
 external fragmentation, free; they sum to the capacity). A request's final length is prompt + output - 1: the
 last sampled token is never fed back, so its KV is never written.
 
@@ -40,12 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from minipaged_cli.allocators import STRATEGIES, Allocator, Holding, PagedAllocator, make_allocator
-from minipaged_cli.block_manager import content_hash
 from minipaged_cli.errors import InputError
-from minipaged_cli.memory_categories import CATEGORIES, USED, category_slots
-from minipaged_cli.presets import GpuSpec, ModelSpec
-from minipaged_cli.trace import Request, Trace
+from minipaged_cli.memory.allocators import STRATEGIES, Allocator, Holding, PagedAllocator, make_allocator
+from minipaged_cli.memory.block_manager import content_hash
+from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.trace import Request, Trace
 
 PREEMPTION_MODES = ("recompute", "swap")
 _MAX_BULK_STEPS = 4096

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.simulator import SimulationResult
+from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.units import format_bytes
 
 
@@ -96,7 +96,7 @@ def _sharing_table(result: SimulationResult) -> Table:
 
 
 def run_table(report: Any) -> Table:
-    """``minipaged run``'s measurements (a ``runner.RunReport``), one per row, with their JSON keys."""
+    """``minipaged run``'s measurements (an ``apps.run.RunReport``), one per row, with their JSON keys."""
     table = Table(title=f"Data plane on {report.device} ({report.backend} backend)", title_justify="left",
                   box=box.SIMPLE_HEAD)
     table.add_column("measure")
@@ -140,7 +140,7 @@ def verify_table(report: Any) -> Table:
 
 
 def profile_table(rows: list[Any]) -> Table:
-    """A row per block size (``block_size_profile.ProfileRow``); the best value of each column in bold green."""
+    """A row per block size (``apps.profile.ProfileRow``); the best value of each column in bold green."""
     table = Table(title="Block sizes on this trace and this KV memory (tail %: unfilled slots of the sequences' last "
                         "blocks, % of allocated slots; tail tok: the same per sequence, time-weighted, about (B-1)/2; "
                         "tables: int32 block-table bytes at the peak; attn: the "
@@ -181,7 +181,7 @@ def profile_table(rows: list[Any]) -> Table:
 
 def profile_detail(row: Any) -> list[Any]:
     """For one block size: the tail waste of completed requests and where the memory went."""
-    from minipaged_cli.block_size_profile import tail_waste_histogram
+    from minipaged_cli.apps.profile import tail_waste_histogram
 
     waste = Table(title=f"Tail waste at completion, block size {row.block_size} (requests per range of tokens)",
                   title_justify="left", box=box.SIMPLE_HEAD)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.commands.common import (
+from minipaged_cli.cli.common import (
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
@@ -29,10 +29,10 @@ from minipaged_cli.commands.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.render import ReplayProgress, profile_detail, profile_table, write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import load_gpu, load_model
-from minipaged_cli.render import ReplayProgress, profile_detail, profile_table, write_json
-from minipaged_cli.trace import load_trace
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
 Examples:\n\n
@@ -80,14 +80,14 @@ def profile_command(
     With a single --block-size, also the distribution of tail waste and where the memory goes."""
     import torch
 
-    from minipaged_cli.backends import select_backend
-    from minipaged_cli.block_size_profile import (
+    from minipaged_cli.apps.profile import (
         DEFAULT_BLOCK_SIZES,
         profile_block_size,
         recommend,
         time_kernels,
     )
-    from minipaged_cli.simulator import SimConfig, check_capacity
+    from minipaged_cli.dataplane.backends import select_backend
+    from minipaged_cli.sim.replay import SimConfig, check_capacity
 
     sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES
     if min(sizes) < 1 or len(set(sizes)) != len(sizes):
@@ -142,7 +142,7 @@ def profile_command(
                     "rows": [r.to_dict() for r in rows],
                     "recommendation": {"block_size": choice, "reason": reason}}, json_path, stdout)
     if plot is not None:
-        from minipaged_cli.plot import plot_block_sizes
+        from minipaged_cli.cli.plot import plot_block_sizes
 
         plot_block_sizes(rows, Path(plot), title=f"{trace.name}: block-size trade-off ({spec.name})")
         console.print(f"plot: {plot}")

@@ -12,10 +12,10 @@ import typer
 from rich.console import Console
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.presets import ModelSpec
-from minipaged_cli.simulator import num_blocks_for_memory
-from minipaged_cli.trace import TRACE_FORMATS
+from minipaged_cli.sim.replay import num_blocks_for_memory
 from minipaged_cli.units import format_bytes, parse_bytes
+from minipaged_cli.workloads.presets import ModelSpec
+from minipaged_cli.workloads.readers import TRACE_FORMATS
 
 # Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
 stdout = Console(width=None if Console().is_terminal else 150)

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 import yaml
 
-from minipaged_cli.backends import Backend
-from minipaged_cli.block_manager import KVBlockManager
+from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.errors import InputError
-from minipaged_cli.kv_cache import PagedKVCache
-from minipaged_cli.presets import CONFIG_DIR
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.workloads.presets import CONFIG_DIR
 
 VERIFY_CONFIG_DIR = CONFIG_DIR / "verify"
 DEFAULT_VERIFY_CONFIG = "qwen3-0.6b-4-layers"

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minipaged_cli.allocators import Allocator, PagedAllocator
-from minipaged_cli.backends import Backend
-from minipaged_cli.kv_cache import PagedKVCache
-from minipaged_cli.simulator import SimConfig, StepWork, replay
-from minipaged_cli.trace import Trace
+from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.memory.allocators import Allocator, PagedAllocator
+from minipaged_cli.sim.replay import SimConfig, StepWork, replay
+from minipaged_cli.workloads.trace import Trace
 
 _RANDOM_TOKENS = 4096  # rows of random fused QKV that the steps cycle through
 
@@ -41,7 +41,7 @@ class RunReport:
     cache_write_s: float
     attention_bytes: int
     cache_write_bytes: int
-    token_state_pct: float  # the memory categories of ``simulate`` (``memory_categories``), same averaging
+    token_state_pct: float  # the memory categories of ``simulate`` (``sim.categories``), same averaging
     kv_cache_usage_perc: float
     averaged_over: str  # "saturated" or "busy" steps, as in ``simulate``
     kv_pool_bytes: int

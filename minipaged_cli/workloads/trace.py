@@ -2,7 +2,7 @@
 
 A trace is a list of requests, each arriving at ``arrival_s`` with ``prompt_tokens`` to prefill and
 ``output_tokens`` to generate, optionally starting with named shared prompt segments (``prefix``). See
-README.md's "Traces" section for the format; ``trace_import.py`` reads the public CSV/JSONL traces into the same form.
+README.md's "Traces" section for the format; ``readers.py`` reads the public CSV/JSONL traces into the same form.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import math
 import textwrap
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ import numpy as np
 import yaml
 
 from minipaged_cli.errors import InputError
-
-TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
 
 
 @dataclass(frozen=True)
@@ -356,47 +353,3 @@ def dump_trace(trace: Trace, *, header: str = "") -> str:
                  **({"n": r.n} if r.n > 1 else {})}
         lines.append("  - " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip())
     return "\n".join(lines) + "\n"
-
-
-def load_trace(
-    path: str | Path,
-    trace_format: str = "auto",
-    *,
-    rate: float | None = None,
-    seed: int = 0,
-    limit: int | None = None,
-    time_scale: float = 1.0,
-) -> Trace:
-    """Read a trace in any supported format, then apply ``limit``, ``rate`` (Poisson re-timing) and ``time_scale``.
-
-    ``rate`` replaces the arrival times with a seeded Poisson process (length-only CSVs have none: without a
-    rate all their requests arrive at t = 0, like an offline benchmark).
-    """
-    from minipaged_cli import trace_import
-
-    path = Path(path)
-    if trace_format not in TRACE_FORMATS:
-        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--format", value=trace_format,
-                         has_value=True)
-    if not path.is_file():
-        raise InputError("no such file", source=str(path))
-    if trace_format == "auto":
-        trace_format = trace_import.detect_format(path)
-    readers: dict[str, Callable[[Path], Trace]] = {
-        "yaml": load_yaml_trace,
-        "azure": trace_import.read_azure,
-        "mooncake": trace_import.read_mooncake,
-        "lengths-csv": trace_import.read_lengths_csv,
-    }
-    trace = readers[trace_format](path)
-    if limit is not None:
-        if limit < 1:
-            raise InputError("must be >= 1", field="--limit", value=limit, has_value=True)
-        trace = trace.limited(limit)
-    if rate is not None:
-        if not rate > 0:
-            raise InputError("must be > 0", field="--rate", value=rate, has_value=True)
-        trace = trace.with_poisson_arrivals(rate, seed)
-    if not time_scale > 0:
-        raise InputError("must be > 0", field="--time-scale", value=time_scale, has_value=True)
-    return trace.time_scaled(time_scale)

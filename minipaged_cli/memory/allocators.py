@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from minipaged_cli.block_manager import KVBlockManager, OutOfBlocksError, num_blocks_for
+from minipaged_cli.memory.block_manager import KVBlockManager, OutOfBlocksError, num_blocks_for
 
 STRATEGIES = ("paged", "max-reserve", "pow2-reserve", "oracle-reserve", "dynamic")
 

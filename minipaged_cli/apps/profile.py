@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from minipaged_cli.backends import Backend
-from minipaged_cli.block_manager import num_blocks_for, tail_waste
-from minipaged_cli.kernels import random_block_tables
-from minipaged_cli.kv_cache import PagedKVCache
-from minipaged_cli.memory_categories import tail_waste_pct
-from minipaged_cli.simulator import SimConfig, StrategyMetrics, num_blocks_for_memory, replay
-from minipaged_cli.trace import Trace
+from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.kernels import random_block_tables
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.memory.block_manager import num_blocks_for, tail_waste
+from minipaged_cli.sim.categories import tail_waste_pct
+from minipaged_cli.sim.replay import SimConfig, StrategyMetrics, num_blocks_for_memory, replay
+from minipaged_cli.workloads.trace import Trace
 
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 BLOCK_TABLE_ENTRY_BYTES = 4  # int32

@@ -1,4 +1,4 @@
-"""The ``minipaged`` command: one Typer app, one module per command under ``commands/``."""
+"""The ``minipaged`` command: one Typer app, one module per command beside this one."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import typer
 from typer.core import TyperGroup
 
 from minipaged_cli import __version__
-from minipaged_cli.commands import convert, profile, run, simulate, verify
-from minipaged_cli.commands.common import stderr
+from minipaged_cli.cli import convert, profile, run, simulate, verify
+from minipaged_cli.cli.common import stderr
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")

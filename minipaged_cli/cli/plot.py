@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.simulator import CATEGORIES, SimulationResult
+from minipaged_cli.sim.replay import CATEGORIES, SimulationResult
 
 _LABELS = {
     "token_state": "token states",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.commands.common import (
+from minipaged_cli.cli.common import (
     DeviceOpt,
     JsonOpt,
     SeedOpt,
@@ -18,8 +18,8 @@ from minipaged_cli.commands.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.render import verify_table, write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.render import verify_table, write_json
 
 EPILOG = """\
 Examples:\n\n
@@ -85,9 +85,9 @@ def verify_command(
     Exit 0 when every check passes, 1 when any fails."""
     import torch
 
-    from minipaged_cli.backends import select_backend
-    from minipaged_cli.qwen3 import build_random_qwen3, load_config_file, load_qwen3
-    from minipaged_cli.verify import VerifyReport, make_prompts, verify_generation, verify_layer
+    from minipaged_cli.apps.qwen3 import build_random_qwen3, load_config_file, load_qwen3
+    from minipaged_cli.apps.verify import VerifyReport, make_prompts, verify_generation, verify_layer
+    from minipaged_cli.dataplane.backends import select_backend
 
     check_dtype(dtype)
     if block_size < 1:

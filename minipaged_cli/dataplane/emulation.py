@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from minipaged_cli import kernels
-from minipaged_cli.backends import Backend
+from minipaged_cli.dataplane import kernels
+from minipaged_cli.dataplane.backends import Backend
 
 _SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu", "paged_attention.cu",
             "copy_blocks.cu", "common.cuh")
