@@ -16,7 +16,7 @@ import argparse
 import time
 from pathlib import Path
 
-from minipaged_cli.memory.allocators import STRATEGIES
+from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.replay import SimConfig, num_blocks_for_memory, replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace

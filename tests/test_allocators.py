@@ -5,16 +5,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged_cli.memory.allocators import (
+from minipaged_cli.memory.allocators import Holding
+from minipaged_cli.memory.contiguous import (
     ContiguousArena,
     DynamicAllocator,
-    Holding,
     MaxReserveAllocator,
     OracleReserveAllocator,
-    PagedAllocator,
     Pow2ReserveAllocator,
     next_power_of_two,
 )
+from minipaged_cli.memory.paged import PagedAllocator
 
 
 def naive_first_fit(occupied: list[bool], size: int) -> int | None:

@@ -9,7 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.memory.allocators import STRATEGIES, Holding, make_allocator
+from minipaged_cli.memory.allocators import Holding
+from minipaged_cli.memory.strategies import STRATEGIES, make_allocator
 from minipaged_cli.sim.replay import SimConfig, replay, simulate
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace

@@ -20,7 +20,8 @@ import torch
 
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
-from minipaged_cli.memory.allocators import Allocator, PagedAllocator
+from minipaged_cli.memory.allocators import Allocator
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.replay import SimConfig, StepWork, replay
 from minipaged_cli.workloads.trace import Trace
 

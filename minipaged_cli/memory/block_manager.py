@@ -1,5 +1,9 @@
 """The CPU metadata plane: which physical KV block holds which token of which sequence.
 
+(Over 300 lines on purpose: one class, ``KVBlockManager``, whose public calls carry the article's and vLLM's names
+and docstrings with their units and failure rules; its mechanism lives in ``block_pool``, its checks in
+``invariants``, its prefix keys in ``prefix``.)
+
 A sequence owns logically contiguous token positions; physically its K/V live in fixed-size blocks anywhere in
 a pool of ``num_physical_blocks``. For token position ``pos`` of a sequence::
 
@@ -28,15 +32,19 @@ Blocks can be shared. Every block has a reference count, the number of block tab
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import pickle
-from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from minipaged_cli.memory.block_pool import BlockPool, FreeBlockQueue, num_blocks_for
+from minipaged_cli.memory.invariants import block_manager_violations
+from minipaged_cli.memory.prefix import content_hash, hash_blocks, token_block_contents
+
+__all__ = ["BlockManagerError", "DoubleReleaseError", "DuplicateSequenceError", "FreeBlockQueue", "KVBlockManager",
+           "OutOfBlocksError", "SequenceState", "UncomputedForkError", "UnknownSequenceError", "content_hash",
+           "hash_blocks", "num_blocks_for", "tail_waste", "token_block_contents"]
 
 SequenceId = Hashable
 
@@ -88,97 +96,9 @@ class SequenceState:
     num_computed_tokens: int = field(default=0, compare=False)  # progress, not identity: equal states compare equal
 
 
-def num_blocks_for(num_tokens: int, block_size: int) -> int:
-    """ceil(num_tokens / block_size): blocks a sequence of that length holds."""
-    return -(-num_tokens // block_size)
-
-
-def content_hash(parent: Hashable, content: Hashable) -> int:
-    """A 128-bit BLAKE2b digest of (parent, content), as an int.
-
-    Python's ``hash()`` is 64 bits and not collision resistant (``hash(-1) == hash(-2)``, so token ids -1 and -2
-    would share a cache entry); vLLM moved to SHA-256 for the same reason. ``content`` must be picklable with a
-    stable encoding (ints, strings, tuples of them).
-    """
-    digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
-    return int.from_bytes(digest, "big")
-
-
-def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:
-    """Chained content hashes: block ``i``'s is ``content_hash(block i-1's hash, contents[i])``, so equal hashes
-    mean equal content of the whole prefix up to and including the block, not just of the block itself."""
-    hashes = []
-    for content in contents:
-        parent = content_hash(parent, content)
-        hashes.append(parent)
-    return hashes
-
-
-def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tuple[int, ...]]:
-    """The content of each full block of a token-id sequence, for ``hash_blocks``."""
-    return [tuple(token_ids[i:i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
-
-
 def tail_waste(num_tokens: int, block_size: int) -> int:
     """Slots allocated but unused in a sequence's last block: 0 if L % B == 0, else B - L % B."""
     return num_blocks_for(num_tokens, block_size) * block_size - num_tokens
-
-
-class FreeBlockQueue:
-    """The free blocks, in the order the pool hands them out.
-
-    Blocks holding no cached content come first, oldest freed first; only when none is left does the pool evict a
-    block that still holds cached content, the least recently freed first (vLLM's order: an eviction never
-    happens while an empty block waits). A cached free block can also leave from the middle, when a prefix-cache
-    hit revives it. Invariant: each block is in at most one of the two parts.
-    """
-
-    def __init__(self, blocks: Iterable[int] = ()) -> None:
-        self._empty: deque[int] = deque(blocks)  # no cached content
-        self._cached: OrderedDict[int, None] = OrderedDict()  # an ordered set: least recently freed first
-
-    def __len__(self) -> int:
-        return len(self._empty) + len(self._cached)
-
-    def __iter__(self) -> Iterator[int]:
-        """In hand-out order."""
-        return itertools.chain(self._empty, self._cached)
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._cached)
-
-    def append(self, blocks: Iterable[int], block_hash: Sequence[Hashable | None] | None = None) -> None:
-        """Return freed blocks to the back of their part: the cached one when ``block_hash[block]`` is set."""
-        if block_hash is None:
-            self._empty.extend(blocks)
-            return
-        cached, empty = self._cached, self._empty
-        for block in blocks:
-            if block_hash[block] is None:
-                empty.append(block)
-            else:
-                cached[block] = None  # (OrderedDict.update is several times slower than this loop)
-
-    def take(self, count: int) -> tuple[list[int], int]:
-        """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
-        the end of the list, come from the cached part: their content is evicted."""
-        empty = self._empty
-        from_empty = min(count, len(empty))
-        taken = [empty.popleft() for _ in range(from_empty)]
-        if from_empty < count:
-            pop = self._cached.popitem
-            taken.extend([pop(last=False)[0] for _ in range(count - from_empty)])
-        return taken, count - from_empty
-
-    def revive(self, block: int) -> None:
-        """Take a cached block out of the queue: a prefix-cache hit holds it again."""
-        del self._cached[block]
-
-    def forget_cached(self) -> None:
-        """The cached blocks lost their content: they join the empty ones, in their order."""
-        self._empty.extend(self._cached)
-        self._cached.clear()
 
 
 class KVBlockManager:
@@ -209,20 +129,25 @@ class KVBlockManager:
         self.num_physical_blocks = num_physical_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.free_blocks = FreeBlockQueue(range(num_physical_blocks))
-        self.ref_counts = [0] * num_physical_blocks
-        self.block_hash: list[Hashable | None] = [None] * num_physical_blocks
-        self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block holding that content
+        self.pool = BlockPool(num_physical_blocks)
         self.sequences: dict[SequenceId, SequenceState] = {}
         self._released: set[SequenceId] = set()
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet taken by the data plane
-        self.num_allocations = 0  # blocks taken from the free queue, ever
-        self.num_frees = 0  # blocks returned to it, ever
-        self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
         self.num_copy_on_writes = 0
-        self.num_shared_references = 0  # Σ (ref_count - 1) over held blocks: table entries that cost no memory
-        # (the looked-up hashes, num_tokens, hits) of the last lookup; None once the cache map changes
-        self._lookup_memo: tuple[list[Hashable], int, list[int]] | None = None
+
+    # The pool's state under the names the article and earlier versions used.
+    free_blocks = property(lambda self: self.pool.free_blocks,
+                           lambda self, queue: setattr(self.pool, "free_blocks", queue),
+                           doc="The free queue (``FreeBlockQueue``), in hand-out order.")
+    ref_counts = property(lambda self: self.pool.ref_counts, doc="Per block: the number of tables holding it.")
+    block_hash = property(lambda self: self.pool.block_hash, doc="Per block: the content hash it is cached under.")
+    cached_blocks = property(lambda self: self.pool.cached_blocks, doc="Content hash -> the block holding it.")
+    num_allocations = property(lambda self: self.pool.num_allocations, doc="Blocks taken from the free queue, ever.")
+    num_frees = property(lambda self: self.pool.num_frees, doc="Blocks returned to the free queue, ever.")
+    num_evictions = property(lambda self: self.pool.num_evictions,
+                             doc="Cached blocks whose content was dropped because the pool handed them out again.")
+    num_shared_references = property(lambda self: self.pool.num_shared_references,
+                                     doc="Σ (ref_count - 1) over held blocks: table entries that cost no memory.")
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -301,7 +226,7 @@ class KVBlockManager:
             raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
                                    f"{needed} new blocks, {len(self.free_blocks)} free")
         for block in hits:
-            self._reference(block)
+            self.pool.reference(block)
         cached = len(hits) * self.block_size
         state = SequenceState(sequence_id, cached, list(hits), list(block_hashes), cached, cached)
         self.sequences[sequence_id] = state
@@ -325,7 +250,7 @@ class KVBlockManager:
         if block_hashes is None:
             block_hashes = parent.block_hashes[: parent.sequence_length // self.block_size]
         for block in parent.block_table:
-            self._reference(block)
+            self.pool.reference(block)
         child = SequenceState(child_id, parent.sequence_length, list(parent.block_table), list(block_hashes),
                               parent.num_cached_tokens, parent.num_computed_tokens)
         self.sequences[child_id] = child
@@ -356,7 +281,7 @@ class KVBlockManager:
         new_length = old_length + num_tokens
         table = state.block_table
         copy = self._needs_copy(state, num_tokens)
-        needed = -(-new_length // self.block_size) - len(table) + copy
+        needed = num_blocks_for(new_length, self.block_size) - len(table) + copy
         if needed > len(self.free_blocks):
             raise OutOfBlocksError(
                 f"{num_tokens} tokens for sequence {sequence_id!r} need {needed} new blocks, "
@@ -364,13 +289,12 @@ class KVBlockManager:
             )
         if copy:  # the next token lands in a partly filled block another sequence also holds
             shared = table.pop()
-            self._take(1, table)
-            self.ref_counts[shared] -= 1
-            self.num_shared_references -= 1
+            self.pool.take(1, table)
+            self.pool.drop_shared(shared)
             self.pending_copies.append((shared, table[-1]))
             self.num_copy_on_writes += 1
         if needed > copy:
-            self._take(needed - copy, table)
+            self.pool.take(needed - copy, table)
         state.sequence_length = new_length
         if computed:
             self._computed(state, new_length)
@@ -427,31 +351,17 @@ class KVBlockManager:
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self._state(sequence_id)
-        refs = self.ref_counts
         if self.enable_prefix_caching:
-            freed = [block for block in reversed(state.block_table) if refs[block] == 1]
-            self.free_blocks.append(freed, self.block_hash)
+            self.pool.release(state.block_table[::-1], keep_cached=True)
         else:
-            freed = [block for block in state.block_table if refs[block] == 1]
-            self.free_blocks.append(freed)
-        for block in state.block_table:
-            refs[block] -= 1
-        self.num_shared_references -= len(state.block_table) - len(freed)
-        self.num_frees += len(freed)
+            self.pool.release(state.block_table, keep_cached=False)
         del self.sequences[sequence_id]
         self._released.add(sequence_id)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every prefix-cache entry (after new weights, say). Refuses, returning False and changing nothing,
         while a sequence holds a cached block, as vLLM does; True once the cache is empty."""
-        if any(self.ref_counts[block] for block in self.cached_blocks.values()):
-            return False
-        for block in self.cached_blocks.values():
-            self.block_hash[block] = None
-        self.cached_blocks.clear()
-        self.free_blocks.forget_cached()
-        self._lookup_memo = None
-        return True
+        return self.pool.reset_cache()
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """The (src, dst) block copies that copy-on-write decided since the last call; the data plane must
@@ -483,66 +393,7 @@ class KVBlockManager:
 
     def invariant_violations(self) -> list[str]:
         """Every broken invariant, each as a sentence naming the bug it points to; empty when all hold."""
-        problems: list[str] = []
-        holders = [0] * self.num_physical_blocks
-        out_of_range: set[int] = set()
-        for state in self.sequences.values():
-            expected = num_blocks_for(state.sequence_length, self.block_size)
-            if len(state.block_table) != expected:
-                problems.append(
-                    f"sequence {state.sequence_id!r} holds {len(state.block_table)} blocks for "
-                    f"{state.sequence_length} tokens, expected {expected}: a block taken too early or leaked"
-                )
-            if len(set(state.block_table)) != len(state.block_table):
-                problems.append(f"sequence {state.sequence_id!r} holds a block twice: two of its tokens share a slot")
-            if not 0 <= state.num_computed_tokens <= state.sequence_length:
-                problems.append(f"sequence {state.sequence_id!r} has {state.num_computed_tokens} computed tokens "
-                                f"of {state.sequence_length}")
-            computed_blocks = state.num_computed_tokens // self.block_size
-            for index, block in enumerate(state.block_table):
-                if not 0 <= block < self.num_physical_blocks:
-                    out_of_range.add(block)
-                    continue
-                holders[block] += 1
-                cached = self.block_hash[block]
-                if cached is None:
-                    continue
-                if index >= len(state.block_hashes) or state.block_hashes[index] != cached:
-                    problems.append(f"block {block} is cached under a hash that is not its content in sequence "
-                                    f"{state.sequence_id!r}: a stale prefix-cache entry")
-                elif index >= computed_blocks:
-                    problems.append(f"block {block} is cached but sequence {state.sequence_id!r} has not computed "
-                                    "it: a block published before its K/V was written")
-        miscounted = [b for b in range(self.num_physical_blocks) if holders[b] != self.ref_counts[b]]
-        if miscounted:
-            b = miscounted[0]
-            problems.append(f"block {b} has ref count {self.ref_counts[b]} but {holders[b]} tables hold it: "
-                            f"{len(miscounted)} blocks miscounted (a lost reference, a double free, or two "
-                            "sequences given one block)")
-        if self.num_shared_references != sum(max(h - 1, 0) for h in holders):
-            problems.append("the shared-reference count disagrees with the block tables")
-        out_of_range |= {b for b in self.free_blocks if not 0 <= b < self.num_physical_blocks}
-        free_set = set(self.free_blocks) - out_of_range
-        allocated_set = {b for b in range(self.num_physical_blocks) if holders[b]}
-        if allocated_set & free_set:
-            problems.append(f"blocks {sorted(allocated_set & free_set)[:5]} are both allocated and free")
-        if len(allocated_set) + len(free_set) != self.num_physical_blocks:
-            problems.append(
-                f"{len(allocated_set)} allocated + {len(free_set)} free != {self.num_physical_blocks} blocks: "
-                "a block leaked"
-            )
-        if out_of_range:
-            problems.append(f"block ids {sorted(out_of_range)[:5]} are outside the pool")
-        if any(self.block_hash[b] is not None and self.cached_blocks.get(self.block_hash[b]) != b
-               for b in range(self.num_physical_blocks)) or \
-                any(self.block_hash[b] != h for h, b in self.cached_blocks.items()):
-            problems.append("the prefix-cache map and the blocks' hashes disagree: an entry survived eviction")
-        queued_cached = list(self.free_blocks)[len(self.free_blocks) - self.free_blocks.num_cached:]
-        if sum(self.block_hash[b] is not None for b in free_set) != len(queued_cached) or \
-                any(self.block_hash[b] is None for b in queued_cached if 0 <= b < self.num_physical_blocks):
-            problems.append("the free queue files a block under the wrong part (cached vs empty): an eviction "
-                            "ahead of an empty block, or a revival that cannot find its block")
-        return problems
+        return block_manager_violations(self)
 
     def invariants_ok(self) -> bool:
         return not self.invariant_violations()
@@ -571,47 +422,10 @@ class KVBlockManager:
         """Blocks holding the longest cached run of the prompt's full blocks, leaving the last token to compute."""
         if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
             return []
-        # The scheduler asks about the same waiting prompt several times a step; the answer only changes when
-        # the cache does (a block registered or evicted). The memo is keyed on the hashes' values, compared in
-        # C, which is far cheaper than the dictionary walk: a caller may edit its list between two calls.
         candidates = block_hashes[: (num_tokens - 1) // self.block_size]
-        if not isinstance(candidates, (list, tuple)):  # a list's slice is a copy: the caller's later edits
-            candidates = list(candidates)  # cannot reach it; other sequences' slices may be views
-        memo = self._lookup_memo
-        if memo is not None and memo[1] == num_tokens and memo[0] == candidates:
-            return memo[2]
-        hits = []
-        get = self.cached_blocks.get
-        for block_hash in candidates:
-            block = get(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        self._lookup_memo = (candidates, num_tokens, hits)
-        return hits
-
-    def _reference(self, block: int) -> None:
-        if self.ref_counts[block]:
-            self.num_shared_references += 1
-        else:  # a cache hit on a freed block revives it
-            self.free_blocks.revive(block)
-        self.ref_counts[block] += 1
-
-    def _take(self, count: int, table: list[int]) -> None:
-        """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their
-        cached content (the caller has checked that there are enough). The article's ``allocate_block``."""
-        refs, hashes = self.ref_counts, self.block_hash
-        blocks, num_evicted = self.free_blocks.take(count)
-        for block in blocks:
-            refs[block] = 1
-        table.extend(blocks)
-        if num_evicted:
-            for block in blocks[count - num_evicted:]:
-                del self.cached_blocks[hashes[block]]
-                hashes[block] = None
-            self.num_evictions += num_evicted
-            self._lookup_memo = None
-        self.num_allocations += count
+        if not isinstance(candidates, list):  # a list's slice is a copy: the caller's later edits cannot reach it;
+            candidates = list(candidates)  # other sequences' slices may be views
+        return self.pool.lookup(candidates)
 
     def _computed(self, state: SequenceState, num_computed_tokens: int) -> None:
         """Advance the sequence's computed tokens; blocks that became full and computed join the cache."""
@@ -626,13 +440,9 @@ class KVBlockManager:
     def _register(self, state: SequenceState, first: int, stop: int) -> None:
         """Cache the sequence's blocks ``first`` to ``stop`` (full and computed) under their hashes; the first
         block with some content keeps the entry."""
-        cached, hashes, table = self.cached_blocks, self.block_hash, state.block_table
-        for index in range(first, min(stop, len(state.block_hashes))):
-            block_hash, block = state.block_hashes[index], table[index]
-            if block_hash not in cached and hashes[block] is None:
-                cached[block_hash] = block
-                hashes[block] = block_hash
-                self._lookup_memo = None
+        hashes, table, cache = state.block_hashes, state.block_table, self.pool.cache
+        for index in range(first, min(stop, len(hashes))):
+            cache(hashes[index], table[index])
 
 
 def _maybe_torch(array: np.ndarray, as_torch: bool) -> Any:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import bisect
 import difflib
 import functools
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -41,8 +40,10 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.memory.allocators import STRATEGIES, Allocator, Holding, PagedAllocator, make_allocator
-from minipaged_cli.memory.block_manager import content_hash
+from minipaged_cli.memory.allocators import Allocator, Holding
+from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.memory.prefix import block_content_keys
+from minipaged_cli.memory.strategies import STRATEGIES, make_allocator
 from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 from minipaged_cli.workloads.trace import Request, Trace
@@ -781,43 +782,6 @@ def _allocator(name: str, config: SimConfig) -> Allocator:
     return make_allocator(name, num_blocks=config.num_blocks, block_size=config.block_size,
                           max_model_len=config.model_len, prefix_caching=config.prefix_caching,
                           watermark_blocks=config.watermark_blocks)
-
-
-def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[Hashable]:
-    """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
-    own tokens) of the given lengths.
-
-    Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
-    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Blocks
-    inside one run are keyed ``(run key, index)`` without a Python step per block, which matters for traces like
-    Mooncake's (hundreds of blocks per prompt).
-    """
-    keys: list[Hashable] = []
-    chain: Hashable = None  # the hash of all content before ``pieces``
-    pieces: list[tuple[Hashable, int, int]] = []  # a block begun in an earlier run
-    filled = 0
-    for label, length in runs:
-        if length == 0:
-            continue
-        start = 0
-        if pieces:
-            start = min(block_size - filled, length)
-            pieces.append((label, 0, start))
-            filled += start
-            if filled < block_size:
-                continue
-            chain = content_hash(chain, tuple(pieces))
-            keys.append(chain)
-            pieces, filled = [], 0
-        whole = (length - start) // block_size
-        if whole:
-            run_key = content_hash(chain, (label, start))
-            keys.extend(zip(itertools.repeat(run_key, whole), range(whole), strict=True))
-            chain = content_hash(run_key, whole)
-        if start + whole * block_size < length:
-            pieces = [(label, start + whole * block_size, length)]
-            filled = length - pieces[0][1]
-    return keys
 
 
 def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int) -> int:

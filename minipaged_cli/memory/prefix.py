@@ -1,0 +1,76 @@
+"""Prefix keys: chained content hashes of full KV blocks, for prefix caching.
+
+Equal keys mean equal content of the whole prefix up to and including the block: a block's key hashes its parent's
+key with its own content. ``hash_blocks`` keys blocks of token ids one by one; ``block_content_keys`` keys a token
+stream described by labelled runs (a shared segment, a request's own tokens) without a Python step per block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import pickle
+from collections.abc import Hashable, Iterable, Sequence
+
+
+def content_hash(parent: Hashable, content: Hashable) -> int:
+    """A 128-bit BLAKE2b digest of (parent, content), as an int.
+
+    Python's ``hash()`` is 64 bits and not collision resistant (``hash(-1) == hash(-2)``, so token ids -1 and -2
+    would share a cache entry); vLLM moved to SHA-256 for the same reason. ``content`` must be picklable with a
+    stable encoding (ints, strings, tuples of them).
+    """
+    digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
+    return int.from_bytes(digest, "big")
+
+
+def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:
+    """Chained content hashes: block ``i``'s is ``content_hash(block i-1's hash, contents[i])``, so equal hashes
+    mean equal content of the whole prefix up to and including the block, not just of the block itself."""
+    hashes = []
+    for content in contents:
+        parent = content_hash(parent, content)
+        hashes.append(parent)
+    return hashes
+
+
+def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tuple[int, ...]]:
+    """The content of each full block of a token-id sequence, for ``hash_blocks``."""
+    return [tuple(token_ids[i:i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
+
+
+def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[Hashable]:
+    """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
+    own tokens) of the given lengths.
+
+    Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
+    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Blocks
+    inside one run are keyed ``(run key, index)`` without a Python step per block, which matters for traces like
+    Mooncake's (hundreds of blocks per prompt).
+    """
+    keys: list[Hashable] = []
+    chain: Hashable = None  # the hash of all content before ``pieces``
+    pieces: list[tuple[Hashable, int, int]] = []  # a block begun in an earlier run
+    filled = 0
+    for label, length in runs:
+        if length == 0:
+            continue
+        start = 0
+        if pieces:
+            start = min(block_size - filled, length)
+            pieces.append((label, 0, start))
+            filled += start
+            if filled < block_size:
+                continue
+            chain = content_hash(chain, tuple(pieces))
+            keys.append(chain)
+            pieces, filled = [], 0
+        whole = (length - start) // block_size
+        if whole:
+            run_key = content_hash(chain, (label, start))
+            keys.extend(zip(itertools.repeat(run_key, whole), range(whole), strict=True))
+            chain = content_hash(run_key, whole)
+        if start + whole * block_size < length:
+            pieces = [(label, start + whole * block_size, length)]
+            filled = length - pieces[0][1]
+    return keys
