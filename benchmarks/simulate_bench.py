@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.replay import SimConfig, num_blocks_for_memory, replay
+from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
+from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace

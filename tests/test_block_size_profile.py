@@ -19,7 +19,7 @@ from minipaged_cli.apps.profile import (
 )
 from minipaged_cli.cli.main import app
 from minipaged_cli.dataplane.backends import TorchBackend
-from minipaged_cli.sim.replay import SimConfig
+from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT

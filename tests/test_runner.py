@@ -20,7 +20,8 @@ from minipaged_cli.apps.run import _Executor, run_trace
 from minipaged_cli.cli.main import app
 from minipaged_cli.dataplane.backends import TorchBackend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
-from minipaged_cli.sim.replay import SimConfig, StepWork, replay
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import StepWork, replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT

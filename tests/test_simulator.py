@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.strategies import STRATEGIES, make_allocator
-from minipaged_cli.sim.replay import SimConfig, replay, simulate
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import replay, simulate
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Request, make_trace

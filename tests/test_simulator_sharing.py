@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.sim.replay import SimConfig, StepWork, block_content_keys, replay
+from minipaged_cli.memory.prefix import block_content_keys
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import StepWork, replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Request, make_trace

@@ -19,8 +19,10 @@ from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kernels import random_block_tables
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.block_manager import num_blocks_for, tail_waste
+from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import tail_waste_pct
-from minipaged_cli.sim.replay import SimConfig, StrategyMetrics, num_blocks_for_memory, replay
+from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
+from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.trace import Trace
 
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)

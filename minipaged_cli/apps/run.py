@@ -22,7 +22,8 @@ from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
-from minipaged_cli.sim.replay import SimConfig, StepWork, replay
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import StepWork, replay
 from minipaged_cli.workloads.trace import Trace
 
 _RANDOM_TOKENS = 4096  # rows of random fused QKV that the steps cycle through

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.sim.replay import num_blocks_for_memory
+from minipaged_cli.sim.config import num_blocks_for_memory
 from minipaged_cli.units import format_bytes, parse_bytes
 from minipaged_cli.workloads.presets import ModelSpec
 from minipaged_cli.workloads.readers import TRACE_FORMATS

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.sim.replay import CATEGORIES, SimulationResult
+from minipaged_cli.sim.categories import CATEGORIES
+from minipaged_cli.sim.replay import SimulationResult
 
 _LABELS = {
     "token_state": "token states",

@@ -87,7 +87,8 @@ def profile_command(
         time_kernels,
     )
     from minipaged_cli.dataplane.backends import select_backend
-    from minipaged_cli.sim.replay import SimConfig, check_capacity
+    from minipaged_cli.sim.config import SimConfig
+    from minipaged_cli.sim.replay import check_capacity
 
     sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES
     if min(sizes) < 1 or len(set(sizes)) != len(sizes):

@@ -87,7 +87,7 @@ def run_command(
 
     from minipaged_cli.apps.run import run_trace
     from minipaged_cli.dataplane.backends import select_backend
-    from minipaged_cli.sim.replay import SimConfig
+    from minipaged_cli.sim.config import SimConfig
 
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"

@@ -32,7 +32,8 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.replay import SimConfig, simulate
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 

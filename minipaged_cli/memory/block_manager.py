@@ -440,9 +440,8 @@ class KVBlockManager:
     def _register(self, state: SequenceState, first: int, stop: int) -> None:
         """Cache the sequence's blocks ``first`` to ``stop`` (full and computed) under their hashes; the first
         block with some content keeps the entry."""
-        hashes, table, cache = state.block_hashes, state.block_table, self.pool.cache
-        for index in range(first, min(stop, len(hashes))):
-            cache(hashes[index], table[index])
+        stop = min(stop, len(state.block_hashes))
+        self.pool.cache(state.block_hashes[first:stop], state.block_table[first:stop])
 
 
 def _maybe_torch(array: np.ndarray, as_torch: bool) -> Any:

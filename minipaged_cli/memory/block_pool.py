@@ -157,12 +157,15 @@ class BlockPool:
         self._lookup_memo = (block_hashes, hits)
         return hits
 
-    def cache(self, block_hash: Hashable, block: int) -> None:
-        """``block`` now holds the content ``block_hash`` names; the first block with some content keeps the entry."""
-        if block_hash not in self.cached_blocks and self.block_hash[block] is None:
-            self.cached_blocks[block_hash] = block
-            self.block_hash[block] = block_hash
-            self._lookup_memo = None
+    def cache(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """``blocks[i]`` now holds the content ``block_hashes[i]`` names; the first block with some content keeps
+        the entry. (One call for a run of blocks: a long prompt registers hundreds.)"""
+        cached, hashes = self.cached_blocks, self.block_hash
+        for block_hash, block in zip(block_hashes, blocks, strict=True):
+            if block_hash not in cached and hashes[block] is None:
+                cached[block_hash] = block
+                hashes[block] = block_hash
+                self._lookup_memo = None
 
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block."""

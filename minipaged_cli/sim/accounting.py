@@ -1,0 +1,240 @@
+"""What a replay measures: where the KV memory went (the categories of ``categories``, integrated over step time)
+and how requests were served (completions, rejections, preemptions, latency, prefix-cache and swap counters).
+
+The scheduler and the replay loop report events here; ``metrics`` turns them into the numbers ``simulate``,
+``profile`` and ``run`` print.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from minipaged_cli.memory.allocators import Allocator
+from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
+
+if TYPE_CHECKING:
+    from minipaged_cli.sim.scheduler import LiveRequest
+
+
+@dataclass
+class ReplayDetail:
+    """Measurements beyond ``simulate``'s table, for ``profile``: time integrals over busy steps and the shape
+    of the busiest step."""
+
+    running_time_s: float  # Σ duration * running requests
+    unused_slot_time_s: float  # Σ duration * Σ (allocated - length): the tails of the live allocations
+    allocated_slot_time_s: float  # Σ duration * allocated slots
+    busiest_seq_lens: list[int]  # lengths of the decoding requests when the most tokens were live
+    peak_used_slots: int
+    num_block_allocations: int  # paged: blocks taken from the free queue, ever (0 for contiguous strategies)
+    num_block_frees: int
+
+    @property
+    def mean_unused_slots_per_request(self) -> float:
+        return self.unused_slot_time_s / self.running_time_s if self.running_time_s else 0.0
+
+
+@dataclass
+class StrategyMetrics:
+    """What one strategy did with the trace. Percentages are of the KV capacity, 0-100."""
+
+    token_state_pct: float
+    reserved_future_pct: float
+    internal_frag_pct: float
+    external_frag_pct: float
+    free_pct: float
+    averaged_over: str  # "saturated" (steps with a request waiting for memory) or "busy" (all steps)
+    kv_cache_usage_perc: float
+    completed_requests: int
+    rejected_requests: int
+    num_preemptions: int
+    mean_batch_size: float
+    max_batch_size: int
+    throughput_tokens_per_s: float
+    makespan_s: float
+    mean_ttft_s: float | None  # None (JSON null) when no request completed: there is nothing to average
+    p99_ttft_s: float | None
+    mean_tpot_s: float | None  # None also when every completed request produced one token
+    invariant_violations: int
+    rejection_reasons: dict[str, int] = field(default_factory=dict)  # reason -> requests
+    prefix_cache_queries: int = 0  # prompt tokens looked up at first admission (re-prefills are not queries)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
+    prefix_cache_hit_pct: float = 0.0
+    num_evictions: int = 0  # cached blocks the pool handed out again
+    num_copy_on_writes: int = 0
+    num_swaps: int = 0  # preemptions by swapping out (the rest recompute)
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    detail: ReplayDetail | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail")}
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+class MemoryIntegrator:
+    """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps."""
+
+    def __init__(self) -> None:
+        self.weight = {"saturated": 0.0, "busy": 0.0}
+        self.sums = {key: np.zeros(len(CATEGORIES) + 1) for key in self.weight}
+
+    def add(self, duration: float, integrals: np.ndarray, saturated: bool) -> None:
+        """``integrals``: Σ duration * slots over the steps, per category and (last) allocated slots."""
+        for key in ("saturated", "busy") if saturated else ("busy",):
+            self.weight[key] += duration
+            self.sums[key] += integrals
+
+    def averages(self, capacity: int) -> tuple[str, np.ndarray]:
+        key = "saturated" if self.weight["saturated"] > 0 else "busy"
+        if self.weight[key] == 0:  # nothing ever ran: all memory stayed free
+            return key, category_slots(0, 0, 0, 0, 100.0)
+        averages = 100.0 * self.sums[key] / self.weight[key] / capacity
+        return key, np.where(np.abs(averages) < 1e-9, 0.0, averages)  # no "-0.0" from rounding
+
+
+def current_categories(running: Sequence[LiveRequest], allocator: Allocator, external: int) -> np.ndarray:
+    """The memory categories now, in slots, for the running requests (``category_slots``'s layout)."""
+    allocated = [allocator.allocated(r) for r in running]
+    internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, running, strict=True))
+    return category_slots(sum(r.num_computed for r in running), sum(allocated), internal, external,
+                          allocator.capacity_tokens, allocator.shared_slots)
+
+
+class Accounting:
+    """The running totals of one replay."""
+
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, record_timeline: bool) -> None:
+        self.capacity_tokens = capacity_tokens
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.integrator = MemoryIntegrator()
+        self.record_timeline = record_timeline
+        self.timeline: dict[str, list[float]] = {"time_s": [], **{c: [] for c in CATEGORIES}}
+        self.num_steps = 0
+        self.batch_size_sum = 0
+        self.max_batch_size = 0
+        self.running_time = 0.0  # Σ duration * running requests
+        self.peak_tokens = -1
+        self.busiest_seq_lens: list[int] = []
+        self.peak_used_slots = 0
+        self.finished: list[tuple[LiveRequest, float]] = []  # (sequence, finish time), every sample
+        self.samples_left: dict[int, int] = {}  # request index -> its sequences not yet finished or rejected
+        self.num_completed = 0
+        self.rejected: set[int] = set()  # request indices
+        self.rejection_reasons: dict[str, int] = {}
+        self.num_preemptions = 0
+        self.num_swaps = 0
+        self.swap_out_tokens = 0
+        self.swap_in_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.invariant_violations = 0
+
+    @property
+    def num_done(self) -> int:
+        """Requests completed or rejected: the replay's progress."""
+        return self.num_completed + len(self.rejected)
+
+    # -- steps -----------------------------------------------------------------------------------------------
+
+    def record(self, now: float, duration: float, integrals: np.ndarray, saturated: bool, num_steps: int,
+               batch_size: int) -> None:
+        """Steps lasting ``duration`` in all, from ``now``; ``integrals``: Σ duration * slots per category."""
+        self.integrator.add(duration, integrals, saturated)
+        self.running_time += duration * batch_size
+        self.num_steps += num_steps
+        self.batch_size_sum += num_steps * batch_size
+        self.max_batch_size = max(self.max_batch_size, batch_size)
+        if self.record_timeline:
+            self.timeline["time_s"].append(now)
+            for name, value in zip(CATEGORIES, integrals, strict=False):
+                self.timeline[name].append(100.0 * value / duration / self.capacity_tokens)
+
+    def note_busiest(self, running: Sequence[LiveRequest], used_slots: int, live_tokens: int | None = None) -> None:
+        """Keep the decoding lengths of the step with the most live tokens (the end of a bulk advance)."""
+        self.peak_used_slots = max(self.peak_used_slots, used_slots)
+        if live_tokens is None:
+            live_tokens = sum(r.num_computed for r in running)
+        if live_tokens > self.peak_tokens:
+            self.peak_tokens = live_tokens
+            self.busiest_seq_lens = [r.num_computed for r in running if r.prefill_done]
+
+    # -- requests --------------------------------------------------------------------------------------------
+
+    def arrived(self, request_index: int, num_samples: int) -> None:
+        self.samples_left[request_index] = num_samples
+
+    def sample_done(self, live: LiveRequest, now: float) -> None:
+        self.finished.append((live, now))
+        self._count_done(live)
+
+    def rejected_sample(self, live: LiveRequest, reason: str) -> None:
+        if live.request_index not in self.rejected:
+            self.rejected.add(live.request_index)
+            self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + 1
+        self._count_done(live)
+
+    def _count_done(self, live: LiveRequest) -> None:
+        self.samples_left[live.request_index] -= 1
+        if not self.samples_left[live.request_index] and live.request_index not in self.rejected:
+            self.num_completed += 1
+
+    # -- the result --------------------------------------------------------------------------------------------
+
+    def metrics(self, allocator: Allocator, first_arrival_s: float) -> StrategyMetrics:
+        manager = allocator.manager if isinstance(allocator, PagedAllocator) else None
+        averaged_over, averages = self.integrator.averages(self.capacity_tokens)
+        busy = self.integrator.sums["busy"]
+        finished = [r for r, _ in self.finished]
+        finish_times = [t for _, t in self.finished]
+        firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
+        tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
+        makespan = max(finish_times) - first_arrival_s if finish_times else 0.0
+        output_tokens = sum(r.output_tokens for r in finished)
+        return StrategyMetrics(
+            token_state_pct=float(averages[0]),
+            reserved_future_pct=float(averages[1]),
+            internal_frag_pct=float(averages[2]),
+            external_frag_pct=float(averages[3]),
+            free_pct=float(averages[4]),
+            averaged_over=averaged_over,
+            kv_cache_usage_perc=float(averages[USED]),
+            completed_requests=self.num_completed,
+            rejected_requests=len(self.rejected),
+            num_preemptions=self.num_preemptions,
+            mean_batch_size=self.batch_size_sum / self.num_steps if self.num_steps else 0.0,
+            max_batch_size=self.max_batch_size,
+            throughput_tokens_per_s=output_tokens / makespan if makespan > 0 else 0.0,
+            makespan_s=makespan,
+            mean_ttft_s=float(np.mean(firsts)) if firsts else None,
+            p99_ttft_s=float(np.percentile(firsts, 99)) if firsts else None,
+            mean_tpot_s=float(np.mean(tpots)) if tpots else None,
+            invariant_violations=self.invariant_violations,
+            rejection_reasons=dict(sorted(self.rejection_reasons.items())),
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_hit_pct=100.0 * self.prefix_cache_hits / self.prefix_cache_queries
+            if self.prefix_cache_queries else 0.0,
+            num_evictions=manager.num_evictions if manager is not None else 0,
+            num_copy_on_writes=manager.num_copy_on_writes if manager is not None else 0,
+            num_swaps=self.num_swaps,
+            swap_out_bytes=self.swap_out_tokens * self.kv_bytes_per_token,
+            swap_in_bytes=self.swap_in_tokens * self.kv_bytes_per_token,
+            timeline=self.timeline if self.record_timeline else {},
+            detail=ReplayDetail(
+                running_time_s=self.running_time,
+                # allocated - tokens; max() drops the -1e-14 that cancellation leaves when nothing is unused
+                unused_slot_time_s=max(0.0, float(busy[USED] - busy[0])),
+                allocated_slot_time_s=float(busy[USED]),
+                busiest_seq_lens=self.busiest_seq_lens,
+                peak_used_slots=self.peak_used_slots,
+                num_block_allocations=manager.num_allocations if manager is not None else 0,
+                num_block_frees=manager.num_frees if manager is not None else 0,
+            ),
+        )

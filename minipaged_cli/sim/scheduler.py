@@ -1,0 +1,320 @@
+"""The scheduler: queues, admission, preemption, parallel-sampling forks and swap, under one allocation strategy.
+
+Each step, ``schedule`` grows every decoding request by one token (preempting the latest admitted request while the
+pool cannot give it; the victim swaps out to a CPU pool or is recomputed later), then, if nobody was preempted,
+admits waiting requests first-come first-served while the strategy can place their prompt, and hands out the
+prefill budget (whole prompts, or chunks of ``max_batched_tokens`` in admission order). It returns what the step
+runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times the step, runs it, and reports back
+(``fork_samples`` after a prefill, ``finish`` at the end).
+
+With prefix caching a request's full blocks carry content keys (its shared segments, then its own prompt, then
+each sample's output), and a chunk's blocks join the cache when the chunk is scheduled, never before.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from minipaged_cli.memory.allocators import Allocator, Holding
+from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.memory.prefix import block_content_keys
+from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.trace import Request, Trace
+
+
+@dataclass(eq=False)  # identity: the scheduler looks requests up in its lists
+class LiveRequest(Holding):
+    """A request (or one of its parallel samples) inside the engine."""
+
+    request: Request | None = None
+    request_index: int = 0
+    sample: int = 0  # 0 for the sequence that prefills; 1..n-1 for the ones forked from it
+    num_computed: int = 0  # L: tokens whose KV is written
+    num_generated: int = 0  # output tokens sampled so far
+    prompt_length: int = 0  # tokens to prefill since the last admission: prompt + tokens generated before it
+    first_token_s: float | None = None
+    queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
+    forked: bool = False  # its other samples exist (forked after its prefill, or it is one of them)
+    swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.prompt_length
+
+
+@dataclass
+class StepDecision:
+    """What one step runs, as the scheduler decided it.
+
+    ``decoders`` write one token each; ``chunks`` prefill (request, tokens). ``copies``: (src, dst) blocks that
+    copy-on-write needs copied before any token is written; ``copied_tokens``: K/V tokens copied in all
+    (copy-on-write, extents moved or forked); ``swapped_tokens``: K/V tokens over the host link (swap out and in);
+    ``forks``: (parent, child) sequences forked after the previous step's prefill. ``saturated``: a request waits
+    for memory (or one was preempted).
+    """
+
+    decoders: list[LiveRequest]
+    chunks: list[tuple[LiveRequest, int]]
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    copied_tokens: int = 0
+    swapped_tokens: int = 0
+    forks: list[tuple[int, int]] = field(default_factory=list)
+    saturated: bool = False
+
+
+class Scheduler:
+    def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.accounting = accounting
+        self.requests = trace.requests
+        self.segments = trace.segments
+        self.next_arrival = 0
+        self.next_sequence_id = len(trace.requests)  # forked samples are numbered after the requests
+        self.waiting: deque[LiveRequest] = deque()
+        self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
+        self.running: list[LiveRequest] = []
+        self.cpu_capacity = config.cpu_blocks * config.block_size  # swap space, slots
+        self.cpu_used = 0
+        self.swapped_tokens = 0  # moved over the host link since the last step was scheduled
+        self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was scheduled
+        self.pending_forks: list[tuple[int, int]] = []  # for the next step's decision
+        self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
+        self.keyed = config.prefix_caching and isinstance(allocator, PagedAllocator)  # blocks get content keys
+
+    # -- state -------------------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return self.next_arrival < len(self.requests) or bool(self.waiting) or bool(self.running)
+
+    @property
+    def next_arrival_s(self) -> float | None:
+        return self.requests[self.next_arrival].arrival_s if self.next_arrival < len(self.requests) else None
+
+    @property
+    def can_bulk(self) -> bool:
+        """Whether the next steps are decode-only and change nothing but lengths until some event: something
+        runs, no prompt is mid-prefill, no fork awaits its copy-on-write, no swap awaits its time, and the
+        queue's head cannot be admitted."""
+        # Without chunking every prompt is prefilled whole in the step that admits it.
+        chunked = self.config.max_batched_tokens is not None
+        return bool(self.running) and not (chunked and any(not r.prefill_done for r in self.running)) \
+            and not self.forked and not self.swapped_tokens and not self._head_admissible()
+
+    def waiting_for_memory(self) -> bool:
+        """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
+        if not self.waiting:
+            return False
+        head = self.waiting[0]
+        return not self.allocator.can_admit(head, head.prompt_length)
+
+    def external_fragmentation(self) -> int:
+        """Free slots in holes too small for the smallest waiting request's need."""
+        if not self.waiting_needs:
+            return 0
+        return self.allocator.external_fragmentation(self.waiting_needs[0])
+
+    # -- each step ---------------------------------------------------------------------------------------------
+
+    def arrive(self, now: float) -> None:
+        """Queue the requests that have arrived by ``now`` (rejecting those that can never run)."""
+        while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
+            request = self.requests[self.next_arrival]
+            live = LiveRequest(self.next_arrival, request.prompt_tokens, request.output_tokens, request=request,
+                               request_index=self.next_arrival, prompt_length=request.prompt_tokens)
+            if self.keyed:
+                live.block_hashes = self._content_keys(request, self.next_arrival, sample=0)
+            self.accounting.arrived(self.next_arrival, request.n)
+            self.next_arrival += 1
+            if request.total_tokens > self.config.model_len:
+                self._reject(live, "longer than --max-model-len")
+            elif (reason := self.allocator.rejection_reason(live)) is not None:
+                self._reject(live, reason)
+            else:
+                self._enqueue(live, front=False)
+
+    def schedule(self) -> StepDecision | None:
+        """The next step, or None when nothing can run in it (a request that preempted itself runs next step;
+        a head that can never fit again is rejected)."""
+        decoders = [r for r in self.running if r.prefill_done]
+        copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
+        preempted = False
+        for live in decoders:
+            while live in self.running:
+                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + 1)
+                if moved is not None:
+                    copied += moved
+                    break
+                self._preempt(self.running[-1])
+                preempted = True
+        if preempted:
+            decoders = [r for r in decoders if r in self.running]
+        self.forked = False
+        copies = self.allocator.take_copies()
+        copied += len(copies) * self.config.block_size
+
+        budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
+        saturated = preempted or self.waiting_for_memory()
+        if not preempted:
+            self._admit(budget)
+        if not self.running:
+            if not preempted:
+                # Nothing runs and the head still does not fit: it never will (only reachable when its
+                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
+                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
+            return None
+
+        # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
+        chunks: list[tuple[LiveRequest, int]] = []
+        for live in self.running:
+            if live.prefill_done:
+                continue
+            chunk = live.prompt_length - live.num_computed
+            if self.config.max_batched_tokens is not None:
+                chunk = min(chunk, budget)
+                if chunk <= 0:
+                    break
+                budget -= chunk
+                self.allocator.mark_computed(live, live.num_computed + chunk)  # its blocks may be cached now
+            chunks.append((live, chunk))
+        swapped, self.swapped_tokens = self.swapped_tokens, 0
+        forks, self.pending_forks = self.pending_forks, []
+        return StepDecision(decoders, chunks, copies, copied, swapped, forks, saturated)
+
+    def fork_samples(self, leader: LiveRequest, now: float) -> None:
+        """Parallel sampling: the other n - 1 sequences, each with its own first token, from the leader's prompt.
+        A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
+        leader.forked = True
+        for sample in range(1, leader.request.n):
+            keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
+            child = LiveRequest(self.next_sequence_id, leader.prompt_tokens, leader.output_tokens, keys,
+                                request=leader.request, request_index=leader.request_index, sample=sample,
+                                num_computed=leader.num_computed, num_generated=leader.num_generated,
+                                prompt_length=leader.prompt_length, first_token_s=leader.first_token_s,
+                                queried=True, forked=True)
+            self.next_sequence_id += 1
+            if child.num_generated >= child.output_tokens:  # its only token came with the prefill
+                self._sample_done(child, now)
+                continue
+            copied = None
+            if len(self.running) < self.config.max_num_seqs:
+                copied = self.allocator.fork(leader, child, leader.num_computed)
+            if copied is None:
+                child.num_computed = 0
+                child.prompt_length = child.prompt_tokens + child.num_generated
+                self._enqueue(child, front=True)
+                continue
+            self.running.append(child)
+            self.fork_copy_tokens += copied
+            self.pending_forks.append((leader.sequence_id, child.sequence_id))
+            self.forked = True
+
+    def finish(self, now: float) -> None:
+        """Release every request that has generated all its tokens."""
+        done = [r for r in self.running if r.num_generated >= r.output_tokens]
+        for live in done:
+            self.allocator.release(live)
+            self.running.remove(live)
+            self._sample_done(live, now)
+
+    # -- admission, preemption ---------------------------------------------------------------------------------
+
+    def _head_admissible(self) -> bool:
+        """Whether the first waiting request would be admitted now (ignoring this step's decode growth)."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        if self.config.max_batched_tokens is not None and \
+                sum(r.prefill_done for r in self.running) >= self.config.max_batched_tokens:
+            return False
+        head = self.waiting[0]
+        return self.allocator.can_admit(head, head.prompt_length)
+
+    def _admit(self, budget: int) -> None:
+        admitted_tokens = 0
+        accounting = self.accounting
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            head = self.waiting[0]
+            if not self.allocator.can_admit(head, head.prompt_length):
+                return
+            if self.config.max_batched_tokens is not None:
+                if budget - admitted_tokens <= 0:
+                    return
+            elif admitted_tokens and admitted_tokens + head.prompt_length > budget:
+                return
+            # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
+            # chunk is reported as it is scheduled.
+            computed = None if self.config.max_batched_tokens is None else \
+                head.num_computed if head.swapped_slots else 0
+            cached = self.allocator.admit(head, head.prompt_length, computed)
+            self.running.append(self._dequeue())
+            if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
+                moved = max(head.swapped_slots - cached, 0)
+                self.cpu_used -= head.swapped_slots
+                head.swapped_slots = 0
+                accounting.swap_in_tokens += moved
+                self.swapped_tokens += moved
+            else:
+                head.num_computed = cached
+                if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
+                    head.queried = True
+                    accounting.prefix_cache_queries += head.prompt_length
+                    accounting.prefix_cache_hits += cached
+            admitted_tokens += head.prompt_length - head.num_computed
+
+    def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
+        if front:
+            self.waiting.appendleft(live)
+        else:
+            self.waiting.append(live)
+        if self.allocator.has_external_fragmentation:
+            bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.prompt_length))
+
+    def _dequeue(self) -> LiveRequest:
+        live = self.waiting.popleft()
+        if self.allocator.has_external_fragmentation:
+            del self.waiting_needs[bisect.bisect_left(self.waiting_needs,
+                                                      self.allocator.admission_need(live, live.prompt_length))]
+        return live
+
+    def _preempt(self, victim: LiveRequest) -> None:
+        """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else
+        recompute: drop it, and prefill prompt + generated tokens again when readmitted."""
+        slots = self.allocator.swap_slots(victim, victim.num_computed)
+        self.allocator.release(victim)
+        self.running.remove(victim)
+        self.accounting.num_preemptions += 1
+        if self.config.preemption == "swap" and self.cpu_used + slots <= self.cpu_capacity:
+            self.cpu_used += slots
+            victim.swapped_slots = slots
+            self.accounting.num_swaps += 1
+            self.accounting.swap_out_tokens += slots
+            self.swapped_tokens += slots
+            # readmission allocates for what it holds, and a victim caught mid-prefill resumes it
+            victim.prompt_length = max(victim.prompt_length, victim.num_computed)
+        else:
+            victim.num_computed = 0
+            victim.prompt_length = victim.prompt_tokens + victim.num_generated
+        self._enqueue(victim, front=True)
+
+    def _reject(self, live: LiveRequest, reason: str) -> None:
+        self.cpu_used -= live.swapped_slots
+        live.swapped_slots = 0
+        self.accounting.rejected_sample(live, reason)
+
+    def _sample_done(self, live: LiveRequest, now: float) -> None:
+        live.block_hashes = []  # the keys can be many; a finished sequence needs them no more
+        self.accounting.sample_done(live, now)
+
+    def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
+        """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of
+        this sample. Only the segments can match another request's; the rest lets a recomputed sequence find its
+        own blocks while they are still cached."""
+        runs: list[tuple[Hashable, int]] = [(name, self.segments[name]) for name in request.prefix]
+        own_prompt = request.prompt_tokens - sum(length for _, length in runs)
+        runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
+        return block_content_keys(runs, self.config.block_size)
