@@ -4,6 +4,7 @@ or repeated block ids, NaN in every slot no sequence owns) — so indexing bugs 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -246,26 +247,34 @@ def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
     assert document["backend"] == "emulated" and document["passed"]
 
 
-def test_prepared_call_signatures_match_the_argument_lists() -> None:
-    # The PyCUDA backend cannot run here, but its prepared-call type strings can be checked against the argument
-    # lists both kernel backends pass (P pointer, q int64, f float, i int).
-    from minipaged_cli.dataplane import cuda as cuda_backend
+def cu_signature(source: str, prefix: str) -> str:
+    """The parameter types of the first ``extern "C"`` kernel whose name starts with ``prefix`` in ``cuda/source``,
+    as PyCUDA spells them (P pointer, q int64_t, f float, i int), read from the .cu text itself."""
+    text = re.sub(r"//[^\n]*", "", (kernels.CUDA_DIR / source).read_text()).replace("\\\n", " ")
+    start = text.index(f'extern "C" __global__ void {prefix}')
+    params = text[text.index("(", start) + 1:text.index(")", start)].split(",")
+    kinds = {"int64_t": "q", "float": "f", "int": "i"}
+    return "".join("P" if "*" in param else kinds[param.split()[-2]] for param in params)
 
-    def kinds(args: list) -> str:
-        return "".join("P" if isinstance(a, torch.Tensor) else "q" if isinstance(a, kernels.Int64)
-                       else "f" if isinstance(a, float) else "i" for a in args)
 
+def test_launch_argument_lists_match_the_kernels_signatures() -> None:
+    # Both kernel backends pass these lists; PyCUDA prepares its calls from their types (argument_types). They
+    # must match the parameters each .cu declares, in order.
     query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 64, 2, torch.float32, repeated=False)
     plan = kernels.plan_attention(query, NUM_KV_HEADS, 517, 132)
     assert plan.num_splits > 1
     key = torch.zeros(3, NUM_KV_HEADS, 64)
-    assert kinds(kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, 0.1)) == \
-        cuda_backend._ATTENTION_ARGS
-    assert kinds(kernels.merge_args(plan, seq_lens)) == cuda_backend._MERGE_ARGS
-    assert kinds(kernels.cache_write_args(key, key, key_cache, value_cache, torch.zeros(3, dtype=torch.int64),
-                                          True)) == cuda_backend._CACHE_WRITE_ARGS
-    assert kinds(kernels.copy_blocks_args(key_cache, value_cache, torch.zeros(1, 2, dtype=torch.int64))) == \
-        cuda_backend._COPY_BLOCKS_ARGS
+    cases = [
+        (kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, 0.1),
+         "paged_attention.cu", "paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G"),
+        (kernels.merge_args(plan, seq_lens), "paged_attention.cu", "paged_attention_merge_"),
+        (kernels.cache_write_args(key, key, key_cache, value_cache, torch.zeros(3, dtype=torch.int64), True),
+         "cache_write.cu", "cache_write_"),
+        (kernels.copy_blocks_args(key_cache, value_cache, torch.zeros(1, 2, dtype=torch.int64)), "copy_blocks.cu",
+         "copy_blocks"),
+    ]
+    for args, source, name in cases:
+        assert kernels.argument_types(args) == cu_signature(source, name), name
 
 
 # -- launch rules, checked before every launch (kernels.py); on the CPU through the emulated backend ------------

@@ -7,18 +7,21 @@
 #include "../paged_attention.cu"
 #include "../copy_blocks.cu"
 
-extern "C" void emu_copy_blocks(unsigned grid_x, unsigned block_x, char* key_cache, char* value_cache,
-                                const int64_t* block_mapping, int64_t block_bytes, int vectorized) {
-    emu::launch({grid_x, 1, 1}, {block_x, 1, 1},
+// Every entry point takes the launch shape first, as CUDA does: grid x, y, z, then block x, y, z.
+#define EMU_SHAPE unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz
+
+extern "C" void emu_copy_blocks(EMU_SHAPE, char* key_cache, char* value_cache, const int64_t* block_mapping,
+                                int64_t block_bytes, int vectorized) {
+    emu::launch({gx, gy, gz}, {bx, by, bz},
                 [&] { copy_blocks(key_cache, value_cache, block_mapping, block_bytes, vectorized); });
 }
 
 #define EMU_CACHE_WRITE(SUFFIX, T)                                                                               \
-    extern "C" void emu_cache_write_##SUFFIX(unsigned grid_x, unsigned block_x, const T* key, const T* value,   \
-                                             T* key_cache, T* value_cache, const int64_t* slot_mapping,          \
-                                             int64_t key_stride, int64_t value_stride, int num_kv_heads,         \
-                                             int head_dim, int block_size, int vectorized) {                     \
-        emu::launch({grid_x, 1, 1}, {block_x, 1, 1}, [&] {                                                      \
+    extern "C" void emu_cache_write_##SUFFIX(EMU_SHAPE, const T* key, const T* value, T* key_cache,              \
+                                             T* value_cache, const int64_t* slot_mapping, int64_t key_stride,    \
+                                             int64_t value_stride, int num_kv_heads, int head_dim,               \
+                                             int block_size, int vectorized) {                                   \
+        emu::launch({gx, gy, gz}, {bx, by, bz}, [&] {                                                           \
             cache_write_##SUFFIX(key, value, key_cache, value_cache, slot_mapping, key_stride, value_stride,     \
                                  num_kv_heads, head_dim, block_size, vectorized);                                \
         });                                                                                                      \
@@ -26,11 +29,10 @@ extern "C" void emu_copy_blocks(unsigned grid_x, unsigned block_x, char* key_cac
 
 #define EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, MAX_G)                                                       \
     extern "C" void emu_paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G(                                      \
-        unsigned grid_x, unsigned grid_y, unsigned grid_z, T* out, const T* query, const T* key_cache,           \
-        const T* value_cache, const int* block_tables, const int* seq_lens, float* tmp_out, float* tmp_max,      \
-        float* tmp_sum, float scale, int num_kv_heads, int group, int block_size, int max_blocks,                \
-        int tokens_per_split, int num_splits) {                                                                  \
-        emu::launch({grid_x, grid_y, grid_z}, {NUM_THREADS, 1, 1}, [&] {                                         \
+        EMU_SHAPE, T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,    \
+        const int* seq_lens, float* tmp_out, float* tmp_max, float* tmp_sum, float scale, int num_kv_heads,     \
+        int group, int block_size, int max_blocks, int tokens_per_split, int num_splits) {                       \
+        emu::launch({gx, gy, gz}, {bx, by, bz}, [&] {                                                           \
             paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G(out, query, key_cache, value_cache, block_tables, \
                                                                seq_lens, tmp_out, tmp_max, tmp_sum, scale,       \
                                                                num_kv_heads, group, block_size, max_blocks,      \
@@ -44,9 +46,9 @@ extern "C" void emu_copy_blocks(unsigned grid_x, unsigned block_x, char* key_cac
     EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 4)                                                                \
     EMU_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 8)                                                                \
     extern "C" void emu_paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(                                           \
-        unsigned grid_x, unsigned grid_y, T* out, const float* tmp_out, const float* tmp_max,                    \
-        const float* tmp_sum, const int* seq_lens, int num_q_heads, int num_splits, int tokens_per_split) {      \
-        emu::launch({grid_x, grid_y, 1}, {HEAD_DIM, 1, 1}, [&] {                                                 \
+        EMU_SHAPE, T* out, const float* tmp_out, const float* tmp_max, const float* tmp_sum,                     \
+        const int* seq_lens, int num_q_heads, int num_splits, int tokens_per_split) {                            \
+        emu::launch({gx, gy, gz}, {bx, by, bz}, [&] {                                                           \
             paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(out, tmp_out, tmp_max, tmp_sum, seq_lens, num_q_heads, \
                                                           num_splits, tokens_per_split);                         \
         });                                                                                                      \

@@ -86,7 +86,7 @@ def profile_command(
         recommend,
         time_kernels,
     )
-    from minipaged_cli.dataplane.backends import select_backend
+    from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig
     from minipaged_cli.sim.replay import check_capacity
 

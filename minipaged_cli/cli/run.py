@@ -86,7 +86,7 @@ def run_command(
     import torch  # the data plane needs torch; simulate does not
 
     from minipaged_cli.apps.run import run_trace
-    from minipaged_cli.dataplane.backends import select_backend
+    from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig
 
     backend = select_backend(device)

@@ -87,7 +87,7 @@ def verify_command(
 
     from minipaged_cli.apps.qwen3 import build_random_qwen3, load_config_file, load_qwen3
     from minipaged_cli.apps.verify import VerifyReport, make_prompts, verify_generation, verify_layer
-    from minipaged_cli.dataplane.backends import select_backend
+    from minipaged_cli.dataplane.select import select_backend
 
     check_dtype(dtype)
     if block_size < 1:

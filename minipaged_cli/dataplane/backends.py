@@ -22,7 +22,6 @@ from minipaged_cli.dataplane.reference import (
     copy_blocks,
     paged_attention_vectorized,
 )
-from minipaged_cli.errors import InputError
 
 
 class Backend(ABC):
@@ -98,28 +97,3 @@ class TorchBackend(Backend):
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-DEVICES = ("auto", "cpu", "cuda", "emulated")
-
-
-def select_backend(device: str) -> Backend:
-    """``auto``: the CUDA kernels when a GPU and PyCUDA are there, else the CPU; ``cpu`` (the PyTorch
-    reference); ``cuda`` (one clear error when it cannot run); ``emulated`` (the CUDA kernels on the CPU)."""
-    if device not in DEVICES:
-        raise InputError(f"expected one of {', '.join(DEVICES)}", field="--device", value=device, has_value=True)
-    if device == "emulated":
-        from minipaged_cli.dataplane.emulation import EmulatedBackend
-
-        return EmulatedBackend()
-    if device == "cpu":
-        return TorchBackend("cpu")
-    from minipaged_cli.dataplane.cuda import CudaBackend, cuda_backend_unavailable_reason
-
-    reason = cuda_backend_unavailable_reason()
-    if reason is None:
-        return CudaBackend()
-    if device == "auto":
-        return TorchBackend("cpu")
-    raise InputError(f"the CUDA backend cannot run: {reason}; use --device cpu or emulated", field="--device",
-                     value=device, has_value=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from minipaged_cli.dataplane import kernels
-from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.kernel_backend import Dim3, KernelBackend
 
 _SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu", "paged_attention.cu",
             "copy_blocks.cu", "common.cuh")
@@ -54,11 +54,7 @@ def load_library() -> ctypes.CDLL:
     return ctypes.CDLL(str(target))
 
 
-def _ctypes(args: list[kernels.KernelArg]) -> list[object]:
-    return kernels.convert_args(args, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int)
-
-
-class EmulatedBackend(Backend):
+class EmulatedBackend(KernelBackend):
     """The CUDA kernels executed on the CPU (one OS thread per CUDA thread). For tests and debugging."""
 
     name = "emulated"
@@ -69,36 +65,10 @@ class EmulatedBackend(Backend):
         self.num_sms = num_sms
         self.library = load_library()
 
-    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        if key.shape[0] == 0:
-            return
-        key, value, vectorized = kernels.cache_write_operands(key, value, key_cache, value_cache)
-        function = getattr(self.library, "emu_" + kernels.cache_write_kernel(key.dtype))
-        function(ctypes.c_uint(key.shape[0]), ctypes.c_uint(kernels.CACHE_WRITE_THREADS),
-                 *_ctypes(kernels.cache_write_args(key, value, key_cache, value_cache, slot_mapping, vectorized)))
-
-    def _copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
-        self.library.emu_copy_blocks(ctypes.c_uint(block_mapping.shape[0]), ctypes.c_uint(kernels.COPY_BLOCKS_THREADS),
-                                     *_ctypes(kernels.copy_blocks_args(key_cache, value_cache, block_mapping)))
-
-    def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        batch, num_q_heads, head_dim = query.shape
-        num_kv_heads = key_cache.shape[1]
-        query = kernels.attention_operands(query, key_cache, value_cache)
-        block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
-        plan = kernels.plan_attention(query, num_kv_heads, int(seq_lens.max()), self.num_sms, self.tokens_per_split)
-        function = getattr(self.library, "emu_" + kernels.attention_kernel(query.dtype, head_dim, plan.group))
-        function(ctypes.c_uint(num_kv_heads), ctypes.c_uint(batch), ctypes.c_uint(plan.num_splits),
-                 *_ctypes(kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, scale)))
-        if plan.num_splits > 1:
-            merge = getattr(self.library, "emu_" + kernels.merge_kernel(query.dtype, head_dim))
-            merge(ctypes.c_uint(num_q_heads), ctypes.c_uint(batch), *_ctypes(kernels.merge_args(plan, seq_lens)))
-        return plan.out
-
-    def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
-        return kernels.unsupported_reason(head_dim, num_q_heads // num_kv_heads)
+    def launch(self, source: str, name: str, grid: Dim3, block: Dim3, args: list[kernels.KernelArg]) -> None:
+        shape = [ctypes.c_uint(n) for n in (*grid, *block)]
+        getattr(self.library, "emu_" + name)(*shape, *kernels.convert_args(args, ctypes.c_void_p, ctypes.c_int64,
+                                                                           ctypes.c_float, ctypes.c_int))
 
     def synchronize(self) -> None:
         """Emulated launches finish before they return."""

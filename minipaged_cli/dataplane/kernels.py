@@ -172,6 +172,12 @@ class Int64:
 KernelArg = torch.Tensor | Int64 | int | float
 
 
+def argument_types(args: list[KernelArg]) -> str:
+    """The C types of ``args`` as PyCUDA's prepared calls spell them: P pointer, q int64, f float, i int."""
+    return "".join("P" if isinstance(arg, torch.Tensor) else "q" if isinstance(arg, Int64)
+                   else "f" if isinstance(arg, float) else "i" for arg in args)
+
+
 def convert_args(args: list[KernelArg], pointer: Any, int64: Any, float32: Any, int32: Any) -> list[Any]:
     """Each argument through the launcher's constructor for its C type (tensors become their data pointers)."""
     converted = []

@@ -6,16 +6,24 @@ outwards (who holds which block) against what the pool believes (reference count
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import Any, Protocol
 
-from minipaged_cli.memory.block_pool import num_blocks_for
-
-if TYPE_CHECKING:
-    from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 
 
-def block_manager_violations(manager: KVBlockManager) -> list[str]:
+class BlockTables(Protocol):
+    """What the checker reads of a block manager: its sequences' tables over a pool."""
+
+    num_physical_blocks: int
+    block_size: int
+    sequences: dict[Hashable, Any]  # id -> SequenceState
+    pool: BlockPool
+
+
+def block_manager_violations(manager: BlockTables) -> list[str]:
     """Every broken invariant of ``manager``; empty when all hold."""
+    pool = manager.pool
     problems: list[str] = []
     holders = [0] * manager.num_physical_blocks
     out_of_range: set[int] = set()
@@ -37,7 +45,7 @@ def block_manager_violations(manager: KVBlockManager) -> list[str]:
                 out_of_range.add(block)
                 continue
             holders[block] += 1
-            cached = manager.block_hash[block]
+            cached = pool.block_hash[block]
             if cached is None:
                 continue
             if index >= len(state.block_hashes) or state.block_hashes[index] != cached:
@@ -46,16 +54,16 @@ def block_manager_violations(manager: KVBlockManager) -> list[str]:
             elif index >= computed_blocks:
                 problems.append(f"block {block} is cached but sequence {state.sequence_id!r} has not computed "
                                 "it: a block published before its K/V was written")
-    miscounted = [b for b in range(manager.num_physical_blocks) if holders[b] != manager.ref_counts[b]]
+    miscounted = [b for b in range(manager.num_physical_blocks) if holders[b] != pool.ref_counts[b]]
     if miscounted:
         b = miscounted[0]
-        problems.append(f"block {b} has ref count {manager.ref_counts[b]} but {holders[b]} tables hold it: "
+        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} tables hold it: "
                         f"{len(miscounted)} blocks miscounted (a lost reference, a double free, or two "
                         "sequences given one block)")
-    if manager.num_shared_references != sum(max(h - 1, 0) for h in holders):
+    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
         problems.append("the shared-reference count disagrees with the block tables")
-    out_of_range |= {b for b in manager.free_blocks if not 0 <= b < manager.num_physical_blocks}
-    free_set = set(manager.free_blocks) - out_of_range
+    out_of_range |= {b for b in pool.free_blocks if not 0 <= b < manager.num_physical_blocks}
+    free_set = set(pool.free_blocks) - out_of_range
     allocated_set = {b for b in range(manager.num_physical_blocks) if holders[b]}
     if allocated_set & free_set:
         problems.append(f"blocks {sorted(allocated_set & free_set)[:5]} are both allocated and free")
@@ -66,13 +74,13 @@ def block_manager_violations(manager: KVBlockManager) -> list[str]:
         )
     if out_of_range:
         problems.append(f"block ids {sorted(out_of_range)[:5]} are outside the pool")
-    if any(manager.block_hash[b] is not None and manager.cached_blocks.get(manager.block_hash[b]) != b
+    if any(pool.block_hash[b] is not None and pool.cached_blocks.get(pool.block_hash[b]) != b
            for b in range(manager.num_physical_blocks)) or \
-            any(manager.block_hash[b] != h for h, b in manager.cached_blocks.items()):
+            any(pool.block_hash[b] != h for h, b in pool.cached_blocks.items()):
         problems.append("the prefix-cache map and the blocks' hashes disagree: an entry survived eviction")
-    queued_cached = list(manager.free_blocks)[len(manager.free_blocks) - manager.free_blocks.num_cached:]
-    if sum(manager.block_hash[b] is not None for b in free_set) != len(queued_cached) or \
-            any(manager.block_hash[b] is None for b in queued_cached if 0 <= b < manager.num_physical_blocks):
+    queued_cached = list(pool.free_blocks)[len(pool.free_blocks) - pool.free_blocks.num_cached:]
+    if sum(pool.block_hash[b] is not None for b in free_set) != len(queued_cached) or \
+            any(pool.block_hash[b] is None for b in queued_cached if 0 <= b < manager.num_physical_blocks):
         problems.append("the free queue files a block under the wrong part (cached vs empty): an eviction "
                         "ahead of an empty block, or a revival that cannot find its block")
     return problems

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
-
-if TYPE_CHECKING:
-    from minipaged_cli.sim.scheduler import LiveRequest
+from minipaged_cli.sim.live_request import LiveRequest
 
 
 @dataclass

@@ -18,32 +18,13 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from minipaged_cli.memory.allocators import Allocator, Holding
+from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.workloads.trace import Request, Trace
-
-
-@dataclass(eq=False)  # identity: the scheduler looks requests up in its lists
-class LiveRequest(Holding):
-    """A request (or one of its parallel samples) inside the engine."""
-
-    request: Request | None = None
-    request_index: int = 0
-    sample: int = 0  # 0 for the sequence that prefills; 1..n-1 for the ones forked from it
-    num_computed: int = 0  # L: tokens whose KV is written
-    num_generated: int = 0  # output tokens sampled so far
-    prompt_length: int = 0  # tokens to prefill since the last admission: prompt + tokens generated before it
-    first_token_s: float | None = None
-    queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
-    forked: bool = False  # its other samples exist (forked after its prefill, or it is one of them)
-    swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out
-
-    @property
-    def prefill_done(self) -> bool:
-        return self.num_computed >= self.prompt_length
 
 
 @dataclass

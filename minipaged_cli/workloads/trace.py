@@ -3,6 +3,9 @@
 A trace is a list of requests, each arriving at ``arrival_s`` with ``prompt_tokens`` to prefill and
 ``output_tokens`` to generate, optionally starting with named shared prompt segments (``prefix``). See
 README.md's "Traces" section for the format; ``readers.py`` reads the public CSV/JSONL traces into the same form.
+
+(Over 300 lines on purpose: the YAML schema is validated field by field, each error naming the file, the request,
+the field and the value; the checks are the bulk of it and belong with the format they check.)
 """
 
 from __future__ import annotations

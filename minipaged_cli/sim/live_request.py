@@ -1,0 +1,28 @@
+"""A request inside the engine: what the scheduler moves between its queues and the accounting measures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minipaged_cli.memory.allocators import Holding
+from minipaged_cli.workloads.trace import Request
+
+
+@dataclass(eq=False)  # identity: the scheduler looks requests up in its lists
+class LiveRequest(Holding):
+    """A request (or one of its parallel samples) inside the engine."""
+
+    request: Request | None = None
+    request_index: int = 0
+    sample: int = 0  # 0 for the sequence that prefills; 1..n-1 for the ones forked from it
+    num_computed: int = 0  # L: tokens whose KV is written
+    num_generated: int = 0  # output tokens sampled so far
+    prompt_length: int = 0  # tokens to prefill since the last admission: prompt + tokens generated before it
+    first_token_s: float | None = None
+    queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
+    forked: bool = False  # its other samples exist (forked after its prefill, or it is one of them)
+    swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.prompt_length
