@@ -1,8 +1,17 @@
-"""The one error type that means "the user's input is wrong" (exit code 2 on the command line)."""
+"""The one error type that means "the user's input is wrong" (exit code 2 on the command line), and the hint
+such errors give."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
+
+
+def did_you_mean(word: str, options: Iterable[Any], cutoff: float = 0.6) -> str:
+    """' (did you mean 'x'?)' for the option closest to ``word``, or '' when none is close."""
+    close = difflib.get_close_matches(word, [str(option) for option in options], n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class InputError(ValueError):

@@ -1,4 +1,5 @@
-"""Memory sizes as users write them (``12GiB``, ``500MB``, ``1073741824``)."""
+"""Memory sizes as users write them (``12GiB``, ``500MB``, ``1073741824``), and measurements as JSON documents
+carry them (``rounded``)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,11 @@ def format_bytes(num_bytes: float) -> str:
         if num_bytes >= scale:
             return f"{num_bytes / scale:.3g} {unit}"
     return f"{num_bytes:.0f} B"
+
+
+JSON_DECIMALS = 6
+
+
+def rounded(values: dict[str, object]) -> dict[str, object]:
+    """A report's measurements for ``--json``: floats rounded to JSON_DECIMALS decimals, the rest as they are."""
+    return {key: round(value, JSON_DECIMALS) if isinstance(value, float) else value for key, value in values.items()}

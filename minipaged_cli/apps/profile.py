@@ -23,6 +23,7 @@ from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import tail_waste_pct
 from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
 from minipaged_cli.sim.replay import replay
+from minipaged_cli.units import rounded
 from minipaged_cli.workloads.trace import Trace
 
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
@@ -60,7 +61,7 @@ class ProfileRow:
         return (self.block_size - 1) / 2
 
     def to_dict(self) -> dict[str, float | int | None]:
-        values: dict[str, float | int | None] = {
+        return rounded({
             "block_size": self.block_size,
             "tail_waste_pct": self.tail_waste_pct,
             "internal_frag_pct": self.metrics.internal_frag_pct,
@@ -74,8 +75,7 @@ class ProfileRow:
             "cache_write_us_per_token": self.kernel.cache_write_us_per_token if self.kernel else None,
             "attention_us": self.kernel.attention_us if self.kernel else None,
             "attention_gbps": self.kernel.attention_gbps if self.kernel else None,
-        }
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
+        })
 
 
 def prefix_tokens_lost(trace: Trace, block_size: int) -> int:

@@ -24,6 +24,7 @@ from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork, replay
+from minipaged_cli.units import rounded
 from minipaged_cli.workloads.trace import Trace
 
 _RANDOM_TOKENS = 4096  # rows of random fused QKV that the steps cycle through
@@ -68,7 +69,7 @@ class RunReport:
         return self.cache_write_bytes / self.cache_write_s / 1e9 if self.cache_write_s else 0.0
 
     def to_dict(self) -> dict[str, float | int | str]:
-        values = {
+        return rounded({
             "device": self.device, "backend": self.backend, "steps": self.steps,
             "prompt_tokens": self.prompt_tokens, "decode_tokens": self.decode_tokens, "wall_s": self.wall_s,
             "decode_tokens_per_s": self.decode_tokens_per_s, "attention_s": self.attention_s,
@@ -78,8 +79,7 @@ class RunReport:
             "kv_pool_bytes": self.kv_pool_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "num_preemptions": self.num_preemptions,
             "block_copies": self.block_copies, "copy_s": self.copy_s,
-        }
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
+        })
 
 
 class _Executor:

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.sim.accounting import StrategyMetrics
+from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.units import format_bytes
 
@@ -47,17 +49,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     # that never filled up is averaged over all its busy steps instead.
     mixed = len(overs) > 1
     over = "the steps named in the last column" if mixed else f"{next(iter(overs))} steps"
-    memory = Table(title=f"Where the KV memory goes: % of capacity, time-weighted over {over}",
-                   title_justify="left", box=box.SIMPLE_HEAD)
-    memory.add_column("strategy", no_wrap=True)
-    for name in ("token states", "reserved", "internal frag", "external frag", "free", "usage"):
-        memory.add_column(name, justify="right")
-    if mixed:
-        memory.add_column("over")
-    for name, m in rows.items():
-        cells = [_pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
-                 _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc)]
-        memory.add_row(name, *cells, *([m.averaged_over] if mixed else []))
+    memory = memory_table(rows, f"Where the KV memory goes: % of capacity, time-weighted over {over}", mixed)
 
     service = Table(title="Serving, in simulated time", title_justify="left", box=box.SIMPLE_HEAD)
     service.add_column("strategy", no_wrap=True)
@@ -189,14 +181,25 @@ def profile_detail(row: Any) -> list[Any]:
     for label, _ in histogram:
         waste.add_column(label, justify="right")
     waste.add_row(*(f"{count:,}" for _, count in histogram))
-    m = row.metrics
-    memory = Table(title=f"Where the KV memory goes: % of capacity, time-weighted over {m.averaged_over} steps",
-                   title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("token states", "reserved", "internal frag", "external frag", "free", "usage"):
-        memory.add_column(name, justify="right")
-    memory.add_row(_pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
-                   _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc))
-    return [waste, memory]
+    title = f"Where the KV memory goes: % of capacity, time-weighted over {row.metrics.averaged_over} steps"
+    return [waste, memory_table({f"block size {row.block_size}": row.metrics}, title)]
+
+
+def memory_table(rows: dict[str, StrategyMetrics], title: str, show_over: bool = False) -> Table:
+    """The memory categories (``sim.categories``) of each row, % of capacity, with usage; ``show_over``: a
+    column saying which steps each row averages over."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("strategy", no_wrap=True)
+    for category in CATEGORIES:
+        table.add_column(LABELS[category], justify="right")
+    table.add_column("usage", justify="right")
+    if show_over:
+        table.add_column("over")
+    for name, m in rows.items():
+        cells = [_pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
+                 _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc)]
+        table.add_row(name, *cells, *([m.averaged_over] if show_over else []))
+    return table
 
 
 def _pct(value: float) -> str:

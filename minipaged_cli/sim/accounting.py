@@ -16,6 +16,7 @@ from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
 from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.units import rounded
 
 
 @dataclass
@@ -71,8 +72,7 @@ class StrategyMetrics:
     detail: ReplayDetail | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, float | int | str]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail")}
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+        return rounded({k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail")})
 
 
 class MemoryIntegrator:

@@ -28,7 +28,6 @@ at a time, the reference the fast path is tested against).
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, Holding
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
@@ -288,7 +287,5 @@ def replay(
 
 def _check_strategy(name: str) -> None:
     if name not in STRATEGIES:
-        close = difflib.get_close_matches(name, STRATEGIES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise InputError(f"unknown strategy{hint}; expected some of {', '.join(STRATEGIES)}", field="--strategies",
-                         value=name, has_value=True)
+        raise InputError(f"unknown strategy{did_you_mean(name, STRATEGIES)}; expected some of "
+                         f"{', '.join(STRATEGIES)}", field="--strategies", value=name, has_value=True)

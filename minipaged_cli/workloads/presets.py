@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.errors import InputError, did_you_mean
 
 # An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -177,10 +176,8 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
         path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
     if not path.is_file():
         names = preset_names(kind)
-        close = difflib.get_close_matches(name_or_path, names, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise InputError(f"no such preset or file; {hint}presets: {', '.join(names)}", field=option,
-                         value=name_or_path, has_value=True)
+        raise InputError(f"no such preset or file{did_you_mean(name_or_path, names)}; presets: {', '.join(names)}",
+                         field=option, value=name_or_path, has_value=True)
     try:
         text = path.read_text()
         config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

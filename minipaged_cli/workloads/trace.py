@@ -10,7 +10,6 @@ the field and the value; the checks are the bulk of it and belong with the forma
 
 from __future__ import annotations
 
-import difflib
 import math
 import textwrap
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.errors import InputError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def make_trace(
         prefix_tokens = 0
         for segment in request.prefix:
             if segment not in segments:
-                raise InputError(f"unknown segment{_did_you_mean(segment, segments)}; define it under "
+                raise InputError(f"unknown segment{did_you_mean(segment, segments, cutoff=0.5)}; define it under "
                                  "'segments'", source=source, where=where, field="prefix",
                                  value=segment, has_value=True)
             prefix_tokens += segments[segment]
@@ -284,7 +283,7 @@ class _Fields:
     def check_keys(self, mapping: dict[str, Any], allowed: set[str]) -> None:
         for key in mapping:
             if key not in allowed:
-                raise self.error(f"unknown key{_did_you_mean(str(key), allowed)}; expected one of "
+                raise self.error(f"unknown key{did_you_mean(str(key), allowed, cutoff=0.5)}; expected one of "
                                  f"{', '.join(sorted(allowed))}", str(key), has_value=False)
 
     def _get(self, mapping: dict[str, Any], key: str) -> Any:
@@ -324,7 +323,8 @@ class _Fields:
     def choice(self, mapping: dict[str, Any], key: str, options: list[str]) -> str:
         value = self._get(mapping, key)
         if value not in options:
-            raise self.error(f"expected one of {', '.join(options)}{_did_you_mean(str(value), options)}", key, value)
+            hint = did_you_mean(str(value), options, cutoff=0.5)
+            raise self.error(f"expected one of {', '.join(options)}{hint}", key, value)
         return value
 
     def prefix(self, mapping: dict[str, Any]) -> tuple[str, ...]:
@@ -333,11 +333,6 @@ class _Fields:
             raise self.error("expected a list of segment names", "prefix", value)
         return tuple(value)
 
-
-
-def _did_you_mean(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def dump_trace(trace: Trace, *, header: str = "") -> str:
