@@ -282,7 +282,7 @@ class KVBlockManager:
         table = state.block_table
         copy = self._needs_copy(state, num_tokens)
         needed = num_blocks_for(new_length, self.block_size) - len(table) + copy
-        if needed > len(self.free_blocks):
+        if needed and needed > len(self.pool.free_blocks):  # (most decode steps need no block: skip the count)
             raise OutOfBlocksError(
                 f"{num_tokens} tokens for sequence {sequence_id!r} need {needed} new blocks, "
                 f"{len(self.free_blocks)} free"
@@ -297,7 +297,10 @@ class KVBlockManager:
             self.pool.take(needed - copy, table)
         state.sequence_length = new_length
         if computed:
-            self._computed(state, new_length)
+            if self.enable_prefix_caching:
+                self._computed(state, new_length)
+            else:  # nothing to publish: the count alone (this runs for every decode token)
+                state.num_computed_tokens = new_length
         return state
 
     def mark_computed(self, sequence_id: SequenceId, num_computed_tokens: int) -> None:
