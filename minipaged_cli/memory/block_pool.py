@@ -21,9 +21,9 @@ class FreeBlockQueue:
     """The free blocks, in the order the pool hands them out.
 
     Blocks holding no cached content come first, oldest freed first; only when none is left does the pool evict a
-    block that still holds cached content, the least recently freed first (vLLM's order: an eviction never
-    happens while an empty block waits). A cached free block can also leave from the middle, when a prefix-cache
-    hit revives it. Invariant: each block is in at most one of the two parts.
+    block that still holds cached content, the least recently freed first: an eviction never happens while an
+    empty block waits, so no hit is lost for nothing. A cached free block can also leave from the middle, when a
+    prefix-cache hit revives it. Invariant: each block is in at most one of the two parts.
     """
 
     def __init__(self, blocks: Iterable[int] = ()) -> None:
