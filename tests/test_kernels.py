@@ -351,19 +351,23 @@ def test_a_cache_write_with_a_slot_twice_is_refused(emulated: EmulatedBackend) -
 
 @pytest.mark.gpu
 def test_gpu_kernels_run_in_order_with_work_on_torchs_current_stream() -> None:
-    # On a side stream: fill the caches and the query with torch (queued, not finished), launch, then read the
-    # result with torch on the same stream. Without ordering the kernels would read the caches before the fill.
+    # On a side stream: a GPU-side delay, then torch fills the caches (queued, not done), then the kernel is
+    # launched without any host synchronisation (launch_attention: the checked path reads device values back, which
+    # would wait for the fill), then torch reads the output on the same stream. Without ordering the kernel would
+    # run at once on the caches' zeros.
     backend = _cuda_backend()
     device = backend.device
     query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 128, 4, torch.bfloat16, repeated=False)
     expected = paged_attention_naive(query, key_cache, value_cache, block_tables, seq_lens, 0.1)
-    caches = [torch.zeros_like(key_cache, device=device), torch.zeros_like(value_cache, device=device)]
+    sources = [key_cache.to(device), value_cache.to(device)]
+    caches = [torch.zeros_like(source) for source in sources]
+    query, block_tables, seq_lens = query.to(device), block_tables.to(device), seq_lens.to(device)
+    torch.cuda.synchronize(device)
     side = torch.cuda.Stream(device)
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time before the fill
-        caches[0].copy_(key_cache.to(device, non_blocking=True))
-        caches[1].copy_(value_cache.to(device, non_blocking=True))
-        out = backend.paged_attention(query.to(device), caches[0], caches[1], block_tables.to(device),
-                                      seq_lens.to(device), 0.1)
+        for cache, source in zip(caches, sources, strict=True):
+            cache.copy_(source)  # device to device: queued behind the delay
+        out = backend.launch_attention(query, caches[0], caches[1], block_tables, seq_lens, 0.1, 517)
         result = (out * 1).cpu()  # torch reads the output on the side stream
     torch.testing.assert_close(result, expected, **tolerance(torch.bfloat16))
