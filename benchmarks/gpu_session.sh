@@ -22,6 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
+PY=${PYTHON:-python3}  # the interpreter with the project's dependencies (the GPU image's python3)
 BUDGET_S=480
 SETUP_S=45
 STEPS=(bench gpu_tests memcheck run verify)
@@ -35,17 +36,17 @@ MEMCHECK_TESTS=(
     "tests/test_kernels.py::test_gpu_cache_write_is_bit_exact[torch.bfloat16]"
     "tests/test_kernels.py::test_gpu_copy_blocks_is_exact[torch.bfloat16]"
 )
-BENCH_CMD=(python3 benchmarks/kernels_gpu.py --repeat 7 --launches 20)
-RUN_CMD=(python3 -m minipaged_cli run traces/azure_conv_1k.yaml --limit 100 --device cuda --kv-memory 16GiB
+BENCH_CMD=("$PY" benchmarks/kernels_gpu.py --repeat 7 --launches 20)
+RUN_CMD=("$PY" -m minipaged_cli run traces/azure_conv_1k.yaml --limit 100 --device cuda --kv-memory 16GiB
          --max-steps 400 --json -)
-VERIFY_CMD=(python3 -m minipaged_cli verify --layer 3 --device cuda --dtype bfloat16 --json -)
+VERIFY_CMD=("$PY" -m minipaged_cli verify --layer 3 --device cuda --dtype bfloat16 --json -)
 
 step_command() {  # the command of step $1, one word per line of the array
     case $1 in
         bench) CMD=("${BENCH_CMD[@]}") ;;
-        gpu_tests) CMD=(env MINIPAGED_REQUIRE_GPU=1 python3 -m pytest -rfE "${GPU_TESTS[@]}") ;;
+        gpu_tests) CMD=(env MINIPAGED_REQUIRE_GPU=1 "$PY" -m pytest -rfE "${GPU_TESTS[@]}") ;;
         memcheck) CMD=(env MINIPAGED_REQUIRE_GPU=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck
-                       --error-exitcode 1 python3 -m pytest -rfE -m gpu "${MEMCHECK_TESTS[@]}") ;;
+                       --error-exitcode 1 "$PY" -m pytest -rfE -m gpu "${MEMCHECK_TESTS[@]}") ;;
         run) CMD=("${RUN_CMD[@]}") ;;
         verify) CMD=("${VERIFY_CMD[@]}") ;;
     esac
@@ -58,7 +59,7 @@ total_limit() {
 }
 
 collected() {  # number of tests pytest collects for the given arguments
-    python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::"
+    "$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::"
 }
 
 check() {
@@ -117,13 +118,13 @@ started=$(date +%s)
 (
     set -e
     echo "== carried wheels into /tmp/site"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     for dir in /usr/local/cuda*/bin /usr/local/cuda*/compute-sanitizer; do
         [ -d "$dir" ] && PATH=$PATH:$dir
     done
     echo "nvcc: $(command -v nvcc || echo missing); host compiler: $(command -v g++ || command -v c++ || echo missing)"
     echo "compute-sanitizer: $(command -v compute-sanitizer || echo missing)"
-    timeout "$SETUP_S" env PYTHONPATH="$ROOT:/tmp/site" python3 -c "
+    timeout "$SETUP_S" env PYTHONPATH="$ROOT:/tmp/site" "$PY" -c "
 import torch
 torch.cuda.init()
 import pycuda.autoprimaryctx

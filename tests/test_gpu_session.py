@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -14,8 +16,9 @@ from tests.conftest import ROOT
 def test_the_gpu_script_selects_real_tests_runs_parsable_commands_and_fits_its_budget() -> None:
     if shutil.which("bash") is None:
         pytest.skip("needs bash")
+    env = {**os.environ, "PYTHON": sys.executable}  # this interpreter, with the project's dependencies
     result = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh"), "--check"], capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     output = result.stdout
     assert "check passed" in output
