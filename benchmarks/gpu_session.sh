@@ -17,7 +17,8 @@
 #   here, without a GPU (CI runs it too):              bash benchmarks/gpu_session.sh --check
 #
 # --check shows that every pytest selection collects what it names, that every command parses (its exact
-# options, with --help appended), and that the step limits fit the budget.
+# options, with --help appended), that every benchmark case runs (--dry-run on the emulated kernels), and that
+# the step limits fit the budget.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -76,6 +77,12 @@ check() {
         echo "  $count  $id"
         [ "$count" -eq 1 ] || failed=1
     done
+    if "$PY" benchmarks/kernels_gpu.py --dry-run > /dev/null 2>&1; then
+        echo "bench: every case runs (--dry-run: tiny shapes on the emulated kernels, untimed)"
+    else
+        echo "bench: FAIL: benchmarks/kernels_gpu.py --dry-run"
+        failed=1
+    fi
     for name in bench run verify; do
         step_command "$name"
         if "${CMD[@]}" --help > /dev/null 2>&1; then

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from minipaged_cli.dataplane.cuda import CudaBackend, cuda_backend_unavailable_reason
+from minipaged_cli.dataplane.emulation import EmulatedBackend
+from minipaged_cli.dataplane.kernel_backend import KernelBackend
 from minipaged_cli.dataplane.kernels import random_block_tables
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
@@ -46,71 +48,80 @@ L2_DEFEAT_BYTES = 256 * 2**20  # the calls of one timing together read at least 
 SLEEP_CYCLES = 100_000_000  # ~50 ms at 2 GHz: longer than queuing any case's calls takes
 
 
-def rotations(bytes_per_call: int, limit: int = 64) -> int:
-    """How many distinct inputs to rotate over so that one timing's calls read more than the L2 holds."""
-    return max(1, min(limit, -(-L2_DEFEAT_BYTES // max(bytes_per_call, 1))))
+class Clock:
+    """How the cases are timed: queued behind a GPU-side delay, or, for ``--dry-run``, not at all (every call runs
+    once, and the figures printed are placeholders)."""
+
+    def __init__(self, launches: int, repeat: int, dry_run: bool = False) -> None:
+        self.launches = launches
+        self.repeat = repeat
+        self.dry_run = dry_run
+
+    def rotations(self, bytes_per_call: int, limit: int = 64) -> int:
+        """How many distinct inputs to rotate over so that one timing's calls read more than the L2 holds."""
+        return max(1, min(2 if self.dry_run else limit, -(-L2_DEFEAT_BYTES // max(bytes_per_call, 1))))
+
+    def time(self, calls: list[Callable[[], object]]) -> tuple[float, float, bool]:
+        """(median device seconds per call, host seconds to queue one call, whether the queue ever ran dry).
+
+        ``calls`` rotate: call i of a timing is ``calls[i % len(calls)]``. Every timing queues ``launches`` calls
+        behind a GPU-side delay, between two events."""
+        for call in calls:  # warm-up: compile, plan, allocate
+            call()
+        if self.dry_run:
+            return 1.0, 0.0, False
+        torch.cuda.synchronize()
+        device_times, host_times, dry = [], [], False
+        for _ in range(self.repeat):
+            before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            before.record()
+            torch.cuda._sleep(SLEEP_CYCLES)
+            start.record()
+            queued = time.perf_counter()
+            for i in range(self.launches):
+                calls[i % len(calls)]()
+            host = time.perf_counter() - queued
+            end.record()
+            end.synchronize()
+            dry |= host > before.elapsed_time(start) / 1e3  # the GPU caught up with the host: gaps in the timing
+            device_times.append(start.elapsed_time(end) / 1e3 / self.launches)
+            host_times.append(host / self.launches)
+        return statistics.median(device_times), statistics.median(host_times), dry
 
 
-def queued_time(calls: list[Callable[[], object]], launches: int, repeat: int) -> tuple[float, float, bool]:
-    """(median device seconds per call, host seconds to queue one call, whether the queue ever ran dry).
-
-    ``calls`` rotate: call i of a timing is ``calls[i % len(calls)]``. Every timing queues ``launches`` calls
-    behind a GPU-side delay, between two events."""
-    for call in calls:  # warm-up: compile, plan, allocate
-        call()
-    torch.cuda.synchronize()
-    device_times, host_times, dry = [], [], False
-    for _ in range(repeat):
-        before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-        before.record()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        start.record()
-        queued = time.perf_counter()
-        for i in range(launches):
-            calls[i % len(calls)]()
-        host = time.perf_counter() - queued
-        end.record()
-        end.synchronize()
-        dry |= host > before.elapsed_time(start) / 1e3  # the GPU caught up with the host: gaps in the timing
-        device_times.append(start.elapsed_time(end) / 1e3 / launches)
-        host_times.append(host / launches)
-    return statistics.median(device_times), statistics.median(host_times), dry
-
-
-def copy_calls(num_bytes: int, device: torch.device) -> list[Callable[[], object]]:
+def copy_calls(num_bytes: int, device: torch.device, clock: Clock) -> list[Callable[[], object]]:
     """Device-to-device copies of ``num_bytes``, rotating over sources so that L2 holds none of them."""
-    count = rotations(2 * num_bytes)
+    count = clock.rotations(2 * num_bytes)
     elements = num_bytes // torch.tensor([], dtype=DTYPE).element_size()
     sources = [torch.empty(elements, device=device, dtype=DTYPE) for _ in range(count)]
     target = torch.empty(elements, device=device, dtype=DTYPE)
     return [lambda source=source: target.copy_(source) for source in sources]
 
 
-def attention_case(name: str, lengths: list[int], backend: CudaBackend, key_cache: torch.Tensor,
-                   value_cache: torch.Tensor, generator: torch.Generator, launches: int, repeat: int) -> None:
+def attention_case(name: str, lengths: list[int], backend: KernelBackend, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, generator: torch.Generator, clock: Clock) -> None:
     device, element = backend.device, key_cache.element_size()
     num_blocks, batch, scale = key_cache.shape[0], len(lengths), HEAD_DIM ** -0.5
     kv_bytes = 2 * sum(lengths) * NUM_KV_HEADS * HEAD_DIM * element
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
     query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
     tables = [random_block_tables(lengths, num_blocks, BLOCK_SIZE, generator).to(device)
-              for _ in range(rotations(kv_bytes))]
+              for _ in range(clock.rotations(kv_bytes))]
     max_len = max(lengths)
-    kernel_s, launch_s, dry = queued_time(
+    kernel_s, launch_s, dry = clock.time(
         [lambda table=table: backend.launch_attention(query, key_cache, value_cache, table, seq_lens, scale, max_len)
-         for table in tables], launches, repeat)
+         for table in tables])
     moved = kv_bytes + 2 * query.numel() * element + tables[0].numel() * 4
-    copy_s = queued_time(copy_calls(kv_bytes, device), launches, repeat)[0]
+    copy_s = clock.time(copy_calls(kv_bytes, device, clock))[0]
     copy_tbps = 2 * kv_bytes / copy_s / 1e12  # a copy reads and writes the bytes
     sdpa_text = "-"
     if len(set(lengths)) == 1:  # SDPA takes equal lengths without padding
         pairs = [(torch.randn(batch, NUM_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=DTYPE),
                   torch.randn(batch, NUM_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=DTYPE))
-                 for _ in range(min(rotations(kv_bytes), 8))]
+                 for _ in range(min(clock.rotations(kv_bytes), 8))]
         q4 = query[:, :, None, :]
-        sdpa_s = queued_time([lambda k=k, v=v: F.scaled_dot_product_attention(q4, k, v, scale=scale,
-                                                                               enable_gqa=True)
-                              for k, v in pairs], launches, repeat)[0]
+        sdpa_s = clock.time([lambda k=k, v=v: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+                             for k, v in pairs])[0]
         sdpa_text = f"{sdpa_s * 1e6:.1f} us ({sdpa_s / kernel_s:.2f}x)"
     tbps = moved / kernel_s / 1e12
     print(f"{name:34} {kernel_s * 1e6:>10.1f} {tbps:>7.2f} {copy_tbps:>10.2f} {tbps / copy_tbps:>8.0%}   {sdpa_text}")
@@ -118,19 +129,19 @@ def attention_case(name: str, lengths: list[int], backend: CudaBackend, key_cach
           + (" (the queue ran dry: host gaps are in the timing)" if dry else ""))
 
 
-def cache_write_case(tokens: int, backend: CudaBackend, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     generator: torch.Generator, launches: int, repeat: int) -> None:
+def cache_write_case(tokens: int, backend: KernelBackend, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     generator: torch.Generator, clock: Clock) -> None:
     device, element = backend.device, key_cache.element_size()
     qkv = torch.randn(tokens, NUM_Q_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
     key, value = qkv[:, NUM_Q_HEADS:NUM_Q_HEADS + NUM_KV_HEADS], qkv[:, NUM_Q_HEADS + NUM_KV_HEADS:]
     num_slots = key_cache.shape[0] * BLOCK_SIZE
     written = 2 * tokens * NUM_KV_HEADS * HEAD_DIM * element
     mappings = [torch.randperm(num_slots, generator=generator)[:tokens].to(torch.int64).to(device)
-                for _ in range(rotations(written))]
-    write_s, launch_s, dry = queued_time(
+                for _ in range(clock.rotations(written))]
+    write_s, launch_s, dry = clock.time(
         [lambda slots=slots: backend._cache_write(key, value, key_cache, value_cache, slots) for slots in mappings],
-        launches, repeat)
-    copy_s = queued_time(copy_calls(written, device), launches, repeat)[0]
+    )
+    copy_s = clock.time(copy_calls(written, device, clock))[0]
     print(f"{tokens:>6} tokens: {write_s * 1e6:8.1f} us, {2 * written / write_s / 1e9:8.1f} GB/s moved (read + "
           f"write); a copy of the same bytes {2 * written / copy_s / 1e9:8.1f} GB/s: {copy_s / write_s:.0%} of it; "
           f"launch overhead {launch_s * 1e6:.1f} us" + (" (queue ran dry)" if dry else ""))
@@ -141,18 +152,31 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7, help="timings per case; the median counts")
     parser.add_argument("--launches", type=int, default=20, help="calls queued between the two events")
     parser.add_argument("--pool-gib", type=float, default=8.0, help="K/V pool the block tables point into")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="run every case's code on tiny shapes through the emulated kernels on the CPU, untimed: "
+                             "catches a mistake here before a GPU window would")
     args = parser.parse_args()
-    reason = cuda_backend_unavailable_reason()
-    if reason is not None:
-        raise SystemExit(f"kernels_gpu.py needs the CUDA backend: {reason}")
-    backend = CudaBackend()
+    clock = Clock(args.launches, args.repeat, args.dry_run)
+    cases, cache_write_tokens = CASES, (16384, 64)
+    backend: KernelBackend
+    if args.dry_run:
+        backend = EmulatedBackend()
+        cases = {name: [max(1, n // 256) for n in lengths] for name, lengths in CASES.items()}
+        cache_write_tokens = (64, 4)
+        print("dry run: the emulated kernels on the CPU, tiny shapes, no timing (every figure is a placeholder)")
+    else:
+        reason = cuda_backend_unavailable_reason()
+        if reason is not None:
+            raise SystemExit(f"kernels_gpu.py needs the CUDA backend: {reason}")
+        backend = CudaBackend()
+        properties = torch.cuda.get_device_properties(backend.device)
+        print(f"{properties.name}, {properties.multi_processor_count} SMs, {properties.total_memory / 2**30:.0f} "
+              f"GiB; torch {torch.__version__}, CUDA {torch.version.cuda}; {args.launches} calls a timing, median "
+              f"of {args.repeat}")
     device = backend.device
-    properties = torch.cuda.get_device_properties(device)
-    print(f"{properties.name}, {properties.multi_processor_count} SMs, {properties.total_memory / 2**30:.0f} GiB; "
-          f"torch {torch.__version__}, CUDA {torch.version.cuda}; {args.launches} calls a timing, median of "
-          f"{args.repeat}")
     block_bytes = NUM_KV_HEADS * BLOCK_SIZE * HEAD_DIM * torch.tensor([], dtype=DTYPE).element_size()
-    num_blocks = int(args.pool_gib * 2**30 / (2 * block_bytes))
+    pool_gib = 2 ** -7 if args.dry_run else args.pool_gib
+    num_blocks = int(pool_gib * 2**30 / (2 * block_bytes))
     key_cache = torch.randn(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, device=device, dtype=DTYPE)
     value_cache = torch.randn_like(key_cache)
     generator = torch.Generator(device="cpu").manual_seed(0)
@@ -161,11 +185,11 @@ def main() -> None:
           f"{BLOCK_SIZE}, pool {num_blocks * 2 * block_bytes / 2**30:.1f} GiB); TB/s: K/V + Q + O + tables read "
           "or written per second; copy: the same K/V bytes copied, same run")
     print(f"{'case':34} {'kernel us':>10} {'TB/s':>7} {'copy TB/s':>10} {'vs copy':>8}   contiguous SDPA")
-    for name, lengths in CASES.items():
-        attention_case(name, lengths, backend, key_cache, value_cache, generator, args.launches, args.repeat)
+    for name, lengths in cases.items():
+        attention_case(name, lengths, backend, key_cache, value_cache, generator, clock)
     print("\ncache write (bf16, 8 kv heads, head_dim 128, slots permuted)")
-    for tokens in (16384, 64):
-        cache_write_case(tokens, backend, key_cache, value_cache, generator, args.launches, args.repeat)
+    for tokens in cache_write_tokens:
+        cache_write_case(tokens, backend, key_cache, value_cache, generator, clock)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ def test_the_gpu_script_selects_real_tests_runs_parsable_commands_and_fits_its_b
     assert result.returncode == 0, result.stdout + result.stderr
     output = result.stdout
     assert "check passed" in output
+    assert "bench: every case runs" in output  # the benchmark's code, on tiny shapes through the emulated kernels
     assert int(re.search(r"collects (\d+) tests", output).group(1)) > 0  # pytest -m gpu
     memcheck = re.findall(r"^\s+(\d+)\s+tests/test_kernels.py::(\w+)\[(.*)\]$", output, re.M)
     assert {name for _, name, _ in memcheck} >= {
