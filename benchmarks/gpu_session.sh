@@ -131,6 +131,8 @@ started=$(date +%s)
     done
     echo "nvcc: $(command -v nvcc || echo missing); host compiler: $(command -v g++ || command -v c++ || echo missing)"
     echo "compute-sanitizer: $(command -v compute-sanitizer || echo missing)"
+    command -v nvcc > /dev/null  # PyCUDA compiles the kernels at run time: without nvcc nothing can run
+    command -v g++ > /dev/null || command -v c++ > /dev/null
     timeout "$SETUP_S" env PYTHONPATH="$ROOT:/tmp/site" "$PY" -c "
 import torch
 torch.cuda.init()
