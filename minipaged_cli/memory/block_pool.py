@@ -96,10 +96,6 @@ class BlockPool:
         # (the looked-up hashes, hits) of the last lookup; None once the cache map changes
         self._lookup_memo: tuple[list[Hashable], list[int]] | None = None
 
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
-
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
         content (the caller has checked that there are enough). The article's ``allocate_block``."""

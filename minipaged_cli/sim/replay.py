@@ -117,10 +117,9 @@ class Replay:
         duration = self._duration(decision)
         running = self.scheduler.running
         if self.on_step is not None:
-            num_new = len(decoders) + sum(c for _, c in chunks)
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
-                            live_tokens=sum(r.num_computed for r in running) + num_new
+                            live_tokens=sum(r.num_computed for r in running) + decision.num_new_tokens
                             - self.allocator.shared_slots,
                             copies=decision.copies, forks=decision.forks)
             self.on_step(work, self.allocator)
@@ -146,10 +145,9 @@ class Replay:
         """The step's roofline time, with the swap traffic over the host link added."""
         decoders, chunks = decision.decoders, decision.chunks
         contexts = sum(r.num_computed + 1 for r in decoders)
-        num_new = len(decoders) + sum(c for _, c in chunks)
         attended = contexts + sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks)
         kv_moved = contexts + len(decoders) + sum(r.num_computed + c for r, c in chunks) + 2 * decision.copied_tokens
-        return float(self.step_time.step_seconds(num_new, attended, kv_moved)) + \
+        return float(self.step_time.step_seconds(decision.num_new_tokens, attended, kv_moved)) + \
             self.step_time.swap_seconds(decision.swapped_tokens)
 
     def _bulk_step(self) -> bool:

@@ -46,6 +46,11 @@ class StepDecision:
     forks: list[tuple[int, int]] = field(default_factory=list)
     saturated: bool = False
 
+    @property
+    def num_new_tokens(self) -> int:
+        """Tokens whose K/V the step writes: one per decoder, and every chunk's."""
+        return len(self.decoders) + sum(c for _, c in self.chunks)
+
 
 class Scheduler:
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
