@@ -26,7 +26,7 @@ def test_model_presets(name: str, kv_bytes: int, params_billion: float) -> None:
 
 
 def test_gpu_presets() -> None:
-    assert preset_names("gpus") == ["a100-40gb", "h100", "h200"]
+    assert preset_names("gpus") == ["a100-40gb", "a100-80gb", "h100", "h200"]
     h200 = load_gpu("h200")
     assert (h200.hbm_bandwidth_bytes_per_s, h200.peak_flops) == (4.8e12, 989e12)
 

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.config import num_blocks_for_memory
 from minipaged_cli.units import format_bytes, parse_bytes
 from minipaged_cli.workloads.presets import ModelSpec
@@ -59,9 +60,18 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --rate's arrivals.
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Keep the first N requests.", show_default=False)]
 TimeScaleOpt = Annotated[float, typer.Option(
     "--time-scale", help="Multiply arrival times (0.5 = twice the request rate).")]
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (qwen3-8b, qwen3-0.6b, opt-13b) or a "
-                                                        "Hugging Face config.json path.")]
-GpuOpt = Annotated[str, typer.Option("--gpu", help="GPU preset for the roofline step time: h200, h100, a100-40gb.")]
+ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (qwen3-8b, qwen3-0.6b, opt-13b, llama-2-7b) "
+                                                        "or a Hugging Face config.json path.")]
+GpuOpt = Annotated[str, typer.Option(
+    "--gpu", help="GPU preset (h200, h100, a100-80gb, a100-40gb) or a YAML of your own with its keys: memory, "
+                  "peaks and achieved efficiencies (configs/gpus/).")]
+CalibrationOpt = Annotated[Path | None, typer.Option(
+    "--calibration", help="Step times measured on the GPU (minipaged calibrate; configs/calibrations/), "
+                          "interpolated; default: the GPU preset's efficiency model.", metavar="YAML",
+    show_default=False)]
+WatermarkOpt = Annotated[float, typer.Option(
+    "--watermark", help="Paged admission keeps this fraction of the blocks free: vLLM's default, 0.01 (its "
+                        "BlockSpaceManager's watermark); 0 admits while any block is free.")]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
 NumBlocksOpt = Annotated[int | None, typer.Option(
     "--num-blocks", help="KV capacity in blocks (instead of --kv-memory).", show_default=False)]
@@ -99,6 +109,10 @@ def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim:
     if reason is not None:
         raise InputError(f"{reason} ({model}); use --device cpu", field="--device", value=backend.name,
                          has_value=True)
+
+
+def load_calibration_option(path: Path | None) -> Calibration | None:
+    return None if path is None else load_calibration(path)
 
 
 def tables_console(json_path: str | None) -> Console:

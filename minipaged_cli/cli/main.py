@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from minipaged_cli import __version__
-from minipaged_cli.cli import convert, profile, run, simulate, verify
+from minipaged_cli.cli import calibrate, convert, profile, run, simulate, verify
 from minipaged_cli.cli.common import stderr
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
@@ -59,6 +59,8 @@ app.command("verify", epilog=verify.EPILOG,
             short_help="Qwen3 attention through the paged cache against Hugging Face.")(verify.verify_command)
 app.command("profile", epilog=profile.EPILOG,
             short_help="Which block size? The trade-off on a trace, measured.")(profile.profile_command)
+app.command("calibrate", epilog=calibrate.EPILOG,
+            short_help="Step times measured on your GPU, for simulate --calibration.")(calibrate.calibrate_command)
 app.command("convert", epilog=convert.EPILOG,
             short_help="A public trace, or a slice of it, to the YAML trace format.")(convert.convert_command)
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import CATEGORIES, LABELS
+from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.units import format_bytes
 
@@ -33,6 +34,13 @@ def write_json(document: dict[str, Any], destination: str, stdout: Console) -> N
                              has_value=True) from None
 
 
+def step_times(config: SimConfig) -> str:
+    """Where the simulated step times come from."""
+    if config.calibration is not None:
+        return f"calibration {config.calibration.describe(config.model)}"
+    return f"{config.gpu.name}'s efficiency model"
+
+
 def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:
     """A header line, the memory table and the service table."""
     config, trace = result.config, result.trace
@@ -41,7 +49,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
         f"{trace.output_tokens:,} output tokens · {config.model.name} on {config.gpu.name} · KV capacity "
         f"{config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
         f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {capacity_origin}) · "
-        f"max model len {config.model_len:,}"
+        f"max model len {config.model_len:,} · step times: {step_times(config)}"
     )
     rows = result.strategies
     overs = {m.averaged_over for m in rows.values()}

@@ -9,6 +9,7 @@ import typer
 
 from minipaged_cli.cli.common import (
     BlockSizeOpt,
+    CalibrationOpt,
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
@@ -23,7 +24,9 @@ from minipaged_cli.cli.common import (
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    WatermarkOpt,
     handle_errors,
+    load_calibration_option,
     resolve_num_blocks,
     stderr,
     stdout,
@@ -46,7 +49,9 @@ Examples:\n\n
   minipaged simulate traces/mixed.yaml --strategies paged,oracle-reserve --json -\n\n
   minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --prefix-caching
   --max-model-len 131072\n\n
-  minipaged simulate traces/mixed.yaml --preemption swap --cpu-blocks 20000 --watermark 0.01
+  minipaged simulate traces/mixed.yaml --preemption swap --cpu-blocks 20000 --watermark 0\n\n
+  minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
+  configs/calibrations/h100-llama-2-7b.yaml
 """
 
 
@@ -76,8 +81,8 @@ def simulate_command(
                              "(drop its KV, prefill again) or swap (to a CPU pool of --cpu-blocks).")] = "recompute",
     cpu_blocks: Annotated[int, typer.Option(
         "--cpu-blocks", help="Swap space, in blocks of --block-size tokens.")] = 0,
-    watermark: Annotated[float, typer.Option(
-        "--watermark", help="Paged admission keeps this fraction of the blocks free (vLLM's watermark).")] = 0.0,
+    watermark: WatermarkOpt = 0.01,
+    calibration: CalibrationOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
@@ -103,6 +108,7 @@ def simulate_command(
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
                        preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark,
+                       calibration=load_calibration_option(calibration),
                        check_invariants=check_invariants,
                        record_timeline=plot is not None)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.strategies import make_allocator
+from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -27,7 +28,8 @@ class SimConfig:
     prefix_caching: bool = False  # paged only
     preemption: str = "recompute"  # or "swap"
     cpu_blocks: int = 0  # swap space, in blocks of block_size tokens
-    watermark: float = 0.0  # paged admission keeps this fraction of the blocks free
+    watermark: float = 0.01  # paged admission keeps this fraction of the blocks free (vLLM's default)
+    calibration: Calibration | None = None  # measured step times; None: the GPU preset's efficiency model
     check_invariants: bool = False
     record_timeline: bool = False
 
@@ -48,6 +50,8 @@ class SimConfig:
                              has_value=True)
         if not 0.0 <= self.watermark < 1.0:
             raise InputError("must be in [0, 1)", field="--watermark", value=self.watermark, has_value=True)
+        if self.calibration is not None:
+            self.calibration.check_gpu(self.gpu.name)
 
     @property
     def watermark_blocks(self) -> int:

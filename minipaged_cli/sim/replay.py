@@ -88,7 +88,7 @@ class Replay:
         self.accounting = Accounting(allocator.capacity_tokens, config.model.kv_bytes_per_token,
                                      config.record_timeline)
         self.scheduler = Scheduler(trace, config, allocator, self.accounting)
-        self.step_time = StepTimeModel.for_presets(config.model, config.gpu)
+        self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.now = 0.0
 
     def run(self) -> StrategyMetrics:
@@ -142,13 +142,16 @@ class Replay:
         self.scheduler.finish(self.now)
 
     def _duration(self, decision: StepDecision) -> float:
-        """The step's roofline time, with the swap traffic over the host link added."""
+        """The step's time (``sim/step_time.py``), with the swap traffic over the host link added."""
         decoders, chunks = decision.decoders, decision.chunks
-        contexts = sum(r.num_computed + 1 for r in decoders)
-        attended = contexts + sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks)
-        kv_moved = contexts + len(decoders) + sum(r.num_computed + c for r, c in chunks) + 2 * decision.copied_tokens
-        return float(self.step_time.step_seconds(decision.num_new_tokens, attended, kv_moved)) + \
-            self.step_time.swap_seconds(decision.swapped_tokens)
+        seconds = self.step_time.step_seconds(
+            new_tokens=decision.num_new_tokens, sequences=len(decoders) + len(chunks),
+            prefill_tokens=sum(c for _, c in chunks),
+            prefill_attended=sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks),
+            prefill_context=sum(r.num_computed + c for r, c in chunks),
+            decodes=len(decoders), decode_context=sum(r.num_computed + 1 for r in decoders),
+            copied_tokens=decision.copied_tokens)
+        return float(seconds) + self.step_time.swap_seconds(decision.swapped_tokens)
 
     def _bulk_step(self) -> bool:
         """Advance several decode-only steps at once; False when this step needs the single-step path."""
@@ -163,7 +166,7 @@ class Replay:
         steps = _STEPS[:num_steps]
         total_length = int(lengths.sum())
         contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
-        durations = self.step_time.step_seconds(n, contexts, contexts + n)
+        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
             ends = self.now + np.cumsum(durations)
@@ -239,7 +242,8 @@ class SimulationResult:
                        "num_blocks": config.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
                        "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len,
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
-                       "cpu_blocks": config.cpu_blocks, "watermark": config.watermark},
+                       "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
+                       "calibration": config.calibration.path if config.calibration else None},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
 

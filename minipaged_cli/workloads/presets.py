@@ -61,14 +61,23 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
-    def num_params(self) -> int:
-        """Weights: attention and MLP of every layer plus the embeddings (norms are negligible)."""
+    def layer_params(self) -> int:
+        """The weight matrices of one layer: Q, K, V and O projections, and the MLP's (norms are negligible)."""
         q_width = self.num_q_heads * self.head_dim
         kv_width = self.num_kv_heads * self.head_dim
         attention = self.hidden_size * (2 * q_width + 2 * kv_width)
         mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        embeddings = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attention + mlp) + embeddings
+        return attention + mlp
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Weights: every layer's plus the embeddings (one matrix when the LM head shares it)."""
+        embeddings = self.lm_head_params * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * self.layer_params + embeddings
 
     @property
     def weight_bytes(self) -> int:
@@ -80,9 +89,20 @@ class ModelSpec:
         return 4 * self.num_layers * self.num_q_heads * self.head_dim
 
 
+# What real kernels achieve, as fractions of the datasheet's peak FLOP/s and HBM bandwidth. A preset states its
+# own, with their sources; these are for a GPU file that does not (the H100's, fitted to measured profiles).
+DEFAULT_EFFICIENCIES = {
+    "gemm_flops_efficiency": 0.84,
+    "gemm_bandwidth_efficiency": 0.90,
+    "attention_flops_efficiency": 0.60,
+    "attention_bandwidth_efficiency": 0.80,
+}
+
+
 @dataclass(frozen=True)
 class GpuSpec:
-    """The roofline of one GPU: a step takes max(flops / peak_flops, bytes / bandwidth) + overhead."""
+    """One GPU: its datasheet peaks and what kernels achieve of them (``sim/step_time.py`` says how a step's time
+    is built from these)."""
 
     name: str
     memory_bytes: float
@@ -90,11 +110,19 @@ class GpuSpec:
     peak_flops: float
     step_overhead_s: float
     host_bandwidth_bytes_per_s: float = 64.0e9  # GPU <-> CPU memory, one direction: what swapping costs
+    gemm_flops_efficiency: float = DEFAULT_EFFICIENCIES["gemm_flops_efficiency"]
+    gemm_bandwidth_efficiency: float = DEFAULT_EFFICIENCIES["gemm_bandwidth_efficiency"]
+    attention_flops_efficiency: float = DEFAULT_EFFICIENCIES["attention_flops_efficiency"]
+    attention_bandwidth_efficiency: float = DEFAULT_EFFICIENCIES["attention_bandwidth_efficiency"]
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "host_bandwidth_bytes_per_s"):
             if getattr(self, name) <= 0:
                 raise InputError("must be positive", source=self.name, field=name,
+                                 value=getattr(self, name), has_value=True)
+        for name in DEFAULT_EFFICIENCIES:
+            if not 0 < getattr(self, name) <= 1:
+                raise InputError("must be in (0, 1]: a fraction of the peak", source=self.name, field=name,
                                  value=getattr(self, name), has_value=True)
         if self.step_overhead_s < 0:
             raise InputError("must be >= 0", source=self.name, field="step_overhead_s",
@@ -119,7 +147,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_gpu(name_or_path: str) -> GpuSpec:
     source, config = _load_config("gpus", name_or_path, "--gpu")
-    optional = {"host_bandwidth_bytes_per_s"}
+    optional = {"host_bandwidth_bytes_per_s", *DEFAULT_EFFICIENCIES}
     fields = {"name", "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "step_overhead_s"}
     unknown = sorted(set(config) - fields - optional)
     if unknown:

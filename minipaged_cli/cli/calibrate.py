@@ -1,0 +1,153 @@
+"""``minipaged calibrate OUT.yaml``: step times measured on this machine's GPU (or converted from a public
+profile), for ``simulate --calibration``."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from minipaged_cli.cli.common import (
+    DeviceOpt,
+    GpuOpt,
+    JsonOpt,
+    ModelOpt,
+    check_dtype,
+    handle_errors,
+    require_support,
+    stderr,
+    stdout,
+    tables_console,
+)
+from minipaged_cli.cli.render import write_json
+from minipaged_cli.errors import InputError
+from minipaged_cli.sim.calibration import Calibration
+from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.workloads.presets import load_gpu, load_model
+
+EPILOG = """\
+Examples:\n\n
+  minipaged calibrate h200-qwen3-8b.yaml --model qwen3-8b --gpu h200 --device cuda\n\n
+  minipaged simulate traces/mixed.yaml --calibration h200-qwen3-8b.yaml\n\n
+  minipaged calibrate cpu.yaml --model qwen3-0.6b --device cpu --quick\n\n
+  minipaged calibrate configs/calibrations/h100-llama-2-7b.yaml --model llama-2-7b --gpu h100
+  --from-vidur tests/data/vidur_h100_llama-2-7b_mlp.csv --source "microsoft/vidur ..."
+"""
+
+
+@handle_errors
+def calibrate_command(
+    out: Annotated[str, typer.Argument(help="The calibration YAML to write ('-': stdout).", metavar="OUT",
+                                       show_default=False)],
+    model: ModelOpt = "qwen3-8b",
+    gpu: GpuOpt = "h200",
+    device: DeviceOpt = "auto",
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Weights' and K/V's dtype. Default: the model's.",
+                                              show_default=False)] = None,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
+    repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point (the median counts).")] = 5,
+    from_vidur: Annotated[Path | None, typer.Option(
+        "--from-vidur", help="Convert a Vidur linear-layer profile (its mlp.csv) instead of measuring.",
+        metavar="CSV", show_default=False)] = None,
+    source: Annotated[str | None, typer.Option(
+        "--source", help="Where the numbers come from, written into the file (default: how they were made).",
+        show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and K/V.")] = 0,
+    json_path: JsonOpt = None,
+) -> None:
+    """Measure one layer of the model (weight GEMMs, prefill and decode attention, cache writes) over a grid of
+    token counts, batch sizes and context lengths, and write the tables `simulate --calibration` interpolates.
+    Prints each table's measured times against the GPU preset's efficiency model."""
+    from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, measure
+    from minipaged_cli.apps.calibrate import from_vidur as convert
+
+    spec, gpu_spec = load_model(model), load_gpu(gpu)
+    if repeat < 1:
+        raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
+    if from_vidur is not None:
+        calibration = convert(from_vidur, spec, gpu_spec.name)
+        header = f"{gpu_spec.name}, {spec.name}: converted by minipaged calibrate --from-vidur {from_vidur.name}"
+    else:
+        import torch
+
+        from minipaged_cli.dataplane.select import select_backend
+
+        backend = select_backend(device)
+        require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
+        torch_dtype = getattr(torch, check_dtype(dtype or spec.dtype))
+        if backend.device.type != "cuda":
+            stderr.print(f"note: measuring on {backend.device} ({backend.name}), not on a GPU: the file says so, "
+                         f"but simulate will take it as {gpu_spec.name}'s", markup=False)
+        with stderr.status("calibrating") as status:
+            calibration = measure(spec, gpu_spec.name, backend, torch_dtype, QUICK_GRID if quick else FULL_GRID,
+                                  repeat, seed, progress=lambda what: status.update(f"calibrating: {what}"))
+        header = f"{gpu_spec.name}, {spec.name}: measured by minipaged calibrate"
+    if source is not None:
+        calibration = replace(calibration, source=source)
+    text = calibration.to_yaml(header)
+    if out == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            Path(out).write_text(text)
+        except OSError as error:
+            raise InputError(f"cannot write: {error.strerror}", field="OUT", value=out, has_value=True) from None
+
+    rows = comparison(calibration, StepTimeModel(spec, gpu_spec))
+    console = stderr if out == "-" else tables_console(json_path)
+    table = Table(title=f"Measured against {gpu_spec.name}'s efficiency model, one layer", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for column in ("table", "points", "at", "measured µs", "model µs", "measured / model"):
+        table.add_column(column, justify="left" if column in ("table", "at") else "right")
+    for row in rows:
+        table.add_row(row["table"], str(row["points"]), row["at"], f"{row['measured_us']:,.1f}",
+                      f"{row['model_us']:,.1f}", f"{row['ratio']:.2f}")
+    console.print(table)
+    if out != "-":
+        console.print(f"wrote {out}")
+    if json_path is not None:
+        write_json({"calibration": out, "gpu": calibration.gpu, "model": spec.name, "source": calibration.source,
+                    "comparison": rows}, json_path, stdout)
+
+
+def comparison(calibration: Calibration, model: StepTimeModel) -> list[dict[str, object]]:
+    """Each table's smallest and largest point, measured and as the efficiency model predicts (per layer)."""
+    spec = calibration.model
+    layers = spec.num_layers
+    rows: list[dict[str, object]] = []
+
+    def add(name: str, points: int, at: str, measured: float, predicted: float) -> None:
+        rows.append({"table": name, "points": points, "at": at, "measured_us": measured * 1e6,
+                     "model_us": predicted * 1e6, "ratio": measured / predicted})
+
+    if calibration.linear is not None:
+        table = calibration.linear
+        for i in (0, -1):
+            tokens = int(table.sizes[i])
+            add("linear", len(table.sizes), f"{tokens} tokens", table.seconds[i],
+                float(model.linear_seconds(tokens)) / layers)
+    if calibration.prefill_attention is not None:
+        table = calibration.prefill_attention
+        for i in (0, -1):
+            tokens = int(table.sizes[i])
+            add("prefill attention", len(table.sizes), f"{tokens} tokens", table.seconds[i],
+                float(model.prefill_attention_seconds(tokens, tokens * (tokens + 1) / 2, tokens)) / layers)
+    if calibration.decode_attention is not None:
+        grid = calibration.decode_attention
+        for i, j in ((0, 0), (-1, -1)):
+            batch, context = int(grid.batch[i]), int(grid.context[j])
+            add("decode attention", grid.seconds.size, f"{batch} x {context} tokens", grid.seconds[i, j],
+                float(model.decode_attention_seconds(batch, batch * context)) / layers)
+    if calibration.cache_write is not None:
+        table = calibration.cache_write
+        for i in (0, -1):
+            tokens = int(table.sizes[i])
+            add("cache write", len(table.sizes), f"{tokens} tokens", table.seconds[i],
+                float(model.cache_write_seconds(tokens)) / layers)
+    return rows
