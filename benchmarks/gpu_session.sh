@@ -2,11 +2,14 @@
 # One GPU window's work, unattended, in at most 8 minutes of command time (the device tool allows 10 a command
 # and about 15 in all, the machine's start included). Everything lands in $OUT, one full log per step:
 #
-#   summary.txt     commit, GPU, driver, one line per step: status, exit code, seconds, limit
-#   setup.log       carried wheels, PATH, and the import that must work: torch + PyCUDA on torch's context
+#   summary.txt     commit, GPU, driver, one line per step: status, exit code, seconds, limit; then the set-up's
+#                   log: carried wheels, PATH, and the import that must work: torch + PyCUDA on torch's context
 #   bench.log       benchmarks/kernels_gpu.py: kernel figures beside same-run baselines (first: they matter most)
 #   gpu_tests.log   pytest -m gpu, full output; MINIPAGED_REQUIRE_GPU=1 makes a skipped GPU test a failure
 #   memcheck.log    compute-sanitizer memcheck over the bf16 attention, cache-write and copy-blocks GPU tests
+#   calibrate.log   minipaged calibrate: Qwen3-8B's GEMMs, prefill attention (torch) and this project's decode
+#                   attention and cache-write kernels, timed over their grids against the H200 preset's model
+#   calibration-h200-qwen3-8b.yaml   what it measured: simulate --calibration reads it (configs/calibrations/)
 #   run.log         minipaged run on a slice of the Azure conversation trace, on the CUDA kernels
 #   verify.log      minipaged verify --layer 3 on the CUDA kernels, bf16
 #
@@ -26,8 +29,9 @@ ROOT=$PWD
 PY=${PYTHON:-python3}  # the interpreter with the project's dependencies (the GPU image's python3)
 BUDGET_S=480
 SETUP_S=45
-STEPS=(bench gpu_tests memcheck run verify)
-declare -A LIMIT=([bench]=150 [gpu_tests]=110 [memcheck]=110 [run]=30 [verify]=35)
+STEPS=(bench gpu_tests memcheck calibrate run verify)
+declare -A LIMIT=([bench]=135 [gpu_tests]=100 [memcheck]=90 [calibrate]=45 [run]=30 [verify]=35)
+CALIBRATION=calibration-h200-qwen3-8b.yaml
 
 GPU_TESTS=(tests/ -m gpu)
 # Selected by node id: -k cannot spell "(32, 8)", and the ids spell the dtype torch.bfloat16, not bf16.
@@ -40,6 +44,8 @@ MEMCHECK_TESTS=(
 BENCH_CMD=("$PY" benchmarks/kernels_gpu.py --repeat 7 --launches 20)
 RUN_CMD=("$PY" -m minipaged_cli run traces/azure_conv_1k.yaml --limit 100 --device cuda --kv-memory 16GiB
          --max-steps 400 --json -)
+CALIBRATE_CMD=("$PY" -m minipaged_cli calibrate "${OUT:-gpu-out}/$CALIBRATION" --model qwen3-8b --gpu h200
+               --device cuda --repeat 3)
 VERIFY_CMD=("$PY" -m minipaged_cli verify --layer 3 --device cuda --dtype bfloat16 --json -)
 
 step_command() {  # the command of step $1, one word per line of the array
@@ -48,6 +54,7 @@ step_command() {  # the command of step $1, one word per line of the array
         gpu_tests) CMD=(env MINIPAGED_REQUIRE_GPU=1 "$PY" -m pytest -rfE "${GPU_TESTS[@]}") ;;
         memcheck) CMD=(env MINIPAGED_REQUIRE_GPU=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck
                        --error-exitcode 1 "$PY" -m pytest -rfE -m gpu "${MEMCHECK_TESTS[@]}") ;;
+        calibrate) CMD=("${CALIBRATE_CMD[@]}") ;;
         run) CMD=("${RUN_CMD[@]}") ;;
         verify) CMD=("${VERIFY_CMD[@]}") ;;
     esac
@@ -83,7 +90,7 @@ check() {
         echo "bench: FAIL: benchmarks/kernels_gpu.py --dry-run"
         failed=1
     fi
-    for name in bench run verify; do
+    for name in bench calibrate run verify; do
         step_command "$name"
         if "${CMD[@]}" --help > /dev/null 2>&1; then
             echo "$name: parses: ${CMD[*]}"
@@ -97,7 +104,7 @@ check() {
     echo "budget: set-up ${SETUP_S} s + steps $(for n in "${STEPS[@]}"; do printf '%s %s s, ' "$n" "${LIMIT[$n]}"; done)"
     echo "        = ${total} s of at most ${BUDGET_S} s"
     [ "$total" -le "$BUDGET_S" ] || { echo "  FAIL: over budget"; failed=1; }
-    local files=$((2 + ${#STEPS[@]}))  # summary, setup, one log per step
+    local files=$((2 + ${#STEPS[@]}))  # summary (with the set-up's log), one log per step, the calibration
     echo "files under \$OUT: $files (at most 8)"
     [ "$files" -le 8 ] || failed=1
     [ "$failed" -eq 0 ] && echo "check passed" || echo "check FAILED"
@@ -141,7 +148,7 @@ import minipaged_cli.dataplane.cuda as cb
 print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'on', torch.cuda.get_device_name())
 print('cuda backend:', cb.cuda_backend_unavailable_reason() or 'available')
 "
-) > "$OUT/setup.log" 2>&1
+) > /tmp/gpu_session_setup.log 2>&1
 rc=$?
 export PATH
 for dir in /usr/local/cuda*/bin /usr/local/cuda*/compute-sanitizer; do [ -d "$dir" ] && PATH=$PATH:$dir; done
@@ -149,8 +156,9 @@ export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export PYCUDA_CACHE_DIR=/tmp/pycuda-cache
 mkdir -p "$PYCUDA_CACHE_DIR"
 if [ "$rc" -ne 0 ]; then
-    echo "setup      FAILED  rc=$rc  $(elapsed_since "$started") s (limit $SETUP_S s): see setup.log" >> "$SUMMARY"
-    cat "$SUMMARY" "$OUT/setup.log"
+    echo "setup      FAILED  rc=$rc  $(elapsed_since "$started") s (limit $SETUP_S s): its log is below" >> "$SUMMARY"
+    { echo; echo "== set-up log"; cat /tmp/gpu_session_setup.log; } >> "$SUMMARY"
+    cat "$SUMMARY"
     exit 1
 fi
 echo "setup      ok      rc=0  $(elapsed_since "$started") s (limit $SETUP_S s)" >> "$SUMMARY"
@@ -171,5 +179,6 @@ for name in "${STEPS[@]}"; do
     printf '%-10s %-7s rc=%-3s %s s (limit %s s)\n' "$name" "$status" "$rc" "$(elapsed_since "$started")" \
         "${LIMIT[$name]}" >> "$SUMMARY"
 done
+{ echo; echo "== set-up log"; cat /tmp/gpu_session_setup.log; } >> "$SUMMARY"
 cat "$SUMMARY"
 [ "$failures" -eq 0 ]  # the exit status says whether every step passed
