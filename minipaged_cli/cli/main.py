@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from minipaged_cli import __version__
-from minipaged_cli.cli import calibrate, convert, profile, run, simulate, verify
+from minipaged_cli.cli import calibrate, convert, profile, run, simulate, sweep, verify
 from minipaged_cli.cli.common import stderr
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
@@ -53,6 +53,8 @@ app = typer.Typer(
 )
 app.command("simulate", epilog=simulate.EPILOG,
             short_help="Paged vs contiguous KV allocation on a trace: where memory goes.")(simulate.simulate_command)
+app.command("sweep", epilog=sweep.EPILOG,
+            short_help="Latency against request rate for every strategy; the rate each sustains.")(sweep.sweep_command)
 app.command("run", epilog=run.EPILOG,
             short_help="The paged replay on real K/V tensors: cache writes and decode attention.")(run.run_command)
 app.command("verify", epilog=verify.EPILOG,

@@ -112,6 +112,76 @@ def plot_block_sizes(rows: list[Any], path: Path, *, title: str) -> None:
     _save(figure, path, plt)
 
 
+def plot_memory_layout(result: Any, path: Path) -> None:
+    """``simulate --plot-layout``: the KV memory as an image, time across, slot address down, a colour per
+    sequence and free space blank; one panel per strategy (``sim/layout.py`` samples it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result.strategies)
+    figure, axes = plt.subplots(len(names), 1, figsize=(11, 2.3 * len(names) + 0.6), squeeze=False, sharex=True)
+    palette = plt.get_cmap("tab20").colors
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        layout = result.strategies[name].layout
+        owners = layout.owners
+        image = np.ones((*owners.shape, 3))  # white: free
+        held = owners >= 0
+        colours = np.asarray(palette)[(owners[held] * 7919) % len(palette)]  # neighbours' ids, apart in colour
+        image[held] = colours
+        end = layout.times_s[-1] if len(layout.times_s) else 1.0
+        ax.imshow(image, aspect="auto", interpolation="nearest",
+                  extent=(layout.times_s[0] if len(layout.times_s) else 0.0, end, layout.capacity_tokens, 0))
+        ax.set_ylabel("slot (token)")
+        ax.set_title(f"{name}: {100 * held.mean():.0f} % of the sampled slots held", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("simulated time (s)")
+    figure.suptitle(f"{result.trace.name}: physical KV memory, a colour per sequence, free space white", fontsize=10)
+    figure.tight_layout()
+    _save(figure, path, plt)
+
+
+def plot_sweep(result: Any, path: Path, *, title: str) -> None:
+    """``minipaged sweep``: normalized latency against request rate, a curve per strategy, a panel per value of
+    the other axes (the vLLM paper's Fig. 12), with each curve's sustainable rate marked when searched."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({p.panel for p in result.rows})
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(max(7, 5 * columns), 4 * rows), squeeze=False)
+    capacities = {c.curve: c for c in result.capacities or []}
+    limit = next((s.limit_s for s in result.slos if s.name == "normalized-latency"), None)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for strategy in result.axes.strategies:
+            points = sorted((p for p in result.rows if p.panel == panel and p.strategy == strategy),
+                            key=lambda p: p.rate)
+            shown = [(p.rate, result.rows[p]["normalized_latency_mean_s"]) for p in points
+                     if result.rows[p]["normalized_latency_mean_s"] is not None]
+            if not shown:
+                continue
+            line, = ax.plot(*zip(*shown, strict=True), "o-", markersize=3, label=strategy)
+            capacity = capacities.get(points[0].curve)
+            if capacity is not None and capacity.status == "found":
+                ax.axvline(capacity.rate, color=line.get_color(), linestyle=":", linewidth=0.8)
+        if limit is not None:
+            ax.axhline(limit, color="grey", linestyle="--", linewidth=0.8, label="SLO")
+        ax.set_yscale("log")
+        ax.set_xlabel("request rate (requests/s)")
+        ax.set_ylabel("normalized latency (s/token)")
+        name = ", ".join(f"{k}={v}" for k, v in vars(panel).items() if k in result.axes.varying())
+        ax.set_title(name or "all points", fontsize=9)
+        ax.legend(frameon=False, fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    _save(figure, path, plt)
+
+
 def _save(figure: Any, path: Path, plt: Any) -> None:
     try:
         figure.savefig(path, dpi=120)

@@ -47,6 +47,7 @@ Examples:\n\n
   minipaged simulate ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --rate 20 --limit 2000
   --model qwen3-8b --kv-memory 16GiB --max-model-len 8192\n\n
   minipaged simulate traces/mixed.yaml --strategies paged,oracle-reserve --json -\n\n
+  minipaged simulate traces/holes.yaml --plot-layout layout.png\n\n
   minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --prefix-caching
   --max-model-len 131072\n\n
   minipaged simulate traces/mixed.yaml --preemption swap --cpu-blocks 20000 --watermark 0\n\n
@@ -92,6 +93,10 @@ def simulate_command(
                                    "(exit 1 if any).")] = False,
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
+    plot_layout: Annotated[Path | None, typer.Option(
+        "--plot-layout", help="Draw the physical KV memory over time to this PNG: a colour per sequence, free space "
+                              "blank, one panel per strategy (contiguous holes and paged scatter).", metavar="PNG",
+        show_default=False)] = None,
 ) -> None:
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
@@ -110,7 +115,7 @@ def simulate_command(
                        preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark,
                        calibration=load_calibration_option(calibration),
                        check_invariants=check_invariants,
-                       record_timeline=plot is not None)
+                       record_timeline=plot is not None, record_layout=plot_layout is not None)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, names) as progress:
@@ -124,6 +129,11 @@ def simulate_command(
 
         plot_memory_timeline(result, Path(plot))
         console.print(f"plot: {plot}")
+    if plot_layout is not None:
+        from minipaged_cli.cli.plot import plot_memory_layout
+
+        plot_memory_layout(result, Path(plot_layout))
+        console.print(f"layout plot: {plot_layout}")
     violations = sum(m.invariant_violations for m in result.strategies.values())
     if violations:
         stderr.print(f"invariant violations: {violations} (a bug in the allocator; see the table)")

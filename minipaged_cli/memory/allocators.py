@@ -139,4 +139,8 @@ class Allocator(ABC):
         return 0  # blocks: any free block serves any request
 
     @abstractmethod
+    def slot_owners(self, slots: np.ndarray) -> np.ndarray:
+        """The sequence id holding each of ``slots`` (physical slot addresses), -1 where none does."""
+
+    @abstractmethod
     def invariant_violations(self) -> list[str]: ...

@@ -150,6 +150,18 @@ class ContiguousAllocator(Allocator):
         num_ok = max(0, min(num_steps, int((allocated - lengths).min())))
         return BulkProfile(num_ok, int(allocated.sum()), int(np.maximum(allocated - finals, 0).sum()))
 
+    def slot_owners(self, slots: np.ndarray) -> np.ndarray:
+        extents = self.arena.extents
+        if not extents:
+            return np.full(len(slots), -1, dtype=np.int64)
+        owners = np.fromiter(extents, dtype=np.int64, count=len(extents))
+        starts, sizes = (np.fromiter((e[i] for e in extents.values()), dtype=np.int64, count=len(extents))
+                         for i in (0, 1))
+        order = np.argsort(starts)
+        index = np.searchsorted(starts[order], slots, side="right") - 1
+        inside = (index >= 0) & (slots < (starts + sizes)[order][np.maximum(index, 0)])
+        return np.where(inside, owners[order][np.maximum(index, 0)], -1)
+
     def external_fragmentation(self, smallest_need: int) -> int:
         return sum(size for size in self.arena.hole_sizes if size < smallest_need)
 

@@ -99,5 +99,13 @@ class PagedAllocator(Allocator):
         for holding in holdings:
             self.manager.grow(holding.sequence_id, num_steps)
 
+    def slot_owners(self, slots: np.ndarray) -> np.ndarray:
+        """A block several sequences share shows the one listed last (forks, prefix hits)."""
+        manager = self.manager
+        block_owner = np.full(manager.num_physical_blocks, -1, dtype=np.int64)
+        for sequence_id, state in manager.sequences.items():
+            block_owner[state.block_table] = sequence_id
+        return block_owner[slots // self.block_size]
+
     def invariant_violations(self) -> list[str]:
         return self.manager.invariant_violations()

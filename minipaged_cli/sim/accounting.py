@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,10 @@ class StrategyMetrics:
     mean_ttft_s: float | None  # None (JSON null) when no request completed: there is nothing to average
     p99_ttft_s: float | None
     mean_tpot_s: float | None  # None also when every completed request produced one token
+    # End-to-end latency (arrival to its last sample's last token) / output tokens, over completed requests: the
+    # vLLM paper's normalized latency (s/token).
+    mean_normalized_latency_s: float | None
+    p99_normalized_latency_s: float | None
     invariant_violations: int
     rejection_reasons: dict[str, int] = field(default_factory=dict)  # reason -> requests
     prefix_cache_queries: int = 0  # prompt tokens looked up at first admission (re-prefills are not queries)
@@ -70,9 +75,10 @@ class StrategyMetrics:
     swap_in_bytes: int = 0
     timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
     detail: ReplayDetail | None = field(default=None, repr=False)
+    layout: Any = field(default=None, repr=False)  # sim.layout.LayoutSamples, when the config asks for it
 
     def to_dict(self) -> dict[str, float | int | str]:
-        return rounded({k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail")})
+        return rounded({k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail", "layout")})
 
 
 class MemoryIntegrator:
@@ -184,6 +190,14 @@ class Accounting:
 
     # -- the result --------------------------------------------------------------------------------------------
 
+    def _normalized_latencies(self) -> list[float]:
+        """Per completed request: from arrival to its last sample's finish, divided by its output tokens."""
+        last: dict[int, tuple[LiveRequest, float]] = {}
+        for live, finish in self.finished:
+            if live.request_index not in self.rejected and finish >= last.get(live.request_index, (live, -1.0))[1]:
+                last[live.request_index] = (live, finish)
+        return [(finish - live.request.arrival_s) / live.output_tokens for live, finish in last.values()]
+
     def metrics(self, allocator: Allocator, first_arrival_s: float) -> StrategyMetrics:
         manager = allocator.manager if isinstance(allocator, PagedAllocator) else None
         averaged_over, averages = self.integrator.averages(self.capacity_tokens)
@@ -192,6 +206,7 @@ class Accounting:
         finish_times = [t for _, t in self.finished]
         firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
         tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
+        normalized = self._normalized_latencies()
         makespan = max(finish_times) - first_arrival_s if finish_times else 0.0
         output_tokens = sum(r.output_tokens for r in finished)
         return StrategyMetrics(
@@ -212,6 +227,8 @@ class Accounting:
             mean_ttft_s=float(np.mean(firsts)) if firsts else None,
             p99_ttft_s=float(np.percentile(firsts, 99)) if firsts else None,
             mean_tpot_s=float(np.mean(tpots)) if tpots else None,
+            mean_normalized_latency_s=float(np.mean(normalized)) if normalized else None,
+            p99_normalized_latency_s=float(np.percentile(normalized, 99)) if normalized else None,
             invariant_violations=self.invariant_violations,
             rejection_reasons=dict(sorted(self.rejection_reasons.items())),
             prefix_cache_queries=self.prefix_cache_queries,

@@ -32,6 +32,7 @@ class SimConfig:
     calibration: Calibration | None = None  # measured step times; None: the GPU preset's efficiency model
     check_invariants: bool = False
     record_timeline: bool = False
+    record_layout: bool = False  # samples of which sequence owns each slot (sim/layout.py)
 
     def __post_init__(self) -> None:
         positive = {"--num-blocks": self.num_blocks, "--block-size": self.block_size,

@@ -41,6 +41,7 @@ from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.workloads.trace import Trace
@@ -90,6 +91,8 @@ class Replay:
         self.scheduler = Scheduler(trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.now = 0.0
+        self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
+                                     / 600 or 0.01) if config.record_layout else None
 
     def run(self) -> StrategyMetrics:
         scheduler, accounting = self.scheduler, self.accounting
@@ -105,9 +108,14 @@ class Replay:
                 self._single_step()
             if self.config.check_invariants:
                 accounting.invariant_violations += bool(self.allocator.invariant_violations())
+            if self.layout is not None:
+                self.layout.maybe_record(self.now, self.allocator)
             if self.progress is not None:
                 self.progress(accounting.num_done)
-        return accounting.metrics(self.allocator, self.first_arrival_s)
+        metrics = accounting.metrics(self.allocator, self.first_arrival_s)
+        if self.layout is not None:
+            metrics.layout = self.layout.result()
+        return metrics
 
     def _single_step(self) -> None:
         decision = self.scheduler.schedule()
