@@ -18,7 +18,8 @@ MIXED = str(ROOT / "traces" / "mixed.yaml")
 STRATEGY_KEYS = {"token_state_pct", "reserved_future_pct", "internal_frag_pct", "external_frag_pct", "free_pct",
                  "averaged_over", "kv_cache_usage_perc", "completed_requests", "rejected_requests",
                  "num_preemptions", "mean_batch_size", "max_batch_size", "throughput_tokens_per_s", "makespan_s",
-                 "mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "invariant_violations", "rejection_reasons",
+                 "mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "mean_normalized_latency_s", "p99_normalized_latency_s",
+                 "invariant_violations", "rejection_reasons",
                  "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_pct", "num_evictions",
                  "num_copy_on_writes", "num_swaps", "swap_out_bytes", "swap_in_bytes"}
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from minipaged_cli.apps.sweep_points import Point, Settings, prepare
+from minipaged_cli.apps.sweep_points import Point, Settings, Work, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.errors import InputError
 from minipaged_cli.units import JSON_DECIMALS, rounded
@@ -140,11 +140,12 @@ class SweepResult:
 
 def sweep(trace: Trace, axes: Axes, settings: Settings, runner: LocalRunner | RayRunner,
           slos: tuple[Slo, ...] = (), search_steps: int = 5,
-          progress: Callable[[int, int], None] | None = None) -> SweepResult:
+          progress: Callable[[int, int], None] | None = None, work: Work | None = None) -> SweepResult:
     """Every point of ``axes``; then, given SLOs, ``search_steps`` rounds of bisection per curve.
-    ``progress(done, total)`` after each point (the total grows when a search round starts)."""
+    ``progress(done, total)`` after each point (the total grows when a search round starts). ``work``: what
+    ``prepare`` made of these arguments, when the caller checked them already."""
     points = axes.points()
-    runner.start(prepare(trace, settings, points))
+    runner.start(work or prepare(trace, settings, points))
     try:
         return _sweep(axes, settings, runner, points, slos, search_steps, progress)
     finally:

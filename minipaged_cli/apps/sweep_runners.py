@@ -61,25 +61,24 @@ class RayRunner:
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.ray = import_ray()
+        self.ray = ray = import_ray()
         check_reachable(address)
+        if not ray.is_initialized():
+            import minipaged_cli
+
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level="ERROR",
+                         runtime_env={"py_modules": [minipaged_cli]})
+            except (ConnectionError, RuntimeError, ValueError) as error:
+                raise InputError(f"cannot connect to a Ray cluster: {str(error).splitlines()[0]}", field="--ray",
+                                 value=address, has_value=True) from None
 
     def describe(self) -> str:
         return f"Ray at {self.address}"
 
     def start(self, work: Work) -> None:
-        ray = self.ray
-        if not ray.is_initialized():
-            import minipaged_cli
-
-            try:
-                ray.init(address=self.address, log_to_driver=False, logging_level="ERROR",
-                         runtime_env={"py_modules": [minipaged_cli]})
-            except (ConnectionError, RuntimeError, ValueError) as error:
-                raise InputError(f"cannot connect to a Ray cluster: {str(error).splitlines()[0]}", field="--ray",
-                                 value=self.address, has_value=True) from None
-        self.shared = ray.put(work)
-        self.task = ray.remote(run_point)
+        self.shared = self.ray.put(work)
+        self.task = self.ray.remote(run_point)
 
     def close(self) -> None:
         pass  # the cluster is not ours: stay connected for a caller who runs more

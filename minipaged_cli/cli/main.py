@@ -20,9 +20,10 @@ class _OneLineUsageErrors(TyperGroup):
     """Usage errors (a missing argument, a value of the wrong type) as one line on stderr and exit code 2,
     like the errors the commands raise themselves, instead of Typer's usage-and-panel block."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(self, args: list[str] | None = None, *rest: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        args = _optional_values(list(sys.argv[1:] if args is None else args))
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(args, *rest, standalone_mode=False, **kwargs)
         except _UsageError as error:
             if not standalone_mode:
                 raise
@@ -40,6 +41,20 @@ class _OneLineUsageErrors(TyperGroup):
             return result
         # Without standalone mode, click returns the code of typer.Exit instead of exiting with it.
         sys.exit(result if isinstance(result, int) else 0)
+
+# Options whose value may be left out (click has no such option without a deprecated Typer flag): the value used then.
+OPTIONAL_VALUES = {"--ray": "auto"}
+
+
+def _optional_values(args: list[str]) -> list[str]:
+    """``--ray`` at the end or before another option means ``--ray auto``."""
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg in OPTIONAL_VALUES and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append(OPTIONAL_VALUES[arg])
+    return out
+
 
 app = typer.Typer(
     name="minipaged",

@@ -9,13 +9,12 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from click.core import ParameterSource
 from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from minipaged_cli.apps.sweep import SLO_METRICS, Axes, SweepResult, parse_slo, sweep
-from minipaged_cli.apps.sweep_points import Settings
+from minipaged_cli.apps.sweep_points import Settings, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.cli.common import (
     CalibrationOpt,
@@ -77,9 +76,9 @@ def sweep_command(
     workers: Annotated[int | None, typer.Option(
         "--workers", help="Local worker processes. Default: every core.", show_default=False)] = None,
     ray: Annotated[str | None, typer.Option(
-        "--ray", help="Run the points as Ray tasks on an existing cluster: HOST:PORT, or no value for "
-                      "auto (RAY_ADDRESS or the local cluster). Needs pip install -e \".[ray]\".",
-        flag_value="auto", is_flag=False, metavar="[ADDRESS]", show_default=False)] = None,
+        "--ray", help="Run the points as Ray tasks on an existing cluster: HOST:PORT, or no value (auto: "
+                      "RAY_ADDRESS or the cluster started on this machine). Needs pip install -e \".[ray]\".",
+        metavar="[ADDRESS]", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A YAML sweep file whose keys name these options (rates: [1, 2], slo: "
                          "{normalized-latency: 0.2}, ...).", metavar="YAML", show_default=False)] = None,
@@ -108,7 +107,7 @@ def sweep_command(
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
     if config is not None:
         values.update({k: v for k, v in _read_config(config).items()
-                       if ctx.get_parameter_source(k) != ParameterSource.COMMANDLINE})
+                       if _source(ctx, k) != "COMMANDLINE"})
     if values["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
     axes = Axes(rates=_list(values["rates"], float, "--rates"),
@@ -132,6 +131,7 @@ def sweep_command(
                         cpu_blocks=values["cpu_blocks"], gpu_memory_utilization=values["gpu_memory_utilization"],
                         calibration=str(values["calibration"]) if values["calibration"] else None)
     trace = load_trace(trace_path, values["trace_format"], limit=values["limit"], time_scale=values["time_scale"])
+    work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
 
     progress = Progress(TextColumn("points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -139,7 +139,7 @@ def sweep_command(
     with progress:
         task = progress.add_task("points", total=len(axes.points()))
         result = sweep(trace, axes, settings, runner, slos, values["search_steps"],
-                       progress=lambda done, total: progress.update(task, completed=done, total=total))
+                       progress=lambda done, total: progress.update(task, completed=done, total=total), work=work)
 
     console = tables_console(json_path)
     console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {len(result.rows)} points on "
@@ -158,6 +158,12 @@ def sweep_command(
 
         plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")
         console.print(f"plot: {plot}")
+
+
+def _source(ctx: typer.Context, name: str) -> str:
+    """Where an option's value came from, by name (Typer may vendor click, with its own ParameterSource)."""
+    source = ctx.get_parameter_source(name)
+    return source.name if source is not None else "DEFAULT"
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -245,8 +251,12 @@ def capacity_table(result: SweepResult) -> Table:
         curve = capacity.curve
         panel = tuple(sorted((k, v) for k, v in vars(curve.panel).items() if k not in ("strategy", "rate")))
         ratio = ratios.get(panel, {}).get(curve.strategy, {"ratio": None})
-        rate = {"none": "none meets", "above grid": f">= {capacity.bracket[0]:.3g}"}.get(
-            capacity.status, f"{capacity.rate:.3g}")
+        if capacity.status == "none":
+            rate = "none meets"
+        elif capacity.status == "above grid":
+            rate = f">= {capacity.bracket[0]:.3g}"
+        else:
+            rate = f"{capacity.rate:.3g}"
         high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:.3g}"
         table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:.3g}, {high}",
                       "" if curve.strategy == "paged" else _ratio(ratio))

@@ -1,0 +1,191 @@
+"""minipaged sweep: normalized latency by hand, the capacity search against direct replays, the same answers
+inline, in worker processes and on a Ray cluster, bad input, and the memory-layout picture."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from minipaged_cli.apps.sweep import Axes, Slo, sweep
+from minipaged_cli.apps.sweep_points import Point, Settings, prepare, run_point
+from minipaged_cli.apps.sweep_runners import LocalRunner
+from minipaged_cli.cli.main import app
+from minipaged_cli.memory.contiguous import OracleReserveAllocator
+from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import replay
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.readers import load_trace
+from tests.conftest import ROOT
+from tests.test_simulator import trace_of
+
+runner = CliRunner()
+AZURE = str(ROOT / "traces" / "azure_conv_1k.yaml")
+SMALL = ["--limit", "200", "--kv-memory", "4GiB", "--max-model-len", "8192"]
+
+
+def test_normalized_latency_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # Every step lasts 1 ms. A (10 + 5 tokens) arrives at 0: prefill in step 1, decodes in steps 2-5, done at
+    # 5 ms. B (4 + 2) arrives at 2.5 ms, is admitted at the step starting at 3 ms (prefill: first token at 4 ms)
+    # and decodes its second token in step 5, done at 5 ms. Normalized: A 5 ms / 5 = 1 ms, B 2.5 ms / 2 = 1.25 ms.
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
+    metrics = replay(trace_of((0.0, 10, 5), (0.0025, 4, 2)), config, "paged")
+    assert metrics.mean_normalized_latency_s == pytest.approx(0.001125)
+    assert metrics.p99_normalized_latency_s == pytest.approx(0.001 + 0.99 * 0.00025)
+
+
+def _points_and_capacity(document: dict) -> tuple[list, list]:
+    return document["points"], document["capacity"]
+
+
+def test_the_same_answers_inline_and_in_worker_processes() -> None:
+    trace = load_trace(AZURE, limit=150)
+    axes = Axes(rates=(1.0, 4.0), strategies=("paged", "max-reserve"), kv_memory=("2GiB",))
+    settings = Settings(max_model_len=8192)
+    slos = (Slo("normalized-latency", 0.05),)
+    inline = sweep(trace, axes, settings, LocalRunner(1), slos, search_steps=2)
+    pooled = sweep(trace, axes, settings, LocalRunner(2), slos, search_steps=2)
+    assert inline.to_dict() == pooled.to_dict()
+
+
+def test_the_capacity_search_brackets_the_rate_direct_replays_find() -> None:
+    trace = load_trace(AZURE, limit=200)
+    settings = Settings(max_model_len=8192)
+    axes = Axes(rates=(0.25, 1.0, 4.0), strategies=("max-reserve", "paged"), kv_memory=("2GiB",))
+    slo = Slo("ttft-p99", 2.0)
+    result = sweep(trace, axes, settings, LocalRunner(1), (slo,), search_steps=4)
+    work = prepare(trace, settings, axes.points())
+    for capacity in result.capacities or []:
+        low, high = capacity.bracket
+        if capacity.status == "found":
+            # Independent of the search: replay at the bracket's ends (and between) and look.
+            assert slo.met_by(run_point(work, Point(**{**vars(capacity.curve), "rate": low})))
+            assert not slo.met_by(run_point(work, Point(**{**vars(capacity.curve), "rate": high})))
+            assert high - low <= (1.0 - 0.25) / 2 ** 4 + 1e-12  # 4 halvings of the grid's bracket
+        else:
+            assert capacity.status == "above grid" and slo.met_by(run_point(work, Point(**{
+                **vars(capacity.curve), "rate": 4.0})))
+    by_strategy = {c.curve.strategy: c for c in result.capacities or []}
+    # One request at a time (max-reserve holds a 8,192-token extent each in 2 GiB = 14,563 tokens) sustains less.
+    assert by_strategy["max-reserve"].rate < by_strategy["paged"].rate
+
+
+def test_an_slo_no_rate_meets_is_reported_not_an_error(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    result = runner.invoke(app, ["sweep", AZURE, *SMALL, "--rates", "1,2", "--strategies", "paged",
+                                 "--slo", "ttft=0.000001", "--search-steps", "2", "--workers", "1",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    capacity = json.loads(out.read_text())["capacity"]
+    assert capacity[0]["status"] == "none" and capacity[0]["capacity_rps"] is None
+    assert "none meets" in result.output
+
+
+def test_json_csv_and_table_carry_the_same_points(tmp_path: Path) -> None:
+    out, table = tmp_path / "s.json", tmp_path / "s.csv"
+    result = runner.invoke(app, ["sweep", AZURE, *SMALL, "--rates", "0.5,2", "--strategies", "paged,oracle-reserve",
+                                 "--json", str(out), "--csv", str(table), "--plot", str(tmp_path / "s.png"),
+                                 "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    points = json.loads(out.read_text())["points"]
+    with open(table, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert len(points) == len(rows) == 4
+    for point, row in zip(points, rows, strict=True):
+        assert float(row["rate"]) == point["rate"] and row["strategy"] == point["strategy"]
+        assert float(row["normalized_latency_mean_s"]) == pytest.approx(point["normalized_latency_mean_s"])
+        assert f"{point['throughput_tokens_per_s']:,.0f}" in result.output
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+
+
+def test_a_sweep_file_names_the_axes_and_the_command_line_wins(tmp_path: Path) -> None:
+    config = tmp_path / "sweep.yaml"
+    config.write_text("rates: [0.5, 1]\nstrategies: [paged]\nkv_memory: [4GiB]\nmax_model_len: 8192\nlimit: 100\n"
+                      "slo: {normalized-latency: 10}\nsearch_steps: 1\n")
+    out = tmp_path / "s.json"
+    result = runner.invoke(app, ["sweep", AZURE, "--config", str(config), "--rates", "2", "--workers", "1",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert {p["rate"] for p in document["points"]} == {2.0}  # the command line's --rates
+    assert document["slo"] == ["normalized-latency <= 10 s"] and document["settings"]["max_model_len"] == 8192
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--rates", ""], "error: --rates: '': name at least one value"),
+    (["--rates", "1,0"], "error: --rates: 0.0: must be > 0"),
+    (["--rates", "1,-2"], "error: --rates: -2.0: must be > 0"),
+    (["--rates", "1", "--strategies", "paged,buddy"], "error: --strategies: 'buddy': unknown strategy"),
+    (["--rates", "1", "--block-sizes", ","], "error: --block-sizes: ',': name at least one value"),
+    (["--rates", "1", "--slo", "latency=1"], "error: --slo: 'latency=1': expected NAME=SECONDS"),
+    (["--rates", "1", "--prefix-caching", "maybe"], "error: --prefix-caching: 'maybe': expected"),
+    (["--rates", "1", "--ray", "127.0.0.1:9"], "error: --ray: '127.0.0.1:9': cannot reach a Ray cluster there"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "s.json"
+    result = runner.invoke(app, ["sweep", AZURE, *SMALL, *args, "--json", str(out), "--csv", str(tmp_path / "s.csv")])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith(message)
+    assert not out.exists() and not (tmp_path / "s.csv").exists()
+
+
+def test_the_same_answers_on_a_ray_cluster(tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray") if os.environ.get("MINIPAGED_REQUIRE_SHARED") is None else __import__("ray")
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        address = context.address_info["gcs_address"]
+        args = ["sweep", AZURE, *SMALL, "--rates", "1,4", "--strategies", "paged,max-reserve",
+                "--slo", "normalized-latency=0.05", "--search-steps", "1"]
+        local = runner.invoke(app, [*args, "--workers", "2", "--json", str(tmp_path / "local.json")])
+        assert local.exit_code == 0, local.output
+        # Another process, as a user would run it: it connects to the cluster this test started.
+        remote = subprocess.run([sys.executable, "-m", "minipaged_cli", *args, "--ray", address, "--json",
+                                 str(tmp_path / "ray.json")], capture_output=True, text=True, timeout=300,
+                                cwd=ROOT)
+        assert remote.returncode == 0, remote.stdout + remote.stderr
+        assert f"on Ray at {address}" in remote.stdout
+    finally:
+        ray.shutdown()
+    assert json.loads((tmp_path / "ray.json").read_text()) == json.loads((tmp_path / "local.json").read_text())
+
+
+# -- the physical layout ---------------------------------------------------------------------------------------
+
+
+def test_slot_owners_by_hand() -> None:
+    from minipaged_cli.memory.allocators import Holding
+
+    paged = PagedAllocator(num_blocks=6, block_size=4)
+    a, b = Holding(7, 5, 3), Holding(9, 3, 1)
+    paged.admit(a, 5)  # blocks 0, 1 (tokens 0-4)
+    paged.admit(b, 3)  # block 2
+    paged.release(a)
+    c = Holding(11, 6, 1)
+    paged.admit(c, 6)  # the freed blocks
+    owners = paged.slot_owners(np.arange(24))
+    blocks = {i: owners[4 * i] for i in range(6)}
+    tables = {sid: s.block_table for sid, s in paged.manager.sequences.items()}
+    assert all(blocks[block] == sid for sid, table in tables.items() for block in table)
+    assert sorted(i for i, o in blocks.items() if o == -1) == sorted(set(range(6)) - {x for t in tables.values()
+                                                                                      for x in t})
+    oracle = OracleReserveAllocator(capacity_tokens=20, max_model_len=20)
+    first, second = Holding(1, 4, 2), Holding(2, 3, 3)
+    oracle.admit(first, 4)  # [0, 6)
+    oracle.admit(second, 3)  # [6, 12)
+    oracle.release(first)  # a hole at [0, 6)
+    assert oracle.slot_owners(np.arange(0, 20, 2)).tolist() == [-1, -1, -1, 2, 2, 2, -1, -1, -1, -1]
+
+
+def test_plot_layout_draws_each_strategy(tmp_path: Path) -> None:
+    png = tmp_path / "layout.png"
+    result = runner.invoke(app, ["simulate", str(ROOT / "traces" / "holes.yaml"), "--plot-layout", str(png)])
+    assert result.exit_code == 0, result.output
+    assert png.stat().st_size > 10_000
