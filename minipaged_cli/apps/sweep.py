@@ -108,7 +108,7 @@ class SweepResult:
     capacities: list[Capacity] | None = None
 
     def points(self) -> list[dict[str, Any]]:
-        return [{**asdict(p), **self.rows[p]} for p in sorted(self.rows)]
+        return [{**asdict(p), **self.rows[p]} for p in sorted(self.rows, key=Point.sort_key)]
 
     def ratios(self) -> list[dict[str, Any]]:
         """Paged's sustainable rate over each other strategy's, per panel: {strategy: {ratio, exact}}. Not exact
@@ -167,7 +167,8 @@ def _sweep(axes: Axes, settings: Settings, runner: LocalRunner | RayRunner, poin
     result = SweepResult(axes, settings, rows, slos)
     if not slos:
         return result
-    brackets = {curve: _bracket(curve, rows, slos) for curve in sorted({p.curve for p in points})}
+    curves = sorted({p.curve for p in points}, key=Point.sort_key)
+    brackets = {curve: _bracket(curve, rows, slos) for curve in curves}
     for _ in range(search_steps):
         # Within the grid a bracket is (meets, fails); below it, (0, the lowest rate, which fails).
         todo = {curve: (low + high) / 2 for curve, (low, high) in brackets.items() if high is not None}

@@ -32,7 +32,7 @@ class Settings:
     calibration: str | None = None  # a path: it must match the one GPU of the sweep
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Point:
     model: str
     gpu: str
@@ -51,6 +51,11 @@ class Point:
     def panel(self) -> Point:
         """The curve with its strategy blanked: the curves drawn (and compared) together."""
         return replace(self, strategy="", rate=0.0)
+
+    def sort_key(self) -> tuple[Any, ...]:
+        """Points in a stable order (the GPU's default KV memory, None, first)."""
+        return (self.model, self.gpu, self.kv_memory is not None, self.kv_memory or "", self.block_size,
+                self.prefix_caching, self.strategy, self.rate)
 
 
 @dataclass(frozen=True)

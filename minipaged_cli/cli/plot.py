@@ -149,7 +149,7 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({p.panel for p in result.rows})
+    panels = sorted({p.panel for p in result.rows}, key=lambda p: p.sort_key())
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(max(7, 5 * columns), 4 * rows), squeeze=False)
@@ -172,8 +172,9 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("request rate (requests/s)")
         ax.set_ylabel("normalized latency (s/token)")
-        name = ", ".join(f"{k}={v}" for k, v in vars(panel).items() if k in result.axes.varying())
-        ax.set_title(name or "all points", fontsize=9)
+        name = ", ".join(f"{k}={'default' if v is None else v}" for k, v in vars(panel).items()
+                         if k in result.axes.varying())
+        ax.set_title(f"{panel.model} on {panel.gpu}" + (f", {name}" if name else ""), fontsize=9)
         ax.legend(frameon=False, fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)

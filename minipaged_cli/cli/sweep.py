@@ -64,8 +64,8 @@ def sweep_command(
     = "qwen3-8b",
     gpus: Annotated[str, typer.Option("--gpus", "--gpu", help="GPU presets or YAML files.")] = "h200",
     kv_memory: Annotated[str | None, typer.Option(
-        "--kv-memory", help="KV capacities, e.g. 16GiB,32GiB. Default: --gpu-memory-utilization of each GPU minus "
-                            "the weights.", show_default=False)] = None,
+        "--kv-memory", help="KV capacities, e.g. 16GiB,default (default: --gpu-memory-utilization of each GPU "
+                            "minus the weights, also when the option is left out).", show_default=False)] = None,
     block_sizes: Annotated[str, typer.Option("--block-sizes", "--block-size", help="Tokens per KV block.")] = "16",
     prefix_caching: Annotated[str, typer.Option(
         "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it).")] = "off",
@@ -113,7 +113,7 @@ def sweep_command(
     axes = Axes(rates=_list(values["rates"], float, "--rates"),
                 strategies=_list(values["strategies"], str, "--strategies"),
                 models=_list(values["models"], str, "--models"), gpus=_list(values["gpus"], str, "--gpus"),
-                kv_memory=_list(values["kv_memory"], str, "--kv-memory") if values["kv_memory"] else (None,),
+                kv_memory=_list(values["kv_memory"], _kv_memory, "--kv-memory") if values["kv_memory"] else (None,),
                 block_sizes=_list(values["block_sizes"], int, "--block-sizes"),
                 prefix_caching=_list(values["prefix_caching"], _on_off, "--prefix-caching"))
     for name in axes.strategies:
@@ -197,6 +197,11 @@ def _list(value: Any, kind: type | Any, option: str) -> tuple[Any, ...]:
     return converted
 
 
+def _kv_memory(item: Any) -> str | None:
+    """A size (16GiB), or default: the GPU's memory times --gpu-memory-utilization, minus the weights."""
+    return None if str(item).lower() == "default" else str(item)
+
+
 def _on_off(item: Any) -> bool:
     if isinstance(item, bool):
         return item
@@ -214,8 +219,18 @@ def _slo_texts(value: Any) -> list[str]:
 
 
 def _label(result: SweepResult, point: Any) -> str:
-    parts = [str(getattr(point, name)) for name in result.axes.varying()]
+    parts = [_value(name, getattr(point, name)) for name in result.axes.varying()]
     return " ".join([point.strategy, *parts])
+
+
+def _value(name: str, value: Any) -> str:
+    if name == "kv_memory":
+        return f"KV {value or 'default'}"
+    if name == "prefix_caching":
+        return "prefix caching" if value else "no prefix caching"
+    if name == "block_size":
+        return f"block {value}"
+    return str(value)
 
 
 def points_table(result: SweepResult) -> Table:
@@ -225,7 +240,7 @@ def points_table(result: SweepResult) -> Table:
                "preempt", "tok st %"]
     for column in columns:
         table.add_column(column, justify="left" if column == "curve" else "right", no_wrap=True)
-    for point in sorted(result.rows, key=lambda p: (p.curve, p.rate)):
+    for point in sorted(result.rows, key=lambda p: p.sort_key()):
         row = result.rows[point]
         table.add_row(_label(result, point), f"{point.rate:g}",
                       _pair(row["normalized_latency_mean_s"], row["normalized_latency_p99_s"], "{:.3f}"),
