@@ -189,3 +189,11 @@ def test_plot_layout_draws_each_strategy(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(ROOT / "traces" / "holes.yaml"), "--plot-layout", str(png)])
     assert result.exit_code == 0, result.output
     assert png.stat().st_size > 10_000
+
+
+def test_simulate_does_not_import_ray() -> None:
+    code = ("import sys; from minipaged_cli.cli.main import app; from typer.testing import CliRunner; "
+            f"r = CliRunner().invoke(app, ['simulate', {AZURE!r}, '--limit', '20', '--strategies', 'paged']); "
+            "assert r.exit_code == 0, r.output; assert 'ray' not in sys.modules, 'simulate imported ray'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr

@@ -26,7 +26,7 @@ class LayoutSamples:
 
 
 class LayoutRecorder:
-    def __init__(self, capacity_tokens: int, first_interval_s: float, rows: int = 600, columns: int = 600) -> None:
+    def __init__(self, capacity_tokens: int, first_interval_s: float, rows: int = 500, columns: int = 400) -> None:
         self.capacity_tokens = capacity_tokens
         self.slots = (np.arange(rows, dtype=np.int64) * capacity_tokens) // rows
         self.columns = columns

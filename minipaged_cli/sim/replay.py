@@ -92,7 +92,7 @@ class Replay:
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
-                                     / 600 or 0.01) if config.record_layout else None
+                                     / 400 or 0.01) if config.record_layout else None
 
     def run(self) -> StrategyMetrics:
         scheduler, accounting = self.scheduler, self.accounting
