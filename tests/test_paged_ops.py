@@ -32,7 +32,8 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {"rtol": eps, "atol": eps}
 
 
-def make_batch(block_size: int, head_dim: int, group: int, dtype: torch.dtype, repeated: bool, seed: int = 0):
+def make_batch(block_size: int, head_dim: int, group: int, dtype: torch.dtype, repeated: bool, seed: int = 0,
+               longest: int = 517):
     """Three sequences (1 token, a non-multiple of the block size, a long one) over a scrambled block pool.
 
     ``repeated``: block ids drawn with replacement, so blocks repeat within and across tables (as with shared
@@ -40,7 +41,7 @@ def make_batch(block_size: int, head_dim: int, group: int, dtype: torch.dtype, r
     memory may.
     """
     generator = torch.Generator().manual_seed(seed)
-    seq_lens = torch.tensor([1, 3 * block_size + block_size // 2 + 1, 517], dtype=torch.int32)
+    seq_lens = torch.tensor([1, 3 * block_size + block_size // 2 + 1, longest], dtype=torch.int32)
     needed = [-(-int(n) // block_size) for n in seq_lens]
     max_blocks = max(needed) + 2  # -1 padding beyond what any sequence reads
     num_blocks = sum(needed) + 3
@@ -106,6 +107,18 @@ def test_attention_implementations_agree(group: int, head_dim: int, block_size: 
         assert out.dtype == dtype and out.shape == query.shape, name
         torch.testing.assert_close(out, naive, **tolerance(dtype), msg=lambda m, n=name: f"{n}: {m}")
         torch.testing.assert_close(out.float(), reference, **tolerance(dtype), msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_rows_take_the_tokens_down_path_and_agree(dtype: torch.dtype) -> None:
+    # Above 2,048 tokens the vectorized version computes logits as x q^T; NaN fills every slot no one owns.
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 128, 4, dtype, repeated=False,
+                                                                       longest=5003)
+    scale = 128 ** -0.5
+    out = paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    reference = sdpa_reference(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), reference, **tolerance(dtype))
 
 
 def test_a_single_token_returns_its_value() -> None:

@@ -214,12 +214,20 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
         gathered = torch.empty(block_ids.numel(), block_size, head_dim, dtype=key_cache.dtype, device=query.device)
         as_float = gathered if key_cache.dtype == torch.float32 else torch.empty_like(gathered, dtype=torch.float32)
         x = as_float.view(len(rows), num_tokens, head_dim)  # [sequences in the group, tokens, head_dim]
+        # Long rows: the logits as x q^T (tokens down), which CPU GEMMs stream through far faster than q x^T.
+        tall = num_tokens > _TALL_TOKENS
         for kv_head in range(num_kv_heads):
             _gather_head(key_cache, kv_head, block_ids, gathered, as_float)
-            logits = torch.bmm(q[rows, kv_head], x.transpose(1, 2))  # [sequences, group, tokens]
-            if padded:
-                logits.masked_fill_(invalid[:, None, :], float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
+            if tall:
+                logits = torch.bmm(x, q[rows, kv_head].transpose(1, 2))  # [sequences, tokens, group]
+                if padded:
+                    logits.masked_fill_(invalid[:, :, None], float("-inf"))
+                probs = torch.softmax(logits, dim=1).transpose(1, 2)
+            else:
+                logits = torch.bmm(q[rows, kv_head], x.transpose(1, 2))  # [sequences, group, tokens]
+                if padded:
+                    logits.masked_fill_(invalid[:, None, :], float("-inf"))
+                probs = torch.softmax(logits, dim=-1)
             _gather_head(value_cache, kv_head, block_ids, gathered, as_float)
             if padded:
                 x[padding] = 0.0  # select, never multiply: stale slots may hold NaN, and 0 * NaN is NaN
@@ -228,6 +236,7 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
 
 
 _CACHE_RESIDENT_BYTES = 8 << 20  # one head's gathered K of a group of sequences, in fp32
+_TALL_TOKENS = 2048  # above this many tokens a row's logits are computed tokens-down
 
 
 def _gather_head(cache: torch.Tensor, kv_head: int, block_ids: torch.Tensor, gathered: torch.Tensor,
