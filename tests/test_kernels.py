@@ -59,6 +59,55 @@ def test_emulated_attention_matches_the_references(emulated: EmulatedBackend, gr
                                                            scale), **tolerance(dtype))
 
 
+@pytest.mark.parametrize("variant", ["simple", "tensor-core"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("block_size", "head_dim", "group"), [(1, 64, 3), (64, 128, 8), (128, 64, 1), (128, 128, 5)])
+def test_both_attention_kernels_on_large_blocks_with_splits(variant: str, dtype: torch.dtype, block_size: int,
+                                                            head_dim: int, group: int) -> None:
+    # Blocks of 64 and 128 tokens (a 16-token tile inside one block) and of 1 (a tile over 16 blocks), groups
+    # that are not powers of two, each sequence in splits of 64 tokens merged by the merge kernel.
+    backend = EmulatedBackend(tokens_per_split=64, attention_variant=variant)
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(block_size, head_dim, group, dtype,
+                                                                       repeated=False)
+    out = backend.paged_attention(query, key_cache, value_cache, block_tables, seq_lens, head_dim ** -0.5)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), sdpa_reference(query, key_cache, value_cache, block_tables, seq_lens,
+                                                           head_dim ** -0.5), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("variant", ["simple", "tensor-core"])
+def test_a_skewed_batch_and_lengths_0_and_1(variant: str) -> None:
+    # One long sequence among short ones (2,000 tokens beside 1, 0, 17 and 33), split or not.
+    generator = torch.Generator().manual_seed(3)
+    lengths = [1, 2000, 0, 17, 33]
+    needed = [-(-n // 16) for n in lengths]
+    order = torch.randperm(sum(needed) + 4, generator=generator).to(torch.int32)
+    tables = torch.full((len(lengths), max(needed)), -1, dtype=torch.int32)
+    start = 0
+    for row, count in enumerate(needed):
+        tables[row, :count] = order[start:start + count]
+        start += count
+    key_cache, value_cache = (torch.randn(len(order), 2, 16, 128, generator=generator).to(torch.bfloat16)
+                              for _ in range(2))
+    query = torch.randn(len(lengths), 8, 128, generator=generator).to(torch.bfloat16)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    expected = paged_attention_naive(query, key_cache, value_cache, tables, seq_lens, 0.088)
+    for tokens_per_split in (None, 256):
+        out = EmulatedBackend(tokens_per_split=tokens_per_split, attention_variant=variant).paged_attention(
+            query, key_cache, value_cache, tables, seq_lens, 0.088)
+        assert torch.equal(out[2], torch.zeros_like(out[2]))  # length 0: zeros
+        torch.testing.assert_close(out[0], value_cache[int(tables[0, 0]), :, 0].repeat_interleave(4, 0),
+                                   rtol=0, atol=0)  # length 1: that token's V, exactly
+        torch.testing.assert_close(out, expected, **tolerance(torch.bfloat16))
+
+
+def test_the_tensor_core_kernel_at_the_edges() -> None:
+    check_empty_batch_and_zero_lengths(EmulatedBackend(attention_variant="tensor-core").paged_attention,
+                                       torch.bfloat16)
+    with pytest.raises(ValueError, match="fp16 and bf16"):
+        kernels.attention_kernel(torch.float32, 128, 4, "tensor-core")
+
+
 @pytest.mark.parametrize("tokens_per_split", [32, 64, 10_000], ids=["32", "64", "one split"])
 def test_split_k_merge_matches_one_pass(tokens_per_split: int) -> None:
     # 517 tokens in splits of 32 and 64 (a sequence of 1 token leaves most of its splits empty), and one split.

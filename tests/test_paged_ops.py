@@ -229,9 +229,9 @@ def test_an_empty_batch_and_sequences_of_length_0(path: str) -> None:
     check_empty_batch_and_zero_lengths(ATTENTION_PATHS[path])
 
 
-def check_empty_batch_and_zero_lengths(attention) -> None:
+def check_empty_batch_and_zero_lengths(attention, dtype: torch.dtype = torch.float32) -> None:
     """What every attention path (the references here, the kernels in test_kernels.py) must do at the edges."""
-    query, key_cache, value_cache, block_tables, seq_lens = make_batch(4, 64, 2, torch.float32, repeated=False)
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(4, 64, 2, dtype, repeated=False)
     empty = attention(query[:0], key_cache, value_cache, block_tables[:0], seq_lens[:0], 0.125)
     assert empty.shape == (0, *query.shape[1:])
     # Lengths 0 among real ones (their block tables all padding, the cache NaN where nobody owns it): zeros
@@ -243,6 +243,6 @@ def check_empty_batch_and_zero_lengths(attention) -> None:
     assert not out.isnan().any()
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(out[2], torch.zeros_like(out[2]))
     expected = sdpa_reference(query[1:2], key_cache, value_cache, tables[1:2], lens[1:2], 0.125)
-    torch.testing.assert_close(out[1:2], expected, **tolerance(torch.float32))
+    torch.testing.assert_close(out[1:2].float(), expected, **tolerance(dtype))
     all_zero = attention(query, key_cache, value_cache, tables[:, :0], torch.zeros(3, dtype=torch.int32), 0.125)
     assert torch.equal(all_zero, torch.zeros_like(query))

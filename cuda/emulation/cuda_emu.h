@@ -1,12 +1,16 @@
 // A CPU emulation of the parts of CUDA that minipaged's kernels use, so that the same .cu source runs on the
 // CPU in CI: grid and block indices, __shared__ memory per block, __syncthreads as a barrier across the block's
-// threads, warp shuffles across 32 lanes, and the fp16 / bf16 types with their conversions.
+// threads, warp shuffles and __syncwarp across 32 lanes, the fp16 / bf16 types with their conversions, and the
+// warp-level instructions of paged_attention_tc.cu: mma.sync m16n8k16 (fp32 accumulation), ldmatrix .x4 .trans
+// and cp.async (a synchronous copy, so its waits have nothing to wait for). The collective ones gather every
+// lane's operands and give each lane its part by the PTX ISA's fragment layouts.
 //
 // Every CUDA thread of a block is an OS thread; the block's threads run the grid's blocks one after another, in
 // the same order, with a barrier between blocks, so a function-static variable (what __shared__ becomes here)
 // is exactly one block's shared memory. Slow, but exact: for small shapes in tests and for debugging.
 #pragma once
 
+#include <array>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 struct dim3 {
@@ -29,6 +34,8 @@ inline std::barrier<>* block_barrier = nullptr;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 inline std::vector<float> warp_exchange[2];  // [threads] one float per lane, two buffers used in turn
 inline thread_local unsigned shuffle_parity = 0;
+inline std::vector<std::array<uint32_t, 6>> lane_words;  // [threads] an mma's A and B registers
+inline std::vector<const void*> lane_pointers;  // [threads] an ldmatrix's row addresses
 
 inline unsigned linear_thread() {
     return thread_index.x + block_dim.x * (thread_index.y + block_dim.y * thread_index.z);
@@ -47,6 +54,8 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
     }
     warp_exchange[0].assign(threads, 0.0f);
     warp_exchange[1].assign(threads, 0.0f);
+    lane_words.assign(threads, {});
+    lane_pointers.assign(threads, nullptr);
     std::vector<std::thread> workers;
     for (unsigned t = 0; t < threads; ++t) {
         workers.emplace_back([&, t] {
@@ -70,6 +79,8 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(n)
 #define threadIdx (emu::thread_index)
 #define blockIdx (emu::block_index)
 #define blockDim (emu::block_dim)
@@ -139,3 +150,69 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+    emu::warp_barriers[emu::linear_thread() / 32]->arrive_and_wait();
+}
+
+namespace emu {
+template <typename T>
+inline float half_of(uint32_t word, int high) {  // one 16-bit element of a fragment register
+    T value;
+    const uint16_t bits = static_cast<uint16_t>(high ? word >> 16 : word & 0xffffu);
+    std::memcpy(&value, &bits, 2);
+    if constexpr (sizeof(T) == 2 && std::is_same_v<T, __half>) return __half2float(value);
+    else return __bfloat162float(value);
+}
+}  // namespace emu
+
+// D = A B + D for one warp: A 16x16 (row), B 16x8 (col), D 16x8 fp32. Lane l = 4 groupID + threadID_in_group
+// holds a_i at row groupID (+8 for i = 2, 3, 6, 7), column 2 threadID_in_group + i % 2 (+8 for i >= 4); b_i at
+// row 2 threadID_in_group + i % 2 (+8 for i >= 2), column groupID; d_i at row groupID (+8 for i >= 2), column
+// 2 threadID_in_group + i % 2. Two elements to a register, the lower index in the low half.
+template <typename T>
+inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const unsigned me = emu::linear_thread(), warp = me / 32, lane = me % 32;
+    emu::lane_words[me] = {a[0], a[1], a[2], a[3], b0, b1};
+    __syncwarp();
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; ++l) {
+        const auto& w = emu::lane_words[warp * 32 + l];
+        const int group = l / 4, thread = l % 4;
+        for (int i = 0; i < 8; ++i)
+            A[group + 8 * ((i / 2) % 2)][2 * thread + i % 2 + 8 * (i / 4)] = emu::half_of<T>(w[i / 2], i % 2);
+        for (int i = 0; i < 4; ++i) B[2 * thread + i % 2 + 8 * (i / 2)][group] = emu::half_of<T>(w[4 + i / 2], i % 2);
+    }
+    __syncwarp();  // every lane has read the operands before any writes the next ones
+    const int group = lane / 4, thread = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = group + 8 * (i / 2), column = 2 * thread + i % 2;
+        float sum = 0.0f;
+        for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][column];
+        d[i] += sum;
+    }
+}
+
+// Four 8x8 matrices of 16-bit elements from shared memory, transposed: lanes 8m .. 8m + 7 give the addresses of
+// matrix m's rows; lane l receives, of each matrix, the elements (row 2 (l % 4), column l / 4) and (row 2 (l % 4)
+// + 1, column l / 4).
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+    const unsigned me = emu::linear_thread(), warp = me / 32, lane = me % 32;
+    emu::lane_pointers[me] = row;
+    __syncwarp();
+    for (int m = 0; m < 4; ++m) {
+        const auto* first = static_cast<const uint16_t*>(emu::lane_pointers[warp * 32 + 8 * m + 2 * (lane % 4)]);
+        const auto* second = static_cast<const uint16_t*>(emu::lane_pointers[warp * 32 + 8 * m + 2 * (lane % 4) + 1]);
+        r[m] = static_cast<uint32_t>(first[lane / 4]) | static_cast<uint32_t>(second[lane / 4]) << 16;
+    }
+    __syncwarp();
+}
+
+inline void cp_async_16(void* shared, const void* global, bool valid) {
+    if (valid) std::memcpy(shared, global, 16);
+    else std::memset(shared, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}

@@ -1,10 +1,12 @@
-// Host entry points that run the kernels of ../cache_write.cu, ../paged_attention.cu and ../copy_blocks.cu on the CPU through
+// Host entry points that run the kernels of ../cache_write.cu, ../paged_attention.cu, ../paged_attention_tc.cu and
+// ../copy_blocks.cu on the CPU through
 // cuda_emu.h: one C function per kernel, taking the launch shape first, loaded by minipaged_cli/emulation.py
 // with ctypes. Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -DMINIPAGED_EMULATION kernels_emu.cpp
 #include "cuda_emu.h"
 
 #include "../cache_write.cu"
 #include "../paged_attention.cu"
+#include "../paged_attention_tc.cu"
 #include "../copy_blocks.cu"
 
 // Every entry point takes the launch shape first, as CUDA does: grid x, y, z, then block x, y, z.
@@ -54,6 +56,19 @@ extern "C" void emu_copy_blocks(EMU_SHAPE, char* key_cache, char* value_cache, c
         });                                                                                                      \
     }
 
+#define EMU_PAGED_ATTENTION_TC(SUFFIX, T, HEAD_DIM)                                                             \
+    extern "C" void emu_paged_attention_tc_##SUFFIX##_hd##HEAD_DIM(                                              \
+        EMU_SHAPE, T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,    \
+        const int* seq_lens, float* tmp_out, float* tmp_max, float* tmp_sum, float scale, int num_kv_heads,     \
+        int group, int block_size, int max_blocks, int tokens_per_split, int num_splits) {                       \
+        emu::launch({gx, gy, gz}, {bx, by, bz}, [&] {                                                           \
+            paged_attention_tc_##SUFFIX##_hd##HEAD_DIM(out, query, key_cache, value_cache, block_tables,         \
+                                                       seq_lens, tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, \
+                                                       group, block_size, max_blocks, tokens_per_split,          \
+                                                       num_splits);                                              \
+        });                                                                                                      \
+    }
+
 EMU_CACHE_WRITE(f32, float)
 EMU_CACHE_WRITE(f16, __half)
 EMU_CACHE_WRITE(bf16, __nv_bfloat16)
@@ -63,3 +78,7 @@ EMU_PAGED_ATTENTION(f16, __half, 64)
 EMU_PAGED_ATTENTION(f16, __half, 128)
 EMU_PAGED_ATTENTION(bf16, __nv_bfloat16, 64)
 EMU_PAGED_ATTENTION(bf16, __nv_bfloat16, 128)
+EMU_PAGED_ATTENTION_TC(f16, __half, 64)
+EMU_PAGED_ATTENTION_TC(f16, __half, 128)
+EMU_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 64)
+EMU_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 128)

@@ -18,6 +18,7 @@ from minipaged_cli.dataplane import kernels
 from minipaged_cli.dataplane.kernel_backend import Dim3, KernelBackend
 
 _SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu", "paged_attention.cu",
+            "paged_attention_tc.cu",
             "copy_blocks.cu", "common.cuh")
 
 
@@ -59,10 +60,12 @@ class EmulatedBackend(KernelBackend):
 
     name = "emulated"
 
-    def __init__(self, tokens_per_split: int | None = None, num_sms: int = 132) -> None:
+    def __init__(self, tokens_per_split: int | None = None, num_sms: int = 132,
+                 attention_variant: str = "auto") -> None:
         self.device = torch.device("cpu")
         self.tokens_per_split = tokens_per_split  # None: the GPU's plan for an H200-sized GPU (num_sms)
         self.num_sms = num_sms
+        self.attention_variant = attention_variant
         self.library = load_library()
 
     def launch(self, source: str, name: str, grid: Dim3, block: Dim3, args: list[kernels.KernelArg]) -> None:

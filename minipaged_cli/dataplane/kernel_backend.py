@@ -21,6 +21,7 @@ Dim3 = tuple[int, int, int]
 class KernelBackend(Backend):
     num_sms: int  # the split plan fills this many SMs
     tokens_per_split: int | None = None  # None: the plan's choice
+    attention_variant: str = "auto"  # kernels.ATTENTION_VARIANTS: which decode-attention kernel runs
 
     @abstractmethod
     def launch(self, source: str, name: str, grid: Dim3, block: Dim3, args: list[kernels.KernelArg]) -> None:
@@ -55,8 +56,8 @@ class KernelBackend(Backend):
         batch, num_q_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[1]
         plan = kernels.plan_attention(query, num_kv_heads, max_seq_len, self.num_sms, self.tokens_per_split)
-        self.launch("paged_attention", kernels.attention_kernel(query.dtype, head_dim, plan.group),
-                    (num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1),
+        source, name = kernels.attention_kernel(query.dtype, head_dim, plan.group, self.attention_variant)
+        self.launch(source, name, (num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1),
                     kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, scale))
         if plan.num_splits > 1:
             self.launch("paged_attention", kernels.merge_kernel(query.dtype, head_dim), (num_q_heads, batch, 1),

@@ -23,21 +23,34 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 CUDA_DIR = next((d for d in (_PACKAGE_DIR / "cuda", _PACKAGE_DIR.parent / "cuda") if d.is_dir()),
                 _PACKAGE_DIR.parent / "cuda")
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128)
 GROUP_SIZES = (1, 2, 4, 8)  # the MAX_G instantiations of cuda/paged_attention.cu
 MAX_GROUP = GROUP_SIZES[-1]  # query heads per kv head in one thread block, at most
 SPLIT_GRANULE = 32  # a split holds a multiple of this many tokens (whole blocks for block sizes up to 32)
-NUM_THREADS = 128  # threads per attention block (cuda/paged_attention.cu NUM_THREADS)
+NUM_THREADS = 128  # threads per attention block (NUM_THREADS, 32 * TC_WARPS in the .cu files)
 CACHE_WRITE_THREADS = 128
 COPY_BLOCKS_THREADS = 128
 MIN_TOKENS_PER_SPLIT = 256
 MAX_GRID_YZ = 65_535  # CUDA's limit on gridDim.y and gridDim.z
 
 
-def attention_kernel(dtype: torch.dtype, head_dim: int, group: int) -> str:
-    """The instantiation whose register state fits ``group`` query heads: the smallest MAX_G >= group."""
+ATTENTION_VARIANTS = ("auto", "simple", "tensor-core")
+
+
+def attention_kernel(dtype: torch.dtype, head_dim: int, group: int, variant: str = "auto") -> tuple[str, str]:
+    """(source, kernel) of decode attention. ``tensor-core`` (``cuda/paged_attention_tc.cu``, fp16 and bf16: ``auto``
+    picks it for them) or ``simple`` (``cuda/paged_attention.cu``, every dtype: the instantiation whose register
+    state fits ``group`` query heads, the smallest MAX_G >= group). Both write the same split scratch, merged by
+    the simple file's merge kernel."""
+    if variant not in ATTENTION_VARIANTS:
+        raise ValueError(f"attention variant {variant!r}: expected one of {', '.join(ATTENTION_VARIANTS)}")
+    if variant == "tensor-core" and dtype not in TENSOR_CORE_DTYPES:
+        raise ValueError(f"the tensor-core kernel covers fp16 and bf16, not {dtype}")
+    if variant == "tensor-core" or (variant == "auto" and dtype in TENSOR_CORE_DTYPES):
+        return "paged_attention_tc", f"paged_attention_tc_{SUFFIX[dtype]}_hd{head_dim}"
     max_g = next(g for g in GROUP_SIZES if g >= group)
-    return f"paged_attention_{SUFFIX[dtype]}_hd{head_dim}_g{max_g}"
+    return "paged_attention", f"paged_attention_{SUFFIX[dtype]}_hd{head_dim}_g{max_g}"
 
 
 def merge_kernel(dtype: torch.dtype, head_dim: int) -> str:
