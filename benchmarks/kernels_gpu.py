@@ -38,12 +38,15 @@ from minipaged_cli.dataplane.kernel_backend import KernelBackend
 from minipaged_cli.dataplane.kernels import random_block_tables
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
-CASES = {
-    "B=32 x 4096": [4096] * 32,
-    "B=1 x 1024": [1024],
-    "B=64 x 512": [512] * 64,
-    "skewed (32 seqs, 131,072 tokens)": [32768, 16384, 8192, 8192, 4096, 4096] + [2048] * 26 + [2048 - 6],
+CASES = {  # name: (sequence lengths, query heads)
+    "B=32 x 4096": ([4096] * 32, NUM_Q_HEADS),
+    "B=32 x 4096, 64 q heads (g 8)": ([4096] * 32, 64),
+    "B=1 x 1024": ([1024], NUM_Q_HEADS),
+    "B=64 x 512": ([512] * 64, NUM_Q_HEADS),
+    "skewed (32 seqs, 131,072 tokens)": ([32768, 16384, 8192, 8192, 4096, 4096] + [2048] * 26 + [2048 - 6],
+                                         NUM_Q_HEADS),
 }
+VARIANTS = ("tensor-core", "simple")  # the launcher's bf16 choice first, the simple kernel as the same-run baseline
 L2_DEFEAT_BYTES = 256 * 2**20  # the calls of one timing together read at least this much (> any GPU's L2)
 SLEEP_CYCLES = 100_000_000  # ~50 ms at 2 GHz: longer than queuing any case's calls takes
 
@@ -98,19 +101,22 @@ def copy_calls(num_bytes: int, device: torch.device, clock: Clock) -> list[Calla
     return [lambda source=source: target.copy_(source) for source in sources]
 
 
-def attention_case(name: str, lengths: list[int], backend: KernelBackend, key_cache: torch.Tensor,
-                   value_cache: torch.Tensor, generator: torch.Generator, clock: Clock) -> None:
+def attention_case(name: str, lengths: list[int], num_q_heads: int, backend: KernelBackend,
+                   key_cache: torch.Tensor, value_cache: torch.Tensor, generator: torch.Generator, clock: Clock,
+                   variant: str) -> None:
     device, element = backend.device, key_cache.element_size()
     num_blocks, batch, scale = key_cache.shape[0], len(lengths), HEAD_DIM ** -0.5
     kv_bytes = 2 * sum(lengths) * NUM_KV_HEADS * HEAD_DIM * element
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
-    query = torch.randn(batch, NUM_Q_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
+    query = torch.randn(batch, num_q_heads, HEAD_DIM, device=device, dtype=DTYPE)
     tables = [random_block_tables(lengths, num_blocks, BLOCK_SIZE, generator).to(device)
               for _ in range(clock.rotations(kv_bytes))]
     max_len = max(lengths)
+    backend.attention_variant = variant
     kernel_s, launch_s, dry = clock.time(
         [lambda table=table: backend.launch_attention(query, key_cache, value_cache, table, seq_lens, scale, max_len)
          for table in tables])
+    name = f"{name}, {variant}"
     moved = kv_bytes + 2 * query.numel() * element + tables[0].numel() * 4
     copy_s = clock.time(copy_calls(kv_bytes, device, clock))[0]
     copy_tbps = 2 * kv_bytes / copy_s / 1e12  # a copy reads and writes the bytes
@@ -124,8 +130,8 @@ def attention_case(name: str, lengths: list[int], backend: KernelBackend, key_ca
                              for k, v in pairs])[0]
         sdpa_text = f"{sdpa_s * 1e6:.1f} us ({sdpa_s / kernel_s:.2f}x)"
     tbps = moved / kernel_s / 1e12
-    print(f"{name:34} {kernel_s * 1e6:>10.1f} {tbps:>7.2f} {copy_tbps:>10.2f} {tbps / copy_tbps:>8.0%}   {sdpa_text}")
-    print(f"{'':34} launch overhead {launch_s * 1e6:.1f} us of host time a call"
+    print(f"{name:50} {kernel_s * 1e6:>10.1f} {tbps:>7.2f} {copy_tbps:>10.2f} {tbps / copy_tbps:>8.0%}   {sdpa_text}")
+    print(f"{'':50} launch overhead {launch_s * 1e6:.1f} us of host time a call"
           + (" (the queue ran dry: host gaps are in the timing)" if dry else ""))
 
 
@@ -161,7 +167,7 @@ def main() -> None:
     backend: KernelBackend
     if args.dry_run:
         backend = EmulatedBackend()
-        cases = {name: [max(1, n // 256) for n in lengths] for name, lengths in CASES.items()}
+        cases = {name: ([max(1, n // 256) for n in lengths], heads) for name, (lengths, heads) in CASES.items()}
         cache_write_tokens = (64, 4)
         print("dry run: the emulated kernels on the CPU, tiny shapes, no timing (every figure is a placeholder)")
     else:
@@ -184,9 +190,10 @@ def main() -> None:
     print(f"\ndecode attention ({NUM_Q_HEADS} q / {NUM_KV_HEADS} kv heads, head_dim {HEAD_DIM}, bf16, block "
           f"{BLOCK_SIZE}, pool {num_blocks * 2 * block_bytes / 2**30:.1f} GiB); TB/s: K/V + Q + O + tables read "
           "or written per second; copy: the same K/V bytes copied, same run")
-    print(f"{'case':34} {'kernel us':>10} {'TB/s':>7} {'copy TB/s':>10} {'vs copy':>8}   contiguous SDPA")
-    for name, lengths in cases.items():
-        attention_case(name, lengths, backend, key_cache, value_cache, generator, clock)
+    print(f"{'case':50} {'kernel us':>10} {'TB/s':>7} {'copy TB/s':>10} {'vs copy':>8}   contiguous SDPA")
+    for name, (lengths, num_q_heads) in cases.items():
+        for variant in VARIANTS:
+            attention_case(name, lengths, num_q_heads, backend, key_cache, value_cache, generator, clock, variant)
     print("\ncache write (bf16, 8 kv heads, head_dim 128, slots permuted)")
     for tokens in cache_write_tokens:
         cache_write_case(tokens, backend, key_cache, value_cache, generator, clock)

@@ -13,6 +13,7 @@ import torch
 
 from minipaged_cli.dataplane import kernels
 from minipaged_cli.dataplane.emulation import EmulatedBackend
+from minipaged_cli.dataplane.kernels import random_block_tables
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.reference import cache_write_naive, paged_attention_naive
 from tests.conftest import REQUIRE_GPU, REQUIRE_SHARED, skip_unless_required
@@ -204,6 +205,31 @@ def test_gpu_attention_on_vllm_shapes(heads: tuple[int, int], head_dim: int, blo
     out = backend.paged_attention(query.to(device), key_cache.to(device), value_cache.to(device),
                                   block_tables.to(device), seq_lens.to(device), scale)
     torch.testing.assert_close(out.cpu(), reference, **tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("heads", [(32, 8), (64, 8)], ids=str)
+def test_gpu_simple_kernel_where_tensor_cores_are_the_default(heads: tuple[int, int], dtype: torch.dtype) -> None:
+    # The test above runs what the launcher picks (the tensor-core kernel for these dtypes); the simple one stays
+    # selectable and correct.
+    backend = _cuda_backend()
+    generator = torch.Generator().manual_seed(1)
+    num_q_heads, num_kv_heads = heads
+    seq_lens = torch.tensor([1, 300, 4097, 0], dtype=torch.int32)
+    tables = random_block_tables([max(1, n) for n in seq_lens.tolist()], 400, 16, generator)
+    key_cache, value_cache = (torch.randn(400, num_kv_heads, 16, 128, generator=generator).to(dtype) for _ in range(2))
+    query = torch.randn(4, num_q_heads, 128, generator=generator).to(dtype)
+    from minipaged_cli.dataplane.reference import paged_attention_vectorized
+
+    reference = paged_attention_vectorized(query, key_cache, value_cache, tables, seq_lens, 0.088)
+    device = backend.device
+    for variant in ("simple", "tensor-core"):
+        backend.attention_variant = variant
+        out = backend.paged_attention(query.to(device), key_cache.to(device), value_cache.to(device),
+                                      tables.to(device), seq_lens.to(device), 0.088)
+        torch.testing.assert_close(out.cpu(), reference, **tolerance(dtype), msg=lambda m, v=variant: f"{v}: {m}")
+    backend.attention_variant = "auto"
 
 
 @pytest.mark.gpu
