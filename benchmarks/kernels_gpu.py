@@ -111,10 +111,11 @@ def attention_case(name: str, lengths: list[int], num_q_heads: int, backend: Ker
     query = torch.randn(batch, num_q_heads, HEAD_DIM, device=device, dtype=DTYPE)
     tables = [random_block_tables(lengths, num_blocks, BLOCK_SIZE, generator).to(device)
               for _ in range(clock.rotations(kv_bytes))]
-    max_len = max(lengths)
+    max_len, total = max(lengths), sum(lengths)
     backend.attention_variant = variant
     kernel_s, launch_s, dry = clock.time(
-        [lambda table=table: backend.launch_attention(query, key_cache, value_cache, table, seq_lens, scale, max_len)
+        [lambda table=table: backend.launch_attention(query, key_cache, value_cache, table, seq_lens, scale, max_len,
+                                                      total)
          for table in tables])
     name = f"{name}, {variant}"
     moved = kv_bytes + 2 * query.numel() * element + tables[0].numel() * 4

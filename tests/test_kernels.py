@@ -134,6 +134,14 @@ def test_split_plan() -> None:
     tokens_per_split, splits = kernels.plan_splits(1, 8, 4096, 132)
     assert splits == 16 and tokens_per_split == 256
     assert kernels.plan_splits(1, 8, 200, 132) == (224, 1)  # short: one split (rounded up to whole tiles)
+    # Skewed: 32 sequences fill the GPU, but one of 32,768 tokens among 2,048s would run 16x longer than the
+    # rest; splits of the mean length (3,008 tokens) cap every block's work.
+    lengths = [32768] + [2048] * 31
+    tokens_per_split, splits = kernels.plan_splits(32, 8, 32768, 132, total_tokens=sum(lengths))
+    assert tokens_per_split == 3008 and splits == 11
+    assert max(min(n, tokens_per_split) for n in lengths) <= 2 * sum(lengths) / len(lengths)
+    # Uniform and enough blocks: no split (the longest is the mean).
+    assert kernels.plan_splits(64, 8, 4096, 132, total_tokens=64 * 4096) == (4096, 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -43,19 +43,22 @@ class KernelBackend(Backend):
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        # One host sync for the longest sequence: it sizes the split plan (launch_attention takes it known).
+        # One host sync for the longest sequence and the total: they size the split plan (launch_attention takes
+        # them known).
         query = kernels.attention_operands(query, key_cache, value_cache)
+        longest, total = torch.stack([seq_lens.max(), seq_lens.sum()]).tolist()
         return self.launch_attention(query, key_cache, value_cache, block_tables.contiguous(),
-                                     seq_lens.contiguous(), scale, int(seq_lens.max()))
+                                     seq_lens.contiguous(), scale, int(longest), int(total))
 
     def launch_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                         max_seq_len: int) -> torch.Tensor:
+                         max_seq_len: int, total_tokens: int | None = None) -> torch.Tensor:
         """The launches alone, unvalidated and without a host sync: contiguous, aligned arguments, checked already
-        (a non-empty batch)."""
+        (a non-empty batch). ``total_tokens`` (the sum of ``seq_lens``) lets the plan split a skewed batch."""
         batch, num_q_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[1]
-        plan = kernels.plan_attention(query, num_kv_heads, max_seq_len, self.num_sms, self.tokens_per_split)
+        plan = kernels.plan_attention(query, num_kv_heads, max_seq_len, self.num_sms, self.tokens_per_split,
+                                      total_tokens)
         source, name = kernels.attention_kernel(query.dtype, head_dim, plan.group, self.attention_variant)
         self.launch(source, name, (num_kv_heads, batch, plan.num_splits), (kernels.NUM_THREADS, 1, 1),
                     kernels.attention_args(plan, query, key_cache, value_cache, block_tables, seq_lens, scale))

@@ -72,16 +72,25 @@ def unsupported_reason(head_dim: int, group: int) -> str | None:
 
 
 def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                tokens_per_split: int | None = None) -> tuple[int, int]:
-    """(tokens_per_split, num_splits). One split per (sequence, kv head) unless those thread blocks cannot fill
-    the GPU (fewer than two per SM) and the sequences are long: then split the tokens, at least
-    MIN_TOKENS_PER_SPLIT each, so that about two blocks per SM run."""
+                tokens_per_split: int | None = None, total_tokens: int | None = None) -> tuple[int, int]:
+    """(tokens_per_split, num_splits): the work of a thread block is a split's tokens. One split per (sequence,
+    kv head) unless
+    - those thread blocks cannot fill the GPU (fewer than two per SM) and the sequences are long: then about two
+      blocks per SM, each at least MIN_TOKENS_PER_SPLIT tokens;
+    - the batch is skewed (its longest sequence holds more than twice the mean, ``total_tokens / batch``):
+      then splits of the mean length (at least MIN_TOKENS_PER_SPLIT), so that no block runs much longer than the
+      others (the more splits of the two rules, when both apply). The grid holds every sequence's splits of the longest; a block past its sequence's end returns
+      at once.
+    """
     max_seq_len = max(max_seq_len, 1)  # a batch of empty sequences still launches one split (it writes zeros)
     if tokens_per_split is None:
         blocks = batch * num_kv_heads
         splits = 1
+        mean = (total_tokens or 0) / batch if batch else 0
         if blocks < 2 * num_sms and max_seq_len > MIN_TOKENS_PER_SPLIT:
             splits = min(-(-2 * num_sms // blocks), -(-max_seq_len // MIN_TOKENS_PER_SPLIT))
+        if total_tokens is not None and max_seq_len > 2 * mean and max_seq_len > MIN_TOKENS_PER_SPLIT:
+            splits = max(splits, -(-max_seq_len // max(MIN_TOKENS_PER_SPLIT, int(mean))))
         tokens_per_split = -(-max_seq_len // splits)
     tokens_per_split = -(-tokens_per_split // SPLIT_GRANULE) * SPLIT_GRANULE
     return tokens_per_split, -(-max_seq_len // tokens_per_split)
@@ -138,7 +147,7 @@ class AttentionLaunch:
 
 
 def plan_attention(query: torch.Tensor, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                   tokens_per_split: int | None = None) -> AttentionLaunch:
+                   tokens_per_split: int | None = None, total_tokens: int | None = None) -> AttentionLaunch:
     batch, num_q_heads, head_dim = query.shape
     group = num_q_heads // num_kv_heads
     reason = unsupported_reason(head_dim, group)
@@ -147,7 +156,8 @@ def plan_attention(query: torch.Tensor, num_kv_heads: int, max_seq_len: int, num
     if batch > MAX_GRID_YZ:
         raise ValueError(f"a batch of {batch} sequences exceeds the attention grid's limit of {MAX_GRID_YZ}; "
                          "split it into several calls")
-    tokens_per_split, num_splits = plan_splits(batch, num_kv_heads, max_seq_len, num_sms, tokens_per_split)
+    tokens_per_split, num_splits = plan_splits(batch, num_kv_heads, max_seq_len, num_sms, tokens_per_split,
+                                               total_tokens)
     if num_splits > MAX_GRID_YZ:
         raise ValueError(f"{num_splits} splits of {tokens_per_split} tokens exceed the grid's limit of "
                          f"{MAX_GRID_YZ}; use longer splits")
