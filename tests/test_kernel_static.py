@@ -50,3 +50,19 @@ def test_the_innermost_loop_with_loads_and_what_it_keeps_in_flight() -> None:
     assert loop.loads_in_flight == 2  # both loads are issued before the FFMA reads R9
     body = [text for _, text in instructions[2:8]]
     assert loads_before_first_use([body[0], "FADD R3, R8, R8", body[1]]) == 1  # R8 used before the second load
+
+
+def test_async_copies_count_as_loads_in_flight_until_their_wait() -> None:
+    # A loop that copies two 16-byte chunks into shared memory (cp.async), then loads one into registers and reads
+    # it: 3 loads an iteration, all outstanding together before the HMMA waits on the register load.
+    sass = """\
+        /*0000*/                   LDGSTS.E.BYPASS.128 [R19], desc[UR8][R50.64], !P1 ;
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R19+0x800], desc[UR8][R52.64], !P1 ;
+        /*0020*/                   LDGDEPBAR ;
+        /*0030*/                   LDG.E.128 R8, desc[UR8][R2.64] ;
+        /*0040*/                   HMMA.16816.F32.BF16 R20, R4, R8, R20 ;
+        /*0050*/              @!P0 BRA 0x0 ;
+"""
+    [loop] = kv_loops(sass_instructions(sass))
+    assert (loop.loads, loop.loads_in_flight, loop.instructions) == (3, 3, 6)
+    assert loads_before_first_use([t for _, t in sass_instructions(sass)]) == 1  # the copies are not register loads

@@ -79,8 +79,8 @@ def plan_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
       blocks per SM, each at least MIN_TOKENS_PER_SPLIT tokens;
     - the batch is skewed (its longest sequence holds more than twice the mean, ``total_tokens / batch``):
       then splits of the mean length (at least MIN_TOKENS_PER_SPLIT), so that no block runs much longer than the
-      others (the more splits of the two rules, when both apply). The grid holds every sequence's splits of the longest; a block past its sequence's end returns
-      at once.
+      others (the more splits of the two rules, when both apply). The grid holds as many splits for every
+      sequence as the longest needs; a block past its sequence's end returns at once.
     """
     max_seq_len = max(max_seq_len, 1)  # a batch of empty sequences still launches one split (it writes zeros)
     if tokens_per_split is None:
