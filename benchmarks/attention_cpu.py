@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minipaged_cli.dataplane.native import paged_attention_native
 from minipaged_cli.dataplane.reference import paged_attention_online, paged_attention_vectorized
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +98,8 @@ def measure_case(name: str, lengths: list[int], num_q_heads: int, num_kv_heads: 
 
     expected = sdpa().float()
     candidates = {
+        "paged native (C++, one pass)": lambda: paged_attention_native(query, key_cache, value_cache, block_tables,
+                                                                       seq_lens, scale),
         "paged vectorized": lambda: paged_attention_vectorized(query, key_cache, value_cache, block_tables,
                                                                seq_lens, scale),
         "paged online, 16 blocks/tile": lambda: paged_attention_online(query, key_cache, value_cache, block_tables,

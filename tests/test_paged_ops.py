@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from minipaged_cli.dataplane.backends import TorchBackend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.native import native_attention_available, paged_attention_native
 from minipaged_cli.dataplane.reference import (
     cache_write_naive,
     check_paged_attention,
@@ -16,6 +17,7 @@ from minipaged_cli.dataplane.reference import (
     paged_attention_online,
     paged_attention_vectorized,
 )
+from tests.conftest import REQUIRE_SHARED, skip_unless_required
 
 NUM_KV_HEADS = 2
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -103,6 +105,8 @@ def test_attention_implementations_agree(group: int, head_dim: int, block_size: 
         "online, 3 blocks a tile": paged_attention_online(query, key_cache, value_cache, block_tables, seq_lens,
                                                           scale, blocks_per_tile=3),
     }
+    if native_attention_available():
+        candidates["native"] = paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, scale)
     for name, out in candidates.items():
         assert out.dtype == dtype and out.shape == query.shape, name
         torch.testing.assert_close(out, naive, **tolerance(dtype), msg=lambda m, n=name: f"{n}: {m}")
@@ -115,10 +119,11 @@ def test_long_rows_take_the_tokens_down_path_and_agree(dtype: torch.dtype) -> No
     query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 128, 4, dtype, repeated=False,
                                                                        longest=5003)
     scale = 128 ** -0.5
-    out = paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
     reference = sdpa_reference(query, key_cache, value_cache, block_tables, seq_lens, scale)
-    assert not out.isnan().any()
-    torch.testing.assert_close(out.float(), reference, **tolerance(dtype))
+    for attention in (paged_attention_vectorized, paged_attention_native):
+        out = attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
+        assert not out.isnan().any()
+        torch.testing.assert_close(out.float(), reference, **tolerance(dtype))
 
 
 def test_a_single_token_returns_its_value() -> None:
@@ -220,12 +225,16 @@ ATTENTION_PATHS = {
     "naive": paged_attention_naive,
     "vectorized": paged_attention_vectorized,
     "online": paged_attention_online,
-    "torch backend": TorchBackend("cpu").paged_attention,
+    "torch backend": TorchBackend("cpu").paged_attention,  # the native kernel where it builds
+    "torch backend, reference": TorchBackend("cpu", native=False).paged_attention,
+    "native": paged_attention_native,
 }
 
 
 @pytest.mark.parametrize("path", sorted(ATTENTION_PATHS))
 def test_an_empty_batch_and_sequences_of_length_0(path: str) -> None:
+    if path == "native" and not native_attention_available():
+        skip_unless_required("no C++ compiler for the native CPU attention", REQUIRE_SHARED)
     check_empty_batch_and_zero_lengths(ATTENTION_PATHS[path])
 
 

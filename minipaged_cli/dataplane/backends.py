@@ -80,8 +80,9 @@ class TorchBackend(Backend):
 
     name = "torch"
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: str | torch.device = "cpu", native: bool = True) -> None:
         self.device = torch.device(device)
+        self.native = native  # on a CPU, decode attention through dataplane/native.py when it builds
 
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -92,6 +93,11 @@ class TorchBackend(Backend):
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.device.type == "cpu" and self.native:
+            from minipaged_cli.dataplane.native import native_attention_available, paged_attention_native
+
+            if native_attention_available():  # one pass over K/V in C++, built once where a compiler is
+                return paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, scale)
         return paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
 
     def synchronize(self) -> None:

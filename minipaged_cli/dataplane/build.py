@@ -1,0 +1,46 @@
+"""Host C++ built at run time into a shared library, cached per source version in ~/.cache/minipaged: the CUDA
+kernels' CPU emulation (``emulation``) and the native CPU attention (``native``)."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from minipaged_cli.dataplane import kernels
+
+
+def cache_dir() -> Path:
+    """~/.cache/minipaged (or $XDG_CACHE_HOME), or the temporary directory where home is not writable."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "minipaged"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        base = Path(tempfile.gettempdir()) / f"minipaged-{os.getuid()}"
+        base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def build_library(name: str, sources: tuple[str, ...], main: str, flags: list[str]) -> ctypes.CDLL:
+    """Compile ``cuda/<main>`` (its version: the digest of ``sources`` and ``flags``) with the host C++ compiler
+    unless already cached, and load it. RuntimeError when there is no compiler or the build fails."""
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for source in sources:
+        digest.update((kernels.CUDA_DIR / source).read_bytes())
+    target = cache_dir() / f"{name}_{digest.hexdigest()[:16]}.so"
+    if not target.is_file():
+        compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+        if compiler is None:
+            raise RuntimeError(f"{name} needs a C++20 compiler (g++); none found")
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            built = Path(scratch) / target.name
+            command = [compiler, *flags, "-shared", "-fPIC", str(kernels.CUDA_DIR / main), "-o", str(built)]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
+            built.replace(target)  # atomic: a concurrent build never sees half a file
+    return ctypes.CDLL(str(target))
