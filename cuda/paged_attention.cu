@@ -78,6 +78,9 @@ __device__ void paged_attention(
     const int seq_len = seq_lens[seq];
     const int start = split * tokens_per_split;
     const int end = min(seq_len, start + tokens_per_split);
+    // A split past the sequence's end has nothing to do: the merge reads only the splits that hold tokens (a
+    // sequence of length 0 without splits still writes its zeros below).
+    if (num_splits > 1 && start >= seq_len) return;
 
     float q[MAX_G][VEC];
     float m[MAX_G], l[MAX_G], acc[MAX_G][VEC];
@@ -158,7 +161,7 @@ __device__ void paged_attention(
         float global_max = -INFINITY;
         for (int i = 0; i < GROUPS; ++i) global_max = fmaxf(global_max, m_s[i][g]);
         float total = 0.0f, value = 0.0f;
-        if (global_max != -INFINITY) {  // a split past the sequence's end saw no token at all
+        if (global_max != -INFINITY) {  // -inf: a sequence of length 0, which attends to nothing
             for (int i = 0; i < GROUPS; ++i) {
                 const float weight = expf(m_s[i][g] - global_max);  // 0 for a group that saw no token
                 total += weight * l_s[i][g];
@@ -173,7 +176,7 @@ __device__ void paged_attention(
             const int64_t part = (seq * num_q_heads + q_head) * num_splits + split;
             tmp_out[part * HEAD_DIM + d] = value;
             if (d == 0) {
-                tmp_max[part] = global_max;  // -inf and 0 for a split past the sequence's end
+                tmp_max[part] = global_max;
                 tmp_sum[part] = total;
             }
         }

@@ -99,6 +99,9 @@ __device__ void paged_attention_tc(
     const int seq_len = seq_lens[seq];
     const int start = split * tokens_per_split;
     const int end = min(seq_len, start + tokens_per_split);
+    // A split past the sequence's end has nothing to do: the merge reads only the splits that hold tokens (a
+    // sequence of length 0 without splits still writes its zeros below).
+    if (num_splits > 1 && start >= seq_len) return;
     const int num_tiles = end > start ? (end - start + TC_TILE - 1) / TC_TILE : 0;
     const float scale_log2 = scale * LOG2E;
     const int* table = block_tables + seq * max_blocks;
@@ -246,7 +249,7 @@ __device__ void paged_attention_tc(
         float global_max = -INFINITY;
         for (int w = 0; w < TC_WARPS; ++w) global_max = fmaxf(global_max, m_s[w][head]);
         float total = 0.0f, value = 0.0f;
-        if (global_max != -INFINITY) {  // a split past the sequence's end saw no token at all
+        if (global_max != -INFINITY) {  // -inf: a sequence of length 0, which attends to nothing
             for (int w = 0; w < TC_WARPS; ++w) {
                 const float weight = exp2f(m_s[w][head] - global_max);  // 0 for a warp that saw no token
                 total += weight * l_s[w][head];
