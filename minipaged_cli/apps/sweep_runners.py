@@ -11,6 +11,8 @@ from typing import Any
 from minipaged_cli.apps.sweep_points import Point, Work, run_point
 from minipaged_cli.errors import InputError
 
+_COST_RANK = {"paged": 0, "dynamic": 1}  # the rest after these
+
 _WORK: list[Work] = []  # a worker process's Work, set once by the pool's initializer
 
 
@@ -48,7 +50,10 @@ class LocalRunner:
             for point in points:
                 yield point, run_point(self.work, point)
             return
-        pending: dict[Future[dict[str, Any]], Point] = {self.pool.submit(_run_in_worker, p): p for p in points}
+        # The longest replays first, so that the last to finish are short ones: paging and dynamic extents do the
+        # most bookkeeping, and a lower rate spreads the same requests over more, smaller steps.
+        ordered = sorted(points, key=lambda p: (_COST_RANK.get(p.strategy, 0), p.rate))
+        pending: dict[Future[dict[str, Any]], Point] = {self.pool.submit(_run_in_worker, p): p for p in ordered}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
