@@ -75,10 +75,17 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
 
 template <typename T, int HEAD_DIM>
 __device__ void paged_attention_tc(
-    T* __restrict__ out, const T* __restrict__ query, const T* __restrict__ key_cache,
-    const T* __restrict__ value_cache, const int* __restrict__ block_tables, const int* __restrict__ seq_lens,
-    float* __restrict__ tmp_out, float* __restrict__ tmp_max, float* __restrict__ tmp_sum, float scale,
-    int num_kv_heads, int group, int block_size, int max_blocks, int tokens_per_split, int num_splits) {
+    T* __restrict__ out,                    // [batch, num_q_heads, HEAD_DIM] (num_splits == 1)
+    const T* __restrict__ query,            // [batch, num_q_heads, HEAD_DIM], 16-byte aligned
+    const T* __restrict__ key_cache,        // [num_blocks, num_kv_heads, block_size, HEAD_DIM], 16-byte aligned
+    const T* __restrict__ value_cache,      // [num_blocks, num_kv_heads, block_size, HEAD_DIM], 16-byte aligned
+    const int* __restrict__ block_tables,   // [batch, max_blocks], -1 padded
+    const int* __restrict__ seq_lens,       // [batch]
+    float* __restrict__ tmp_out,            // [batch, num_q_heads, num_splits, HEAD_DIM] (num_splits > 1)
+    float* __restrict__ tmp_max,            // [batch, num_q_heads, num_splits], natural-log units
+    float* __restrict__ tmp_sum,            // [batch, num_q_heads, num_splits]
+    float scale, int num_kv_heads, int group, int block_size, int max_blocks, int tokens_per_split,
+    int num_splits) {
     constexpr int CHUNKS = HEAD_DIM / 8;      // 16-byte chunks in a K or V row
     constexpr int K_STEPS = HEAD_DIM / 16;    // k-steps of S = Q K^T
     constexpr int N_TILES = HEAD_DIM / 8;     // n-tiles of O = P V

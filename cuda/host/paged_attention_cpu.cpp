@@ -113,11 +113,15 @@ void attend(const T* query, const T* key_cache, const T* value_cache, const int*
 
 }  // namespace
 
-// out: float32 [batch, num_kv_heads * group, head_dim]; dtype: 0 float32, 1 float16, 2 bfloat16.
-extern "C" void paged_attention_cpu(const void* query, const void* key_cache, const void* value_cache,
-                                    const int* block_tables, const int* seq_lens, float* out, int batch,
-                                    int num_kv_heads, int group, int block_size, int head_dim, int max_blocks,
-                                    float scale, int threads, int dtype) {
+// dtype: 0 float32, 1 float16, 2 bfloat16 (query and caches alike; out is always float32).
+extern "C" void paged_attention_cpu(const void* query,         // [batch, num_kv_heads * group, head_dim]
+                                    const void* key_cache,     // [num_blocks, num_kv_heads, block_size, head_dim]
+                                    const void* value_cache,   // [num_blocks, num_kv_heads, block_size, head_dim]
+                                    const int* block_tables,   // [batch, max_blocks]
+                                    const int* seq_lens,       // [batch]
+                                    float* out,                // [batch, num_kv_heads * group, head_dim]
+                                    int batch, int num_kv_heads, int group, int block_size, int head_dim,
+                                    int max_blocks, float scale, int threads, int dtype) {
     const auto* q16 = static_cast<const uint16_t*>(query);
     const auto* k16 = static_cast<const uint16_t*>(key_cache);
     const auto* v16 = static_cast<const uint16_t*>(value_cache);
