@@ -10,9 +10,9 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, load_calibration
-from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
+from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
-from minipaged_cli.units import parse_bytes, rounded
+from minipaged_cli.units import rounded
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Trace
 
@@ -84,17 +84,8 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
 
 def _config(point: Point, settings: Settings, calibration: Calibration | None) -> SimConfig:
     model, gpu = load_model(point.model), load_gpu(point.gpu)
-    if point.kv_memory is not None:
-        kv_bytes = parse_bytes(point.kv_memory)
-    else:
-        kv_bytes = int(settings.gpu_memory_utilization * gpu.memory_bytes - model.weight_bytes)
-        if kv_bytes <= 0:
-            raise InputError(f"{model.name}'s weights leave no KV memory on {gpu.name}; give --kv-memory",
-                             field="--gpus", value=gpu.name, has_value=True)
-    num_blocks = num_blocks_for_memory(kv_bytes, model, point.block_size)
-    if num_blocks < 1:
-        raise InputError(f"holds no block of {point.block_size} tokens of {model.name}", field="--kv-memory",
-                         value=point.kv_memory, has_value=True)
+    num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
+                                       settings.gpu_memory_utilization)
     return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
                      max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
                      max_batched_tokens=settings.max_batched_tokens, prefix_caching=point.prefix_caching,

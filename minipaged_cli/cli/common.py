@@ -13,9 +13,6 @@ from rich.console import Console
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, load_calibration
-from minipaged_cli.sim.config import num_blocks_for_memory
-from minipaged_cli.units import format_bytes, parse_bytes
-from minipaged_cli.workloads.presets import ModelSpec
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
 # Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
@@ -118,35 +115,3 @@ def load_calibration_option(path: Path | None) -> Calibration | None:
 def tables_console(json_path: str | None) -> Console:
     """Tables go to stdout, unless the JSON does (``--json -``): then to stderr."""
     return stderr if json_path == "-" else stdout
-
-
-def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: int, num_blocks: int | None,
-                       kv_memory: str | None, gpu_memory_utilization: float) -> tuple[int, str]:
-    """The KV capacity in blocks, and a phrase saying where it came from."""
-    if block_size < 1:
-        raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
-    if num_blocks is not None and kv_memory is not None:
-        raise InputError("give either --num-blocks or --kv-memory, not both", field="--num-blocks")
-    if num_blocks is not None:
-        if num_blocks < 1:
-            raise InputError("must be >= 1", field="--num-blocks", value=num_blocks, has_value=True)
-        return num_blocks, "--num-blocks"
-    if kv_memory is not None:
-        memory = parse_bytes(kv_memory)
-        origin = f"--kv-memory {kv_memory}"
-    else:
-        if not 0 < gpu_memory_utilization <= 1:
-            raise InputError("must be in (0, 1]", field="--gpu-memory-utilization", value=gpu_memory_utilization,
-                             has_value=True)
-        memory = int(gpu_memory_utilization * gpu_memory_bytes - model.weight_bytes)
-        origin = (f"{gpu_memory_utilization:g} of {format_bytes(gpu_memory_bytes)} minus "
-                  f"{format_bytes(model.weight_bytes)} of weights")
-        if memory <= 0:
-            raise InputError(f"the model's weights ({format_bytes(model.weight_bytes)}) leave no KV memory on this "
-                             "GPU; pass --kv-memory", field="--gpu")
-    blocks = num_blocks_for_memory(memory, model, block_size)
-    if blocks < 1:
-        block_bytes = format_bytes(block_size * model.kv_bytes_per_token)
-        raise InputError(f"holds no block of {block_size} tokens ({block_bytes})", field="--kv-memory",
-                         value=kv_memory, has_value=True)
-    return blocks, origin

@@ -24,7 +24,6 @@ from minipaged_cli.cli.common import (
     check_dtype,
     handle_errors,
     require_support,
-    resolve_num_blocks,
     stderr,
     stdout,
     tables_console,
@@ -87,7 +86,7 @@ def profile_command(
         time_kernels,
     )
     from minipaged_cli.dataplane.select import select_backend
-    from minipaged_cli.sim.config import SimConfig
+    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
 
     sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES

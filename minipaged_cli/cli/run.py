@@ -27,7 +27,6 @@ from minipaged_cli.cli.common import (
     check_dtype,
     handle_errors,
     require_support,
-    resolve_num_blocks,
     stderr,
     stdout,
     tables_console,
@@ -87,7 +86,7 @@ def run_command(
 
     from minipaged_cli.apps.run import run_trace
     from minipaged_cli.dataplane.select import select_backend
-    from minipaged_cli.sim.config import SimConfig
+    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"

@@ -27,7 +27,6 @@ from minipaged_cli.cli.common import (
     WatermarkOpt,
     handle_errors,
     load_calibration_option,
-    resolve_num_blocks,
     stderr,
     stdout,
     tables_console,
@@ -35,7 +34,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace

@@ -9,6 +9,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.strategies import make_allocator
 from minipaged_cli.sim.calibration import Calibration
+from minipaged_cli.units import format_bytes, parse_bytes
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -81,3 +82,35 @@ class SimConfig:
 def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int) -> int:
     """Blocks of ``block_size`` tokens that fit in ``kv_memory_bytes`` of KV for ``model``."""
     return math.floor(kv_memory_bytes / (block_size * model.kv_bytes_per_token))
+
+
+def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: int, num_blocks: int | None,
+                       kv_memory: str | None, gpu_memory_utilization: float) -> tuple[int, str]:
+    """The KV capacity in blocks, and a phrase saying where it came from."""
+    if block_size < 1:
+        raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
+    if num_blocks is not None and kv_memory is not None:
+        raise InputError("give either --num-blocks or --kv-memory, not both", field="--num-blocks")
+    if num_blocks is not None:
+        if num_blocks < 1:
+            raise InputError("must be >= 1", field="--num-blocks", value=num_blocks, has_value=True)
+        return num_blocks, "--num-blocks"
+    if kv_memory is not None:
+        memory = parse_bytes(kv_memory)
+        origin = f"--kv-memory {kv_memory}"
+    else:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise InputError("must be in (0, 1]", field="--gpu-memory-utilization", value=gpu_memory_utilization,
+                             has_value=True)
+        memory = int(gpu_memory_utilization * gpu_memory_bytes - model.weight_bytes)
+        origin = (f"{gpu_memory_utilization:g} of {format_bytes(gpu_memory_bytes)} minus "
+                  f"{format_bytes(model.weight_bytes)} of weights")
+        if memory <= 0:
+            raise InputError(f"the model's weights ({format_bytes(model.weight_bytes)}) leave no KV memory on this "
+                             "GPU; pass --kv-memory", field="--gpu")
+    blocks = num_blocks_for_memory(memory, model, block_size)
+    if blocks < 1:
+        block_bytes = format_bytes(block_size * model.kv_bytes_per_token)
+        raise InputError(f"holds no block of {block_size} tokens ({block_bytes})", field="--kv-memory",
+                         value=kv_memory, has_value=True)
+    return blocks, origin
