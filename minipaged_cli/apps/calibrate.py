@@ -108,9 +108,7 @@ def measure(model: ModelSpec, gpu: str, backend: Backend, dtype: torch.dtype, gr
         return torch.randn(*shape, generator=generator, device=device).to(dtype)
 
     def median_seconds(call: Callable[[], object]) -> float:
-        call()  # warm-up
-        times = sorted(backend.timed(call)[1] for _ in range(repeat))
-        return times[len(times) // 2]
+        return backend.median_seconds(call, repeat)
 
     hidden, q_width = model.hidden_size, model.num_q_heads * model.head_dim
     kv_width = model.num_kv_heads * model.head_dim

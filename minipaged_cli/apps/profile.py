@@ -155,17 +155,11 @@ def time_kernels(backend: Backend, config: SimConfig, block_size: int, seq_lens:
     def attend() -> None:
         backend.paged_attention(query, cache.key_cache[0], cache.value_cache[0], block_tables, lens, scale)
 
-    write_s = _median_time(backend, write, repeat)
-    attention_s = _median_time(backend, attend, repeat)
+    write_s = backend.median_seconds(write, repeat)
+    attention_s = backend.median_seconds(attend, repeat)
     kv_bytes = 2 * sum(seq_lens) * model.num_kv_heads * model.head_dim * cache.key_cache[0].element_size()
     return KernelCost(cache_write_us_per_token=1e6 * write_s / num_written, attention_us=1e6 * attention_s,
                       attention_gbps=kv_bytes / attention_s / 1e9, batch=len(seq_lens), tokens=sum(seq_lens))
-
-
-def _median_time(backend: Backend, call: Callable[[], None], repeat: int) -> float:
-    call()  # warm-up
-    times = [backend.timed(call)[1] for _ in range(repeat)]
-    return sorted(times)[len(times) // 2]
 
 
 def recommend(rows: list[ProfileRow]) -> tuple[int, str]:

@@ -4,9 +4,10 @@ profile), for ``simulate --calibration``."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -26,7 +27,7 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.sim.calibration import Calibration
+from minipaged_cli.sim.calibration import Calibration, Table
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.workloads.presets import load_gpu, load_model
 
@@ -126,28 +127,20 @@ def comparison(calibration: Calibration, model: StepTimeModel) -> list[dict[str,
         rows.append({"table": name, "points": points, "at": at, "measured_us": measured * 1e6,
                      "model_us": predicted * 1e6, "ratio": measured / predicted})
 
-    if calibration.linear is not None:
-        table = calibration.linear
-        for i in (0, -1):
-            tokens = int(table.sizes[i])
-            add("linear", len(table.sizes), f"{tokens} tokens", table.seconds[i],
-                float(model.linear_seconds(tokens)) / layers)
-    if calibration.prefill_attention is not None:
-        table = calibration.prefill_attention
-        for i in (0, -1):
-            tokens = int(table.sizes[i])
-            add("prefill attention", len(table.sizes), f"{tokens} tokens", table.seconds[i],
-                float(model.prefill_attention_seconds(tokens, tokens * (tokens + 1) / 2, tokens)) / layers)
+    def add_table(name: str, table: Table | None, predict: Callable[[int], Any]) -> None:
+        if table is not None:
+            for i in (0, -1):
+                tokens = int(table.sizes[i])
+                add(name, len(table.sizes), f"{tokens} tokens", table.seconds[i], float(predict(tokens)) / layers)
+
+    add_table("linear", calibration.linear, model.linear_seconds)
+    add_table("prefill attention", calibration.prefill_attention,
+              lambda n: model.prefill_attention_seconds(n, n * (n + 1) / 2, n))
     if calibration.decode_attention is not None:
         grid = calibration.decode_attention
         for i, j in ((0, 0), (-1, -1)):
             batch, context = int(grid.batch[i]), int(grid.context[j])
             add("decode attention", grid.seconds.size, f"{batch} x {context} tokens", grid.seconds[i, j],
                 float(model.decode_attention_seconds(batch, batch * context)) / layers)
-    if calibration.cache_write is not None:
-        table = calibration.cache_write
-        for i in (0, -1):
-            tokens = int(table.sizes[i])
-            add("cache write", len(table.sizes), f"{tokens} tokens", table.seconds[i],
-                float(model.cache_write_seconds(tokens)) / layers)
+    add_table("cache write", calibration.cache_write, model.cache_write_seconds)
     return rows

@@ -66,6 +66,12 @@ class Backend(ABC):
         """Why this backend cannot run attention of that shape, or None when it can."""
         return None
 
+    def median_seconds(self, call: Callable[[], Any], repeat: int) -> float:
+        """The median device time of ``repeat`` calls, after one untimed warm-up call."""
+        call()
+        times = sorted(self.timed(call)[1] for _ in range(repeat))
+        return times[len(times) // 2]
+
     def timed(self, call: Callable[[], Any]) -> tuple[Any, float]:
         """Run ``call``; return its result and the seconds it took on the device."""
         self.synchronize()
