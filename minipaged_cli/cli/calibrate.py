@@ -27,7 +27,8 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.sim.calibration import Calibration, Table
+from minipaged_cli.sim.calibration import Calibration
+from minipaged_cli.sim.calibration import Table as TimeTable
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.workloads.presets import load_gpu, load_model
 
@@ -127,7 +128,7 @@ def comparison(calibration: Calibration, model: StepTimeModel) -> list[dict[str,
         rows.append({"table": name, "points": points, "at": at, "measured_us": measured * 1e6,
                      "model_us": predicted * 1e6, "ratio": measured / predicted})
 
-    def add_table(name: str, table: Table | None, predict: Callable[[int], Any]) -> None:
+    def add_table(name: str, table: TimeTable | None, predict: Callable[[int], Any]) -> None:
         if table is not None:
             for i in (0, -1):
                 tokens = int(table.sizes[i])
