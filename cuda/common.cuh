@@ -21,3 +21,46 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// The end of a decode-attention thread block: combine its `parts` partial softmax states (each over its own tokens:
+// running max m, in base 2 when BASE2, else base e; sum l; unnormalised accumulator acc) for every (query head,
+// dim) of the GQA group, and write the output, or, with num_splits > 1, the split's unnormalised state (max in
+// base e) for the merge kernel. The block's threads share the (head, dim) pairs.
+template <typename T, int HEAD_DIM, bool BASE2>
+__device__ void write_attention_output(
+    T* __restrict__ out,                // [batch, num_q_heads, HEAD_DIM] (num_splits == 1)
+    float* __restrict__ tmp_out,        // [batch, num_q_heads, num_splits, HEAD_DIM] (num_splits > 1)
+    float* __restrict__ tmp_max,        // [batch, num_q_heads, num_splits]
+    float* __restrict__ tmp_sum,        // [batch, num_q_heads, num_splits]
+    const float* m,                     // [parts, stride]
+    const float* l,                     // [parts, stride]
+    const float* acc,                   // [parts, stride, HEAD_DIM]
+    int parts, int stride, int group, int64_t seq, int kv_head, int num_q_heads, int split, int num_splits) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    for (int o = threadIdx.x; o < group * HEAD_DIM; o += blockDim.x) {
+        const int head = o / HEAD_DIM, d = o % HEAD_DIM;
+        float global_max = -INFINITY;
+        for (int i = 0; i < parts; ++i) global_max = fmaxf(global_max, m[i * stride + head]);
+        float total = 0.0f, value = 0.0f;
+        if (global_max != -INFINITY) {  // -inf: a sequence of length 0, which attends to nothing
+            for (int i = 0; i < parts; ++i) {
+                const float shift = m[i * stride + head] - global_max;  // -inf for a part that saw no token
+                const float weight = BASE2 ? exp2f(shift) : expf(shift);
+                total += weight * l[i * stride + head];
+                value += weight * acc[(i * stride + head) * HEAD_DIM + d];
+            }
+        }
+        const int64_t q_head = (int64_t)kv_head * group + head;
+        if (num_splits == 1) {
+            // total is 0 only for a sequence of length 0: its output is 0 (not 0/0)
+            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(total > 0.0f ? value / total : 0.0f);
+        } else {
+            const int64_t part = (seq * num_q_heads + q_head) * num_splits + split;
+            tmp_out[part * HEAD_DIM + d] = value;
+            if (d == 0) {
+                tmp_max[part] = BASE2 ? global_max / LOG2E : global_max;
+                tmp_sum[part] = total;
+            }
+        }
+    }
+}

@@ -155,32 +155,9 @@ __device__ void paged_attention(
         for (int e = 0; e < VEC; ++e) acc_s[token_group][g][lane * VEC + e] = acc[g][e];
     }
     __syncthreads();
-    for (int o = tid; o < group * HEAD_DIM; o += NUM_THREADS) {
-        const int g = o / HEAD_DIM;
-        const int d = o % HEAD_DIM;
-        float global_max = -INFINITY;
-        for (int i = 0; i < GROUPS; ++i) global_max = fmaxf(global_max, m_s[i][g]);
-        float total = 0.0f, value = 0.0f;
-        if (global_max != -INFINITY) {  // -inf: a sequence of length 0, which attends to nothing
-            for (int i = 0; i < GROUPS; ++i) {
-                const float weight = expf(m_s[i][g] - global_max);  // 0 for a group that saw no token
-                total += weight * l_s[i][g];
-                value += weight * acc_s[i][g][d];
-            }
-        }
-        const int64_t q_head = (int64_t)kv_head * group + g;
-        if (num_splits == 1) {
-            // total is 0 only for a sequence of length 0: it attends to nothing, its output is 0 (not 0/0)
-            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(total > 0.0f ? value / total : 0.0f);
-        } else {
-            const int64_t part = (seq * num_q_heads + q_head) * num_splits + split;
-            tmp_out[part * HEAD_DIM + d] = value;
-            if (d == 0) {
-                tmp_max[part] = global_max;
-                tmp_sum[part] = total;
-            }
-        }
-    }
+    write_attention_output<T, HEAD_DIM, false>(out, tmp_out, tmp_max, tmp_sum, &m_s[0][0], &l_s[0][0],
+                                               &acc_s[0][0][0], GROUPS, MAX_G, group, seq, kv_head, num_q_heads,
+                                               split, num_splits);
 }
 
 // Combine the splits of each (sequence, query head): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.

@@ -251,30 +251,8 @@ __device__ void paged_attention_tc(
         acc_s[(warp * 8 + g) * HEAD_DIM + j * 8 + 2 * t + 1] = acc[j][1];
     }
     __syncthreads();
-    for (int o = threadIdx.x; o < group * HEAD_DIM; o += 32 * TC_WARPS) {
-        const int head = o / HEAD_DIM, d = o % HEAD_DIM;
-        float global_max = -INFINITY;
-        for (int w = 0; w < TC_WARPS; ++w) global_max = fmaxf(global_max, m_s[w][head]);
-        float total = 0.0f, value = 0.0f;
-        if (global_max != -INFINITY) {  // -inf: a sequence of length 0, which attends to nothing
-            for (int w = 0; w < TC_WARPS; ++w) {
-                const float weight = exp2f(m_s[w][head] - global_max);  // 0 for a warp that saw no token
-                total += weight * l_s[w][head];
-                value += weight * acc_s[(w * 8 + head) * HEAD_DIM + d];
-            }
-        }
-        const int64_t q_head = (int64_t)kv_head * group + head;
-        if (num_splits == 1) {
-            out[(seq * num_q_heads + q_head) * HEAD_DIM + d] = from_float<T>(total > 0.0f ? value / total : 0.0f);
-        } else {
-            const int64_t part = (seq * num_q_heads + q_head) * num_splits + split;
-            tmp_out[part * HEAD_DIM + d] = value;
-            if (d == 0) {
-                tmp_max[part] = global_max / LOG2E;  // the merge kernel works in natural-log units
-                tmp_sum[part] = total;
-            }
-        }
-    }
+    write_attention_output<T, HEAD_DIM, true>(out, tmp_out, tmp_max, tmp_sum, &m_s[0][0], &l_s[0][0], acc_s,
+                                              TC_WARPS, 8, group, seq, kv_head, num_q_heads, split, num_splits);
 }
 
 #define MINIPAGED_PAGED_ATTENTION_TC(SUFFIX, T, HEAD_DIM)                                                        \
