@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from minipaged_cli.dataplane.kernels import random_block_tables
 from minipaged_cli.dataplane.native import paged_attention_native
 from minipaged_cli.dataplane.reference import paged_attention_online, paged_attention_vectorized
 
@@ -72,12 +73,7 @@ def measure_case(name: str, lengths: list[int], num_q_heads: int, num_kv_heads: 
     num_blocks = sum(needed)
     key_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=generator).to(dtype)
     value_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=generator).to(dtype)
-    order = torch.randperm(num_blocks, generator=generator).to(torch.int32)
-    block_tables = torch.full((batch, max(needed)), -1, dtype=torch.int32)
-    start = 0
-    for row, count in enumerate(needed):
-        block_tables[row, :count] = order[start:start + count]
-        start += count
+    block_tables = random_block_tables(lengths, num_blocks, block_size, generator)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     query = torch.randn(batch, num_q_heads, head_dim, generator=generator).to(dtype)
     scale = head_dim ** -0.5

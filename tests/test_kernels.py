@@ -81,14 +81,9 @@ def test_a_skewed_batch_and_lengths_0_and_1(variant: str) -> None:
     # One long sequence among short ones (2,000 tokens beside 1, 0, 17 and 33), split or not.
     generator = torch.Generator().manual_seed(3)
     lengths = [1, 2000, 0, 17, 33]
-    needed = [-(-n // 16) for n in lengths]
-    order = torch.randperm(sum(needed) + 4, generator=generator).to(torch.int32)
-    tables = torch.full((len(lengths), max(needed)), -1, dtype=torch.int32)
-    start = 0
-    for row, count in enumerate(needed):
-        tables[row, :count] = order[start:start + count]
-        start += count
-    key_cache, value_cache = (torch.randn(len(order), 2, 16, 128, generator=generator).to(torch.bfloat16)
+    num_blocks = sum(-(-n // 16) for n in lengths) + 4
+    tables = random_block_tables(lengths, num_blocks, 16, generator)
+    key_cache, value_cache = (torch.randn(num_blocks, 2, 16, 128, generator=generator).to(torch.bfloat16)
                               for _ in range(2))
     query = torch.randn(len(lengths), 8, 128, generator=generator).to(torch.bfloat16)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
