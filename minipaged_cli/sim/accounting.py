@@ -77,8 +77,12 @@ class StrategyMetrics:
     detail: ReplayDetail | None = field(default=None, repr=False)
     layout: Any = field(default=None, repr=False)  # sim.layout.LayoutSamples, when the config asks for it
 
+    def measurements(self) -> dict[str, Any]:
+        """The reported values, unrounded: every field but the timeline, the detail and the layout."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail", "layout")}
+
     def to_dict(self) -> dict[str, float | int | str]:
-        return rounded({k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail", "layout")})
+        return rounded(self.measurements())
 
 
 class MemoryIntegrator:
