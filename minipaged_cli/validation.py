@@ -1,0 +1,56 @@
+"""One place that checks user-supplied numbers: finite, in range, whole where counts are meant.
+
+Every reader (traces, presets, calibrations, sweep configs) and every option goes through these, so a NaN, an
+infinity, a negative count or a fraction of a token is refused with one line naming the file, the field and the
+value (``InputError``; exit 2 on the command line), never passed on to hang or crash the replay.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minipaged_cli.errors import InputError
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def finite_number(value: Any, *, field: str, source: str | None = None, where: str | None = None,
+                  minimum: float | None = None, maximum: float | None = None,
+                  exclusive_minimum: bool = False) -> float:
+    """``value`` as a float: a finite number within [minimum, maximum] (``(minimum, ...`` when exclusive)."""
+
+    def refuse(message: str) -> InputError:
+        return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
+
+    if not _is_number(value) or not math.isfinite(value):
+        raise refuse("must be a finite number")
+    if minimum is not None and (value < minimum or (exclusive_minimum and value == minimum)):
+        raise refuse(f"must be {'>' if exclusive_minimum else '>='} {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise refuse(f"must be <= {maximum:g}")
+    return float(value)
+
+
+def positive_number(value: Any, *, field: str, source: str | None = None, where: str | None = None) -> float:
+    """A finite number > 0 (a time, a rate, a bandwidth)."""
+    return finite_number(value, field=field, source=source, where=where, minimum=0.0, exclusive_minimum=True)
+
+
+def whole_number(value: Any, *, field: str, source: str | None = None, where: str | None = None,
+                 minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int: a whole number (``600`` or ``600.0``; not ``12.5``, ``"600"`` or ``True``) within
+    [minimum, maximum]."""
+
+    def refuse(message: str) -> InputError:
+        return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
+
+    if not _is_number(value) or not math.isfinite(value) or (isinstance(value, float) and not value.is_integer()):
+        raise refuse("must be a whole number")
+    if minimum is not None and value < minimum:
+        raise refuse(f"must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise refuse(f"must be <= {maximum}")
+    return int(value)
