@@ -4,17 +4,20 @@ under service-level objectives; in local worker processes or on a Ray cluster.""
 from __future__ import annotations
 
 import csv
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from rich import box
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from minipaged_cli.apps.sweep import SLO_METRICS, Axes, SweepResult, parse_slo, sweep
-from minipaged_cli.apps.sweep_points import Settings, prepare
+from minipaged_cli.apps.sweep import SEARCH_STEPS, SLO_METRICS, Axes, Slo, SweepResult, make_slo, parse_slo, sweep
+from minipaged_cli.apps.sweep_points import ENGINE_FIELDS, Settings, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.cli.common import (
     CalibrationOpt,
@@ -27,7 +30,6 @@ from minipaged_cli.cli.common import (
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
-    WatermarkOpt,
     handle_errors,
     stderr,
     stdout,
@@ -36,7 +38,9 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.sim.config import PREEMPTION_MODES
+from minipaged_cli.validation import finite_number, positive_number, whole_number
+from minipaged_cli.workloads.readers import TRACE_FORMATS, load_trace
 
 EPILOG = """\
 Examples:\n\n
@@ -47,8 +51,9 @@ Examples:\n\n
 """
 # Options a --config file may set, by their keys there: what the command line gives wins.
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
-             "search_steps", "seed", "limit", "time_scale", "trace_format", "max_model_len", "max_num_seqs",
+             "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "max_model_len", "max_num_seqs",
              "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization", "calibration")
+ENGINE_HELP = "Default: the engine's (as simulate)."
 
 
 @handle_errors
@@ -71,14 +76,20 @@ def sweep_command(
         "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it).")] = "off",
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="NAME=SECONDS, repeatable; NAME: " + ", ".join(SLO_METRICS) + " (mean unless -p99). "
-                      "Searches the highest rate meeting every SLO.", show_default=False)] = None,
-    search_steps: Annotated[int, typer.Option("--search-steps", help="Bisection rounds after the grid.")] = 5,
+                      "Searches each curve's sustainable rate: the highest meeting every SLO, with every tested "
+                      "rate below it meeting them too, to 3 significant digits.", show_default=False)] = None,
+    search_steps: Annotated[int, typer.Option(
+        "--search-steps", help="Most bisection rounds after the grid; the search ends sooner once no 3-digit rate "
+                               "is left inside a bracket.")] = SEARCH_STEPS,
+    seeds: Annotated[int, typer.Option(
+        "--seeds", help="Arrival seeds per point (--seed, --seed + 1, ...): each metric is the MEAN over the "
+                        "seeds' replays, so one seed's noise is not taken for capacity.")] = 1,
     workers: Annotated[int | None, typer.Option(
         "--workers", help="Local worker processes. Default: every core.", show_default=False)] = None,
     ray: Annotated[str | None, typer.Option(
-        "--ray", help="Run the points as Ray tasks on an existing cluster: HOST:PORT, or no value (auto: "
-                      "RAY_ADDRESS or the cluster started on this machine). Needs pip install -e \".[ray]\".",
-        metavar="[ADDRESS]", show_default=False)] = None,
+        "--ray", help="Run the replays as Ray tasks: HOST:PORT of a cluster, or no value (auto: RAY_ADDRESS or "
+                      "the cluster started on this machine, else a local cluster started for this sweep). Needs "
+                      "pip install -e \".[ray]\".", metavar="[ADDRESS]", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A YAML sweep file whose keys name these options (rates: [1, 2], slo: "
                          "{normalized-latency: 0.2}, ...).", metavar="YAML", show_default=False)] = None,
@@ -87,12 +98,17 @@ def sweep_command(
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
     max_model_len: MaxModelLenOpt = None,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most requests running at once.")] = 256,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", help=f"Most requests running at once. {ENGINE_HELP}", show_default=False)] = None,
     max_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-batched-tokens", help="Chunked prefill: tokens per step.", show_default=False)] = None,
-    watermark: WatermarkOpt = 0.01,
-    preemption: Annotated[str, typer.Option("--preemption", help="recompute or swap.")] = "recompute",
-    cpu_blocks: Annotated[int, typer.Option("--cpu-blocks", help="Swap space, in blocks.")] = 0,
+        "--max-batched-tokens", help=f"Chunked prefill: tokens per step. {ENGINE_HELP}", show_default=False)] = None,
+    watermark: Annotated[float | None, typer.Option(
+        "--watermark", help=f"Paged admission keeps this fraction of the blocks free. {ENGINE_HELP}",
+        show_default=False)] = None,
+    preemption: Annotated[str | None, typer.Option(
+        "--preemption", help=f"recompute or swap. {ENGINE_HELP}", show_default=False)] = None,
+    cpu_blocks: Annotated[int | None, typer.Option(
+        "--cpu-blocks", help=f"Swap space, in blocks. {ENGINE_HELP}", show_default=False)] = None,
     gpu_memory_utilization: GpuUtilOpt = 0.9,
     calibration: CalibrationOpt = None,
     json_path: JsonOpt = None,
@@ -105,50 +121,52 @@ def sweep_command(
     output token, mean and p99), TTFT, TPOT, batch size, throughput, preemptions and token-state share. With
     --slo, the highest request rate each strategy sustains and paged's ratio to each baseline."""
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
+    from_file: set[str] = set()
     if config is not None:
-        values.update({k: v for k, v in _read_config(config).items()
-                       if _source(ctx, k) != "COMMANDLINE"})
-    if values["rates"] is None:
+        in_file = {k: v for k, v in _read_config(config).items() if _source(ctx, k) != "COMMANDLINE"}
+        values.update(in_file)
+        from_file = set(in_file)
+    check_outputs({"--json": json_path, "--csv": csv_path, "--plot": plot})  # before a sweep of hours
+    if workers is not None:
+        whole_number(workers, field="--workers", minimum=1)
+    options = _checked(values, from_file, str(config))
+    if options["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
-    axes = Axes(rates=_list(values["rates"], float, "--rates"),
-                strategies=_list(values["strategies"], str, "--strategies"),
-                models=_list(values["models"], str, "--models"), gpus=_list(values["gpus"], str, "--gpus"),
-                kv_memory=_list(values["kv_memory"], _kv_memory, "--kv-memory") if values["kv_memory"] else (None,),
-                block_sizes=_list(values["block_sizes"], int, "--block-sizes"),
-                prefix_caching=_list(values["prefix_caching"], _on_off, "--prefix-caching"))
+    axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
+                gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
+                prefix_caching=options["prefix_caching"])
     for name in axes.strategies:
         if name not in STRATEGIES:
-            raise InputError(f"unknown strategy; expected some of {', '.join(STRATEGIES)}", field="--strategies",
-                             value=name, has_value=True)
-    slos = tuple(parse_slo(s) for s in _slo_texts(values["slo"]))
-    if values["search_steps"] < 0 or (workers is not None and workers < 1):
-        bad = ("--search-steps", values["search_steps"]) if values["search_steps"] < 0 else ("--workers", workers)
-        raise InputError("must be >= 0" if bad[0] == "--search-steps" else "must be >= 1", field=bad[0],
-                         value=bad[1], has_value=True)
-    settings = Settings(seed=values["seed"], max_model_len=values["max_model_len"],
-                        max_num_seqs=values["max_num_seqs"], max_batched_tokens=values["max_batched_tokens"],
-                        watermark=values["watermark"], preemption=values["preemption"],
-                        cpu_blocks=values["cpu_blocks"], gpu_memory_utilization=values["gpu_memory_utilization"],
-                        calibration=str(values["calibration"]) if values["calibration"] else None)
-    trace = load_trace(trace_path, values["trace_format"], limit=values["limit"], time_scale=values["time_scale"])
+            raise InputError(f"unknown strategy; expected some of {', '.join(STRATEGIES)}",
+                             source=str(config) if "strategies" in from_file else None,
+                             field=_field("strategies", from_file), value=name, has_value=True)
+    settings = Settings(seed=options["seed"], seeds=options["seeds"],
+                        gpu_memory_utilization=options["gpu_memory_utilization"],
+                        calibration=str(options["calibration"]) if options["calibration"] else None,
+                        engine={k: options[k] for k in ENGINE_FIELDS if options[k] is not None})
+    trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
+                       time_scale=options["time_scale"])
     work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
+    if isinstance(runner, RayRunner) and runner.started:
+        stderr.print(f"No Ray cluster was running: {runner.describe()}.", markup=False, highlight=False)
 
-    progress = Progress(TextColumn("points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    progress = Progress(TextColumn("replays"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("left"), TimeRemainingColumn(), console=stderr, transient=True)
     with progress:
-        task = progress.add_task("points", total=len(axes.points()))
-        result = sweep(trace, axes, settings, runner, slos, values["search_steps"],
+        task = progress.add_task("replays", total=len(axes.points()) * settings.seeds)
+        result = sweep(trace, axes, settings, runner, options["slo"], options["search_steps"],
                        progress=lambda done, total: progress.update(task, completed=done, total=total), work=work)
 
     console = tables_console(json_path)
-    console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {len(result.rows)} points on "
-                  f"{runner.describe()}")
+    seeds_note = f" · each the mean of {settings.seeds} arrival seeds" if settings.seeds > 1 else ""
+    console.print(f"[bold]{escape(trace.name)}[/]: {trace.num_requests} requests · {len(result.rows)} points on "
+                  f"{escape(runner.describe())}{seeds_note}")
     console.print(points_table(result))
-    if slos:
+    if result.slos:
         console.print(capacity_table(result))
-        if any(c.status == "above grid" for c in result.capacities or []):
-            console.print("[dim]>= : the SLOs still held at the highest rate; add higher --rates to find the limit[/]")
+        for line in capacity_notes(result):
+            console.print(line)
     if json_path is not None:
         write_json(result.to_dict(), json_path, stdout)
     if csv_path is not None:
@@ -157,7 +175,7 @@ def sweep_command(
         from minipaged_cli.cli.plot import plot_sweep
 
         plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {escape(str(plot))}")
 
 
 def _source(ctx: typer.Context, name: str) -> str:
@@ -180,47 +198,134 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _list(value: Any, kind: type | Any, option: str) -> tuple[Any, ...]:
-    """A comma-separated string (command line) or a list (--config), each item converted by ``kind``."""
+def check_outputs(outputs: dict[str, str | Path | None]) -> None:
+    """Refuse an output path the sweep could not write, before the replays (hours) rather than after: its
+    directory must exist and take a file, and the path must not be a directory. '-' (stdout) and None pass."""
+    for option, path in outputs.items():
+        if path is None or str(path) == "-":
+            continue
+        target = Path(path)
+        if target.is_dir():
+            raise InputError("is a directory; name a file in it", field=option, value=str(path), has_value=True)
+        directory = target.parent
+        if not directory.is_dir():
+            raise InputError(f"no such directory: {directory}", field=option, value=str(path), has_value=True)
+        if not os.access(directory, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise InputError("cannot write: permission denied", field=option, value=str(path), has_value=True)
+
+
+def _field(key: str, from_file: set[str]) -> str:
+    """A setting's name in messages: its key in the --config file, or its option on the command line."""
+    return key if key in from_file else "--" + key.replace("_", "-")
+
+
+def _checked(values: dict[str, Any], from_file: set[str], config: str) -> dict[str, Any]:
+    """Every setting checked and converted, wherever it came from (a --config file gives any YAML type): a bad
+    one is refused naming the file (if any), the key or option, and the value."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        where = {"field": _field(key, from_file), "source": config if key in from_file else None}
+        out[key] = None if value is None and key in OPTIONAL_KEYS else CHECKS[key](value, where)
+    return out
+
+
+def _number(value: Any) -> Any:
+    """A number written on the command line ('2.5') as a number; anything else as it is, for the checks."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _text(value: Any, where: dict[str, Any]) -> str:
+    if not isinstance(value, str | Path):
+        raise InputError("must be text", value=value, has_value=True, **where)
+    return str(value)
+
+
+def _list(value: Any, item: Callable[[Any, dict[str, Any]], Any], where: dict[str, Any]) -> tuple[Any, ...]:
+    """A comma-separated string (command line) or a list (--config), each item checked by ``item``."""
     items = [s.strip() for s in value.split(",")] if isinstance(value, str) else list(value) \
         if isinstance(value, list | tuple) else [value]
-    items = [item for item in items if item != ""]
+    items = [entry for entry in items if entry != ""]
     if not items:
-        raise InputError("name at least one value", field=option, value=value, has_value=True)
-    try:
-        converted = tuple(kind(item) for item in items)
-    except (TypeError, ValueError):
-        raise InputError(f"expected {getattr(kind, '__name__', 'a value')} values", field=option, value=value,
-                         has_value=True) from None
+        raise InputError("name at least one value", value=value, has_value=True, **where)
+    converted = tuple(item(entry, where) for entry in items)
     if len(set(converted)) != len(converted):
-        raise InputError("values must be distinct", field=option, value=value, has_value=True)
+        raise InputError("values must be distinct", value=value, has_value=True, **where)
     return converted
 
 
-def _kv_memory(item: Any) -> str | None:
+def _choice(options: tuple[str, ...]) -> Callable[[Any, dict[str, Any]], str]:
+    def check(value: Any, where: dict[str, Any]) -> str:
+        if value not in options:
+            raise InputError(f"expected one of {', '.join(options)}", value=value, has_value=True, **where)
+        return str(value)
+
+    return check
+
+
+def _kv_memory(item: Any, where: dict[str, Any]) -> str | None:
     """A size (16GiB), or default: the GPU's memory times --gpu-memory-utilization, minus the weights."""
     return None if str(item).lower() == "default" else str(item)
 
 
-def _on_off(item: Any) -> bool:
+def _on_off(item: Any, where: dict[str, Any]) -> bool:
     if isinstance(item, bool):
         return item
     if str(item).lower() in ("on", "true"):
         return True
     if str(item).lower() in ("off", "false"):
         return False
-    raise ValueError(item)
+    raise InputError("expected on or off", value=item, has_value=True, **where)
 
 
-def _slo_texts(value: Any) -> list[str]:
-    if isinstance(value, dict):  # from --config: {name: seconds}
-        return [f"{k}={v}" for k, v in value.items()]
-    return list(value or [])
+def _slos(value: Any, where: dict[str, Any]) -> tuple[Slo, ...]:
+    """--slo NAME=SECONDS (repeated), or in --config a mapping {NAME: SECONDS}."""
+    if isinstance(value, dict):
+        return tuple(make_slo(str(name), limit, source=where["source"], field=f"{where['field']}.{name}")
+                     for name, limit in value.items())
+    if value is not None and not isinstance(value, list | tuple):
+        raise InputError("expected a mapping of SLO names to seconds", value=value, has_value=True, **where)
+    return tuple(parse_slo(text) for text in value or [])
+
+
+# Each setting's check: (value, where) -> the value to use.
+CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
+    "rates": lambda v, w: _list(v, lambda item, w: positive_number(_number(item), **w), w),
+    "strategies": lambda v, w: _list(v, _text, w),
+    "models": lambda v, w: _list(v, _text, w),
+    "gpus": lambda v, w: _list(v, _text, w),
+    "kv_memory": lambda v, w: _list(v, _kv_memory, w),
+    "block_sizes": lambda v, w: _list(v, lambda item, w: whole_number(_number(item), minimum=1, **w), w),
+    "prefix_caching": lambda v, w: _list(v, _on_off, w),
+    "slo": _slos,
+    "search_steps": lambda v, w: whole_number(v, minimum=0, **w),
+    "seed": lambda v, w: whole_number(v, minimum=0, **w),
+    "seeds": lambda v, w: whole_number(v, minimum=1, **w),
+    "limit": lambda v, w: whole_number(v, minimum=1, **w),
+    "time_scale": lambda v, w: positive_number(v, **w),
+    "trace_format": _choice(TRACE_FORMATS),
+    "max_model_len": lambda v, w: whole_number(v, minimum=1, **w),
+    "max_num_seqs": lambda v, w: whole_number(v, minimum=1, **w),
+    "max_batched_tokens": lambda v, w: whole_number(v, minimum=1, **w),
+    "watermark": lambda v, w: finite_number(v, minimum=0, maximum=1, exclusive_maximum=True, **w),
+    "preemption": _choice(PREEMPTION_MODES),
+    "cpu_blocks": lambda v, w: whole_number(v, minimum=0, **w),
+    "gpu_memory_utilization": lambda v, w: finite_number(v, minimum=0, maximum=1, exclusive_minimum=True, **w),
+    "calibration": _text,
+}
+# Settings that may be left out (None): the sweep's or the engine's default applies.
+OPTIONAL_KEYS = ("rates", "kv_memory", "slo", "limit", "max_model_len", "max_num_seqs", "max_batched_tokens",
+                 "watermark", "preemption", "cpu_blocks", "calibration")
 
 
 def _label(result: SweepResult, point: Any) -> str:
+    """A curve's name in the tables, escaped: model and GPU names may be paths with brackets in them."""
     parts = [_value(name, getattr(point, name)) for name in result.axes.varying()]
-    return " ".join([point.strategy, *parts])
+    return escape(" ".join([point.strategy, *parts]))
 
 
 def _value(name: str, value: Any) -> str:
@@ -247,7 +352,7 @@ def points_table(result: SweepResult) -> Table:
                       _pair(row["ttft_mean_s"], row["ttft_p99_s"], "{:.2f}"),
                       "-" if row["tpot_mean_s"] is None else f"{row['tpot_mean_s'] * 1e3:.1f}",
                       f"{row['mean_batch_size']:.1f}", f"{row['throughput_tokens_per_s']:,.0f}",
-                      f"{row['num_preemptions']:,}", f"{row['token_state_pct']:.1f}")
+                      f"{row['num_preemptions']:,.4g}", f"{row['token_state_pct']:.1f}")
     return table
 
 
@@ -269,13 +374,30 @@ def capacity_table(result: SweepResult) -> Table:
         if capacity.status == "none":
             rate = "none meets"
         elif capacity.status == "above grid":
-            rate = f">= {capacity.bracket[0]:.3g}"
+            rate = f">= {capacity.rate:.3g}"
         else:
             rate = f"{capacity.rate:.3g}"
-        high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:.3g}"
-        table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:.3g}, {high}",
+        if capacity.non_monotone is not None:
+            rate += " *"
+        high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:.4g}"
+        table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:.4g}, {high}",
                       "" if curve.strategy == "paged" else _ratio(ratio))
     return table
+
+
+def capacity_notes(result: SweepResult) -> list[str]:
+    """What the capacity table's marks mean, when it has them (markup lines)."""
+    notes = []
+    capacities = result.capacities or []
+    if any(c.status == "above grid" for c in capacities):
+        notes.append("[dim]>= : the SLOs still held at the highest rate; add higher --rates to find the limit[/]")
+    for capacity in capacities:
+        if capacity.non_monotone is not None:
+            fails, meets = capacity.non_monotone
+            notes.append(f"[yellow]* {_label(result, capacity.curve)}: not monotone: fails the SLOs at {fails:g} "
+                         f"req/s but meets them at {', '.join(f'{r:g}' for r in meets)}; the answer depends on "
+                         "the rates tested (try --seeds)[/]")
+    return notes
 
 
 def _ratio(ratio: dict[str, Any]) -> str:
