@@ -125,14 +125,14 @@ class Capacity:
     rate: float | None  # the sustainable rate (three digits); None: no tested rate meets every SLO
     bracket: tuple[float, float | None]  # (meets, fails); fails None: the grid's top rate meets
     status: str  # "found", "none" (no rate meets) or "above grid" (the highest rate meets)
-    # (the lowest failing rate, the higher rates that meet every SLO all the same); None: none seen
-    non_monotone: tuple[float, tuple[float, ...]] | None = None
+    # Where the tested rates show latency falling as the rate grows: (a rate failing the SLOs, the next tested
+    # rate, which meets them), in order; empty when the curve looks monotone.
+    non_monotone: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         curve = {k: v for k, v in asdict(self.curve).items() if k != "rate"}
         bracket = [None if rate is None else round(rate, JSON_DECIMALS) for rate in self.bracket]
-        non_monotone = None if self.non_monotone is None else {
-            "fails_at": self.non_monotone[0], "meets_at": list(self.non_monotone[1])}
+        non_monotone = [{"fails_at": fails, "meets_at": meets} for fails, meets in self.non_monotone]
         return rounded({**curve, "capacity_rps": self.rate, "bracket": bracket, "status": self.status,
                         "non_monotone": non_monotone})
 
@@ -169,10 +169,12 @@ class CurveSearch:
 
     def capacity(self) -> Capacity:
         low, high = self.bracket
-        above = () if high is None else tuple(sorted(rate for rate, met in self.met.items() if met and rate > high))
         status = "above grid" if high is None else ("found" if low > 0 else "none")
         rate = lattice_rate(lattice_index(low)) if low > 0 else None
-        return Capacity(self.curve, rate, (low, high), status, (high, above) if above else None)
+        tested = sorted(self.met.items())
+        rises = tuple((lower, higher) for (lower, lower_met), (higher, higher_met) in itertools.pairwise(tested)
+                      if not lower_met and higher_met)
+        return Capacity(self.curve, rate, (low, high), status, rises)
 
 
 # -- the sweep -------------------------------------------------------------------------------------------------

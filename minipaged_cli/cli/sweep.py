@@ -318,7 +318,7 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "calibration": _text,
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
-OPTIONAL_KEYS = ("rates", "kv_memory", "slo", "limit", "max_model_len", "max_num_seqs", "max_batched_tokens",
+OPTIONAL_KEYS = ("rates", "kv_memory", "limit", "max_model_len", "max_num_seqs", "max_batched_tokens",
                  "watermark", "preemption", "cpu_blocks", "calibration")
 
 
@@ -377,7 +377,7 @@ def capacity_table(result: SweepResult) -> Table:
             rate = f">= {capacity.rate:.3g}"
         else:
             rate = f"{capacity.rate:.3g}"
-        if capacity.non_monotone is not None:
+        if capacity.non_monotone:
             rate += " *"
         high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:.4g}"
         table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:.4g}, {high}",
@@ -392,11 +392,11 @@ def capacity_notes(result: SweepResult) -> list[str]:
     if any(c.status == "above grid" for c in capacities):
         notes.append("[dim]>= : the SLOs still held at the highest rate; add higher --rates to find the limit[/]")
     for capacity in capacities:
-        if capacity.non_monotone is not None:
-            fails, meets = capacity.non_monotone
-            notes.append(f"[yellow]* {_label(result, capacity.curve)}: not monotone: fails the SLOs at {fails:g} "
-                         f"req/s but meets them at {', '.join(f'{r:g}' for r in meets)}; the answer depends on "
-                         "the rates tested (try --seeds)[/]")
+        if capacity.non_monotone:
+            rises = "; ".join(f"fails the SLOs at {fails:g} req/s but meets them at {meets:g}"
+                              for fails, meets in capacity.non_monotone)
+            notes.append(f"[yellow]* {_label(result, capacity.curve)}: not monotone: {rises}. The answer is below the "
+                         "first failure, and depends on the rates tested there (more --seeds smooth the noise)[/]")
     return notes
 
 
