@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -260,23 +262,55 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
     assert not out.exists() and not (tmp_path / "s.csv").exists()
 
 
-def test_the_same_answers_on_a_ray_cluster(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray") if os.environ.get("MINIPAGED_REQUIRE_SHARED") is None else __import__("ray")
-    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+RAY_ARGS = ["sweep", AZURE, *SMALL, "--rates", "1,4", "--strategies", "paged,max-reserve",
+            "--slo", "normalized-latency=0.05", "--search-steps", "1"]
+# A Ray cluster in a process of its own, as `ray start` would run it, until its stdin closes.
+RAY_HEAD = ("import ray, sys; context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, "
+            "configure_logging=False); print(context.address_info['gcs_address'], flush=True); sys.stdin.read(); "
+            "ray.shutdown()")
+
+
+@pytest.fixture
+def ray_env(tmp_path: Path) -> Any:
+    """The environment of a shell with Ray 2.x installed and nothing set: no RAY_* variables (RAY_AUTH_MODE, which
+    ray.init() sets in its own process, would hide what a user's fresh shell sees), and a Ray temp directory of
+    its own, so that no cluster another process started on this machine is found (short: it holds sockets)."""
+    pytest.importorskip("ray") if os.environ.get("MINIPAGED_REQUIRE_SHARED") is None else __import__("ray")
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    yield {**env, "RAY_TMPDIR": ray_dir}
+    shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _sweep_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minipaged_cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env)
+
+
+def test_the_same_answers_on_a_ray_cluster_named_by_its_address(tmp_path: Path, ray_env: dict[str, str]) -> None:
+    local = runner.invoke(app, [*RAY_ARGS, "--workers", "2", "--json", str(tmp_path / "local.json")])
+    assert local.exit_code == 0, local.output
+    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=ray_env)
     try:
-        address = context.address_info["gcs_address"]
-        args = ["sweep", AZURE, *SMALL, "--rates", "1,4", "--strategies", "paged,max-reserve",
-                "--slo", "normalized-latency=0.05", "--search-steps", "1"]
-        local = runner.invoke(app, [*args, "--workers", "2", "--json", str(tmp_path / "local.json")])
-        assert local.exit_code == 0, local.output
-        # Another process, as a user would run it: it connects to the cluster this test started.
-        remote = subprocess.run([sys.executable, "-m", "minipaged_cli", *args, "--ray", address, "--json",
-                                 str(tmp_path / "ray.json")], capture_output=True, text=True, timeout=300,
-                                cwd=ROOT)
-        assert remote.returncode == 0, remote.stdout + remote.stderr
-        assert f"on Ray at {address}" in remote.stdout
+        address = head.stdout.readline().strip() if head.stdout else ""
+        # Ray 2.60 starts new clusters with token authentication, and sends the token only to a cluster it finds
+        # on its own: one named by its address refused the sweep ("Failed to connect") before it sent it too.
+        remote = _sweep_process([*RAY_ARGS, "--ray", address, "--json", str(tmp_path / "ray.json")], ray_env)
     finally:
-        ray.shutdown()
+        head.communicate(timeout=120)
+    assert remote.returncode == 0, remote.stdout + remote.stderr
+    assert f"on Ray at {address}" in remote.stdout
+    assert json.loads((tmp_path / "ray.json").read_text()) == json.loads((tmp_path / "local.json").read_text())
+
+
+def test_ray_with_no_cluster_running_starts_one_and_says_so(tmp_path: Path, ray_env: dict[str, str]) -> None:
+    local = runner.invoke(app, [*RAY_ARGS, "--workers", "1", "--json", str(tmp_path / "local.json")])
+    assert local.exit_code == 0, local.output
+    started = _sweep_process([*RAY_ARGS, "--ray", "--json", str(tmp_path / "ray.json")], ray_env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "No Ray cluster was running: a local Ray cluster (" in started.stderr
+    assert "started for this sweep" in started.stdout
     assert json.loads((tmp_path / "ray.json").read_text()) == json.loads((tmp_path / "local.json").read_text())
 
 
