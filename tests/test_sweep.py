@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.sweep import Axes, Slo, SweepResult, sweep
+from minipaged_cli.apps.sweep import Axes, Slo, SweepResult, lattice_index, lattice_rate, sweep
 from minipaged_cli.apps.sweep_points import Point, Replay, Settings, Work, mean_row, prepare, run_replay
 from minipaged_cli.apps.sweep_runners import LocalRunner, longest_first
 from minipaged_cli.cli.main import app
@@ -89,6 +90,19 @@ def test_the_capacity_search_brackets_the_rate_direct_replays_find() -> None:
     by_strategy = {c.curve.strategy: c for c in result.capacities or []}
     # One request at a time (max-reserve holds a 8,192-token extent each in 2 GiB = 14,563 tokens) sustains less.
     assert by_strategy["max-reserve"].rate < by_strategy["paged"].rate
+
+
+def test_three_digit_rates_round_trip_and_round_down_or_up() -> None:
+    # Every three-digit rate over four decades, written as decimals (the reference): each maps to its own index,
+    # the indices are consecutive, and the rate comes back exactly as written.
+    decimals = [float(f"{mantissa}e{exponent}") for exponent in range(-4, 0) for mantissa in range(100, 1000)]
+    indices = [lattice_index(rate) for rate in decimals]
+    assert indices == list(range(indices[0], indices[0] + len(decimals)))
+    assert [lattice_rate(i) for i in indices] == decimals
+    assert [lattice_index(rate, round_up=True) for rate in decimals] == indices
+    # Between them: pi rounds down to 3.14 and up to 3.15; just below 10, to 9.99 and 10.
+    assert (lattice_rate(lattice_index(math.pi)), lattice_rate(lattice_index(math.pi, round_up=True))) == (3.14, 3.15)
+    assert (lattice_rate(lattice_index(9.995)), lattice_rate(lattice_index(9.995, round_up=True))) == (9.99, 10.0)
 
 
 class CurveRunner:

@@ -352,8 +352,13 @@ def points_table(result: SweepResult) -> Table:
                       _pair(row["ttft_mean_s"], row["ttft_p99_s"], "{:.2f}"),
                       "-" if row["tpot_mean_s"] is None else f"{row['tpot_mean_s'] * 1e3:.1f}",
                       f"{row['mean_batch_size']:.1f}", f"{row['throughput_tokens_per_s']:,.0f}",
-                      f"{row['num_preemptions']:,.4g}", f"{row['token_state_pct']:.1f}")
+                      _count(row["num_preemptions"]), f"{row['token_state_pct']:.1f}")
     return table
+
+
+def _count(value: float) -> str:
+    """A count, or (--seeds) the mean of counts."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
 
 
 def _pair(first: float | None, second: float | None, spec: str) -> str:
@@ -379,8 +384,8 @@ def capacity_table(result: SweepResult) -> Table:
             rate = f"{capacity.rate:.3g}"
         if capacity.non_monotone:
             rate += " *"
-        high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:.4g}"
-        table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:.4g}, {high}",
+        high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:g}"
+        table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:g}, {high}",
                       "" if curve.strategy == "paged" else _ratio(ratio))
     return table
 
