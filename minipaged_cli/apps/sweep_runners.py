@@ -70,10 +70,10 @@ class RayRunner:
     (``runtime_env`` ``py_modules``), so a cluster needs only Ray and the dependencies.
 
     ``address`` "auto" joins the cluster RAY_ADDRESS names or the one started on this machine, and when there is
-    none starts a local cluster for this sweep (``started``), as ``ray.init()`` does, and shuts it down at
-    ``close``. Ray 2.x clusters started by ``ray.init()`` or ``ray start`` may require a token (token
-    authentication; Ray writes it to ~/.ray/auth_token); Ray itself sends it only to a cluster it found on its own,
-    so for a HOST:PORT given here the token found on this machine is sent too (``_use_token``).
+    none starts a local cluster for this sweep, as ``ray.init()`` does ("local" always does): ``started``, shut
+    down at ``close``. Ray 2.60 starts clusters with token authentication (the token in ~/.ray/auth_token) and
+    sends the token only to a cluster it found on its own, so to a HOST:PORT given here the sweep sends the token
+    found on this machine too (``_use_token``).
     """
 
     def __init__(self, address: str) -> None:
@@ -92,16 +92,23 @@ class RayRunner:
                 try:
                     self.ray.init(address="auto", **options)
                 except ConnectionError:  # no cluster to join
-                    self.ray.init(include_dashboard=False, **options)
-                    self.started = True
-                    cpus = int(self.ray.cluster_resources().get("CPU", 0))
-                    self.description = f"a local Ray cluster ({cpus} CPUs), started for this sweep"
+                    self._start_local(options)
+            elif address == "local":
+                self._start_local(options)
             else:
                 _use_token()
                 self.ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise InputError(f"cannot connect to a Ray cluster: {str(error).splitlines()[0]}", field="--ray",
+            hint = (" (a cluster with token authentication needs its token here: RAY_AUTH_TOKEN or "
+                    "~/.ray/auth_token)") if isinstance(error, ConnectionError) else ""
+            raise InputError(f"cannot connect to a Ray cluster: {str(error).splitlines()[0]}{hint}", field="--ray",
                              value=address, has_value=True) from None
+
+    def _start_local(self, options: dict[str, Any]) -> None:
+        self.ray.init(include_dashboard=False, **options)
+        self.started = True
+        cpus = int(self.ray.cluster_resources().get("CPU", 0))
+        self.description = f"a local Ray cluster ({cpus} CPUs), started for this sweep"
 
     def describe(self) -> str:
         return self.description
