@@ -14,6 +14,7 @@ from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import rounded
+from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Trace
 
@@ -36,8 +37,7 @@ class Settings:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engine) - set(ENGINE_FIELDS))
         assert not unknown, f"not engine settings a sweep gives: {unknown}"
-        if self.seeds < 1:
-            raise InputError("must be >= 1", field="--seeds", value=self.seeds, has_value=True)
+        whole_number(self.seeds, field="--seeds", minimum=1)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, the engine's as given or else SimConfig's default (None where SimConfig resolves it)."""
