@@ -53,7 +53,12 @@ Examples:\n\n
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "max_model_len", "max_num_seqs",
              "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization", "calibration")
-ENGINE_HELP = "Default: the engine's (as simulate)."
+
+
+def _engine_default(name: str) -> str:
+    """Help's note on an engine setting left out: the simulator's default, read from it (one place)."""
+    default = Settings().to_dict()[name]
+    return "Default: the simulator's." if default is None else f"Default: {default} (the simulator's)."
 
 
 @handle_errors
@@ -99,16 +104,18 @@ def sweep_command(
     time_scale: TimeScaleOpt = 1.0,
     max_model_len: MaxModelLenOpt = None,
     max_num_seqs: Annotated[int | None, typer.Option(
-        "--max-num-seqs", help=f"Most requests running at once. {ENGINE_HELP}", show_default=False)] = None,
+        "--max-num-seqs", help=f"Most requests running at once. {_engine_default('max_num_seqs')}",
+        show_default=False)] = None,
     max_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-batched-tokens", help=f"Chunked prefill: tokens per step. {ENGINE_HELP}", show_default=False)] = None,
+        "--max-batched-tokens", help=f"Chunked prefill: tokens per step. {_engine_default('max_batched_tokens')}",
+        show_default=False)] = None,
     watermark: Annotated[float | None, typer.Option(
-        "--watermark", help=f"Paged admission keeps this fraction of the blocks free. {ENGINE_HELP}",
+        "--watermark", help=f"Paged admission keeps this fraction of the blocks free. {_engine_default('watermark')}",
         show_default=False)] = None,
     preemption: Annotated[str | None, typer.Option(
-        "--preemption", help=f"recompute or swap. {ENGINE_HELP}", show_default=False)] = None,
+        "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
     cpu_blocks: Annotated[int | None, typer.Option(
-        "--cpu-blocks", help=f"Swap space, in blocks. {ENGINE_HELP}", show_default=False)] = None,
+        "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
     gpu_memory_utilization: GpuUtilOpt = 0.9,
     calibration: CalibrationOpt = None,
     json_path: JsonOpt = None,
