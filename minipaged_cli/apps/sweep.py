@@ -109,12 +109,13 @@ def lattice_index(rate: float, *, round_up: bool = False) -> int:
     increasing sequence of them: index i is (100 + i mod 900) x 10^(i div 900)."""
     exponent = math.floor(math.log10(rate)) - (_DIGITS - 1)
     mantissa = rate / 10.0**exponent  # in [100, 1000), up to the division's rounding ...
-    slack = mantissa * 1e-9  # ... which must not move 4.5 (449.99999999999994) to 4.49
+    slack = mantissa * 1e-9  # ... which must not move 2.01 (200.99999999999997) down to 2.00
     whole = math.ceil(mantissa - slack) if round_up else math.floor(mantissa + slack)
     return exponent * _PER_DECADE + whole - 10 ** (_DIGITS - 1)
 
 
 def lattice_rate(index: int) -> float:
+    """The three-significant-digit rate of ``lattice_index``."""
     exponent, offset = divmod(index, _PER_DECADE)
     return float(f"{10 ** (_DIGITS - 1) + offset}e{exponent}")  # the decimal, exactly as printed
 
@@ -172,9 +173,9 @@ class CurveSearch:
         status = "above grid" if high is None else ("found" if low > 0 else "none")
         rate = lattice_rate(lattice_index(low)) if low > 0 else None
         tested = sorted(self.met.items())
-        rises = tuple((lower, higher) for (lower, lower_met), (higher, higher_met) in itertools.pairwise(tested)
-                      if not lower_met and higher_met)
-        return Capacity(self.curve, rate, (low, high), status, rises)
+        falls = tuple((lower, higher) for (lower, lower_met), (higher, higher_met) in itertools.pairwise(tested)
+                      if not lower_met and higher_met)  # latency falls from one tested rate to the next
+        return Capacity(self.curve, rate, (low, high), status, falls)
 
 
 # -- the sweep -------------------------------------------------------------------------------------------------

@@ -405,9 +405,9 @@ def capacity_notes(result: SweepResult) -> list[str]:
         notes.append("[dim]>= : the SLOs still held at the highest rate; add higher --rates to find the limit[/]")
     for capacity in capacities:
         if capacity.non_monotone:
-            rises = "; ".join(f"fails the SLOs at {fails:g} req/s but meets them at {meets:g}"
+            falls = "; ".join(f"fails the SLOs at {fails:g} req/s but meets them at {meets:g}"
                               for fails, meets in capacity.non_monotone)
-            notes.append(f"[yellow]* {_label(result, capacity.curve)}: not monotone: {rises}. The answer is below the "
+            notes.append(f"[yellow]* {_label(result, capacity.curve)}: not monotone: {falls}. The answer is below the "
                          "first failure, and depends on the rates tested there (more --seeds smooth the noise)[/]")
     return notes
 
