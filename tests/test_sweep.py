@@ -202,8 +202,11 @@ def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
     trace = load_trace(AZURE, limit=20)
     points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",)).points()
     config = prepare(trace, Settings(engine={"max_num_seqs": 8}), points).configs[points[0].curve]
-    reference = SimConfig(config.model, config.gpu, num_blocks=config.num_blocks, max_num_seqs=8)
-    assert config == reference  # every other field as SimConfig's constructor defaults it
+    # The point's own fields (capacity, block size, prefix caching) and the one given; every other field as
+    # SimConfig's constructor defaults it.
+    reference = SimConfig(config.model, config.gpu, num_blocks=config.num_blocks, block_size=points[0].block_size,
+                          prefix_caching=points[0].prefix_caching, max_num_seqs=8)
+    assert config == reference
     shared = {f.name for f in fields(Settings)} & {f.name for f in fields(SimConfig)}
     assert shared == {"calibration"}  # a path here, the loaded table there: no engine field written twice
 
