@@ -116,9 +116,11 @@ def from_vidur(path: Path, model: ModelSpec, gpu: str) -> Calibration:
             raise InputError("missing column (expected Vidur's mlp.csv)", source=source, field=column)
     times: dict[int, list[tuple[float, float]]] = {}
     for i, row in enumerate(rows):
+        where = f"row {i + 2}"
+        if None in row or None in row.values():  # csv's marks for cells past the header's, or missing
+            raise InputError(f"expected {len(rows[0])} cells, as the header names", source=source, where=where)
         if row.get("num_tensor_parallel_workers", "1") != "1":
             continue
-        where = f"row {i + 2}"
 
         def cell(column: str, row: dict[str, str] = row, where: str = where) -> float:
             return finite_number(_number(row[column], source, where, column), source=source, where=where,
