@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.calibrate import from_vidur
+from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, coverage, from_vidur, full_grid
 from minipaged_cli.cli.main import app
 from minipaged_cli.sim.calibration import Calibration, Grid, Table, load_calibration
 from minipaged_cli.sim.config import SimConfig
@@ -290,6 +290,10 @@ def test_calibrate_measures_on_the_cpu_and_simulate_reads_what_it_wrote(tmp_path
     tables = (calibration.linear, calibration.prefill_attention, calibration.cache_write)
     assert all(t is not None and np.all(t.seconds > 0) for t in tables)
     assert calibration.decode_attention is not None and calibration.decode_attention.seconds.shape == (2, 2)
+    assert calibration.elementwise is not None and calibration.elementwise.seconds.tolist() == sorted(
+        calibration.elementwise.seconds.tolist())  # 64 tokens' norms, RoPE and activation take longer than one's
+    # The quick grid stops at 128-token prompts; Qwen3-0.6B's context is 40,960 tokens: the command says so.
+    assert "note: prefill_attention measured up to 128 tokens of the model's 40,960" in result.stderr
     comparison = json.loads((tmp_path / "c.json").read_text())["comparison"]
     first_linear = next(row for row in comparison if row["table"] == "linear")
     assert first_linear["measured_us"] == pytest.approx(calibration.linear.seconds[0] * 1e6, rel=1e-4)
@@ -307,3 +311,36 @@ def test_a_gpu_file_of_ones_own_sets_the_efficiencies(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", MIXED, "--gpu", str(path), "--limit", "5"])
     assert result.exit_code == 2
     assert "gemm_flops_efficiency: 1.5: must be <= 1" in result.output
+
+
+def test_the_full_grid_reaches_the_models_context_length() -> None:
+    qwen, llama = load_model("qwen3-8b"), load_model("llama-2-7b")  # 40,960 and 4,096 tokens of context
+    assert full_grid(qwen).prefill_tokens[-4:] == (8192, 16384, 32768, 40960)
+    assert full_grid(qwen).decode_context[-4:] == (8192, 16384, 32768, 40960)
+    assert full_grid(llama) == FULL_GRID  # 8,192 already covers it
+
+
+def test_calibrate_stops_prefill_where_the_device_runs_out_of_memory_and_says_so(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from minipaged_cli.apps import calibrate as calibrate_app
+    from minipaged_cli.dataplane.backends import TorchBackend
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def small_device(q, k, v, **kwargs):  # type: ignore[no-untyped-def]
+        if q.shape[2] > 64:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", small_device)
+    # A K/V pool of 256 tokens: a batch of 4 x 128 tokens shares blocks among its sequences.
+    monkeypatch.setattr(calibrate_app, "MAX_POOL_BYTES", 256 * 2 * 8 * 128 * 4)
+    model = load_model("qwen3-0.6b")
+    grid = replace(QUICK_GRID, prefill_tokens=(16, 64, 256, 1024), decode_batch=(1, 4), decode_context=(16, 128))
+    calibration = calibrate_app.measure(model, "h200", TorchBackend("cpu"), torch.float32, grid, repeat=1)
+    assert calibration.prefill_attention is not None
+    assert calibration.prefill_attention.sizes.tolist() == [16, 64]
+    assert calibration.source.endswith("; prefill attention stopped at 256 tokens: out of device memory")
+    assert calibration.decode_attention is not None and np.all(calibration.decode_attention.seconds > 0)
+    assert coverage(calibration)[0] == ("prefill_attention measured up to 64 tokens of the model's 40,960: longer "
+                                        "ones follow the efficiency model's shape")
