@@ -55,7 +55,8 @@ def calibrate_command(
         "--quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point (the median counts).")] = 5,
     from_vidur: Annotated[Path | None, typer.Option(
-        "--from-vidur", help="Convert a Vidur linear-layer profile (its mlp.csv) instead of measuring.",
+        "--from-vidur", help="Convert a Vidur profile (its mlp.csv: the GEMMs and element-wise kernels of a "
+        "layer) instead of measuring.",
         metavar="CSV", show_default=False)] = None,
     source: Annotated[str | None, typer.Option(
         "--source", help="Where the numbers come from, written into the file (default: how they were made).",
