@@ -51,11 +51,9 @@ def _proportional(size: Any) -> Any:
 
 def _interp(x: Any, xs: np.ndarray, ys: np.ndarray, shape: Callable[[Any], Any] = _proportional) -> Any:
     """Linear between points, flat below the first; beyond the last, the last point times shape(x) / shape(last)."""
-    inside = np.interp(x, xs, ys)
-    beyond = np.asarray(x) > xs[-1]
-    if not np.any(beyond):
-        return inside
-    return np.where(beyond, ys[-1] * shape(np.maximum(x, xs[-1])) / shape(xs[-1]), inside)
+    if np.ndim(x) == 0:  # one step of the replay: no arrays to build
+        return ys[-1] * shape(x) / shape(xs[-1]) if x > xs[-1] else np.interp(x, xs, ys)
+    return np.where(x > xs[-1], ys[-1] * shape(np.maximum(x, xs[-1])) / shape(xs[-1]), np.interp(x, xs, ys))
 
 
 @dataclass(frozen=True)

@@ -23,19 +23,12 @@ longer than the longest measured costs ~64x its prefill attention, not 8x). K/V 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
-
-
-def layer_linear_seconds(model: ModelSpec, gpu: GpuSpec, tokens: Any) -> Any:
-    """The efficiency model of one layer's weight GEMMs on ``tokens`` tokens (its QKV, O and MLP matrices)."""
-    return (tokens * 2.0 * model.layer_params / (gpu.peak_flops * gpu.gemm_flops_efficiency)
-            + model.layer_params * model.dtype_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.gemm_bandwidth_efficiency))
 
 
 def elementwise_bytes_per_token(model: ModelSpec) -> int:
@@ -48,25 +41,41 @@ def elementwise_bytes_per_token(model: ModelSpec) -> int:
     return (2 * 4 * model.hidden_size + 2 * (q_width + kv_width) + activation) * model.dtype_bytes
 
 
-def layer_elementwise_seconds(model: ModelSpec, gpu: GpuSpec, tokens: Any) -> Any:
-    """The efficiency model of one layer's element-wise kernels: memory-bound, at the attention kernels' share of
-    the bandwidth (they stream like them; their launches are in ``step_overhead_s``)."""
-    return tokens * elementwise_bytes_per_token(model) / \
-        (gpu.hbm_bandwidth_bytes_per_s * gpu.attention_bandwidth_efficiency)
-
-
-def layer_prefill_attention_seconds(model: ModelSpec, gpu: GpuSpec, attended: Any, context: Any) -> Any:
-    """The efficiency model of one layer's prefill attention: ``attended`` (query, key) pairs over ``context``
-    tokens of K/V, bound by FLOPs or by reading the K/V, whichever takes longer."""
-    flops = attended * model.attention_flops_per_context_token / model.num_layers
-    kv_bytes = context * model.kv_bytes_per_token / model.num_layers
-    return np.maximum(flops / (gpu.peak_flops * gpu.attention_flops_efficiency),
-                      kv_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.attention_bandwidth_efficiency))
-
-
 def causal_pairs(tokens: Any) -> Any:
     """(query, key) pairs of causal attention over one prompt of ``tokens`` tokens."""
     return tokens * (tokens + 1) / 2
+
+
+class LayerModel:
+    """The efficiency model of one layer's kernels, in seconds (its coefficients computed once: the replay asks per
+    step). A calibrated term past its table's last point scales as the measured model's term does here."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec) -> None:
+        flops, bandwidth = gpu.peak_flops, gpu.hbm_bandwidth_bytes_per_s
+        streaming = bandwidth * gpu.attention_bandwidth_efficiency
+        self.gemm_per_token = 2.0 * model.layer_params / (flops * gpu.gemm_flops_efficiency)
+        self.gemm_weights = model.layer_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
+        # Element-wise kernels stream like attention's; their launches are in step_overhead_s.
+        self.elementwise_per_token = elementwise_bytes_per_token(model) / streaming
+        self.attention_per_pair = model.attention_flops_per_context_token / model.num_layers / \
+            (flops * gpu.attention_flops_efficiency)
+        self.kv_per_token = model.kv_bytes_per_token / model.num_layers / streaming
+
+    def linear(self, tokens: Any) -> Any:
+        """The weight GEMMs (QKV, O, MLP) on ``tokens`` tokens: their FLOPs plus reading their weights."""
+        return tokens * self.gemm_per_token + self.gemm_weights
+
+    def elementwise(self, tokens: Any) -> Any:
+        """The norms, residual adds, RoPE and activation on ``tokens`` tokens: memory-bound."""
+        return tokens * self.elementwise_per_token
+
+    def prefill_attention(self, attended: Any, context: Any) -> Any:
+        """``attended`` (query, key) pairs over ``context`` tokens of K/V: FLOP- or K/V-read-bound, the longer."""
+        return np.maximum(attended * self.attention_per_pair, context * self.kv_per_token)
+
+    def one_prompt(self, tokens: Any) -> Any:
+        """Prefill attention over one causal prompt of ``tokens`` tokens."""
+        return self.prefill_attention(causal_pairs(tokens), tokens)
 
 
 class StepTimeModel:
@@ -75,6 +84,10 @@ class StepTimeModel:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None) -> None:
         self.model, self.gpu, self.calibration = model, gpu, calibration
         flops, bandwidth = gpu.peak_flops, gpu.hbm_bandwidth_bytes_per_s
+        self.layer = LayerModel(model, gpu)
+        # The measured model's, which shapes a calibration's tables past their last points.
+        self.measured_layer = self.layer if calibration is None else LayerModel(calibration.model, gpu)
+        self.same_shapes = calibration is None or calibration.same_shapes(model)
         self.lm_head_per_sequence = 2.0 * model.lm_head_params / (flops * gpu.gemm_flops_efficiency)
         self.lm_head_weights = model.lm_head_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
         self.kv_per_token = model.kv_bytes_per_token / (bandwidth * gpu.attention_bandwidth_efficiency)
@@ -99,39 +112,37 @@ class StepTimeModel:
                 + self.overhead_s)
 
     def linear_seconds(self, tokens: Any) -> Any:
-        return self._per_token_term("linear", layer_linear_seconds, tokens)
+        return self._per_token_term("linear", tokens)
 
     def elementwise_seconds(self, tokens: Any) -> Any:
-        """The norms, RoPE, the activation and the residual adds of every layer on ``tokens`` tokens."""
-        return self._per_token_term("elementwise", layer_elementwise_seconds, tokens)
+        """The norms, residual adds, RoPE and activation of every layer on ``tokens`` tokens."""
+        return self._per_token_term("elementwise", tokens)
 
-    def _per_token_term(self, name: str, layer_model: Callable[[ModelSpec, GpuSpec, Any], Any], tokens: Any) -> Any:
-        """A term that depends on the step's tokens only: the calibration's table ``name`` where it has one (past
-        its last point, shaped like ``layer_model``), else ``layer_model``; per layer, times the layers."""
-        model, gpu, calibration = self.model, self.gpu, self.calibration
-        table = None if calibration is None else getattr(calibration, name)
+    def _per_token_term(self, name: str, tokens: Any) -> Any:
+        """A term of the step's tokens only, ``name`` both a calibration table and a :class:`LayerModel` method:
+        the table where the calibration has one (past its last point shaped like the method), else the method;
+        per layer, times the layers."""
+        efficiency = getattr(self.layer, name)
+        table = None if self.calibration is None else getattr(self.calibration, name)
         if table is None:
-            return model.num_layers * layer_model(model, gpu, tokens)
-        measured = table(tokens, shape=lambda n: layer_model(calibration.model, gpu, n))
-        if not calibration.same_shapes(model):  # the measured model's efficiency, at this model's size
-            measured = measured * layer_model(model, gpu, tokens) / layer_model(calibration.model, gpu, tokens)
-        return model.num_layers * measured
+            return self.model.num_layers * efficiency(tokens)
+        measured_efficiency = getattr(self.measured_layer, name)
+        measured = table(tokens, shape=measured_efficiency)
+        if not self.same_shapes:  # the measured model's efficiency, at this model's size
+            measured = measured * efficiency(tokens) / measured_efficiency(tokens)
+        return self.model.num_layers * measured
 
     def prefill_attention_seconds(self, tokens: int, attended: float, context: int) -> Any:
         if not tokens:
             return 0.0
-        model, gpu, calibration = self.model, self.gpu, self.calibration
+        model, calibration = self.model, self.calibration
         if calibration is None or calibration.prefill_attention is None:
-            return model.num_layers * layer_prefill_attention_seconds(model, gpu, attended, context)
+            return model.num_layers * self.layer.prefill_attention(attended, context)
         # The FLOP rate measured on one causal prompt as long as the step's prefill tokens (past the longest
         # measured, that prompt's time grows as the efficiency model's: with the square of its length).
         measured = calibration.model
-
-        def one_prompt(n: Any) -> Any:
-            return layer_prefill_attention_seconds(measured, gpu, causal_pairs(n), n)
-
         rate = causal_pairs(tokens) * measured.attention_flops_per_context_token / measured.num_layers / \
-            calibration.prefill_attention(tokens, shape=one_prompt)
+            calibration.prefill_attention(tokens, shape=self.measured_layer.one_prompt)
         return attended * model.attention_flops_per_context_token / rate
 
     def decode_attention_seconds(self, decodes: int, context: Any) -> Any:
