@@ -107,30 +107,25 @@ def from_vidur(path: Path, model: ModelSpec, gpu: str) -> Calibration:
     source = str(path)
     try:
         with open(path, newline="") as file:
-            rows = list(csv.DictReader(file))
+            reader = csv.DictReader(file)
+            rows, header = list(reader), reader.fieldnames or []
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise InputError(f"cannot read: {getattr(error, 'strerror', None) or error}", source=source,
                          field="--from-vidur") from None
     for column in (*gemms, *elementwise, "num_tokens"):
-        if not rows or column not in rows[0]:
+        if column not in header:
             raise InputError("missing column (expected Vidur's mlp.csv)", source=source, field=column)
     times: dict[int, list[tuple[float, float]]] = {}
     for i, row in enumerate(rows):
         where = f"row {i + 2}"
         if None in row or None in row.values():  # csv's marks for cells past the header's, or missing
-            raise InputError(f"expected {len(rows[0])} cells, as the header names", source=source, where=where)
+            raise InputError(f"expected {len(header)} cells, as the header names", source=source, where=where)
         if row.get("num_tensor_parallel_workers", "1") != "1":
             continue
-
-        def cell(column: str, row: dict[str, str] = row, where: str = where) -> float:
-            return finite_number(_number(row[column], source, where, column), source=source, where=where,
-                                 field=column, minimum=0.0)
-
-        tokens = whole_number(_number(row["num_tokens"], source, where, "num_tokens"), source=source, where=where,
+        tokens = whole_number(_number(row, "num_tokens", source, where), source=source, where=where,
                               field="num_tokens", minimum=1)
-        seconds = [positive_number(sum(cell(c) for c in columns) / 1e3, source=source, where=where,
-                                   field=" + ".join(columns)) for columns in (gemms, elementwise)]
-        times.setdefault(tokens, []).append((seconds[0], seconds[1]))
+        gemm_s, elementwise_s = (_seconds(row, columns, source, where) for columns in (gemms, elementwise))
+        times.setdefault(tokens, []).append((gemm_s, elementwise_s))
     if not times:
         raise InputError("no rows with num_tensor_parallel_workers 1", source=source)
     sizes = np.array(sorted(times), dtype=np.float64)
@@ -143,12 +138,19 @@ def from_vidur(path: Path, model: ModelSpec, gpu: str) -> Calibration:
                        linear=Table(sizes, medians[:, 0]), elementwise=Table(sizes, medians[:, 1]))
 
 
-def _number(text: str | None, source: str, where: str, column: str) -> float:
+def _seconds(row: dict[str, str], columns: list[str], source: str, where: str) -> float:
+    """The columns' times (ms, each finite and >= 0) summed, in seconds (> 0)."""
+    total = sum(finite_number(_number(row, column, source, where), source=source, where=where, field=column,
+                              minimum=0.0) for column in columns)
+    return positive_number(total / 1e3, source=source, where=where, field=" + ".join(columns))
+
+
+def _number(row: dict[str, str], column: str, source: str, where: str) -> float:
     """A CSV cell as a number (the validation functions then judge it)."""
     try:
-        return float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise InputError("not a number", source=source, where=where, field=column, value=text,
+        return float(row[column])
+    except ValueError:
+        raise InputError("not a number", source=source, where=where, field=column, value=row[column],
                          has_value=True) from None
 
 
@@ -182,8 +184,8 @@ def measure(model: ModelSpec, gpu: str, backend: Backend, dtype: torch.dtype, gr
     for tokens in grid.elementwise_tokens:
         if progress:
             progress(f"element-wise kernels, {tokens} tokens")
-        x, residual, gate, up = randn(tokens, hidden), randn(tokens, hidden), randn(tokens, mlp_in // 2), \
-            randn(tokens, mlp_in // 2)
+        x, residual = randn(tokens, hidden), randn(tokens, hidden)
+        gate, up = randn(tokens, model.intermediate_size), randn(tokens, model.intermediate_size)
         q, k = randn(tokens, model.num_q_heads, model.head_dim), randn(tokens, model.num_kv_heads, model.head_dim)
         cos, sin = randn(tokens, 1, model.head_dim), randn(tokens, 1, model.head_dim)
         elementwise.append(median_seconds(lambda x=x, r=residual, g=gate, u=up, q=q, k=k, c=cos, s=sin: (
