@@ -29,7 +29,7 @@ from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.sim.calibration import Table as TimeTable
-from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.sim.step_time import StepTimeModel, causal_pairs
 from minipaged_cli.workloads.presets import load_gpu, load_model
 
 EPILOG = """\
@@ -55,7 +55,8 @@ def calibrate_command(
         "--quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point (the median counts).")] = 5,
     from_vidur: Annotated[Path | None, typer.Option(
-        "--from-vidur", help="Convert a Vidur linear-layer profile (its mlp.csv) instead of measuring.",
+        "--from-vidur", help="Convert a Vidur profile (its mlp.csv: the GEMMs and element-wise kernels of a "
+        "layer) instead of measuring.",
         metavar="CSV", show_default=False)] = None,
     source: Annotated[str | None, typer.Option(
         "--source", help="Where the numbers come from, written into the file (default: how they were made).",
@@ -63,10 +64,11 @@ def calibrate_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and K/V.")] = 0,
     json_path: JsonOpt = None,
 ) -> None:
-    """Measure one layer of the model (weight GEMMs, prefill and decode attention, cache writes) over a grid of
-    token counts, batch sizes and context lengths, and write the tables `simulate --calibration` interpolates.
-    Prints each table's measured times against the GPU preset's efficiency model."""
-    from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, measure
+    """Measure one layer of the model (weight GEMMs, element-wise kernels, prefill and decode attention, cache
+    writes) over a grid of token counts, batch sizes and context lengths up to the model's context length, and
+    write the tables `simulate --calibration` interpolates. Prints each table's measured times against the GPU
+    preset's efficiency model, and says which tables end short of the context length."""
+    from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
     from minipaged_cli.apps.calibrate import from_vidur as convert
 
     spec, gpu_spec = load_model(model), load_gpu(gpu)
@@ -87,9 +89,11 @@ def calibrate_command(
             stderr.print(f"note: measuring on {backend.device} ({backend.name}), not on a GPU: the file says so, "
                          f"but simulate will take it as {gpu_spec.name}'s", markup=False)
         with stderr.status("calibrating") as status:
-            calibration = measure(spec, gpu_spec.name, backend, torch_dtype, QUICK_GRID if quick else FULL_GRID,
+            calibration = measure(spec, gpu_spec.name, backend, torch_dtype, QUICK_GRID if quick else full_grid(spec),
                                   repeat, seed, progress=lambda what: status.update(f"calibrating: {what}"))
         header = f"{gpu_spec.name}, {spec.name}: measured by minipaged calibrate"
+        for note in coverage(calibration):
+            stderr.print(f"note: {note}", markup=False)
     if source is not None:
         calibration = replace(calibration, source=source)
     text = calibration.to_yaml(header)
@@ -135,8 +139,9 @@ def comparison(calibration: Calibration, model: StepTimeModel) -> list[dict[str,
                 add(name, len(table.sizes), f"{tokens} tokens", table.seconds[i], float(predict(tokens)) / layers)
 
     add_table("linear", calibration.linear, model.linear_seconds)
+    add_table("element-wise", calibration.elementwise, model.elementwise_seconds)
     add_table("prefill attention", calibration.prefill_attention,
-              lambda n: model.prefill_attention_seconds(n, n * (n + 1) / 2, n))
+              lambda n: model.prefill_attention_seconds(n, causal_pairs(n), n))
     if calibration.decode_attention is not None:
         grid = calibration.decode_attention
         for i, j in ((0, 0), (-1, -1)):
