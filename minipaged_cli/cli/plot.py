@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.cli.outputs import atomic_output
 from minipaged_cli.sim.categories import CATEGORIES
 from minipaged_cli.sim.replay import SimulationResult
 
@@ -138,7 +138,7 @@ def plot_memory_layout(result: Any, path: Path) -> None:
     axes[-1, 0].set_xlabel("simulated time (s)")
     figure.suptitle(f"{result.trace.name}: physical KV memory, a colour per sequence, free space white", fontsize=10)
     figure.tight_layout()
-    _save(figure, path, plt)
+    _save(figure, path, plt, "--plot-layout")
 
 
 def plot_sweep(result: Any, path: Path, *, title: str) -> None:
@@ -183,10 +183,9 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
     _save(figure, path, plt)
 
 
-def _save(figure: Any, path: Path, plt: Any) -> None:
+def _save(figure: Any, path: Path, plt: Any, field: str = "--plot") -> None:
     try:
-        figure.savefig(path, dpi=120)
-    except OSError as error:
-        raise InputError(f"cannot write: {error.strerror}", field="--plot", value=str(path), has_value=True) from None
+        with atomic_output(path, field) as temporary:
+            figure.savefig(temporary, dpi=120)
     finally:
         plt.close(figure)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.cli.outputs import STDOUT, write_text
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
@@ -20,18 +20,13 @@ from minipaged_cli.units import format_bytes
 
 
 def write_json(document: dict[str, Any], destination: str, stdout: Console) -> None:
-    """``destination`` '-' writes to stdout; anything else is a file path."""
-    text = json.dumps(document, indent=2, allow_nan=False)
-    if destination == "-":
-        stdout.file.write(text + "\n")
+    """``destination`` '-' writes to stdout; anything else is a file path, written atomically."""
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
+    if destination == STDOUT:
+        stdout.file.write(text)
         stdout.file.flush()
     else:
-        try:
-            with open(destination, "w", encoding="utf-8") as handle:
-                handle.write(text + "\n")
-        except OSError as error:
-            raise InputError(f"cannot write: {error.strerror}", field="--json", value=destination,
-                             has_value=True) from None
+        write_text(destination, text, "--json")
 
 
 def step_times(config: SimConfig) -> str:
