@@ -28,6 +28,7 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, profile_detail, profile_table, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -77,6 +78,7 @@ def profile_command(
     preemptions, throughput), prefix reuse lost to partial blocks, and the cost of cache writes and decode
     attention on a batch shaped like the trace's busiest step. Ends with a recommendation and its reason.
     With a single --block-size, also the distribution of tail waste and where the memory goes."""
+    check_outputs({"--json": json_path, "--plot": plot})
     import torch
 
     from minipaged_cli.apps.profile import (

@@ -31,6 +31,7 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, run_table, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -88,6 +89,7 @@ def run_command(
     from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 
+    check_outputs({"--json": json_path, "--plot": plot})
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"
     spec = load_model(model)

@@ -31,6 +31,7 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -100,6 +101,7 @@ def simulate_command(
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
     fragmentation, free; with batch size, preemptions, throughput and latency of each strategy."""
+    check_outputs({"--json": json_path, "--plot": plot, "--plot-layout": plot_layout})
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if not names:
         raise InputError("name at least one strategy", field="--strategies", value=strategies, has_value=True)
