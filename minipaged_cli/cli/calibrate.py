@@ -25,6 +25,7 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import STDOUT, check_outputs, write_text
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration
@@ -69,6 +70,7 @@ def calibrate_command(
     from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, measure
     from minipaged_cli.apps.calibrate import from_vidur as convert
 
+    check_outputs({"OUT": out, "--json": json_path})
     spec, gpu_spec = load_model(model), load_gpu(gpu)
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
@@ -93,13 +95,10 @@ def calibrate_command(
     if source is not None:
         calibration = replace(calibration, source=source)
     text = calibration.to_yaml(header)
-    if out == "-":
+    if out == STDOUT:
         sys.stdout.write(text)
     else:
-        try:
-            Path(out).write_text(text)
-        except OSError as error:
-            raise InputError(f"cannot write: {error.strerror}", field="OUT", value=out, has_value=True) from None
+        write_text(out, text, "OUT")
 
     rows = comparison(calibration, StepTimeModel(spec, gpu_spec))
     console = stderr if out == "-" else tables_console(json_path)
