@@ -18,6 +18,7 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import verify_table, write_json
 from minipaged_cli.errors import InputError
 
@@ -89,6 +90,7 @@ def verify_command(
     from minipaged_cli.apps.verify import VerifyReport, make_prompts, verify_generation, verify_layer
     from minipaged_cli.dataplane.select import select_backend
 
+    check_outputs({"--json": json_path})
     check_dtype(dtype)
     if block_size < 1:
         raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
