@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from minipaged_cli.cli.common import (
     DeviceOpt,
@@ -115,7 +116,7 @@ def verify_command(
         report.checks.extend(verify_generation(model, prompts, generate, backend, block_size, seed))
 
     console = tables_console(json_path)
-    console.print(f"Qwen3 ({source}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
+    console.print(f"Qwen3 ({escape(source)}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
                   f"{', '.join(map(str, lengths))} tokens, block size {block_size}, {report.device} "
                   f"({report.backend} backend)")
     console.print(verify_table(report))
