@@ -19,6 +19,7 @@ from minipaged_cli.cli.common import (
     JsonOpt,
     ModelOpt,
     check_dtype,
+    flag,
     handle_errors,
     require_support,
     stderr,
@@ -52,8 +53,8 @@ def calibrate_command(
     device: DeviceOpt = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="Weights' and K/V's dtype. Default: the model's.",
                                               show_default=False)] = None,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
+    quick: Annotated[bool, flag(
+        "quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point (the median counts).")] = 5,
     from_vidur: Annotated[Path | None, typer.Option(
         "--from-vidur", help="Convert a Vidur linear-layer profile (its mlp.csv) instead of measuring.",
@@ -111,7 +112,7 @@ def calibrate_command(
                       f"{row['model_us']:,.1f}", f"{row['ratio']:.2f}")
     console.print(table)
     if out != "-":
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
     if json_path is not None:
         write_json({"calibration": out, "gpu": calibration.gpu, "model": spec.name, "source": calibration.source,
                     "comparison": rows}, json_path, stdout)
