@@ -62,4 +62,4 @@ def convert_command(
     ) if line)
     write_text(output, dump_trace(trace, header=header), "OUTPUT")
     stdout.print(f"wrote {output}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
-                 f"{trace.output_tokens:,} output tokens, {len(trace.segments)} shared segments")
+                 f"{trace.output_tokens:,} output tokens, {len(trace.segments)} shared segments", markup=False)
