@@ -206,6 +206,24 @@ def test_progress_bar_appears_only_after_the_delay() -> None:
         assert fast.bar.tasks[0].total == 2000
 
 
+def test_progress_bar_names_its_unit_and_stays_off_a_pipe() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from minipaged_cli.cli.render import ReplayProgress
+
+    terminal = Console(file=StringIO(), force_terminal=True, no_color=True, width=120)
+    with ReplayProgress(terminal, 1000, ("paged",), delay_s=0) as progress:
+        progress("paged", 10)
+        progress.bar.refresh()  # type: ignore[union-attr]
+    assert "replaying paged" in terminal.file.getvalue() and "10/1000 requests" in terminal.file.getvalue()
+    piped = Console(file=StringIO(), width=120)
+    with ReplayProgress(piped, 1000, ("paged",), delay_s=0) as progress:
+        progress("paged", 10)
+    assert piped.file.getvalue() == ""  # a transient bar on a pipe would leave an empty line in the log
+
+
 def test_plots_of_run_and_profile(tmp_path: Path) -> None:
     burst = str(ROOT / "traces" / "burst.yaml")
     run_png, profile_png = tmp_path / "run.png", tmp_path / "profile.png"
