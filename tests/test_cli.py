@@ -113,8 +113,8 @@ def test_check_invariants_reports_none_on_mixed() -> None:
     (["simulate", MIXED, "--max-model-len", "10"], "--max-model-len: 10"),
     (["simulate", MIXED, "--format", "csv"], "--format: 'csv'"),
     (["simulate", MIXED, "--block-size", "0"], "--block-size: 0"),
-    (["simulate", MIXED, "--json", "/no/such/dir/out.json"], "--json: '/no/such/dir/out.json': cannot write"),
-    (["simulate", MIXED, "--plot", "/no/such/dir/out.png"], "--plot: '/no/such/dir/out.png': cannot write"),
+    (["simulate", MIXED, "--json", "/no/such/dir/out.json"], "--json: '/no/such/dir/out.json': no such directory"),
+    (["simulate", MIXED, "--plot", "/no/such/dir/out.png"], "--plot: '/no/such/dir/out.png': no such directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     result = runner.invoke(app, args)
