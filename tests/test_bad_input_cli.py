@@ -192,3 +192,21 @@ def test_names_with_markup_or_dollars_print_as_themselves(tmp_path: Path) -> Non
         assert result.exit_code == 0, (args[0], result.output)
         assert name in result.stdout, args[0]
         assert png.read_bytes()[:4] == b"\x89PNG", args[0]
+
+
+def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_replay(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("minipaged_cli.cli.simulate.load_trace", _never)
+    result = runner.invoke(app, ["simulate", MIXED, "--plot", str(tmp_path / "memory.xyz")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: Invalid value for '--plot': matplotlib writes no .xyz files; expected "
+                                    ".png"), result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_plot_path_without_a_suffix_gets_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "memory"
+    result = runner.invoke(app, ["simulate", MIXED, "--strategies", "paged", "--plot", str(path)])
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert [p.name for p in tmp_path.iterdir()] == ["memory"]  # and no temporary left beside it

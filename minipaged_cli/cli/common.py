@@ -114,15 +114,24 @@ JsonOpt = Annotated[str | None, typer.Option(
     metavar="PATH", show_default=False)]
 
 
-def _needs_matplotlib(path: Path | None) -> Path | None:
-    """A plot asked for without matplotlib (the [plot] extra) fails at once, not after the work."""
-    if path is not None and importlib.util.find_spec("matplotlib") is None:
+def _check_plot(path: Path | None) -> Path | None:
+    """A plot asked for fails at once, not after the work, when matplotlib (the [plot] extra) is not installed or
+    cannot write the file's format."""
+    if path is None:
+        return None
+    if importlib.util.find_spec("matplotlib") is None:
         raise typer.BadParameter(needs("matplotlib"))
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().removeprefix(".")
+    if suffix and suffix not in formats:
+        raise typer.BadParameter(f"matplotlib writes no .{suffix} files; expected .png (or .{', .'.join(formats)})")
     return path
 
 
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot to this path (the [plot] extra).",
-                                              metavar="PNG", show_default=False, callback=_needs_matplotlib)]
+                                              metavar="PNG", show_default=False, callback=_check_plot)]
 
 
 DTYPES = ("float32", "float16", "bfloat16")

@@ -178,6 +178,7 @@ def _pyplot() -> Any:
 def _save(figure: Any, path: Path, plt: Any, field: str = "--plot") -> None:
     try:
         with atomic_output(path, field) as temporary:
-            figure.savefig(temporary, dpi=120)
+            # The format from the path asked for (the temporary's name is not it), PNG when it has no suffix.
+            figure.savefig(temporary, dpi=120, format=Path(path).suffix.removeprefix(".").lower() or "png")
     finally:
         plt.close(figure)
