@@ -107,8 +107,9 @@ MaxModelLenOpt = Annotated[int | None, typer.Option(
     "--max-model-len", help="Longest request (prompt + output) served; longer ones are rejected and counted. "
                             "Default: the model's.", show_default=False)]
 DeviceOpt = Annotated[str, typer.Option(
-    "--device", help="auto (the CUDA kernels when a GPU and PyCUDA are there, else cpu), cpu (the PyTorch "
-                     "reference), cuda, or emulated (the CUDA kernels run on the CPU: slow, exact).")]
+    "--device", help="auto (the CUDA kernels when a GPU and PyCUDA are there, else cpu, with a note saying why "
+                     "when a GPU is there), cpu (the PyTorch reference), cuda, or emulated (the CUDA kernels run on "
+                     "the CPU: slow, exact).")]
 JsonOpt = Annotated[str | None, typer.Option(
     "--json", help="Write the results as JSON to PATH ('-': stdout, and the tables go to stderr).",
     metavar="PATH", show_default=False)]
