@@ -19,12 +19,14 @@ from minipaged_cli.cli.common import (
     JsonOpt,
     ModelOpt,
     check_dtype,
+    flag,
     handle_errors,
     require_support,
     stderr,
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import STDOUT, check_outputs, write_text
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration
@@ -51,8 +53,8 @@ def calibrate_command(
     device: DeviceOpt = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="Weights' and K/V's dtype. Default: the model's.",
                                               show_default=False)] = None,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
+    quick: Annotated[bool, flag(
+        "quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point (the median counts).")] = 5,
     from_vidur: Annotated[Path | None, typer.Option(
         "--from-vidur", help="Convert a Vidur profile (its mlp.csv: the GEMMs and element-wise kernels of a "
@@ -71,6 +73,7 @@ def calibrate_command(
     from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
     from minipaged_cli.apps.calibrate import from_vidur as convert
 
+    check_outputs({"OUT": out, "--json": json_path})
     spec, gpu_spec = load_model(model), load_gpu(gpu)
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
@@ -97,13 +100,10 @@ def calibrate_command(
     if source is not None:
         calibration = replace(calibration, source=source)
     text = calibration.to_yaml(header)
-    if out == "-":
+    if out == STDOUT:
         sys.stdout.write(text)
     else:
-        try:
-            Path(out).write_text(text)
-        except OSError as error:
-            raise InputError(f"cannot write: {error.strerror}", field="OUT", value=out, has_value=True) from None
+        write_text(out, text, "OUT")
 
     rows = comparison(calibration, StepTimeModel(spec, gpu_spec))
     console = stderr if out == "-" else tables_console(json_path)
@@ -116,7 +116,7 @@ def calibrate_command(
                       f"{row['model_us']:,.1f}", f"{row['ratio']:.2f}")
     console.print(table)
     if out != "-":
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
     if json_path is not None:
         write_json({"calibration": out, "gpu": calibration.gpu, "model": spec.name, "source": calibration.source,
                     "comparison": rows}, json_path, stdout)
