@@ -10,6 +10,7 @@ from typing import Any
 
 from minipaged_cli.apps.sweep_points import Replay, Work, run_replay
 from minipaged_cli.errors import InputError
+from minipaged_cli.extras import needs
 
 # Strategies by the bookkeeping a replay does, most first: paging and dynamic extents; the reservations after.
 _COST_RANK = {"paged": 0, "dynamic": 1}
@@ -135,7 +136,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise InputError("Ray is not installed: pip install -e \".[ray]\"", field="--ray") from None
+        raise InputError(needs("ray"), field="--ray") from None
     return ray
 
 

@@ -32,8 +32,9 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import write_json
-from minipaged_cli.cli.sweep_options import FILE_KEYS, check_outputs, checked, read_config
+from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.validation import whole_number
@@ -269,10 +270,7 @@ def _ratio(ratio: dict[str, Any]) -> str:
 
 def write_csv(result: SweepResult, path: Path) -> None:
     rows = result.points()
-    try:
-        with open(path, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    except OSError as error:
-        raise InputError(f"cannot write: {error.strerror}", field="--csv", value=str(path), has_value=True) from None
+    with atomic_output(path, "--csv") as temporary, open(temporary, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

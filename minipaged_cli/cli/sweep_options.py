@@ -4,7 +4,6 @@ the key or option and the value, before the sweep starts; and its output paths, 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,22 +36,6 @@ def read_config(path: Path) -> dict[str, Any]:
     if unknown:
         raise InputError(f"unknown key; expected some of {', '.join(FILE_KEYS)}", source=str(path), field=unknown[0])
     return data
-
-
-def check_outputs(outputs: dict[str, str | Path | None]) -> None:
-    """Refuse an output path the sweep could not write, before the replays (hours) rather than after: its
-    directory must exist and take a file, and the path must not be a directory. '-' (stdout) and None pass."""
-    for option, path in outputs.items():
-        if path is None or str(path) == "-":
-            continue
-        target = Path(path)
-        if target.is_dir():
-            raise InputError("is a directory; name a file in it", field=option, value=str(path), has_value=True)
-        directory = target.parent
-        if not directory.is_dir():
-            raise InputError(f"no such directory: {directory}", field=option, value=str(path), has_value=True)
-        if not os.access(directory, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-            raise InputError("cannot write: permission denied", field=option, value=str(path), has_value=True)
 
 
 def _field_name(key: str, from_file: set[str]) -> str:
