@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.calibrate import from_vidur
+from minipaged_cli.apps.vidur import from_vidur
 from minipaged_cli.cli.main import app
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import load_calibration

@@ -35,9 +35,9 @@ OUTPUT_CASES = [
     (["profile", MIXED, "--device", "none", "--plot", "BAD"], "--plot", "minipaged_cli.cli.profile.load_trace"),
     (["convert", MIXED, "BAD.yaml"], "OUTPUT", "minipaged_cli.cli.convert.load_trace"),
     (["calibrate", "BAD.yaml", "--model", "llama-2-7b", "--gpu", "h100", "--from-vidur", VIDUR], "OUT",
-     "minipaged_cli.apps.calibrate.from_vidur"),
+     "minipaged_cli.apps.vidur.from_vidur"),
     (["calibrate", "-", "--model", "llama-2-7b", "--gpu", "h100", "--from-vidur", VIDUR, "--json", "BAD"], "--json",
-     "minipaged_cli.apps.calibrate.from_vidur"),
+     "minipaged_cli.apps.vidur.from_vidur"),
     (["verify", "--device", "cpu", "--json", "BAD"], "--json", "minipaged_cli.apps.qwen3.build_random_qwen3"),
 ]
 
@@ -69,7 +69,7 @@ def test_an_unwritable_output_is_refused_before_the_work(tmp_path: Path, monkeyp
 
 def test_the_core_commands_import_nothing_from_the_extras(tmp_path: Path) -> None:
     # Each extra's modules made unimportable, as in an install without extras: any import of one by simulate,
-    # sweep, convert or profile --device none would end that command with exit 2 "needs ...".
+    # sweep, convert, profile --device none or calibrate --from-vidur would end that command with exit 2 "needs ...".
     code = f"""
 import sys
 from minipaged_cli.extras import EXTRAS
@@ -78,7 +78,9 @@ for module in EXTRAS:
 from minipaged_cli.cli.main import app
 for args in ({["simulate", MIXED]!r}, {["convert", MIXED, str(tmp_path / "out.yaml"), "--limit", "3"]!r},
              {["sweep", MIXED, "--rates", "1,2", "--strategies", "paged", "--workers", "1", "--limit", "20"]!r},
-             {["profile", MIXED, "--device", "none", "--block-size", "16", "--limit", "20"]!r}):
+             {["profile", MIXED, "--device", "none", "--block-size", "16", "--limit", "20"]!r},
+             {["calibrate", str(tmp_path / "cal.yaml"), "--model", "llama-2-7b", "--gpu", "h100", "--from-vidur",
+               VIDUR]!r}):
     code = app(args, standalone_mode=False)
     assert code in (None, 0), (args, code)
     print("done:", args[0])
@@ -86,7 +88,7 @@ for args in ({["simulate", MIXED]!r}, {["convert", MIXED, str(tmp_path / "out.ya
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     done = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("done: ")]
-    assert done == ["simulate", "convert", "sweep", "profile"]
+    assert done == ["simulate", "convert", "sweep", "profile", "calibrate"]
 
 
 @pytest.mark.parametrize(("missing", "args", "extra"), [

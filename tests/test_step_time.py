@@ -13,7 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, coverage, from_vidur, full_grid
+from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, coverage, full_grid
+from minipaged_cli.apps.vidur import from_vidur
 from minipaged_cli.cli.main import app
 from minipaged_cli.sim.calibration import Calibration, Grid, Table, load_calibration
 from minipaged_cli.sim.config import SimConfig

@@ -70,8 +70,7 @@ def calibrate_command(
     writes) over a grid of token counts, batch sizes and context lengths up to the model's context length, and
     write the tables `simulate --calibration` interpolates. Prints each table's measured times against the GPU
     preset's efficiency model, and says which tables end short of the context length."""
-    from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
-    from minipaged_cli.apps.calibrate import from_vidur as convert
+    from minipaged_cli.apps.vidur import from_vidur as convert
 
     check_outputs({"OUT": out, "--json": json_path})
     spec, gpu_spec = load_model(model), load_gpu(gpu)
@@ -83,6 +82,7 @@ def calibrate_command(
     else:
         import torch
 
+        from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
         from minipaged_cli.dataplane.select import select_backend
 
         backend = select_backend(device)
