@@ -41,6 +41,9 @@ BAD_FILES = [
     ("t.yaml", "requests:\n  - {id: a, arrival_s: .inf, prompt_tokens: 5, output_tokens: 2}\n", "arrival_s: inf"),
     ("t.yaml", "requests:\n  - {id: a, arrival_s: 0, prompt_tokens: .inf, output_tokens: 2}\n",
      "prompt_tokens: inf: must be a whole number"),
+    ("t.yaml", "generate:\n  - {count: 3, arrival: {process: constant, rate_per_s: 1.0e-310},\n"
+               "     prompt_tokens: {dist: constant, value: 3}, output_tokens: {dist: constant, value: 3}}\n",
+     "generate[0].arrival: rate_per_s: 1e-310: arrival times overflow to infinity"),
 ]
 
 

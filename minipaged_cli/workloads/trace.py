@@ -244,9 +244,12 @@ def _sample_arrivals(spec: dict[str, Any], count: int, rng: np.random.Generator,
         end = reader.number(spec, "end_s", minimum=start)
         return np.sort(rng.uniform(start, end, size=count))
     rate = reader.number(spec, "rate_per_s", minimum=0.0, exclusive=True)
-    if process == "poisson":
-        return poisson_arrivals(count, rate, rng, start)
-    return start + np.arange(count) / rate
+    with np.errstate(over="ignore"):  # refused below, with the field named, instead of a warning
+        arrivals = poisson_arrivals(count, rate, rng, start) if process == "poisson" else \
+            start + np.arange(count) / rate
+    if not np.isfinite(arrivals[-1]):  # a subnormal rate: 1 / rate overflows, and the replay would print nan
+        raise reader.error("arrival times overflow to infinity; use a larger rate", "rate_per_s", rate)
+    return arrivals
 
 
 def _sample_lengths(spec: dict[str, Any], count: int, rng: np.random.Generator, reader: _Fields) -> np.ndarray:
