@@ -103,6 +103,11 @@ def test_model_spec_refuses_bad_shapes_built_in_code(field: str, value: object, 
         dataclasses.replace(load_model("qwen3-8b"), **{field: value})
 
 
+def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=f"--model: '{re.escape(str(tmp_path))}': is a directory"):
+        load_model(str(tmp_path))
+
+
 def test_unknown_preset_suggests_one() -> None:
     with pytest.raises(InputError, match="did you mean 'h200'"):
         load_gpu("h20")

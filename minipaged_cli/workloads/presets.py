@@ -202,6 +202,9 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
     path = Path(name_or_path)
     if not path.is_file():
         path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
+    if not path.is_file() and Path(name_or_path).is_dir():
+        raise InputError("is a directory; expected a preset name or a file (a model's config.json)", field=option,
+                         value=name_or_path, has_value=True)
     if not path.is_file():
         names = preset_names(kind)
         raise InputError(f"no such preset or file{did_you_mean(name_or_path, names)}; presets: {', '.join(names)}",
