@@ -55,3 +55,16 @@ def whole_number(value: Any, *, field: str, source: str | None = None, where: st
     if maximum is not None and value > maximum:
         raise refuse(f"must be <= {maximum}")
     return int(value)
+
+
+def number_from_text(text: Any) -> Any:
+    """A number written as text (a CSV cell): ``"374"`` -> 374, ``"2.5"`` -> 2.5, ``"nan"`` -> nan; anything else
+    is returned unchanged, so that the checks above refuse it with the text as the user wrote it."""
+    if not isinstance(text, str):
+        return text
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,18 @@ def test_llama_style_config_defaults_kv_heads_and_head_dim(tmp_path: Path) -> No
 @pytest.mark.parametrize(("content", "message"), [
     ({"hidden_size": 8}, "missing"),
     ({"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": "4", "num_hidden_layers": 1,
-      "vocab_size": 8, "max_position_embeddings": 8}, "must be an integer"),
+      "vocab_size": 8, "max_position_embeddings": 8}, "num_attention_heads: '4': must be a whole number"),
+    ({"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 4, "num_hidden_layers": 1.5,
+      "vocab_size": 8, "max_position_embeddings": 8}, "num_hidden_layers: 1.5: must be a whole number"),
+    ({"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 4, "num_hidden_layers": 1,
+      "vocab_size": 8, "max_position_embeddings": 0}, "max_position_embeddings: 0: must be >= 1"),
+    # json.loads reads Infinity; a context length of infinity is no length
+    ({"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 4, "num_hidden_layers": 1,
+      "vocab_size": 8, "max_position_embeddings": float("inf")}, "max_position_embeddings: inf"),
+    # bool("false") is True: the string must not silently tie the embeddings
+    ({"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 4, "num_hidden_layers": 1,
+      "vocab_size": 8, "max_position_embeddings": 8, "tie_word_embeddings": "false"},
+     "tie_word_embeddings: 'false': must be true or false"),
     ({"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 4, "num_key_value_heads": 3,
       "num_hidden_layers": 1, "vocab_size": 8, "max_position_embeddings": 8}, "not a multiple"),
 ])
@@ -67,6 +79,33 @@ def test_bad_config_names_the_field(tmp_path: Path, content: dict, message: str)
     path.write_text(json.dumps(content))
     with pytest.raises(InputError, match=message):
         load_model(str(path))
+
+
+def test_whole_float_counts_are_read_as_integers(tmp_path: Path) -> None:
+    # A config written by a tool that emits floats: 4096.0 is the whole number 4096.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 4096.0, "intermediate_size": 11008, "num_attention_heads": 32,
+                                "num_hidden_layers": 32.0, "vocab_size": 32000, "max_position_embeddings": 4096}))
+    model = load_model(str(path))
+    assert (model.hidden_size, model.num_layers, model.head_dim) == (4096, 32, 128)
+    assert isinstance(model.hidden_size, int)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("num_layers", float("nan"), "num_layers: nan: must be a whole number"),
+    ("head_dim", 2.5, "head_dim: 2.5: must be a whole number"),
+    ("max_model_len", 0, "max_model_len: 0: must be >= 1"),
+    ("num_kv_heads", True, "num_kv_heads: True: must be a whole number"),
+])
+def test_model_spec_refuses_bad_shapes_built_in_code(field: str, value: object, message: str) -> None:
+    # NaN < 1 is false: a check by comparison alone let a NaN layer count through.
+    with pytest.raises(InputError, match=re.escape(f"qwen3-8b: {message}")):
+        dataclasses.replace(load_model("qwen3-8b"), **{field: value})
+
+
+def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=f"--model: '{re.escape(str(tmp_path))}': is a directory"):
+        load_model(str(tmp_path))
 
 
 def test_unknown_preset_suggests_one() -> None:

@@ -93,7 +93,8 @@ BAD_TRACES = [
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: -5, output_tokens: 2}", ">= 1", "-5"),
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 12.5, output_tokens: 2}", "whole number", "12.5"),
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 0}", ">= 1", "output_tokens"),
-    ("requests:\n  - {id: a, arrival_s: x, prompt_tokens: 5, output_tokens: 2}", "must be a number", "arrival_s"),
+    ("requests:\n  - {id: a, arrival_s: x, prompt_tokens: 5, output_tokens: 2}", "must be a finite number",
+     "arrival_s"),
     ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 5, output_tokens: 2}\n"
      "  - {id: a, arrival_s: 1, prompt_tokens: 5, output_tokens: 2}", "duplicate request id", "requests[1] (id a)"),
     ("requests: []", "no requests", None),
@@ -157,18 +158,18 @@ def test_dump_and_load_round_trip(tmp_path: Path) -> None:
 
 
 def test_limit_time_scale_and_rate(tmp_path: Path) -> None:
-    path = ROOT / "traces" / "azure_conv_1k.yaml"
-    full = load_trace(path)
-    assert load_trace(path, limit=10).requests == full.requests[:10]
-    scaled = load_trace(path, time_scale=0.5)
+    # The 1k-request sample is parsed once; the options are the Trace methods load_trace applies after reading.
+    full = load_trace(ROOT / "traces" / "azure_conv_1k.yaml")
+    assert full.limited(10).requests == full.requests[:10]
+    scaled = full.time_scaled(0.5)
     assert [r.arrival_s for r in scaled.requests] == [r.arrival_s * 0.5 for r in full.requests]
-    retimed = load_trace(path, rate=100.0, seed=3)
+    retimed = full.with_poisson_arrivals(100.0, seed=3)
     assert np.diff([r.arrival_s for r in retimed.requests]).mean() == pytest.approx(0.01, rel=0.1)
-    assert load_trace(path, rate=100.0, seed=3) == retimed
-    with pytest.raises(InputError, match="--limit"):
-        load_trace(path, limit=0)
-    with pytest.raises(InputError, match="--time-scale"):
-        load_trace(path, time_scale=0)
+    assert full.with_poisson_arrivals(100.0, seed=3) == retimed
+    # load_trace applies them in that order: limit, rate, time scale (a small file, so that reading it is cheap).
+    small = write(tmp_path, dump_trace(full.limited(20)))
+    assert load_trace(small, limit=5, rate=100.0, seed=3, time_scale=0.5) == \
+        load_yaml_trace(small).limited(5).with_poisson_arrivals(100.0, 3).time_scaled(0.5)
 
 
 # -- importers -------------------------------------------------------------------------------------------
@@ -182,9 +183,20 @@ def test_azure_csv_with_seven_fractional_digits(tmp_path: Path) -> None:
     assert trace.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
 
 
+def test_azure_arrivals_count_from_the_earliest_timestamp_whatever_the_row_order(tmp_path: Path) -> None:
+    # Two requests 4 s apart, the later one written first: arrivals 0 s and 4 s, as when the rows are in order
+    # (main counted from the first row: the earlier request arrived at -4 s and its TTFT included the 4 s).
+    rows = ["2023-11-16 18:15:50.5000000,396,109\n", "2023-11-16 18:15:46.5000000,374,44\n"]
+    swapped = load_trace(write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows), "s.csv"))
+    assert [(r.prompt_tokens, r.arrival_s) for r in swapped.requests] == [(374, 0.0), (396, 4.0)]
+    ordered = load_trace(write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows[::-1]), "o.csv"))
+    assert [(r.prompt_tokens, r.output_tokens, r.arrival_s) for r in ordered.requests] == \
+        [(r.prompt_tokens, r.output_tokens, r.arrival_s) for r in swapped.requests]
+
+
 def test_azure_bad_row_names_line_and_column(tmp_path: Path) -> None:
     path = write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,374,-2\n", "a.csv")
-    with pytest.raises(InputError, match=r"a.csv: line 2: GeneratedTokens: '-2'"):
+    with pytest.raises(InputError, match=r"a.csv: line 2: GeneratedTokens: -2: must be >= 1"):
         load_trace(path)
 
 
@@ -197,6 +209,18 @@ def test_mooncake_hash_ids_become_512_token_segments(tmp_path: Path) -> None:
     assert first.prefix == ("h0", "h1")  # the third block holds 76 tokens: the request's own
     assert second.prefix == ("h0", "h1") and second.arrival_s == 3.0
     assert trace.segments == {"h0": 512, "h1": 512}
+
+
+def test_limit_keeps_only_the_segments_the_kept_requests_use(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]}\n'
+                           '{"timestamp": 9000, "input_length": 1600, "output_length": 2, "hash_ids": [0, 7, 8, 9]}\n'
+                           '{"timestamp": 2000, "input_length": 600, "output_length": 2, "hash_ids": [5, 6]}\n',
+                 "m.jsonl")
+    assert load_trace(path).segments == {name: 512 for name in ("h0", "h1", "h5", "h7", "h8")}
+    two = load_trace(path, limit=2)  # the first two by arrival: t = 0 s and t = 2 s
+    assert two.segments == {"h0": 512, "h1": 512, "h5": 512}
+    again = load_trace(write(tmp_path, dump_trace(two), "two.yaml"))
+    assert again.segments == two.segments and again.requests == two.requests
 
 
 def test_lengths_csv_arrive_together_unless_rated(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from minipaged_cli.errors import InputError, did_you_mean
-from minipaged_cli.validation import finite_number, positive_number
+from minipaged_cli.validation import finite_number, positive_number, whole_number
 
 # An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -44,9 +44,7 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads",
                      "head_dim", "vocab_size", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise InputError("must be a positive integer", source=self.name, field=name,
-                                 value=getattr(self, name), has_value=True)
+            whole_number(getattr(self, name), field=name, source=self.name, minimum=1)
         if self.num_q_heads % self.num_kv_heads:
             raise InputError(f"num_attention_heads {self.num_q_heads} is not a multiple of it",
                              source=self.name, field="num_key_value_heads", value=self.num_kv_heads,
@@ -170,10 +168,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     def get(key: str, *alternatives: str, default: int | None = None) -> int:
         for k in (key, *alternatives):
             if k in config:
-                value = config[k]
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise InputError("must be an integer", source=source, field=k, value=value, has_value=True)
-                return value
+                return whole_number(config[k], field=k, source=source, minimum=1)
         if default is None:
             raise InputError("missing", source=source, field=key)
         return default
@@ -184,6 +179,10 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     if dtype not in _DTYPE_BYTES:
         raise InputError(f"expected one of {sorted(_DTYPE_BYTES)}", source=source, field="torch_dtype",
                          value=dtype, has_value=True)
+    tie_word_embeddings = config.get("tie_word_embeddings", True)
+    if not isinstance(tie_word_embeddings, bool):  # the string "false" would read as true
+        raise InputError("must be true or false", source=source, field="tie_word_embeddings",
+                         value=tie_word_embeddings, has_value=True)
     return ModelSpec(
         name=name,
         num_layers=get("num_hidden_layers"),
@@ -193,7 +192,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
         num_kv_heads=get("num_key_value_heads", default=num_q_heads),
         head_dim=get("head_dim", default=hidden_size // num_q_heads),
         vocab_size=get("vocab_size"),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        tie_word_embeddings=tie_word_embeddings,
         gated_mlp=config.get("model_type") not in _PLAIN_MLP_TYPES,
         dtype=dtype,
         max_model_len=get("max_position_embeddings", "max_sequence_length", "seq_length"),
@@ -204,6 +203,9 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
     path = Path(name_or_path)
     if not path.is_file():
         path = CONFIG_DIR / kind / f"{name_or_path}.yaml"
+    if not path.is_file() and Path(name_or_path).is_dir():
+        raise InputError("is a directory; expected a preset name or a file (a model's config.json)", field=option,
+                         value=name_or_path, has_value=True)
     if not path.is_file():
         names = preset_names(kind)
         raise InputError(f"no such preset or file{did_you_mean(name_or_path, names)}; presets: {', '.join(names)}",

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
 TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
@@ -51,22 +53,25 @@ def detect_format(path: Path) -> str:
 
 
 def read_azure(path: Path) -> Trace:
+    """Arrivals count from the earliest TIMESTAMP, whatever the row order (``make_trace`` sorts the requests)."""
     source = str(path)
-    requests = []
-    start: datetime | None = None
+    rows = []
     with _open(path) as handle:
         reader = csv.DictReader(handle)
         _require_columns(reader.fieldnames or [], _AZURE_COLUMNS, source)
         for line, row in enumerate(reader, start=2):
             where = f"line {line}"
-            stamp = _azure_time(row["TIMESTAMP"], source, where)
-            start = start or stamp
-            requests.append(Request(
-                id=f"azure-{line - 2}",
-                arrival_s=(stamp - start).total_seconds(),
-                prompt_tokens=_positive_int(row["ContextTokens"], source, where, "ContextTokens"),
-                output_tokens=_positive_int(row["GeneratedTokens"], source, where, "GeneratedTokens"),
+            rows.append((
+                _azure_time(row["TIMESTAMP"], source, where),
+                _token_count(row["ContextTokens"], source, where, "ContextTokens"),
+                _token_count(row["GeneratedTokens"], source, where, "GeneratedTokens"),
             ))
+    start = min((stamp for stamp, _, _ in rows), default=None)
+    requests = [
+        Request(id=f"azure-{index}", arrival_s=(stamp - start).total_seconds(), prompt_tokens=prompt,
+                output_tokens=output)
+        for index, (stamp, prompt, output) in enumerate(rows)
+    ]
     return make_trace(path.stem, requests, source=source,
                       description="Azure LLM inference trace 2023 (Azure/AzurePublicDataset, CC-BY-4.0)")
 
@@ -89,7 +94,7 @@ def read_mooncake(path: Path) -> Trace:
             for key in ("timestamp", "input_length", "output_length"):
                 if key not in row:
                     raise InputError("missing", source=source, where=where, field=key)
-            prompt = _positive_int(row["input_length"], source, where, "input_length")
+            prompt = _token_count(row["input_length"], source, where, "input_length")
             hash_ids = row.get("hash_ids", [])
             if not isinstance(hash_ids, list):
                 raise InputError("expected a list", source=source, where=where, field="hash_ids",
@@ -100,9 +105,10 @@ def read_mooncake(path: Path) -> Trace:
                 segments[name] = MOONCAKE_BLOCK_TOKENS
             requests.append(Request(
                 id=f"mooncake-{len(requests)}",
-                arrival_s=_non_negative(row["timestamp"], source, where, "timestamp") / 1000.0,
+                arrival_s=finite_number(row["timestamp"], field="timestamp", source=source, where=where,
+                                        minimum=0.0) / 1000.0,
                 prompt_tokens=prompt,
-                output_tokens=_positive_int(row["output_length"], source, where, "output_length"),
+                output_tokens=_token_count(row["output_length"], source, where, "output_length"),
                 prefix=prefix,
             ))
     return make_trace(path.stem, requests, source=source, segments=segments,
@@ -125,8 +131,8 @@ def read_lengths_csv(path: Path) -> Trace:
             requests.append(Request(
                 id=f"{path.stem}-{line - 2}",
                 arrival_s=0.0,
-                prompt_tokens=_positive_int(row[prompt_column], source, where, prompt_column),
-                output_tokens=_positive_int(row[output_column], source, where, output_column),
+                prompt_tokens=_token_count(row[prompt_column], source, where, prompt_column),
+                output_tokens=_token_count(row[output_column], source, where, output_column),
             ))
     return make_trace(path.stem, requests, source=source, description=f"lengths from {path.name}")
 
@@ -164,22 +170,9 @@ def _azure_time(text: str, source: str, where: str) -> datetime:
                          field="TIMESTAMP", value=text, has_value=True) from None
 
 
-def _positive_int(value: Any, source: str, where: str, field: str) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < 1 or isinstance(value, bool) or (isinstance(value, float) and value != number):
-        raise InputError("must be a whole number >= 1", source=source, where=where, field=field, value=value,
-                         has_value=True)
-    return number
-
-
-def _non_negative(value: Any, source: str, where: str, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InputError("must be a number >= 0", source=source, where=where, field=field, value=value,
-                         has_value=True)
-    return float(value)
+def _token_count(value: Any, source: str, where: str, field: str) -> int:
+    """A CSV cell (text) or a JSON value: a whole number of tokens >= 1."""
+    return whole_number(number_from_text(value), field=field, source=source, where=where, minimum=1)
 
 
 def load_trace(
@@ -200,6 +193,15 @@ def load_trace(
     if trace_format not in TRACE_FORMATS:
         raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--format", value=trace_format,
                          has_value=True)
+    # The options first: a mistake in one is reported before a large trace is read.
+    if limit is not None:
+        limit = whole_number(limit, field="--limit", minimum=1)
+    if rate is not None:
+        rate = positive_number(rate, field="--rate")
+    seed = whole_number(seed, field="--seed", minimum=0)  # numpy's generators take no negative seed
+    time_scale = positive_number(time_scale, field="--time-scale")
+    if path.is_dir():
+        raise InputError("is a directory; expected a trace file", source=str(path))
     if not path.is_file():
         raise InputError("no such file", source=str(path))
     if trace_format == "auto":
@@ -210,15 +212,16 @@ def load_trace(
         "mooncake": read_mooncake,
         "lengths-csv": read_lengths_csv,
     }
-    trace = readers[trace_format](path)
-    if limit is not None:
-        if limit < 1:
-            raise InputError("must be >= 1", field="--limit", value=limit, has_value=True)
-        trace = trace.limited(limit)
+    trace = readers[trace_format](path).limited(limit)
     if rate is not None:
-        if not rate > 0:
-            raise InputError("must be > 0", field="--rate", value=rate, has_value=True)
-        trace = trace.with_poisson_arrivals(rate, seed)
-    if not time_scale > 0:
-        raise InputError("must be > 0", field="--time-scale", value=time_scale, has_value=True)
-    return trace.time_scaled(time_scale)
+        trace = _finite_arrivals(trace.with_poisson_arrivals(rate, seed), "--rate", rate)
+    return _finite_arrivals(trace.time_scaled(time_scale), "--time-scale", time_scale)
+
+
+def _finite_arrivals(trace: Trace, option: str, value: float) -> Trace:
+    """An option that re-times the trace can push arrival times past a float's range (``--rate 1e-310`` makes
+    gaps of 1e310 s): a replay at an infinite time has no makespan or latency, so such a value is refused."""
+    if not math.isfinite(trace.requests[-1].arrival_s):
+        hint = "a larger rate" if option == "--rate" else "a smaller scale"
+        raise InputError(f"arrival times overflow to infinity; use {hint}", field=option, value=value, has_value=True)
+    return trace
