@@ -272,8 +272,8 @@ inline void exit_block() {
         fail(thread_name(me) + " exits with " + std::to_string(in_flight) + " cp.async copies in flight (the first " +
              "issued at " + where(copy->site) + "): cp.async.wait_group must retire every group first");
     Warp& warp = launch.warps[me / 32];
-    if (warp.rendezvous.arrived > 0)
-        fail(thread_name(me) + " exits while lanes of its warp wait at " + warp.rendezvous.kind + " at " +
+    if (warp.rendezvous.arrived > 0 && (warp.rendezvous.mask >> (me % 32) & 1u))
+        fail(thread_name(me) + " exits while lanes of its warp wait for it at " + warp.rendezvous.kind + " at " +
              where(warp.rendezvous.site));
     if (--warp.live == warp.at_barrier) switch_warp(launch);
 }
@@ -391,9 +391,9 @@ inline void __syncthreads(const emu::Site& site = emu::Site::current()) {
     else if (!emu::same_site(launch.barrier_site, site))
         emu::fail("threads of one block reach different __syncthreads: " + emu::where(launch.barrier_site) + " and " +
                   emu::where(site));
-    if (warp.rendezvous.arrived > 0)
+    if (warp.rendezvous.arrived > 0 && (warp.rendezvous.mask >> (emu::me % 32) & 1u))
         emu::fail("__syncthreads at " + emu::where(site) + " while lanes of warp " + std::to_string(emu::me / 32) +
-                  " wait at " + warp.rendezvous.kind + " at " + emu::where(warp.rendezvous.site));
+                  " wait for this thread at " + warp.rendezvous.kind + " at " + emu::where(warp.rendezvous.site));
     const unsigned generation = launch.block_generation;
     if (++warp.at_barrier == warp.live) emu::switch_warp(launch);
     warp.wake.wait(lock, [&] {
