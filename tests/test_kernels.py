@@ -235,6 +235,22 @@ def test_gpu_simple_kernel_where_tensor_cores_are_the_default(heads: tuple[int, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tokens_per_split", [None, 64], ids=["plan", "split 64"])
+def test_gpu_tensor_core_kernel_on_small_batches(tokens_per_split: int | None, dtype: torch.dtype) -> None:
+    # Small enough for compute-sanitizer's racecheck, synccheck and initcheck (gpu_session.sh): 3 sequences up to
+    # 517 tokens with NaN in every slot nobody owns, one split or splits of 64 merged.
+    backend = _cuda_backend()
+    backend.tokens_per_split, backend.attention_variant = tokens_per_split, "tensor-core"
+    query, key_cache, value_cache, block_tables, seq_lens = make_batch(16, 128, 4, dtype, repeated=False)
+    reference = paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, 0.088)
+    device = backend.device
+    out = backend.paged_attention(query.to(device), key_cache.to(device), value_cache.to(device),
+                                  block_tables.to(device), seq_lens.to(device), 0.088)
+    torch.testing.assert_close(out.cpu(), reference, **tolerance(dtype))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_gpu_cache_write_is_bit_exact(dtype: torch.dtype) -> None:
     backend = _cuda_backend()
