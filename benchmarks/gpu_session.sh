@@ -78,28 +78,28 @@ collected() {  # number of tests pytest collects for the given arguments
     "$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::"
 }
 
+check_selection() {  # $1 the tools, $2 what the tests cover, then the test ids: each must collect one test
+    local tools=$1 covers=$2 failed=0 count id
+    shift 2
+    count=$(collected -m gpu "$@")
+    echo "$tools: the selection collects $count tests ($covers)"
+    [ "$count" -eq "$#" ] || { echo "  FAIL: expected $#"; failed=1; }
+    for id in "$@"; do
+        count=$(collected -m gpu "$id")
+        echo "  $count  $id"
+        [ "$count" -eq 1 ] || failed=1
+    done
+    return "$failed"
+}
+
 check() {
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
-    local failed=0 count id
+    local failed=0 count
     count=$(collected "${GPU_TESTS[@]}")
     echo "gpu_tests: pytest ${GPU_TESTS[*]} collects $count tests"
     [ "$count" -gt 0 ] || { echo "  FAIL: no GPU test collected"; failed=1; }
-    count=$(collected -m gpu "${MEMCHECK_TESTS[@]}")
-    echo "memcheck: the selection collects $count tests (bf16 attention, cache write, copy blocks)"
-    [ "$count" -eq "${#MEMCHECK_TESTS[@]}" ] || { echo "  FAIL: expected ${#MEMCHECK_TESTS[@]}"; failed=1; }
-    for id in "${MEMCHECK_TESTS[@]}"; do
-        count=$(collected -m gpu "$id")
-        echo "  $count  $id"
-        [ "$count" -eq 1 ] || failed=1
-    done
-    count=$(collected -m gpu "${TC_TESTS[@]}")
-    echo "${TC_SANITIZERS[*]}: the selection collects $count tests (the tensor-core kernel, small batches)"
-    [ "$count" -eq "${#TC_TESTS[@]}" ] || { echo "  FAIL: expected ${#TC_TESTS[@]}"; failed=1; }
-    for id in "${TC_TESTS[@]}"; do
-        count=$(collected -m gpu "$id")
-        echo "  $count  $id"
-        [ "$count" -eq 1 ] || failed=1
-    done
+    check_selection "memcheck" "bf16 attention, cache write, copy blocks" "${MEMCHECK_TESTS[@]}" || failed=1
+    check_selection "${TC_SANITIZERS[*]}" "the tensor-core kernel, small batches" "${TC_TESTS[@]}" || failed=1
     if "$PY" benchmarks/kernels_gpu.py --dry-run > /dev/null 2>&1; then
         echo "bench: every case runs (--dry-run: tiny shapes on the emulated kernels, untimed)"
     else
