@@ -79,13 +79,12 @@ collected() {  # number of tests pytest collects for the given arguments
 }
 
 check_selection() {  # $1 the tools, $2 what the tests cover, then the test ids: each must collect one test
-    local tools=$1 covers=$2 failed=0 count id
+    local tools=$1 covers=$2 failed=0 count id ids
     shift 2
-    count=$(collected -m gpu "$@")
-    echo "$tools: the selection collects $count tests ($covers)"
-    [ "$count" -eq "$#" ] || { echo "  FAIL: expected $#"; failed=1; }
+    ids=$("$PY" -m pytest --collect-only -q -p no:cacheprovider -m gpu "$@" 2>/dev/null | grep "::")
+    echo "$tools: the selection collects $(grep -c "::" <<< "$ids") tests ($covers)"
     for id in "$@"; do
-        count=$(collected -m gpu "$id")
+        count=$(grep -cxF "$id" <<< "$ids")
         echo "  $count  $id"
         [ "$count" -eq 1 ] || failed=1
     done

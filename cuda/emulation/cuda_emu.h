@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <condition_variable>
@@ -72,7 +73,8 @@ struct Landing {  // the last cp.async into a 16-byte piece of shared memory
 };
 
 struct Rendezvous {  // the warp collective its lanes are arriving at
-    unsigned arrived = 0, generation = 0, mask = 0, first_lane = 0;
+    unsigned arrived = 0, mask = 0, first_lane = 0;
+    std::atomic<unsigned> generation = 0;  // waiting lanes sleep on it, without the mutex: one wake-up each
     const char* kind = nullptr;
     Site site;
 };
@@ -105,7 +107,7 @@ struct Launch {
     std::vector<const void*> rows;              // an ldmatrix's row addresses
     std::vector<std::array<uint32_t, 4>> loaded;  // an ldmatrix's results
     std::string error;
-    bool aborted = false;
+    std::atomic<bool> aborted = false;
 };
 
 // The emulation's own state lives outside .bss: .bss is the kernels' __shared__ memory, poisoned before every block.
@@ -134,7 +136,11 @@ inline std::string thread_name(unsigned thread) {
                        std::to_string(b.z) + ")]";
     }
     launch.aborted = true;
-    for (unsigned w = 0; w < launch.num_warps; ++w) launch.warps[w].wake.notify_all();
+    for (unsigned w = 0; w < launch.num_warps; ++w) {
+        launch.warps[w].wake.notify_all();
+        launch.warps[w].rendezvous.generation.fetch_add(1, std::memory_order_release);
+        launch.warps[w].rendezvous.generation.notify_all();
+    }
     throw Abort{};
 }
 
@@ -248,11 +254,12 @@ inline void collective(const char* kind, unsigned mask, const Site& site, Combin
     if (++rendezvous.arrived == static_cast<unsigned>(std::popcount(mask))) {
         combine();
         rendezvous.arrived = 0;
-        ++rendezvous.generation;
-        warp.wake.notify_all();
+        rendezvous.generation.fetch_add(1, std::memory_order_release);  // the results are written
+        rendezvous.generation.notify_all();
     } else {
-        const unsigned generation = rendezvous.generation;
-        warp.wake.wait(lock, [&] { return launch.aborted || rendezvous.generation != generation; });
+        const unsigned generation = rendezvous.generation.load(std::memory_order_relaxed);
+        lock.unlock();
+        rendezvous.generation.wait(generation, std::memory_order_acquire);
         if (launch.aborted) throw Abort{};
     }
 }
