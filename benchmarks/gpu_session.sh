@@ -6,7 +6,9 @@
 #                   log: carried wheels, PATH, and the import that must work: torch + PyCUDA on torch's context
 #   bench.log       benchmarks/kernels_gpu.py: kernel figures beside same-run baselines (first: they matter most)
 #   gpu_tests.log   pytest -m gpu, full output; MINIPAGED_REQUIRE_GPU=1 makes a skipped GPU test a failure
-#   memcheck.log    compute-sanitizer memcheck over the bf16 attention, cache-write and copy-blocks GPU tests
+#   sanitizers.log  compute-sanitizer: memcheck over the bf16 attention, cache-write and copy-blocks GPU tests;
+#                   racecheck, synccheck and initcheck over the tensor-core kernel's small GPU tests (what the CPU
+#                   emulation cannot prove: shared-memory hazards and barriers on the real hardware)
 #   calibrate.log   minipaged calibrate: Qwen3-8B's GEMMs, element-wise kernels, prefill attention (torch) and
 #                   this project's decode attention and cache-write kernels, timed over their grids (prompts and
 #                   contexts up to the model's 40,960 tokens) against the H200 preset's model
@@ -30,8 +32,8 @@ ROOT=$PWD
 PY=${PYTHON:-python3}  # the interpreter with the project's dependencies (the GPU image's python3)
 BUDGET_S=480
 SETUP_S=45
-STEPS=(bench gpu_tests memcheck calibrate run verify)
-declare -A LIMIT=([bench]=135 [gpu_tests]=100 [memcheck]=90 [calibrate]=45 [run]=30 [verify]=35)
+STEPS=(bench gpu_tests sanitizers calibrate run verify)
+declare -A LIMIT=([bench]=115 [gpu_tests]=80 [sanitizers]=130 [calibrate]=45 [run]=30 [verify]=35)
 CALIBRATION=calibration-h200-qwen3-8b.yaml
 
 GPU_TESTS=(tests/ -m gpu)
@@ -41,6 +43,13 @@ MEMCHECK_TESTS=(
     "tests/test_kernels.py::test_gpu_attention_on_vllm_shapes[(64, 8)-128-16-torch.bfloat16]"
     "tests/test_kernels.py::test_gpu_cache_write_is_bit_exact[torch.bfloat16]"
     "tests/test_kernels.py::test_gpu_copy_blocks_is_exact[torch.bfloat16]"
+)
+# racecheck, synccheck and initcheck slow a kernel by 10-100x: the tensor-core kernel on 3 sequences (<= 517 tokens),
+# with and without split-K, not vLLM's 8k-token shapes.
+TC_SANITIZERS=(racecheck synccheck initcheck)
+TC_TESTS=(
+    "tests/test_kernels.py::test_gpu_tensor_core_kernel_on_small_batches[plan-torch.bfloat16]"
+    "tests/test_kernels.py::test_gpu_tensor_core_kernel_on_small_batches[split 64-torch.bfloat16]"
 )
 BENCH_CMD=("$PY" benchmarks/kernels_gpu.py --repeat 7 --launches 20)
 RUN_CMD=("$PY" -m minipaged_cli run traces/azure_conv_1k.yaml --limit 100 --device cuda --kv-memory 16GiB
@@ -53,8 +62,7 @@ step_command() {  # the command of step $1, one word per line of the array
     case $1 in
         bench) CMD=("${BENCH_CMD[@]}") ;;
         gpu_tests) CMD=(env MINIPAGED_REQUIRE_GPU=1 "$PY" -m pytest -rfE "${GPU_TESTS[@]}") ;;
-        memcheck) CMD=(env MINIPAGED_REQUIRE_GPU=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck
-                       --error-exitcode 1 "$PY" -m pytest -rfE -m gpu "${MEMCHECK_TESTS[@]}") ;;
+        sanitizers) CMD=(bash "$ROOT/benchmarks/gpu_session.sh" --sanitizers) ;;
         calibrate) CMD=("${CALIBRATE_CMD[@]}") ;;
         run) CMD=("${RUN_CMD[@]}") ;;
         verify) CMD=("${VERIFY_CMD[@]}") ;;
@@ -71,20 +79,27 @@ collected() {  # number of tests pytest collects for the given arguments
     "$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::"
 }
 
-check() {
-    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
-    local failed=0 count id
-    count=$(collected "${GPU_TESTS[@]}")
-    echo "gpu_tests: pytest ${GPU_TESTS[*]} collects $count tests"
-    [ "$count" -gt 0 ] || { echo "  FAIL: no GPU test collected"; failed=1; }
-    count=$(collected -m gpu "${MEMCHECK_TESTS[@]}")
-    echo "memcheck: the selection collects $count tests (bf16 attention, cache write, copy blocks)"
-    [ "$count" -eq "${#MEMCHECK_TESTS[@]}" ] || { echo "  FAIL: expected ${#MEMCHECK_TESTS[@]}"; failed=1; }
-    for id in "${MEMCHECK_TESTS[@]}"; do
-        count=$(collected -m gpu "$id")
+check_selection() {  # $1 the tools, $2 what the tests cover, then the test ids: each must collect one test
+    local tools=$1 covers=$2 failed=0 count id ids
+    shift 2
+    ids=$("$PY" -m pytest --collect-only -q -p no:cacheprovider -m gpu "$@" 2>/dev/null | grep "::")
+    echo "$tools: the selection collects $(grep -c "::" <<< "$ids") tests ($covers)"
+    for id in "$@"; do
+        count=$(grep -cxF "$id" <<< "$ids")
         echo "  $count  $id"
         [ "$count" -eq 1 ] || failed=1
     done
+    return "$failed"
+}
+
+check() {
+    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    local failed=0 count
+    count=$(collected "${GPU_TESTS[@]}")
+    echo "gpu_tests: pytest ${GPU_TESTS[*]} collects $count tests"
+    [ "$count" -gt 0 ] || { echo "  FAIL: no GPU test collected"; failed=1; }
+    check_selection "memcheck" "bf16 attention, cache write, copy blocks" "${MEMCHECK_TESTS[@]}" || failed=1
+    check_selection "${TC_SANITIZERS[*]}" "the tensor-core kernel, small batches" "${TC_TESTS[@]}" || failed=1
     if "$PY" benchmarks/kernels_gpu.py --dry-run > /dev/null 2>&1; then
         echo "bench: every case runs (--dry-run: tiny shapes on the emulated kernels, untimed)"
     else
@@ -112,8 +127,25 @@ check() {
     return "$failed"
 }
 
+# The sanitizers step: memcheck, then each tool of TC_SANITIZERS in turn; fails if any reports an error.
+sanitizers() {
+    local failed=0 tool
+    export MINIPAGED_REQUIRE_GPU=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    echo "== memcheck"
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" -m pytest -rfE -m gpu "${MEMCHECK_TESTS[@]}" || failed=1
+    for tool in "${TC_SANITIZERS[@]}"; do
+        echo "== $tool"
+        compute-sanitizer --tool "$tool" --error-exitcode 1 "$PY" -m pytest -rfE -m gpu "${TC_TESTS[@]}" || failed=1
+    done
+    return "$failed"
+}
+
 if [ "${1:-}" = "--check" ]; then
     check
+    exit $?
+fi
+if [ "${1:-}" = "--sanitizers" ]; then
+    sanitizers
     exit $?
 fi
 

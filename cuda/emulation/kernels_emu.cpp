@@ -2,6 +2,7 @@
 // ../copy_blocks.cu on the CPU through
 // cuda_emu.h: one C function per kernel, taking the launch shape first, loaded by minipaged_cli/emulation.py
 // with ctypes. Build: g++ -std=c++20 -O1 -shared -fPIC -pthread -DMINIPAGED_EMULATION kernels_emu.cpp
+// (-DMINIPAGED_EMULATION_SUBSET: only bf16, head_dim 128).
 #include "cuda_emu.h"
 
 #include "../cache_write.cu"
@@ -69,6 +70,12 @@ extern "C" void emu_copy_blocks(EMU_SHAPE, char* key_cache, char* value_cache, c
         });                                                                                                      \
     }
 
+#ifdef MINIPAGED_EMULATION_SUBSET
+// One instantiation of each kernel (bf16, head_dim 128): a build in seconds, for the mutation tests.
+EMU_CACHE_WRITE(bf16, __nv_bfloat16)
+EMU_PAGED_ATTENTION(bf16, __nv_bfloat16, 128)
+EMU_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 128)
+#else
 EMU_CACHE_WRITE(f32, float)
 EMU_CACHE_WRITE(f16, __half)
 EMU_CACHE_WRITE(bf16, __nv_bfloat16)
@@ -82,3 +89,4 @@ EMU_PAGED_ATTENTION_TC(f16, __half, 64)
 EMU_PAGED_ATTENTION_TC(f16, __half, 128)
 EMU_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 64)
 EMU_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 128)
+#endif

@@ -164,11 +164,19 @@ def plan_attention(query: torch.Tensor, num_kv_heads: int, max_seq_len: int, num
     split_shape = (batch, num_q_heads, num_splits) if num_splits > 1 else (1,)
     scratch = {"device": query.device, "dtype": torch.float32}  # the kernels write float, whatever torch's default
     return AttentionLaunch(
-        out=torch.empty_like(query),
-        tmp_out=torch.empty((*split_shape, head_dim) if num_splits > 1 else (1,), **scratch),
-        tmp_max=torch.empty(split_shape, **scratch),
-        tmp_sum=torch.empty(split_shape, **scratch),
+        out=_unwritten(query.shape, device=query.device, dtype=query.dtype),
+        tmp_out=_unwritten((*split_shape, head_dim) if num_splits > 1 else (1,), **scratch),
+        tmp_max=_unwritten(split_shape, **scratch),
+        tmp_sum=_unwritten(split_shape, **scratch),
         group=group, tokens_per_split=tokens_per_split, num_splits=num_splits)
+
+
+def _unwritten(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Memory a kernel must write before anything reads it: uninitialised on a GPU; NaN on the CPU, where the
+    emulated kernels run, so that a kernel reading what it never wrote (a merge over one split too many) shows."""
+    if device.type == "cpu":
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype)
 
 
 def random_block_tables(seq_lens: list[int], num_blocks: int, block_size: int,
