@@ -109,21 +109,34 @@ SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary f
 
 
 @settings(max_examples=60, deadline=None)
-@example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
-@example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
-@example(seed=3225, block_size=1, chunk=None, num_blocks=30, sharing=False, swap=False, watermark=0.0)
-@example(seed=7, block_size=4, chunk=64, num_blocks=30, sharing=True, swap=False, watermark=0.0)
-@example(seed=11, block_size=16, chunk=64, num_blocks=30, sharing=True, swap=True, watermark=0.0)
+@example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=3225, block_size=1, chunk=None, num_blocks=30, sharing=False, swap=False, watermark=0.0,
+         scheduler="v0", max_num_seqs=256, long_prefill=0)
+@example(seed=7, block_size=4, chunk=64, num_blocks=30, sharing=True, swap=False, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=11, block_size=16, chunk=64, num_blocks=30, sharing=True, swap=True, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=7, block_size=4, chunk=64, num_blocks=30, sharing=True, swap=False, watermark=0.05, scheduler="v1",
+         max_num_seqs=1, long_prefill=0)
+@example(seed=11, block_size=16, chunk=None, num_blocks=30, sharing=True, swap=False, watermark=0.0, scheduler="v1",
+         max_num_seqs=2, long_prefill=48)
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]),
        chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120), sharing=st.booleans(),
-       swap=st.booleans(), watermark=st.sampled_from([0.0, 0.05]))
+       swap=st.booleans(), watermark=st.sampled_from([0.0, 0.05]), scheduler=st.sampled_from(["v1", "v0"]),
+       max_num_seqs=st.sampled_from([1, 2, 256]), long_prefill=st.sampled_from([0, 48]))
 def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | None, num_blocks: int,
-                                       sharing: bool, swap: bool, watermark: float) -> None:
-    # The event-driven replay must give exactly what stepping one decode step at a time gives; with sharing:
-    # shared prefixes, prefix caching and parallel samples; with swap: swap preemption to a small CPU pool.
-    # Chunked prefill, prefix caching and preemption together: no step may read a cached block no step computed.
-    # (seed 0: dynamic, a request preempts itself, then runs alone; seed 356: pow2, 37.3046875 % sits on a
-    # 6-decimal rounding boundary; seed 3225: nothing runs and the head's recompute prompt no longer fits.)
+                                       sharing: bool, swap: bool, watermark: float, scheduler: str,
+                                       max_num_seqs: int, long_prefill: int) -> None:
+    # The event-driven replay must give exactly what stepping one decode step at a time gives, under every
+    # SimConfig knob it can reach: both schedulers, a max_num_seqs that binds (1, 2), v1's long-prefill threshold;
+    # with sharing: shared prefixes, prefix caching and parallel samples; with swap (v0 only): swap preemption to a
+    # small CPU pool. Chunked prefill, prefix caching and preemption together: no step may read a cached block no
+    # step computed. (seed 0: dynamic, a request preempts itself, then runs alone; seed 356: pow2, 37.3046875 %
+    # sits on a 6-decimal rounding boundary; seed 3225: nothing runs and the head's recompute prompt no longer
+    # fits.)
     rng = np.random.default_rng(seed)
     requests = []
     for i in range(int(rng.integers(3, 30))):
@@ -131,16 +144,19 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, 300))
         n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
         requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 150)), prefix, n))
+    swap = swap and scheduler == "v0"
     config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=num_blocks * 16 // block_size,
                        block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
                        prefix_caching=sharing, preemption="swap" if swap else "recompute",
-                       cpu_blocks=8 * 16 // block_size, watermark=watermark)
+                       cpu_blocks=8 * 16 // block_size, watermark=watermark, scheduler=scheduler,
+                       max_num_seqs=max_num_seqs,
+                       long_prefill_token_threshold=long_prefill if scheduler == "v1" else 0)
     trace = make_trace("t", requests, source="test", segments=SEGMENTS)
     for strategy in STRATEGIES:
         fast = unrounded(replay(trace, config, strategy))
         # every request ends, completed or rejected; those that can never run are rejected as such
         allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size,
-                                   max_model_len=1024, watermark_blocks=config.watermark_blocks)
+                                   max_model_len=1024, watermark_blocks=config.watermark_blocks, scheduler=scheduler)
         never = sum(r.total_tokens > 1024 or allocator.rejection_reason(Holding(0, r.prompt_tokens, r.output_tokens))
                     is not None for r in trace.requests)
         assert fast["completed_requests"] + fast["rejected_requests"] == len(requests), strategy

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.errors import InputError, did_you_mean
-from minipaged_cli.memory.allocators import Allocator, Holding
+from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
 from minipaged_cli.sim.categories import category_slots
@@ -186,32 +186,42 @@ class Replay:
         if num_steps == 0:
             return False
 
-        durations = durations[:num_steps]
-        duration = float(durations.sum())
-        # Time integrals of the category inputs (the shared slots stay constant: no admission, fork or release
-        # until the last step).
-        self.accounting.record(self.now, duration, category_slots(
-            total_length * duration + n * float(durations @ steps[:num_steps]),
-            _integral(profile.allocated, durations, duration),
-            _integral(profile.internal, durations, duration),
-            scheduler.external_fragmentation() * duration,
-            self.allocator.capacity_tokens * duration,
-            self.allocator.shared_slots * duration,
-        ), scheduler.waiting_for_memory(), num_steps, n)
-
+        # Saturation is decided per step, as the single step does after its growth: the queue's head is held
+        # back by memory from the first step whose new blocks eat its headroom on (free space only shrinks here).
+        grown = _per_step(profile.allocated, 0, num_steps) - int(allocated.sum())
+        num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
+        external = scheduler.external_fragmentation()
+        for start, stop, saturated in ((0, num_free, False), (num_free, num_steps, True)):
+            if stop > start:
+                self._record_bulk(profile, durations, total_length, n, external, start, stop, saturated)
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
-        self.now += duration
+        self.now += float(durations[:num_steps].sum())
         scheduler.finish(self.now)
         return True
 
+    def _record_bulk(self, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int, external: int,
+                     start: int, stop: int, saturated: bool) -> None:
+        """Record steps ``start`` to ``stop`` of a bulk advance: time integrals of the category inputs (the shared
+        slots stay constant: no admission, fork or release until the last step)."""
+        part = durations[start:stop]
+        duration = float(part.sum())
+        self.accounting.record(self.now + float(durations[:start].sum()), duration, category_slots(
+            total_length * duration + n * float(part @ _STEPS[start:stop]),
+            float(_per_step(profile.allocated, start, stop) @ part),
+            float(_per_step(profile.internal, start, stop) @ part),
+            external * duration,
+            self.allocator.capacity_tokens * duration,
+            self.allocator.shared_slots * duration,
+        ), saturated, stop - start, n)
 
-def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float) -> float:
-    """Σ durations * values, where values is per step or one constant."""
-    return float(values @ durations) if isinstance(values, np.ndarray) else values * duration
+
+def _per_step(values: np.ndarray | int, start: int, stop: int) -> np.ndarray:
+    """Steps ``start`` to ``stop`` of a ``BulkProfile`` series, which is per step or one constant."""
+    return values[start:stop] if isinstance(values, np.ndarray) else np.full(stop - start, values, dtype=np.int64)
 
 
 def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...]) -> None:

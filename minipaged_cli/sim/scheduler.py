@@ -1,11 +1,31 @@
-"""The scheduler: queues, admission, preemption, parallel-sampling forks and swap, under one allocation strategy.
+"""The scheduler: queues, admission, preemption, parallel sampling and swap, under one allocation strategy.
 
-Each step, ``schedule`` grows every decoding request by one token (preempting the latest admitted request while the
-pool cannot give it; the victim swaps out to a CPU pool or is recomputed later), then, if nobody was preempted,
-admits waiting requests first-come first-served while the strategy can place their prompt, and hands out the
-prefill budget (whole prompts, or chunks of ``max_batched_tokens`` in admission order). It returns what the step
-runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times the step, runs it, and reports back
-(``fork_samples`` after a prefill, ``finish`` at the end).
+``schedule`` returns what the step runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times
+the step, runs it, and reports back (``fork_samples`` after a prefill in v0, ``finish`` at the end). Two policies,
+``SimConfig.scheduler``:
+
+``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, pinned to vLLM 0.33.0): one budget of
+``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute (one
+token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set), capped by
+the budget left, and the blocks for it; when the pool cannot give them the last running request is preempted
+(recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted, waiting
+requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is looked
+up, the strategy admits it only if its whole prompt would fit (``scheduler_reserve_full_isl``, with the watermark
+while something runs) and allocates its first chunk; full blocks join the prefix cache as they are allocated, so a
+request admitted later in the same step hits them. ``n`` > 1 arrives as ``n`` requests sharing the prompt through
+the prefix cache (v1's parallel sampling).
+
+Not modelled, because a trace cannot reach it or it is off in ``vllm serve``'s defaults: partial-prefill limits
+(``max_num_partial_prefills``: its long-prefill threshold defaults to 0 when it is 1, the default, and v1's
+``schedule`` enforces no concurrent-prefill limit), the ``max_model_len`` cap on a step's tokens (only speculative
+decoding reaches it; a request longer than ``max_model_len`` is rejected whole here, where vLLM would cut its
+output), encoder budgets, LoRA limits, KV connectors and priority scheduling.
+
+``v0`` (vLLM's removed v0 engine, the vLLM paper's): every decoding request grows by one token (preempting the latest
+admitted request while the pool cannot give it; the victim swaps out to a CPU pool or is recomputed later), then, if
+nobody was preempted, waiting requests are admitted first come first served while the strategy can place their
+whole prompt, and the prefill budget goes out (whole prompts, or chunks of ``max_batched_tokens`` in admission
+order); a request with ``n`` > 1 forks its samples after its prefill (copy-on-write).
 
 With prefix caching a request's full blocks carry content keys (its shared segments, then its own prompt, then
 each sample's output), and a chunk's blocks join the cache when the chunk is scheduled, never before.
@@ -19,7 +39,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.config import SimConfig
@@ -70,7 +89,8 @@ class Scheduler:
         self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was scheduled
         self.pending_forks: list[tuple[int, int]] = []  # for the next step's decision
         self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
-        self.keyed = config.prefix_caching and isinstance(allocator, PagedAllocator)  # blocks get content keys
+        self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
+        self.v1 = config.scheduler == "v1"
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -89,15 +109,22 @@ class Scheduler:
         queue's head cannot be admitted."""
         # Without chunking every prompt is prefilled whole in the step that admits it.
         chunked = self.config.max_batched_tokens is not None
+        # v1: a budget smaller than the running batch leaves some decodes out of a step.
         return bool(self.running) and not (chunked and any(not r.prefill_done for r in self.running)) \
+            and not (self.v1 and len(self.running) >= self.config.max_batched_tokens) \
             and not self.forked and not self.swapped_tokens and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
+        return self.admission_headroom() < 0
+
+    def admission_headroom(self) -> int:
+        """Slots the running requests may still take before the queue's head is held back by memory (negative:
+        it is now); a large number when nothing waits."""
         if not self.waiting:
-            return False
+            return self.allocator.capacity_tokens
         head = self.waiting[0]
-        return not self.allocator.can_admit(head, head.prompt_length)
+        return self.allocator.admission_headroom(head, head.prompt_length)
 
     def external_fragmentation(self) -> int:
         """Free slots in holes too small for the smallest waiting request's need."""
@@ -111,22 +138,91 @@ class Scheduler:
         """Queue the requests that have arrived by ``now`` (rejecting those that can never run)."""
         while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
             request = self.requests[self.next_arrival]
-            live = LiveRequest(self.next_arrival, request.prompt_tokens, request.output_tokens, request=request,
-                               request_index=self.next_arrival, prompt_length=request.prompt_tokens)
-            if self.keyed:
-                live.block_hashes = self._content_keys(request, self.next_arrival, sample=0)
             self.accounting.arrived(self.next_arrival, request.n)
+            # v1 splits parallel sampling into n requests (its ParentRequest); v0 forks after the prefill.
+            for sample in range(request.n if self.v1 else 1):
+                sequence_id = self.next_arrival if sample == 0 else self._new_sequence_id()
+                live = LiveRequest(sequence_id, request.prompt_tokens, request.output_tokens, request=request,
+                                   request_index=self.next_arrival, sample=sample,
+                                   prompt_length=request.prompt_tokens, forked=self.v1)
+                if self.keyed:
+                    live.block_hashes = self._content_keys(request, self.next_arrival, sample)
+                if request.total_tokens > self.config.model_len:
+                    self._reject(live, "longer than --max-model-len")
+                elif (reason := self.allocator.rejection_reason(live)) is not None:
+                    self._reject(live, reason)
+                else:
+                    self._enqueue(live, front=False)
             self.next_arrival += 1
-            if request.total_tokens > self.config.model_len:
-                self._reject(live, "longer than --max-model-len")
-            elif (reason := self.allocator.rejection_reason(live)) is not None:
-                self._reject(live, reason)
-            else:
-                self._enqueue(live, front=False)
 
     def schedule(self) -> StepDecision | None:
         """The next step, or None when nothing can run in it (a request that preempted itself runs next step;
         a head that can never fit again is rejected)."""
+        return self._schedule_v1() if self.v1 else self._schedule_v0()
+
+    def _schedule_v1(self) -> StepDecision | None:
+        budget = self.config.max_batched_tokens
+        scheduled: list[tuple[LiveRequest, int]] = []
+        copied, preempted = 0, False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            live = self.running[index]
+            tokens = self._chunk(live.prompt_length - live.num_computed if not live.prefill_done else 1, budget)
+            while True:
+                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + tokens)
+                if moved is not None:
+                    break
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is live:
+                    break
+            if moved is None:
+                break
+            copied += moved
+            scheduled.append((live, tokens))
+            budget -= tokens
+            index += 1
+        if not preempted:
+            budget = self._admit_v1(budget, scheduled)
+        saturated = preempted or self.waiting_for_memory()
+        if not scheduled:
+            if not self.running and not preempted:
+                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
+            return None
+        decoders = [live for live, tokens in scheduled if live.prefill_done]
+        chunks = [(live, tokens) for live, tokens in scheduled if not live.prefill_done]
+        return StepDecision(decoders, chunks, copied_tokens=copied, saturated=saturated)
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a request computes this step: what it has left, at most the long-prefill threshold and the
+        budget."""
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < remaining:
+            remaining = threshold
+        return min(remaining, budget)
+
+    def _admit_v1(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
+        """Admit waiting requests first come first served into what is left of the budget; returns the rest."""
+        accounting = self.accounting
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            head = self.waiting[0]
+            cached = self.allocator.cached_prefix(head, head.prompt_length)
+            tokens = self._chunk(head.prompt_length - cached, budget)
+            if not self.allocator.can_admit(head, head.prompt_length):
+                break
+            self.allocator.admit(head, head.prompt_length, cached + tokens)
+            self.running.append(self._dequeue())
+            head.num_computed = cached
+            if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
+                head.queried = True
+                accounting.prefix_cache_queries += head.prompt_length
+                accounting.prefix_cache_hits += cached
+            scheduled.append((head, tokens))
+            budget -= tokens
+        return budget
+
+    def _schedule_v0(self) -> StepDecision | None:
         decoders = [r for r in self.running if r.prefill_done]
         copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
         preempted = False
@@ -178,12 +274,11 @@ class Scheduler:
         leader.forked = True
         for sample in range(1, leader.request.n):
             keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
-            child = LiveRequest(self.next_sequence_id, leader.prompt_tokens, leader.output_tokens, keys,
+            child = LiveRequest(self._new_sequence_id(), leader.prompt_tokens, leader.output_tokens, keys,
                                 request=leader.request, request_index=leader.request_index, sample=sample,
                                 num_computed=leader.num_computed, num_generated=leader.num_generated,
                                 prompt_length=leader.prompt_length, first_token_s=leader.first_token_s,
                                 queried=True, forked=True)
-            self.next_sequence_id += 1
             if child.num_generated >= child.output_tokens:  # its only token came with the prefill
                 self._sample_done(child, now)
                 continue
@@ -209,6 +304,10 @@ class Scheduler:
             self._sample_done(live, now)
 
     # -- admission, preemption ---------------------------------------------------------------------------------
+
+    def _new_sequence_id(self) -> int:
+        self.next_sequence_id += 1
+        return self.next_sequence_id - 1
 
     def _head_admissible(self) -> bool:
         """Whether the first waiting request would be admitted now (ignoring this step's decode growth)."""
