@@ -214,3 +214,18 @@ def test_committed_azure_sample_shows_the_same_picture() -> None:
     token = {name: m.token_state_pct for name, m in simulate(trace, config).strategies.items()}
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
     assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_fast_path_decides_saturation_per_step(tiny_model: ModelSpec, clock_gpu: GpuSpec, scheduler: str) -> None:
+    # max_num_seqs = 1 holds B (16 tokens: 4 blocks of 4) back while A (10 + 20) decodes in 10 blocks. A holds
+    # 3 blocks after its prefill, so B would fit; from L = 25 on (7 blocks, 3 free) it would not: those steps are
+    # saturated. Step by step sees that each step; the fast path, advancing A's decodes at once, must too (it
+    # decided once, at the start of the run, and reported "busy").
+    trace = trace_of((0.0, 10, 20), (0.0, 16, 1))
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, max_num_seqs=1,
+                       watermark=0.0, prefix_caching=False, scheduler=scheduler)
+    fast, slow = replay(trace, config, "paged"), replay(trace, config, "paged", bulk=False)
+    assert slow.averaged_over == fast.averaged_over == "saturated"
+    assert [fast.token_state_pct, fast.reserved_future_pct, fast.free_pct] == pytest.approx(
+        [slow.token_state_pct, slow.reserved_future_pct, slow.free_pct], rel=1e-9)
