@@ -150,6 +150,10 @@ class Allocator(ABC):
     def counters(self) -> BlockCounters:
         return BlockCounters()
 
+    def block_table(self, sequence_id: int) -> list[int]:
+        """The physical blocks holding the sequence's tokens, in order (what a data plane addresses)."""
+        raise NotImplementedError(f"{self.name} keeps no block tables: the data plane runs the paged strategy only")
+
     @property
     @abstractmethod
     def used_slots(self) -> int: ...

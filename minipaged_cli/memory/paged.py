@@ -108,8 +108,8 @@ class PagedAllocator(Allocator):
     def allocated(self, holding: Holding) -> int:
         return len(self.manager.sequences[holding.sequence_id].block_table) * self.block_size
 
-    def block_table(self, holding: Holding) -> list[int]:
-        return self.manager.sequences[holding.sequence_id].block_table
+    def block_table(self, sequence_id: int) -> list[int]:
+        return self.manager.sequences[sequence_id].block_table
 
     def counters(self) -> BlockCounters:
         pool = self.manager.pool
