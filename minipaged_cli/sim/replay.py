@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,8 +44,10 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
+Seconds = TypeVar("Seconds", float, np.ndarray)
 _MAX_BULK_STEPS = 4096
 _MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
 _STEPS = np.arange(1, _MAX_BULK_STEPS + 1, dtype=np.int64)
@@ -159,7 +161,7 @@ class Replay:
             prefill_context=sum(r.num_computed + c for r, c in chunks),
             decodes=len(decoders), decode_context=sum(r.num_computed + 1 for r in decoders),
             copied_tokens=decision.copied_tokens)
-        return float(seconds) + self.step_time.swap_seconds(decision.swapped_tokens)
+        return _checked_seconds(float(seconds) + self.step_time.swap_seconds(decision.swapped_tokens))
 
     def _bulk_step(self) -> bool:
         """Advance several decode-only steps at once; False when this step needs the single-step path."""
@@ -174,7 +176,8 @@ class Replay:
         steps = _STEPS[:num_steps]
         total_length = int(lengths.sum())
         contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
-        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+        durations = _checked_seconds(self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n,
+                                                                 decode_context=contexts))
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
             ends = self.now + np.cumsum(durations)
@@ -217,6 +220,14 @@ class Replay:
             self.allocator.capacity_tokens * duration,
             self.allocator.shared_slots * duration,
         ), saturated, stop - start, n)
+
+
+def _checked_seconds(seconds: Seconds) -> Seconds:
+    """Step times as the model gave them, refused unless finite and positive: a NaN never advances the clock
+    (the replay would hang) and a zero step time makes throughput infinite."""
+    worst = float(np.min(seconds)) if np.all(np.isfinite(seconds)) else float(np.max(np.abs(seconds)))
+    positive_number(worst, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
+    return seconds
 
 
 def _per_step(values: np.ndarray | int, start: int, stop: int) -> np.ndarray:
