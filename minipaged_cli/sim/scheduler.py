@@ -124,7 +124,7 @@ class Scheduler:
         if not self.waiting:
             return self.allocator.capacity_tokens
         head = self.waiting[0]
-        return self.allocator.admission_headroom(head, head.prompt_length)
+        return self.allocator.admission_headroom(head, head.num_prefill_tokens)
 
     def external_fragmentation(self) -> int:
         """Free slots in holes too small for the smallest waiting request's need."""
@@ -144,7 +144,7 @@ class Scheduler:
                 sequence_id = self.next_arrival if sample == 0 else self._new_sequence_id()
                 live = LiveRequest(sequence_id, request.prompt_tokens, request.output_tokens, request=request,
                                    request_index=self.next_arrival, sample=sample,
-                                   prompt_length=request.prompt_tokens, forked=self.v1)
+                                   num_prefill_tokens=request.prompt_tokens, forked=self.v1)
                 if self.keyed:
                     live.block_hashes = self._content_keys(request, self.next_arrival, sample)
                 if request.total_tokens > self.config.model_len:
@@ -167,7 +167,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             live = self.running[index]
-            tokens = self._chunk(live.prompt_length - live.num_computed if not live.prefill_done else 1, budget)
+            tokens = self._chunk(live.num_prefill_tokens - live.num_computed if not live.prefill_done else 1, budget)
             while True:
                 moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + tokens)
                 if moved is not None:
@@ -207,16 +207,16 @@ class Scheduler:
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
-            cached = self.allocator.cached_prefix(head, head.prompt_length)
-            tokens = self._chunk(head.prompt_length - cached, budget)
-            if not self.allocator.can_admit(head, head.prompt_length):
+            cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
+            tokens = self._chunk(head.num_prefill_tokens - cached, budget)
+            if not self.allocator.can_admit(head, head.num_prefill_tokens):
                 break
-            self.allocator.admit(head, head.prompt_length, cached + tokens)
+            self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
             self.running.append(self._dequeue())
             head.num_computed = cached
             if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
                 head.queried = True
-                accounting.prefix_cache_queries += head.prompt_length
+                accounting.prefix_cache_queries += head.num_prefill_tokens
                 accounting.prefix_cache_hits += cached
             scheduled.append((head, tokens))
             budget -= tokens
@@ -256,7 +256,7 @@ class Scheduler:
         for live in self.running:
             if live.prefill_done:
                 continue
-            chunk = live.prompt_length - live.num_computed
+            chunk = live.num_prefill_tokens - live.num_computed
             if self.config.max_batched_tokens is not None:
                 chunk = min(chunk, budget)
                 if chunk <= 0:
@@ -277,7 +277,7 @@ class Scheduler:
             child = LiveRequest(self._new_sequence_id(), leader.prompt_tokens, leader.output_tokens, keys,
                                 request=leader.request, request_index=leader.request_index, sample=sample,
                                 num_computed=leader.num_computed, num_generated=leader.num_generated,
-                                prompt_length=leader.prompt_length, first_token_s=leader.first_token_s,
+                                num_prefill_tokens=leader.num_prefill_tokens, first_token_s=leader.first_token_s,
                                 queried=True, forked=True)
             if child.num_generated >= child.output_tokens:  # its only token came with the prefill
                 self._sample_done(child, now)
@@ -287,7 +287,7 @@ class Scheduler:
                 copied = self.allocator.fork(leader, child, leader.num_computed)
             if copied is None:
                 child.num_computed = 0
-                child.prompt_length = child.prompt_tokens + child.num_generated
+                child.num_prefill_tokens = child.prompt_tokens + child.num_generated
                 self._enqueue(child, front=True)
                 continue
             self.running.append(child)
@@ -317,25 +317,25 @@ class Scheduler:
                 sum(r.prefill_done for r in self.running) >= self.config.max_batched_tokens:
             return False
         head = self.waiting[0]
-        return self.allocator.can_admit(head, head.prompt_length)
+        return self.allocator.can_admit(head, head.num_prefill_tokens)
 
     def _admit(self, budget: int) -> None:
         admitted_tokens = 0
         accounting = self.accounting
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
-            if not self.allocator.can_admit(head, head.prompt_length):
+            if not self.allocator.can_admit(head, head.num_prefill_tokens):
                 return
             if self.config.max_batched_tokens is not None:
                 if budget - admitted_tokens <= 0:
                     return
-            elif admitted_tokens and admitted_tokens + head.prompt_length > budget:
+            elif admitted_tokens and admitted_tokens + head.num_prefill_tokens > budget:
                 return
             # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
             # chunk is reported as it is scheduled.
             computed = None if self.config.max_batched_tokens is None else \
                 head.num_computed if head.swapped_slots else 0
-            cached = self.allocator.admit(head, head.prompt_length, computed)
+            cached = self.allocator.admit(head, head.num_prefill_tokens, computed)
             self.running.append(self._dequeue())
             if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
                 moved = max(head.swapped_slots - cached, 0)
@@ -347,9 +347,9 @@ class Scheduler:
                 head.num_computed = cached
                 if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
                     head.queried = True
-                    accounting.prefix_cache_queries += head.prompt_length
+                    accounting.prefix_cache_queries += head.num_prefill_tokens
                     accounting.prefix_cache_hits += cached
-            admitted_tokens += head.prompt_length - head.num_computed
+            admitted_tokens += head.num_prefill_tokens - head.num_computed
 
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
         if front:
@@ -357,13 +357,13 @@ class Scheduler:
         else:
             self.waiting.append(live)
         if self.allocator.has_external_fragmentation:
-            bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.prompt_length))
+            bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.num_prefill_tokens))
 
     def _dequeue(self) -> LiveRequest:
         live = self.waiting.popleft()
         if self.allocator.has_external_fragmentation:
             del self.waiting_needs[bisect.bisect_left(self.waiting_needs,
-                                                      self.allocator.admission_need(live, live.prompt_length))]
+                                                      self.allocator.admission_need(live, live.num_prefill_tokens))]
         return live
 
     def _preempt(self, victim: LiveRequest) -> None:
@@ -380,10 +380,10 @@ class Scheduler:
             self.accounting.swap_out_tokens += slots
             self.swapped_tokens += slots
             # readmission allocates for what it holds, and a victim caught mid-prefill resumes it
-            victim.prompt_length = max(victim.prompt_length, victim.num_computed)
+            victim.num_prefill_tokens = max(victim.num_prefill_tokens, victim.num_computed)
         else:
             victim.num_computed = 0
-            victim.prompt_length = victim.prompt_tokens + victim.num_generated
+            victim.num_prefill_tokens = victim.prompt_tokens + victim.num_generated
         self._enqueue(victim, front=True)
 
     def _reject(self, live: LiveRequest, reason: str) -> None:
