@@ -92,13 +92,14 @@ def test_parallel_samples_are_requests_sharing_the_prompt(tiny_model: ModelSpec,
 
 
 def test_long_prefill_threshold_caps_a_request_per_step(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
-    # long_prefill_token_threshold 40, budget 100: A (100 tokens) gets 40 a step; B (30) is admitted into the 60
-    # left in step 1 and prefills whole. Step 2: A 40, B decodes. Step 3: A 20 and samples; B done (2 tokens).
-    trace = make_trace("t", [Request("a", 0.0, 100, 1), Request("b", 0.0, 30, 2)], source="test")
+    # long_prefill_token_threshold 30, budget 100: A (120 tokens) gets 30 a step while another request runs or
+    # waits; B (30) is admitted into the 70 left in step 1 and prefills whole. Step 2: A 30, B decodes its second
+    # and last token. Step 3: A is alone, so the threshold is off (num_eligible_reqs == 1): its last 60 at once.
+    trace = make_trace("t", [Request("a", 0.0, 120, 1), Request("b", 0.0, 30, 2)], source="test")
     config = SimConfig(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256,
-                       max_batched_tokens=100, long_prefill_token_threshold=40)
+                       max_batched_tokens=100, long_prefill_token_threshold=30)
     steps, _ = scheduled_tokens(trace, config)
-    assert steps == [{0: 40, 1: 30}, {0: 40, 1: 1}, {0: 20}]
+    assert steps == [{0: 30, 1: 30}, {0: 30, 1: 1}, {0: 60}]
 
 
 def test_watermark_holds_only_while_something_runs(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
@@ -125,6 +126,6 @@ def test_defaults_are_vllm_serves(tiny_model: ModelSpec) -> None:
 
 
 def test_swap_is_v0_only(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
-    with pytest.raises(InputError, match="--preemption.*recompute only"):
+    with pytest.raises(InputError, match=r"--preemption.*recompute only"):
         SimConfig(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10)
     SimConfig(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10, scheduler="v0")

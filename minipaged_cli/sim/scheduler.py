@@ -91,6 +91,7 @@ class Scheduler:
         self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
         self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
         self.v1 = config.scheduler == "v1"
+        self.prefill_cap = 0  # v1: this step's long-prefill threshold
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -162,6 +163,9 @@ class Scheduler:
 
     def _schedule_v1(self) -> StepDecision | None:
         budget = self.config.max_batched_tokens
+        # The long-prefill threshold keeps one prompt from starving the others; alone, a request takes the budget.
+        self.prefill_cap = self.config.long_prefill_token_threshold \
+            if len(self.running) + len(self.waiting) > 1 else 0
         scheduled: list[tuple[LiveRequest, int]] = []
         copied, preempted = 0, False
         index = 0
@@ -195,11 +199,10 @@ class Scheduler:
         return StepDecision(decoders, chunks, copied_tokens=copied, saturated=saturated)
 
     def _chunk(self, remaining: int, budget: int) -> int:
-        """Tokens a request computes this step: what it has left, at most the long-prefill threshold and the
-        budget."""
-        threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < remaining:
-            remaining = threshold
+        """Tokens a request computes this step: what it has left, at most the long-prefill threshold (while
+        another request runs or waits) and the budget."""
+        if 0 < self.prefill_cap < remaining:
+            remaining = self.prefill_cap
         return min(remaining, budget)
 
     def _admit_v1(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
