@@ -43,11 +43,13 @@ from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
+from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
 Seconds = TypeVar("Seconds", float, np.ndarray)
+SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {"v1": Scheduler, "v0": V0Scheduler}
 _MAX_BULK_STEPS = 4096
 _MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
 _STEPS = np.arange(1, _MAX_BULK_STEPS + 1, dtype=np.int64)
@@ -90,7 +92,7 @@ class Replay:
         self.first_arrival_s = trace.requests[0].arrival_s
         self.accounting = Accounting(allocator.capacity_tokens, config.model.kv_bytes_per_token,
                                      config.record_timeline)
-        self.scheduler = Scheduler(trace, config, allocator, self.accounting)
+        self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
@@ -147,8 +149,8 @@ class Replay:
         self.accounting.note_busiest(running, self.allocator.used_slots)
         self.now += duration
         for live, _ in chunks:
-            if live.prefill_done and live.request.n > 1 and not live.forked:
-                self.scheduler.fork_samples(live, self.now)
+            if live.prefill_done:
+                self.scheduler.prefilled(live, self.now)
         self.scheduler.finish(self.now)
 
     def _duration(self, decision: StepDecision) -> float:
@@ -248,7 +250,9 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
         if all(allocator.rejection_reason(h) is not None for h in holdings):
             smallest = min(allocator.largest_need(h) for h in holdings)
             hint = " or lower --max-model-len" if name == "max-reserve" else ""
-            watermark = f" above the {config.watermark:g} watermark" if config.watermark and name == "paged" else ""
+            # (v1 holds the watermark only while something runs: a request alone may use the whole pool)
+            watermark = f" above the {config.watermark:g} watermark" \
+                if config.watermark and name == "paged" and config.scheduler == "v0" else ""
             raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens{watermark} is too small for any "
                              f"request under {name} (the smallest needs {smallest}); raise --kv-memory or "
                              f"--num-blocks{hint}", field="--kv-memory")

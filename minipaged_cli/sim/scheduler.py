@@ -1,8 +1,8 @@
-"""The scheduler: queues, admission, preemption, parallel sampling and swap, under one allocation strategy.
+"""The scheduler: queues, admission, preemption and parallel sampling, under one allocation strategy.
 
 ``schedule`` returns what the step runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times
-the step, runs it, and reports back (``fork_samples`` after a prefill in v0, ``finish`` at the end). Two policies,
-``SimConfig.scheduler``:
+the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
+vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
 
 ``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, pinned to vLLM 0.33.0): one budget of
 ``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute (one
@@ -20,12 +20,6 @@ Not modelled, because a trace cannot reach it or it is off in ``vllm serve``'s d
 ``schedule`` enforces no concurrent-prefill limit), the ``max_model_len`` cap on a step's tokens (only speculative
 decoding reaches it; a request longer than ``max_model_len`` is rejected whole here, where vLLM would cut its
 output), encoder budgets, LoRA limits, KV connectors and priority scheduling.
-
-``v0`` (vLLM's removed v0 engine, the vLLM paper's): every decoding request grows by one token (preempting the latest
-admitted request while the pool cannot give it; the victim swaps out to a CPU pool or is recomputed later), then, if
-nobody was preempted, waiting requests are admitted first come first served while the strategy can place their
-whole prompt, and the prefill budget goes out (whole prompts, or chunks of ``max_batched_tokens`` in admission
-order); a request with ``n`` > 1 forks its samples after its prefill (copy-on-write).
 
 With prefix caching a request's full blocks carry content keys (its shared segments, then its own prompt, then
 each sample's output), and a chunk's blocks join the cache when the chunk is scheduled, never before.
@@ -72,6 +66,10 @@ class StepDecision:
 
 
 class Scheduler:
+    """vLLM v1's scheduling (the module docstring); ``V0Scheduler`` overrides ``schedule`` and what differs."""
+
+    samples_at_arrival = True  # v1 splits parallel sampling into n requests (its ParentRequest)
+
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
         self.config = config
         self.allocator = allocator
@@ -83,15 +81,8 @@ class Scheduler:
         self.waiting: deque[LiveRequest] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[LiveRequest] = []
-        self.cpu_capacity = config.cpu_blocks * config.block_size  # swap space, slots
-        self.cpu_used = 0
-        self.swapped_tokens = 0  # moved over the host link since the last step was scheduled
-        self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was scheduled
-        self.pending_forks: list[tuple[int, int]] = []  # for the next step's decision
-        self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
         self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
-        self.v1 = config.scheduler == "v1"
-        self.prefill_cap = 0  # v1: this step's long-prefill threshold
+        self.prefill_cap = 0  # this step's long-prefill threshold
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -106,14 +97,9 @@ class Scheduler:
     @property
     def can_bulk(self) -> bool:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
-        runs, no prompt is mid-prefill, no fork awaits its copy-on-write, no swap awaits its time, and the
-        queue's head cannot be admitted."""
-        # Without chunking every prompt is prefilled whole in the step that admits it.
-        chunked = self.config.max_batched_tokens is not None
-        # v1: a budget smaller than the running batch leaves some decodes out of a step.
-        return bool(self.running) and not (chunked and any(not r.prefill_done for r in self.running)) \
-            and not (self.v1 and len(self.running) >= self.config.max_batched_tokens) \
-            and not self.forked and not self.swapped_tokens and not self._head_admissible()
+        runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
+        return bool(self.running) and all(r.prefill_done for r in self.running) \
+            and len(self.running) < self.config.max_batched_tokens and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
@@ -140,12 +126,12 @@ class Scheduler:
         while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
             request = self.requests[self.next_arrival]
             self.accounting.arrived(self.next_arrival, request.n)
-            # v1 splits parallel sampling into n requests (its ParentRequest); v0 forks after the prefill.
-            for sample in range(request.n if self.v1 else 1):
+            for sample in range(request.n if self.samples_at_arrival else 1):
                 sequence_id = self.next_arrival if sample == 0 else self._new_sequence_id()
                 live = LiveRequest(sequence_id, request.prompt_tokens, request.output_tokens, request=request,
                                    request_index=self.next_arrival, sample=sample,
-                                   num_prefill_tokens=request.prompt_tokens, forked=self.v1)
+                                   num_prefill_tokens=request.prompt_tokens,
+                                   forked=self.samples_at_arrival)
                 if self.keyed:
                     live.block_hashes = self._content_keys(request, self.next_arrival, sample)
                 if request.total_tokens > self.config.model_len:
@@ -159,9 +145,6 @@ class Scheduler:
     def schedule(self) -> StepDecision | None:
         """The next step, or None when nothing can run in it (a request that preempted itself runs next step;
         a head that can never fit again is rejected)."""
-        return self._schedule_v1() if self.v1 else self._schedule_v0()
-
-    def _schedule_v1(self) -> StepDecision | None:
         budget = self.config.max_batched_tokens
         # The long-prefill threshold keeps one prompt from starving the others; alone, a request takes the budget.
         self.prefill_cap = self.config.long_prefill_token_threshold \
@@ -188,7 +171,7 @@ class Scheduler:
             budget -= tokens
             index += 1
         if not preempted:
-            budget = self._admit_v1(budget, scheduled)
+            budget = self._admit(budget, scheduled)
         saturated = preempted or self.waiting_for_memory()
         if not scheduled:
             if not self.running and not preempted:
@@ -205,7 +188,7 @@ class Scheduler:
             remaining = self.prefill_cap
         return min(remaining, budget)
 
-    def _admit_v1(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
+    def _admit(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
         """Admit waiting requests first come first served into what is left of the budget; returns the rest."""
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -225,78 +208,8 @@ class Scheduler:
             budget -= tokens
         return budget
 
-    def _schedule_v0(self) -> StepDecision | None:
-        decoders = [r for r in self.running if r.prefill_done]
-        copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
-        preempted = False
-        for live in decoders:
-            while live in self.running:
-                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + 1)
-                if moved is not None:
-                    copied += moved
-                    break
-                self._preempt(self.running[-1])
-                preempted = True
-        if preempted:
-            decoders = [r for r in decoders if r in self.running]
-        self.forked = False
-        copies = self.allocator.take_copies()
-        copied += len(copies) * self.config.block_size
-
-        budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
-        saturated = preempted or self.waiting_for_memory()
-        if not preempted:
-            self._admit(budget)
-        if not self.running:
-            if not preempted:
-                # Nothing runs and the head still does not fit: it never will (only reachable when its
-                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
-                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
-            return None
-
-        # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
-        chunks: list[tuple[LiveRequest, int]] = []
-        for live in self.running:
-            if live.prefill_done:
-                continue
-            chunk = live.num_prefill_tokens - live.num_computed
-            if self.config.max_batched_tokens is not None:
-                chunk = min(chunk, budget)
-                if chunk <= 0:
-                    break
-                budget -= chunk
-                self.allocator.mark_computed(live, live.num_computed + chunk)  # its blocks may be cached now
-            chunks.append((live, chunk))
-        swapped, self.swapped_tokens = self.swapped_tokens, 0
-        forks, self.pending_forks = self.pending_forks, []
-        return StepDecision(decoders, chunks, copies, copied, swapped, forks, saturated)
-
-    def fork_samples(self, leader: LiveRequest, now: float) -> None:
-        """Parallel sampling: the other n - 1 sequences, each with its own first token, from the leader's prompt.
-        A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
-        leader.forked = True
-        for sample in range(1, leader.request.n):
-            keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
-            child = LiveRequest(self._new_sequence_id(), leader.prompt_tokens, leader.output_tokens, keys,
-                                request=leader.request, request_index=leader.request_index, sample=sample,
-                                num_computed=leader.num_computed, num_generated=leader.num_generated,
-                                num_prefill_tokens=leader.num_prefill_tokens, first_token_s=leader.first_token_s,
-                                queried=True, forked=True)
-            if child.num_generated >= child.output_tokens:  # its only token came with the prefill
-                self._sample_done(child, now)
-                continue
-            copied = None
-            if len(self.running) < self.config.max_num_seqs:
-                copied = self.allocator.fork(leader, child, leader.num_computed)
-            if copied is None:
-                child.num_computed = 0
-                child.num_prefill_tokens = child.prompt_tokens + child.num_generated
-                self._enqueue(child, front=True)
-                continue
-            self.running.append(child)
-            self.fork_copy_tokens += copied
-            self.pending_forks.append((leader.sequence_id, child.sequence_id))
-            self.forked = True
+    def prefilled(self, live: LiveRequest, now: float) -> None:
+        """The request's prefill has just run (``V0Scheduler`` forks its samples then)."""
 
     def finish(self, now: float) -> None:
         """Release every request that has generated all its tokens."""
@@ -322,38 +235,6 @@ class Scheduler:
         head = self.waiting[0]
         return self.allocator.can_admit(head, head.num_prefill_tokens)
 
-    def _admit(self, budget: int) -> None:
-        admitted_tokens = 0
-        accounting = self.accounting
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            head = self.waiting[0]
-            if not self.allocator.can_admit(head, head.num_prefill_tokens):
-                return
-            if self.config.max_batched_tokens is not None:
-                if budget - admitted_tokens <= 0:
-                    return
-            elif admitted_tokens and admitted_tokens + head.num_prefill_tokens > budget:
-                return
-            # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
-            # chunk is reported as it is scheduled.
-            computed = None if self.config.max_batched_tokens is None else \
-                head.num_computed if head.swapped_slots else 0
-            cached = self.allocator.admit(head, head.num_prefill_tokens, computed)
-            self.running.append(self._dequeue())
-            if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
-                moved = max(head.swapped_slots - cached, 0)
-                self.cpu_used -= head.swapped_slots
-                head.swapped_slots = 0
-                accounting.swap_in_tokens += moved
-                self.swapped_tokens += moved
-            else:
-                head.num_computed = cached
-                if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
-                    head.queried = True
-                    accounting.prefix_cache_queries += head.num_prefill_tokens
-                    accounting.prefix_cache_hits += cached
-            admitted_tokens += head.num_prefill_tokens - head.num_computed
-
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
         if front:
             self.waiting.appendleft(live)
@@ -370,28 +251,16 @@ class Scheduler:
         return live
 
     def _preempt(self, victim: LiveRequest) -> None:
-        """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else
-        recompute: drop it, and prefill prompt + generated tokens again when readmitted."""
-        slots = self.allocator.swap_slots(victim, victim.num_computed)
+        """Recompute: drop the victim's KV; it prefills prompt + generated tokens again when readmitted, from the
+        front of the queue."""
         self.allocator.release(victim)
         self.running.remove(victim)
         self.accounting.num_preemptions += 1
-        if self.config.preemption == "swap" and self.cpu_used + slots <= self.cpu_capacity:
-            self.cpu_used += slots
-            victim.swapped_slots = slots
-            self.accounting.num_swaps += 1
-            self.accounting.swap_out_tokens += slots
-            self.swapped_tokens += slots
-            # readmission allocates for what it holds, and a victim caught mid-prefill resumes it
-            victim.num_prefill_tokens = max(victim.num_prefill_tokens, victim.num_computed)
-        else:
-            victim.num_computed = 0
-            victim.num_prefill_tokens = victim.prompt_tokens + victim.num_generated
+        victim.num_computed = 0
+        victim.num_prefill_tokens = victim.prompt_tokens + victim.num_generated
         self._enqueue(victim, front=True)
 
     def _reject(self, live: LiveRequest, reason: str) -> None:
-        self.cpu_used -= live.swapped_slots
-        live.swapped_slots = 0
         self.accounting.rejected_sample(live, reason)
 
     def _sample_done(self, live: LiveRequest, now: float) -> None:
@@ -406,3 +275,4 @@ class Scheduler:
         own_prompt = request.prompt_tokens - sum(length for _, length in runs)
         runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
         return block_content_keys(runs, self.config.block_size)
+
