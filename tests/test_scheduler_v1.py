@@ -6,14 +6,19 @@ last running request is preempted when a chunk's blocks are not there."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from typer.testing import CliRunner
+
+from minipaged_cli.cli.main import app
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.config import SimConfig, vllm_serve_batch_defaults
 from minipaged_cli.sim.replay import StepWork, replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu
 from minipaged_cli.workloads.trace import Request, make_trace
+from tests.conftest import ROOT
 
 
 def scheduled_tokens(trace, config: SimConfig) -> tuple[list[dict[int, int]], object]:
@@ -129,3 +134,18 @@ def test_swap_is_v0_only(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     with pytest.raises(InputError, match=r"--preemption.*recompute only"):
         SimConfig(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10)
     SimConfig(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10, scheduler="v0")
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], ("v1", 8192, 1024, True, 0.0)),
+    (["--no-prefix-caching", "--max-num-seqs", "8"], ("v1", 8192, 8, False, 0.0)),
+    (["--scheduler", "v0"], ("v0", None, 256, False, 0.01)),
+])
+def test_simulate_takes_the_engines_defaults(args: list[str], expected: tuple) -> None:
+    # h200 (141 GB, not an A100): vllm serve's 8192 tokens and 1024 sequences in v1; v0's own defaults.
+    result = CliRunner().invoke(app, ["simulate", str(ROOT / "traces" / "burst.yaml"), "--strategies", "paged",
+                                      "--json", "-", *args])
+    assert result.exit_code == 0, result.output
+    config = json.loads(result.stdout)["config"]
+    assert tuple(config[k] for k in ("scheduler", "max_batched_tokens", "max_num_seqs", "prefix_caching",
+                                     "watermark")) == expected
