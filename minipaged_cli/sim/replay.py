@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,6 @@ from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
-Seconds = TypeVar("Seconds", float, np.ndarray)
 SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {"v1": Scheduler, "v0": V0Scheduler}
 _MAX_BULK_STEPS = 4096
 _MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
@@ -178,8 +177,8 @@ class Replay:
         steps = _STEPS[:num_steps]
         total_length = int(lengths.sum())
         contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
-        durations = _checked_seconds(self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n,
-                                                                 decode_context=contexts))
+        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+        _checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
             ends = self.now + np.cumsum(durations)
@@ -193,8 +192,10 @@ class Replay:
 
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
         # back by memory from the first step whose new blocks eat its headroom on (free space only shrinks here).
-        grown = _per_step(profile.allocated, 0, num_steps) - int(allocated.sum())
-        num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
+        num_free = num_steps
+        if scheduler.waiting:
+            grown = _per_step(profile.allocated, 0, num_steps) - int(allocated.sum())
+            num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
         external = scheduler.external_fragmentation()
         for start, stop, saturated in ((0, num_free, False), (num_free, num_steps, True)):
             if stop > start:
@@ -204,7 +205,7 @@ class Replay:
             live.num_computed += num_steps
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
-        self.now += float(durations[:num_steps].sum())
+        self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
         scheduler.finish(self.now)
         return True
 
@@ -224,12 +225,10 @@ class Replay:
         ), saturated, stop - start, n)
 
 
-def _checked_seconds(seconds: Seconds) -> Seconds:
-    """Step times as the model gave them, refused unless finite and positive: a NaN never advances the clock
-    (the replay would hang) and a zero step time makes throughput infinite."""
-    worst = float(np.min(seconds)) if np.all(np.isfinite(seconds)) else float(np.max(np.abs(seconds)))
-    positive_number(worst, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
-    return seconds
+def _checked_seconds(seconds: float) -> float:
+    """A step time (or a sum of them) as the model gave it, refused unless finite and positive: a NaN never
+    advances the clock (the replay would hang) and a zero step time makes throughput infinite."""
+    return positive_number(seconds, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
 
 
 def _per_step(values: np.ndarray | int, start: int, stop: int) -> np.ndarray:
