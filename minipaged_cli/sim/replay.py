@@ -215,20 +215,28 @@ class Replay:
         slots stay constant: no admission, fork or release until the last step)."""
         part = durations[start:stop]
         duration = float(part.sum())
-        self.accounting.record(self.now + float(durations[:start].sum()), duration, category_slots(
+        slots = category_slots(
             total_length * duration + n * float(part @ _STEPS[start:stop]),
-            float(_per_step(profile.allocated, start, stop) @ part),
-            float(_per_step(profile.internal, start, stop) @ part),
+            _integral(profile.allocated, part, duration, start, stop),
+            _integral(profile.internal, part, duration, start, stop),
             external * duration,
             self.allocator.capacity_tokens * duration,
             self.allocator.shared_slots * duration,
-        ), saturated, stop - start, n)
+        )
+        began = self.now + float(durations[:start].sum()) if start else self.now
+        self.accounting.record(began, duration, slots, saturated, stop - start, n)
 
 
 def _checked_seconds(seconds: float) -> float:
     """A step time (or a sum of them) as the model gave it, refused unless finite and positive: a NaN never
     advances the clock (the replay would hang) and a zero step time makes throughput infinite."""
     return positive_number(seconds, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
+
+
+def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:
+    """Σ durations * values over steps ``start`` to ``stop`` of a ``BulkProfile`` series (per step, or one
+    constant: then no array is built)."""
+    return float(values[start:stop] @ durations) if isinstance(values, np.ndarray) else values * duration
 
 
 def _per_step(values: np.ndarray | int, start: int, stop: int) -> np.ndarray:

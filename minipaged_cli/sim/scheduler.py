@@ -154,7 +154,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             live = self.running[index]
-            tokens = self._chunk(live.num_prefill_tokens - live.num_computed if not live.prefill_done else 1, budget)
+            tokens = 1 if live.prefill_done else self._chunk(live.num_prefill_tokens - live.num_computed, budget)
             while True:
                 moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + tokens)
                 if moved is not None:
