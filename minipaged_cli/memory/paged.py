@@ -40,10 +40,10 @@ class PagedAllocator(Allocator):
     def supports_prefix_caching(self) -> bool:
         return True
 
-    @property
     def _watermark(self) -> int:
         """Blocks admission leaves free now: v1 keeps them only while some sequence runs."""
-        return self.watermark_blocks if not self.per_chunk or self.manager.sequences else 0
+        return self.watermark_blocks if self.watermark_blocks and (not self.per_chunk or self.manager.sequences) \
+            else 0
 
     def largest_need(self, holding: Holding) -> int:
         return num_blocks_for(holding.final_length, self.block_size) * self.block_size
@@ -59,11 +59,11 @@ class PagedAllocator(Allocator):
 
     def can_admit(self, holding: Holding, prompt_length: int) -> bool:
         needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
-        return needed + self._watermark <= self.manager.num_free_blocks
+        return needed + self._watermark() <= self.manager.num_free_blocks
 
     def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
         needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
-        return (self.manager.num_free_blocks - needed - self._watermark) * self.block_size
+        return (self.manager.num_free_blocks - needed - self._watermark()) * self.block_size
 
     def cached_prefix(self, holding: Holding, prompt_length: int) -> int:
         return self.manager.num_cached_tokens(prompt_length, holding.block_hashes)

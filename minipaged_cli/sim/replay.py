@@ -29,6 +29,7 @@ at a time, the reference the fast path is tested against).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,6 +231,8 @@ class Replay:
 def _checked_seconds(seconds: float) -> float:
     """A step time (or a sum of them) as the model gave it, refused unless finite and positive: a NaN never
     advances the clock (the replay would hang) and a zero step time makes throughput infinite."""
+    if 0.0 < seconds < math.inf:  # the common case, without the validator's call
+        return seconds
     return positive_number(seconds, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
 
 
