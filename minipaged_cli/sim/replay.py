@@ -3,22 +3,13 @@
 This module is the loop; the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
 times it, and the accounting (``accounting``, ``categories``) measures it.
 
-Each step: the scheduler grows the decoding requests (preempting when the pool runs out), admits and prefills
-(whole prompts, or chunks of a ``max_batched_tokens`` budget); every decoding request writes one token's KV and
-samples the next; finished requests free their memory.
+Each step the scheduler decides what runs (vLLM v1's policy or v0's, ``SimConfig.scheduler``); every decoding
+request writes one token's KV and samples the next, every prefill chunk its tokens; finished requests free their
+memory. Memory categories during a step: ``sim.categories`` defines them (they sum to the capacity). A request's
+final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never written.
 
-Memory categories during a step: ``sim.categories`` defines them (token states, reserved-future, internal and
-external fragmentation, free; they sum to the capacity). A request's final length is prompt + output - 1: the
-last sampled token is never fed back, so its KV is never written.
-
-Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks in the
-prefix cache (those of shared segments, written by earlier requests, or its own, when it is recomputed) and
-prefills only the rest; a request with ``n`` > 1 forks ``n - 1`` more
-sequences after its prefill, holding the prompt's blocks with it until copy-on-write. A shared block holds its
-tokens once, so the per-request sums above count ``allocator.shared_slots`` too many; that is taken off the
-token states and the allocated slots. Preemption either recomputes the victim (drops its KV; it prefills
-prompt + generated tokens again) or, with ``preemption="swap"``, moves its KV to a CPU pool of ``cpu_blocks``
-blocks over the host link and back when it is readmitted (recompute when the CPU pool is full).
+Shared blocks (``paged`` only: prefix-cache hits, v0's forked samples) hold their tokens once, so the per-request
+sums count ``allocator.shared_slots`` too many; that is taken off the token states and the allocated slots.
 
 Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
 an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
@@ -195,7 +186,7 @@ class Replay:
         # back by memory from the first step whose new blocks eat its headroom on (free space only shrinks here).
         num_free = num_steps
         if scheduler.waiting:
-            grown = _per_step(profile.allocated, 0, num_steps) - int(allocated.sum())
+            grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
             num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
         external = scheduler.external_fragmentation()
         for start, stop, saturated in ((0, num_free, False), (num_free, num_steps, True)):
@@ -240,11 +231,6 @@ def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, 
     """Σ durations * values over steps ``start`` to ``stop`` of a ``BulkProfile`` series (per step, or one
     constant: then no array is built)."""
     return float(values[start:stop] @ durations) if isinstance(values, np.ndarray) else values * duration
-
-
-def _per_step(values: np.ndarray | int, start: int, stop: int) -> np.ndarray:
-    """Steps ``start`` to ``stop`` of a ``BulkProfile`` series, which is per step or one constant."""
-    return values[start:stop] if isinstance(values, np.ndarray) else np.full(stop - start, values, dtype=np.int64)
 
 
 def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...]) -> None:
