@@ -7,8 +7,9 @@
 #   bench.log       benchmarks/kernels_gpu.py: kernel figures beside same-run baselines (first: they matter most)
 #   gpu_tests.log   pytest -m gpu, full output; MINIPAGED_REQUIRE_GPU=1 makes a skipped GPU test a failure
 #   memcheck.log    compute-sanitizer memcheck over the bf16 attention, cache-write and copy-blocks GPU tests
-#   calibrate.log   minipaged calibrate: Qwen3-8B's GEMMs, prefill attention (torch) and this project's decode
-#                   attention and cache-write kernels, timed over their grids against the H200 preset's model
+#   calibrate.log   minipaged calibrate: Qwen3-8B's GEMMs, element-wise kernels, prefill attention (torch) and
+#                   this project's decode attention and cache-write kernels, timed over their grids (prompts and
+#                   contexts up to the model's 40,960 tokens) against the H200 preset's model
 #   calibration-h200-qwen3-8b.yaml   what it measured: simulate --calibration reads it (configs/calibrations/)
 #   run.log         minipaged run on a slice of the Azure conversation trace, on the CUDA kernels
 #   verify.log      minipaged verify --layer 3 on the CUDA kernels, bf16

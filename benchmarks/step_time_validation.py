@@ -8,6 +8,9 @@ Three predictions beside each measurement, per layer:
 - calibrated: interpolation in a calibration made from every other row of the profile, predicting the rows it
   left out (the shipped calibrations hold every row, so on the profile's own shapes they are exact).
 
+Then the element-wise kernels the same profiles time (two RMSNorms, RoPE, SiLU, the residual add): measured
+against the efficiency model's memory-bound term (fused kernels at the preset's attention bandwidth efficiency).
+
     python benchmarks/step_time_validation.py            # the summary and the README's table
     python benchmarks/step_time_validation.py --all      # every shape
 """
@@ -85,6 +88,21 @@ def main() -> None:
             within = np.abs(errors(p, "calibrated", low, high, held_out_only=True)) <= 0.10
             print(f"  {label:<17} " + ", ".join(parts)
                   + f"; calibrated within 10 %: {within.sum()} of {within.size} held-out shapes")
+        print_elementwise(gpu_name)
+
+
+def print_elementwise(gpu_name: str) -> None:
+    model, gpu = load_model("llama-2-7b"), load_gpu(gpu_name)
+    measured = from_vidur(PROFILES[gpu_name], model, gpu_name).elementwise
+    assert measured is not None
+    shown = np.isin(measured.sizes, SHOWN)
+    tokens = measured.sizes[shown]
+    efficiency = StepTimeModel(model, gpu).elementwise_seconds(tokens) / model.num_layers
+    print(f"{gpu_name}, element-wise kernels, µs per layer: measured / efficiency model (all {model.num_layers} "
+          "layers, ms)")
+    for n, m, e in zip(tokens, measured.seconds[shown], efficiency, strict=True):
+        print(f"{int(n):>7} {m * 1e6:9.1f} {e * 1e6:9.1f}  x{m / e:<7.2f} ({m * model.num_layers * 1e3:.2f} ms "
+              f"measured, {e * model.num_layers * 1e3:.2f} ms model)")
 
 
 if __name__ == "__main__":

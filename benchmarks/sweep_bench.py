@@ -40,7 +40,7 @@ def main() -> None:
     trace = load_trace(args.trace)
     axes = Axes(rates=tuple(float(r) for r in args.rates.split(",")), strategies=STRATEGIES,
                 kv_memory=(args.kv_memory,))
-    settings = Settings(max_model_len=args.max_model_len)
+    settings = Settings(engine={"max_model_len": args.max_model_len})
     points = len(axes.points())
 
     started = time.perf_counter()

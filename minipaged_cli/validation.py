@@ -19,8 +19,9 @@ def _is_number(value: Any) -> bool:
 
 def finite_number(value: Any, *, field: str, source: str | None = None, where: str | None = None,
                   minimum: float | None = None, maximum: float | None = None,
-                  exclusive_minimum: bool = False) -> float:
-    """``value`` as a float: a finite number within [minimum, maximum] (``(minimum, ...`` when exclusive)."""
+                  exclusive_minimum: bool = False, exclusive_maximum: bool = False) -> float:
+    """``value`` as a float: a finite number within [minimum, maximum] (``(minimum, ...`` and ``..., maximum)``
+    when exclusive)."""
 
     def refuse(message: str) -> InputError:
         return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
@@ -29,8 +30,8 @@ def finite_number(value: Any, *, field: str, source: str | None = None, where: s
         raise refuse("must be a finite number")
     if minimum is not None and (value < minimum or (exclusive_minimum and value == minimum)):
         raise refuse(f"must be {'>' if exclusive_minimum else '>='} {minimum:g}")
-    if maximum is not None and value > maximum:
-        raise refuse(f"must be <= {maximum:g}")
+    if maximum is not None and (value > maximum or (exclusive_maximum and value == maximum)):
+        raise refuse(f"must be {'<' if exclusive_maximum else '<='} {maximum:g}")
     return float(value)
 
 

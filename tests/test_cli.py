@@ -115,8 +115,8 @@ def test_check_invariants_reports_none_on_mixed() -> None:
     (["simulate", MIXED, "--max-model-len", "10"], "--max-model-len: 10"),
     (["simulate", MIXED, "--format", "csv"], "--format: 'csv'"),
     (["simulate", MIXED, "--block-size", "0"], "--block-size: 0"),
-    (["simulate", MIXED, "--json", "/no/such/dir/out.json"], "--json: '/no/such/dir/out.json': cannot write"),
-    (["simulate", MIXED, "--plot", "/no/such/dir/out.png"], "--plot: '/no/such/dir/out.png': cannot write"),
+    (["simulate", MIXED, "--json", "/no/such/dir/out.json"], "--json: '/no/such/dir/out.json': no such directory"),
+    (["simulate", MIXED, "--plot", "/no/such/dir/out.png"], "--plot: '/no/such/dir/out.png': no such directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     result = runner.invoke(app, args)
@@ -206,6 +206,24 @@ def test_progress_bar_appears_only_after_the_delay() -> None:
         assert fast.bar is not None
         assert fast.bar.tasks[0].completed == 1010  # dynamic is the second strategy
         assert fast.bar.tasks[0].total == 2000
+
+
+def test_progress_bar_names_its_unit_and_stays_off_a_pipe() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from minipaged_cli.cli.render import ReplayProgress
+
+    terminal = Console(file=StringIO(), force_terminal=True, no_color=True, width=120)
+    with ReplayProgress(terminal, 1000, ("paged",), delay_s=0) as progress:
+        progress("paged", 10)
+        progress.bar.refresh()  # type: ignore[union-attr]
+    assert "replaying paged" in terminal.file.getvalue() and "10/1000 requests" in terminal.file.getvalue()
+    piped = Console(file=StringIO(), width=120)
+    with ReplayProgress(piped, 1000, ("paged",), delay_s=0) as progress:
+        progress("paged", 10)
+    assert piped.file.getvalue() == ""  # a transient bar on a pipe would leave an empty line in the log
 
 
 def test_plots_of_run_and_profile(tmp_path: Path) -> None:

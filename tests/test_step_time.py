@@ -3,7 +3,9 @@ the calibration files and command that replace it with measurements."""
 
 from __future__ import annotations
 
+import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.calibrate import from_vidur
+from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, coverage, full_grid
+from minipaged_cli.apps.vidur import from_vidur
 from minipaged_cli.cli.main import app
 from minipaged_cli.sim.calibration import Calibration, Grid, Table, load_calibration
 from minipaged_cli.sim.config import SimConfig
@@ -33,7 +36,11 @@ def test_a_decode_step_worked_by_hand() -> None:
     head = 32000 * 4096
     kv_per_token = 2 * 32 * 32 * 128 * 2  # K and V, 32 layers, 32 heads of 128, fp16: 524,288 bytes
     flops, hbm = 989e12 * 0.84, 3.35e12 * 0.90  # the preset's GEMM efficiencies
+    # Element-wise, per token and layer: two fused add + RMSNorms (hidden and residual in, both out), RoPE on Q and
+    # K (in and out), SiLU(gate) * up (two in, one out): 82,176 fp16 values.
+    elementwise = 2 * 4 * 4096 + 2 * (4096 + 4096) + 3 * 11008
     expected = (32 * (8 * 2 * layer / flops + 2 * layer / hbm)  # weight GEMMs of 8 tokens
+                + 32 * 8 * elementwise * 2 / (3.35e12 * 0.80)  # element-wise kernels, memory-bound
                 + 8 * 2 * head / flops + 2 * head / hbm  # LM head: 8 rows of logits
                 + 8 * 1000 * kv_per_token / (3.35e12 * 0.80)  # decode attention reads every token's K/V
                 + 8 * kv_per_token / (3.35e12 * 0.80)  # cache writes of the 8 new tokens
@@ -77,14 +84,54 @@ def _synthetic_calibration(model):  # type: ignore[no-untyped-def]
         cache_write=Table(np.array([1.0, 1024]), np.array([2e-6, 3e-5])))
 
 
-def test_interpolation_is_linear_inside_and_proportional_beyond() -> None:
+def test_interpolation_is_linear_inside_and_shaped_beyond() -> None:
     table = Table(np.array([10.0, 20.0]), np.array([1.0, 3.0]))
     assert float(table(15)) == pytest.approx(2.0)
-    assert float(table(40)) == pytest.approx(6.0)  # twice the last point's tokens, twice its time
+    assert float(table(40)) == pytest.approx(6.0)  # by default twice the last point's tokens, twice its time
+    assert float(table(40, shape=lambda n: n * n)) == pytest.approx(12.0)  # a quadratic term: four times
+    assert float(table(40, shape=lambda n: n + 20)) == pytest.approx(4.5)  # a constant part: 60 / 40 of the time
+    np.testing.assert_allclose(table(np.array([15.0, 40.0]), shape=lambda n: n * n), [2.0, 12.0])
     assert float(table(1)) == pytest.approx(1.0)
     grid = Grid(np.array([1.0, 3.0]), np.array([10.0, 20.0]), np.array([[1.0, 2.0], [3.0, 6.0]]))
     assert float(grid(2, 15)) == pytest.approx((1.5 + 4.5) / 2)
     assert float(grid(6, 20)) == pytest.approx(12.0)
+
+
+def test_a_prompt_past_the_calibrations_longest_costs_the_square_of_its_length() -> None:
+    # The issue's case: a calibration measured up to 8,192-token prompts, asked for a 65,536-token one. Llama-2-7B
+    # on an H100 is compute-bound there (FLOPs 0.93 ms a layer, K/V read 0.05 ms), so causal attention's time
+    # grows with the (query, key) pairs: 65,536 * 65,537 / (8,192 * 8,193) = 63.99 times, not 8 times.
+    model, gpu = load_model("llama-2-7b"), load_gpu("h100")
+    last = 2e-3  # seconds a layer at 8,192 tokens
+    calibration = Calibration(gpu="h100", model=model, source="test",
+                              linear=Table(np.array([1.0, 8192]), np.array([1e-4, 1e-3])),
+                              prefill_attention=Table(np.array([1024.0, 8192]), np.array([5e-5, last])))
+    step = StepTimeModel(model, gpu, calibration)
+
+    def one_prompt(n: int) -> float:
+        return float(step.prefill_attention_seconds(n, n * (n + 1) / 2, n))
+
+    assert one_prompt(8192) == pytest.approx(32 * last, rel=1e-12)
+    assert one_prompt(65536) / one_prompt(8192) == pytest.approx(65536 * 65537 / (8192 * 8193), rel=1e-12)
+    # A 16,384-token chunk attending to 16,384 more tokens of context: its pairs at the 16,384-token prompt's rate.
+    pairs = 16384 * 16384 + 16384 * 16385 / 2
+    rate = (16384 * 16385 / 2) / (32 * last * 16384 * 16385 / (8192 * 8193))
+    assert float(step.prefill_attention_seconds(16384, pairs, 32768)) == pytest.approx(pairs / rate, rel=1e-12)
+
+
+def test_gemms_past_the_calibrations_largest_grow_as_the_efficiency_model_does() -> None:
+    # Twice the shipped H100 table's last 4,096 tokens: the weight-reading part does not double.
+    model, gpu = load_model("llama-2-7b"), load_gpu("h100")
+    calibration = load_calibration(ROOT / "configs" / "calibrations" / "h100-llama-2-7b.yaml")
+    layer = 4096 * (2 * 4096 + 2 * 4096) + 3 * 4096 * 11008
+
+    def efficiency(tokens: int) -> float:  # one layer, by hand: FLOPs at 0.84 of peak, weights at 0.9 of HBM
+        return tokens * 2 * layer / (989e12 * 0.84) + 2 * layer / (3.35e12 * 0.90)
+
+    last = float(calibration.linear.seconds[-1])
+    expected = 32 * last * efficiency(8192) / efficiency(4096)
+    assert float(StepTimeModel(model, gpu, calibration).linear_seconds(8192)) == pytest.approx(expected, rel=1e-12)
+    assert 1.9 < expected / (32 * last) < 1.99
 
 
 # -- against measured profiles --------------------------------------------------------------------------------
@@ -135,15 +182,47 @@ def test_a_calibration_predicts_profiled_shapes_it_did_not_see_within_10_percent
     assert np.mean(error <= 0.10) >= 0.97 and error.max() <= 0.15 and np.median(error) <= 0.02
 
 
+def _column_sums(path: Path, columns: list[str]) -> dict[int, float]:
+    """Naively: per token count, the median over its rows of the columns' sum, in seconds."""
+    sums: dict[int, list[float]] = {}
+    with open(path, newline="") as file:
+        for row in csv.DictReader(file):
+            sums.setdefault(int(row["num_tokens"]), []).append(sum(float(row[c]) for c in columns) / 1e3)
+    return {tokens: float(np.median(values)) for tokens, values in sums.items()}
+
+
+GEMM_COLUMNS = [f"time_stats.{op}.median" for op in ("attn_pre_proj", "attn_post_proj", "mlp_up_proj",
+                                                        "mlp_down_proj")]
+ELEMENTWISE_COLUMNS = [f"time_stats.{op}.median" for op in ("input_layernorm", "post_attention_layernorm",
+                                                               "attn_rope", "mlp_act", "add")]
+
+
 @pytest.mark.parametrize(("name", "path"), [("h100-llama-2-7b", H100_PROFILE),
                                              ("a100-80gb-llama-2-7b", A100_PROFILE)])
 def test_the_shipped_calibrations_are_the_profiles_rows(name: str, path: Path) -> None:
     shipped = load_calibration(ROOT / "configs" / "calibrations" / f"{name}.yaml")
-    tokens, measured = _profile(path, shipped.gpu)
     assert shipped.linear is not None and shipped.same_shapes(load_model("llama-2-7b"))
-    np.testing.assert_array_equal(shipped.linear.sizes, tokens)
-    np.testing.assert_allclose(shipped.linear.seconds, measured, rtol=1e-5)
+    for table, columns in ((shipped.linear, GEMM_COLUMNS), (shipped.elementwise, ELEMENTWISE_COLUMNS)):
+        expected = _column_sums(path, columns)
+        assert table is not None
+        np.testing.assert_array_equal(table.sizes, sorted(expected))
+        np.testing.assert_allclose(table.seconds, [expected[int(n)] for n in table.sizes], rtol=1e-5)
     assert "microsoft/vidur" in shipped.source
+
+
+def test_a_calibrated_prefill_pays_the_profiles_norms_rope_activation_and_add() -> None:
+    # Vidur's H100 profile at 2,048 tokens: 0.1795 and 0.18 ms a layer in two rows (norms 0.026 + 0.028, RoPE
+    # 0.041, SiLU 0.07, add 0.0145), 32 layers: 5.75 ms of the 2,048-token prefill's 44.1 ms in Vidur.
+    model, gpu = load_model("llama-2-7b"), load_gpu("h100")
+    calibration = load_calibration(ROOT / "configs" / "calibrations" / "h100-llama-2-7b.yaml")
+    step = StepTimeModel(model, gpu, calibration)
+    assert float(step.elementwise_seconds(2048)) == pytest.approx(32 * (0.1795 + 0.18) / 2 / 1e3, rel=1e-4)
+    with_them = step.step_seconds(new_tokens=2048, sequences=1)
+    without = StepTimeModel(model, gpu, replace(calibration, elementwise=None)).step_seconds(new_tokens=2048,
+                                                                                              sequences=1)
+    assert with_them - without == pytest.approx(5.752e-3 - 32 * 2048 * 164352 / (3.35e12 * 0.80), rel=1e-4)
+    # A decode step of one sequence: 0.019 ms a layer, 0.61 ms a step, where fused kernels would need 0.002 ms.
+    assert float(step.elementwise_seconds(1)) == pytest.approx(32 * 0.019e-3, rel=1e-4)
 
 
 def test_a_calibration_of_another_model_scales_by_the_efficiency_models_ratio() -> None:
@@ -172,7 +251,7 @@ def _valid() -> dict:
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda d: d["linear"]["tokens"].__setitem__(2, 1), "linear.tokens[2]: 1: must increase"),
     (lambda d: d["linear"]["seconds"].pop(), "linear.seconds: '258 values': expected a list of 259 times"),
-    (lambda d: d["linear"]["seconds"].__setitem__(0, -1.0), "linear.seconds[0]: -1.0: must be a positive number"),
+    (lambda d: d["linear"]["seconds"].__setitem__(0, -1.0), "linear.seconds[0]: -1.0: must be > 0"),
     (lambda d: d.pop("linear"), "linear: missing"),
     (lambda d: d.__setitem__("gpu", "a100-80gb"), "gpu: 'a100-80gb': measured on 'a100-80gb', not on --gpu 'h100'"),
     (lambda d: d.__setitem__("tables", {}), "tables: unknown key"),
@@ -194,7 +273,7 @@ def test_simulate_with_a_calibration_names_it_and_runs_slower_steps(tmp_path: Pa
     calibrated = runner.invoke(app, [*args, "--calibration", str(ROOT / "configs/calibrations/h100-llama-2-7b.yaml")])
     assert plain.exit_code == 0 and calibrated.exit_code == 0, plain.output + calibrated.output
     assert "step times: h100's efficiency model" in plain.stderr
-    assert "step times: calibration h100-llama-2-7b.yaml (linear)" in calibrated.stderr
+    assert "step times: calibration h100-llama-2-7b.yaml (linear, elementwise)" in calibrated.stderr
     plain_json, calibrated_json = json.loads(plain.stdout), json.loads(calibrated.stdout)
     assert plain_json["config"]["watermark"] == 0.01  # vLLM's default
     assert calibrated_json["config"]["calibration"].endswith("h100-llama-2-7b.yaml")
@@ -212,6 +291,10 @@ def test_calibrate_measures_on_the_cpu_and_simulate_reads_what_it_wrote(tmp_path
     tables = (calibration.linear, calibration.prefill_attention, calibration.cache_write)
     assert all(t is not None and np.all(t.seconds > 0) for t in tables)
     assert calibration.decode_attention is not None and calibration.decode_attention.seconds.shape == (2, 2)
+    assert calibration.elementwise is not None and calibration.elementwise.seconds.tolist() == sorted(
+        calibration.elementwise.seconds.tolist())  # 64 tokens' norms, RoPE and activation take longer than one's
+    # The quick grid stops at 128-token prompts; Qwen3-0.6B's context is 40,960 tokens: the command says so.
+    assert "note: prefill_attention measured up to 128 tokens of the model's 40,960" in result.stderr
     comparison = json.loads((tmp_path / "c.json").read_text())["comparison"]
     first_linear = next(row for row in comparison if row["table"] == "linear")
     assert first_linear["measured_us"] == pytest.approx(calibration.linear.seconds[0] * 1e6, rel=1e-4)
@@ -228,4 +311,37 @@ def test_a_gpu_file_of_ones_own_sets_the_efficiencies(tmp_path: Path) -> None:
     path = _write(tmp_path / "mine.yaml", document)
     result = runner.invoke(app, ["simulate", MIXED, "--gpu", str(path), "--limit", "5"])
     assert result.exit_code == 2
-    assert "gemm_flops_efficiency: 1.5: must be in (0, 1]" in result.output
+    assert "gemm_flops_efficiency: 1.5: must be <= 1" in result.output
+
+
+def test_the_full_grid_reaches_the_models_context_length() -> None:
+    qwen, llama = load_model("qwen3-8b"), load_model("llama-2-7b")  # 40,960 and 4,096 tokens of context
+    assert full_grid(qwen).prefill_tokens[-4:] == (8192, 16384, 32768, 40960)
+    assert full_grid(qwen).decode_context[-4:] == (8192, 16384, 32768, 40960)
+    assert full_grid(llama) == FULL_GRID  # 8,192 already covers it
+
+
+def test_calibrate_stops_prefill_where_the_device_runs_out_of_memory_and_says_so(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from minipaged_cli.apps import calibrate as calibrate_app
+    from minipaged_cli.dataplane.backends import TorchBackend
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def small_device(q, k, v, **kwargs):  # type: ignore[no-untyped-def]
+        if q.shape[2] > 64:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", small_device)
+    # A K/V pool of 256 tokens: a batch of 4 x 128 tokens shares blocks among its sequences.
+    monkeypatch.setattr(calibrate_app, "MAX_POOL_BYTES", 256 * 2 * 8 * 128 * 4)
+    model = load_model("qwen3-0.6b")
+    grid = replace(QUICK_GRID, prefill_tokens=(16, 64, 256, 1024), decode_batch=(1, 4), decode_context=(16, 128))
+    calibration = calibrate_app.measure(model, "h200", TorchBackend("cpu"), torch.float32, grid, repeat=1)
+    assert calibration.prefill_attention is not None
+    assert calibration.prefill_attention.sizes.tolist() == [16, 64]
+    assert calibration.source.endswith("; prefill attention stopped at 256 tokens: out of device memory")
+    assert calibration.decode_attention is not None and np.all(calibration.decode_attention.seconds > 0)
+    assert coverage(calibration)[0] == ("prefill_attention measured up to 64 tokens of the model's 40,960: longer "
+                                        "ones follow the efficiency model's shape")

@@ -1,23 +1,31 @@
-"""minipaged sweep: normalized latency by hand, the capacity search against direct replays, the same answers
-inline, in worker processes and on a Ray cluster, bad input, and the memory-layout picture."""
+"""minipaged sweep: normalized latency by hand, the capacity search on curves worked by hand and against direct
+replays, seeds averaged, the same answers inline, in worker processes and on a Ray cluster, bad input, and the
+memory-layout picture."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.sweep import Axes, Slo, sweep
-from minipaged_cli.apps.sweep_points import Point, Settings, prepare, run_point
-from minipaged_cli.apps.sweep_runners import LocalRunner
+from minipaged_cli.apps.sweep import Axes, Slo, SweepResult, lattice_index, lattice_rate, sweep
+from minipaged_cli.apps.sweep_points import Point, Replay, Settings, Work, mean_row, prepare, run_replay
+from minipaged_cli.apps.sweep_runners import LocalRunner, longest_first
 from minipaged_cli.cli.main import app
+from minipaged_cli.cli.sweep import capacity_notes, capacity_table
 from minipaged_cli.memory.contiguous import OracleReserveAllocator
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.config import SimConfig
@@ -49,33 +57,167 @@ def _points_and_capacity(document: dict) -> tuple[list, list]:
 def test_the_same_answers_inline_and_in_worker_processes() -> None:
     trace = load_trace(AZURE, limit=150)
     axes = Axes(rates=(1.0, 4.0), strategies=("paged", "max-reserve"), kv_memory=("2GiB",))
-    settings = Settings(max_model_len=8192)
+    settings = Settings(seeds=2, engine={"max_model_len": 8192})
     slos = (Slo("normalized-latency", 0.05),)
     inline = sweep(trace, axes, settings, LocalRunner(1), slos, search_steps=2)
     pooled = sweep(trace, axes, settings, LocalRunner(2), slos, search_steps=2)
     assert inline.to_dict() == pooled.to_dict()
 
 
+def _point(curve: Point, rate: float) -> Point:
+    return Point(**{**vars(curve), "rate": rate})
+
+
 def test_the_capacity_search_brackets_the_rate_direct_replays_find() -> None:
     trace = load_trace(AZURE, limit=200)
-    settings = Settings(max_model_len=8192)
+    settings = Settings(engine={"max_model_len": 8192})
     axes = Axes(rates=(0.25, 1.0, 4.0), strategies=("max-reserve", "paged"), kv_memory=("2GiB",))
     slo = Slo("ttft-p99", 2.0)
-    result = sweep(trace, axes, settings, LocalRunner(1), (slo,), search_steps=4)
+    result = sweep(trace, axes, settings, LocalRunner(1), (slo,))
     work = prepare(trace, settings, axes.points())
+
+    def met(point: Point) -> bool:  # independent of the search: a replay at that rate, looked at
+        return slo.met_by(mean_row([run_replay(work, Replay(point, 0))]))
+
     for capacity in result.capacities or []:
         low, high = capacity.bracket
         if capacity.status == "found":
-            # Independent of the search: replay at the bracket's ends (and between) and look.
-            assert slo.met_by(run_point(work, Point(**{**vars(capacity.curve), "rate": low})))
-            assert not slo.met_by(run_point(work, Point(**{**vars(capacity.curve), "rate": high})))
-            assert high - low <= (1.0 - 0.25) / 2 ** 4 + 1e-12  # 4 halvings of the grid's bracket
+            assert met(_point(capacity.curve, low)) and not met(_point(capacity.curve, high))
+            # Resolved to three significant digits: the bracket's ends are neighbours among such rates.
+            assert capacity.rate == low and high == pytest.approx(low + 10 ** (np.floor(np.log10(low)) - 2))
         else:
-            assert capacity.status == "above grid" and slo.met_by(run_point(work, Point(**{
-                **vars(capacity.curve), "rate": 4.0})))
+            assert capacity.status == "above grid" and met(_point(capacity.curve, 4.0))
     by_strategy = {c.curve.strategy: c for c in result.capacities or []}
     # One request at a time (max-reserve holds a 8,192-token extent each in 2 GiB = 14,563 tokens) sustains less.
     assert by_strategy["max-reserve"].rate < by_strategy["paged"].rate
+
+
+def test_three_digit_rates_round_trip_and_round_down_or_up() -> None:
+    # Every three-digit rate over four decades, written as decimals (the reference): each maps to its own index,
+    # the indices are consecutive, and the rate comes back exactly as written.
+    decimals = [float(f"{mantissa}e{exponent}") for exponent in range(-4, 0) for mantissa in range(100, 1000)]
+    indices = [lattice_index(rate) for rate in decimals]
+    assert indices == list(range(indices[0], indices[0] + len(decimals)))
+    assert [lattice_rate(i) for i in indices] == decimals
+    assert [lattice_index(rate, round_up=True) for rate in decimals] == indices
+    # Between them: pi rounds down to 3.14 and up to 3.15; just below 10, to 9.99 and 10.
+    assert (lattice_rate(lattice_index(math.pi)), lattice_rate(lattice_index(math.pi, round_up=True))) == (3.14, 3.15)
+    assert (lattice_rate(lattice_index(9.995)), lattice_rate(lattice_index(9.995, round_up=True))) == (9.99, 10.0)
+
+
+class CurveRunner:
+    """A runner whose replays are a latency curve given by a formula (``ttft_p99_s = latency(rate)``), so the
+    search's answer can be worked by hand. It runs what the search asks, as the real runners do."""
+
+    def __init__(self, latency: Any) -> None:
+        self.latency = latency
+        self.rates: list[float] = []
+
+    def start(self, work: Work) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def run(self, jobs: list[Replay]) -> Any:
+        for job in jobs:
+            self.rates.append(job.point.rate)
+            yield job, {"ttft_p99_s": float(self.latency(job.point.rate))}
+
+
+def _capacity(latency: Any, rates: tuple[float, ...]) -> tuple[SweepResult, CurveRunner]:
+    runner = CurveRunner(latency)
+    result = sweep(trace_of((0.0, 10, 5)), Axes(rates=rates, strategies=("dynamic",)), Settings(), runner,
+                   (Slo("ttft-p99", 1.0),))
+    return result, runner
+
+
+@pytest.mark.parametrize("rates", [(2.0, 6.0), (2.0, 4.5, 6.0), (2.0, 4.0, 6.0), (1.0, 2.0, 3.0, 5.0, 8.0)])
+def test_a_monotone_curve_has_one_sustainable_rate_whatever_the_grid(rates: tuple[float, ...]) -> None:
+    # p99 TTFT = 0.1 r^2 s meets 1 s up to r = sqrt(10) = 3.1623: to three digits 3.16 (0.9986 s) meets and
+    # 3.17 (1.0049 s) fails. Main bisected 5 times from the grid's bracket: 3.125 from (2, 6) and (2, 4, 6),
+    # 3.094 from (2, 4.5, 6).
+    result, runner = _capacity(lambda rate: 0.1 * rate**2, rates)
+    (capacity,) = result.capacities or []
+    assert (capacity.status, capacity.rate, capacity.bracket) == ("found", 3.16, (3.16, 3.17))
+    assert capacity.non_monotone == ()
+    assert len(runner.rates) <= len(rates) + 12  # the grid, then at most 12 rounds of bisection
+
+
+# The issue's example: SLO ttft-p99 = 1 s; p99 TTFT 1.30 s at 4.0 req/s but 0.94 s at 4.5. This curve has those
+# points, crosses 1 s upward at 3.3 and at 5.0, and downward at 4.4167 (between 4.0 and 4.5).
+ISSUE_CURVE = ((2.0, 3.3, 4.0, 4.5, 5.0, 6.0), (0.5, 1.0, 1.30, 0.94, 1.0, 1.5))
+
+
+def test_the_issues_example_a_non_monotone_curve_is_reported_with_its_rates() -> None:
+    def latency(rate: float) -> float:
+        return float(np.interp(rate, *ISSUE_CURVE))
+
+    # Main answered 3.25, 4.97 and 3.25 for grids (2, 6), (2, 4.5, 6) and (2, 4, 6). The first failure caps the
+    # answer: from (2, 6) the first midpoint (4.00) fails, so, as from (2, 4, 6), the answer is 3.3.
+    for rates in [(2.0, 6.0), (2.0, 4.0, 6.0)]:
+        (capacity,) = _capacity(latency, rates)[0].capacities or []
+        assert (capacity.rate, capacity.non_monotone) == (3.3, ())
+    # A grid that tests both 4.0 and 4.5 sees the curve go down: the answer is still 3.3, and the report names
+    # the failing rate and the higher one that meets the SLO.
+    result, _ = _capacity(latency, (2.0, 4.0, 4.5, 6.0))
+    (capacity,) = result.capacities or []
+    assert (capacity.rate, capacity.non_monotone) == (3.3, ((4.0, 4.5),))
+    assert result.to_dict()["capacity"][0]["non_monotone"] == [{"fails_at": 4.0, "meets_at": 4.5}]
+    console = Console(width=200, record=True)
+    console.print(capacity_table(result))
+    for line in capacity_notes(result):
+        console.print(line)
+    text = console.export_text()
+    assert "3.3 *" in text and "fails the SLOs at 4 req/s but meets them at 4.5" in text
+    # (2, 4.5, 6) never tests below 4.5: the curve looks monotone there, and the answer is where it crosses at 5.
+    (capacity,) = _capacity(latency, (2.0, 4.5, 6.0))[0].capacities or []
+    assert (capacity.rate, capacity.non_monotone) == (5.0, ())
+
+
+def test_no_rate_meeting_the_slo_searches_below_the_grid() -> None:
+    # 0.1 r^2 <= 1 up to 3.16: from a grid starting at 8 the search halves (4: fails; 2: meets), then bisects.
+    (capacity,) = _capacity(lambda rate: 0.1 * rate**2, (8.0, 16.0))[0].capacities or []
+    assert (capacity.status, capacity.rate, capacity.bracket) == ("found", 3.16, (3.16, 3.17))
+    (capacity,) = _capacity(lambda rate: 2.0, (1.0, 2.0))[0].capacities or []
+    assert (capacity.status, capacity.rate) == ("none", None)
+
+
+def test_seeds_average_the_replays_of_each_seed() -> None:
+    trace = load_trace(AZURE, limit=100)
+    axes = Axes(rates=(3.0,), strategies=("paged",), kv_memory=("2GiB",))
+    result = sweep(trace, axes, Settings(seed=5, seeds=3, engine={"max_model_len": 8192}), LocalRunner(1))
+    (row,) = result.rows.values()
+    config = prepare(trace, Settings(engine={"max_model_len": 8192}), axes.points()).configs[axes.points()[0].curve]
+    # The reference: replay() directly on the trace re-timed by seeds 5, 6 and 7, averaged by hand.
+    direct = [replay(trace.with_poisson_arrivals(3.0, seed), config, "paged") for seed in (5, 6, 7)]
+    assert row["ttft_p99_s"] == pytest.approx(sum(m.p99_ttft_s for m in direct) / 3, abs=1e-6)
+    assert row["num_preemptions"] == pytest.approx(sum(m.num_preemptions for m in direct) / 3, abs=1e-6)
+    assert row["throughput_tokens_per_s"] == pytest.approx(sum(m.throughput_tokens_per_s for m in direct) / 3,
+                                                           abs=1e-6)
+    assert len({m.p99_ttft_s for m in direct}) == 3  # the seeds differ, so the mean is not any one of them
+
+
+def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
+    trace = load_trace(AZURE, limit=20)
+    points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",)).points()
+    config = prepare(trace, Settings(engine={"max_num_seqs": 8}), points).configs[points[0].curve]
+    # The point's own fields (capacity, block size, prefix caching) and the one given; every other field as
+    # SimConfig's constructor defaults it.
+    reference = SimConfig(config.model, config.gpu, num_blocks=config.num_blocks, block_size=points[0].block_size,
+                          prefix_caching=points[0].prefix_caching, max_num_seqs=8)
+    assert config == reference
+    shared = {f.name for f in fields(Settings)} & {f.name for f in fields(SimConfig)}
+    assert shared == {"calibration"}  # a path here, the loaded table there: no engine field written twice
+
+
+def test_the_slowest_strategies_are_queued_first() -> None:
+    # Paged and dynamic extents do the most bookkeeping a replay; the reservations after them, lower rates first.
+    jobs = [Replay(Point("m", "g", None, 16, False, strategy, rate), 0)
+            for strategy in ("max-reserve", "dynamic", "oracle-reserve", "paged") for rate in (4.0, 1.0)]
+    order = [(job.point.strategy, job.point.rate) for job in longest_first(jobs)]
+    assert order == [("paged", 1.0), ("paged", 4.0), ("dynamic", 1.0), ("dynamic", 4.0), ("max-reserve", 1.0),
+                     ("oracle-reserve", 1.0), ("max-reserve", 4.0), ("oracle-reserve", 4.0)]
 
 
 def test_an_slo_no_rate_meets_is_reported_not_an_error(tmp_path: Path) -> None:
@@ -137,23 +279,55 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args: list[str
     assert not out.exists() and not (tmp_path / "s.csv").exists()
 
 
-def test_the_same_answers_on_a_ray_cluster(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray") if os.environ.get("MINIPAGED_REQUIRE_SHARED") is None else __import__("ray")
-    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+RAY_ARGS = ["sweep", AZURE, *SMALL, "--rates", "1,4", "--strategies", "paged,max-reserve",
+            "--slo", "normalized-latency=0.05", "--search-steps", "1"]
+# A Ray cluster in a process of its own, as `ray start` would run it, until its stdin closes.
+RAY_HEAD = ("import ray, sys; context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, "
+            "configure_logging=False); print(context.address_info['gcs_address'], flush=True); sys.stdin.read(); "
+            "ray.shutdown()")
+
+
+@pytest.fixture
+def ray_env(tmp_path: Path) -> Any:
+    """The environment of a shell with Ray 2.x installed and nothing set: no RAY_* variables (RAY_AUTH_MODE, which
+    ray.init() sets in its own process, would hide what a user's fresh shell sees), and a Ray temp directory of
+    its own, so that no cluster another process started on this machine is found (short: it holds sockets)."""
+    pytest.importorskip("ray") if os.environ.get("MINIPAGED_REQUIRE_SHARED") is None else __import__("ray")
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    yield {**env, "RAY_TMPDIR": ray_dir}
+    shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _sweep_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minipaged_cli", *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env=env)
+
+
+def test_the_same_answers_on_a_ray_cluster_named_by_its_address(tmp_path: Path, ray_env: dict[str, str]) -> None:
+    local = runner.invoke(app, [*RAY_ARGS, "--workers", "2", "--json", str(tmp_path / "local.json")])
+    assert local.exit_code == 0, local.output
+    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=ray_env)
     try:
-        address = context.address_info["gcs_address"]
-        args = ["sweep", AZURE, *SMALL, "--rates", "1,4", "--strategies", "paged,max-reserve",
-                "--slo", "normalized-latency=0.05", "--search-steps", "1"]
-        local = runner.invoke(app, [*args, "--workers", "2", "--json", str(tmp_path / "local.json")])
-        assert local.exit_code == 0, local.output
-        # Another process, as a user would run it: it connects to the cluster this test started.
-        remote = subprocess.run([sys.executable, "-m", "minipaged_cli", *args, "--ray", address, "--json",
-                                 str(tmp_path / "ray.json")], capture_output=True, text=True, timeout=300,
-                                cwd=ROOT)
-        assert remote.returncode == 0, remote.stdout + remote.stderr
-        assert f"on Ray at {address}" in remote.stdout
+        address = head.stdout.readline().strip() if head.stdout else ""
+        # Ray 2.60 starts new clusters with token authentication, and sends the token only to a cluster it finds
+        # on its own: one named by its address refused the sweep ("Failed to connect") before it sent it too.
+        remote = _sweep_process([*RAY_ARGS, "--ray", address, "--json", str(tmp_path / "ray.json")], ray_env)
     finally:
-        ray.shutdown()
+        head.communicate(timeout=120)
+    assert remote.returncode == 0, remote.stdout + remote.stderr
+    assert f"on Ray at {address}" in remote.stdout
+    assert json.loads((tmp_path / "ray.json").read_text()) == json.loads((tmp_path / "local.json").read_text())
+
+
+def test_ray_with_no_cluster_running_starts_one_and_says_so(tmp_path: Path, ray_env: dict[str, str]) -> None:
+    local = runner.invoke(app, [*RAY_ARGS, "--workers", "1", "--json", str(tmp_path / "local.json")])
+    assert local.exit_code == 0, local.output
+    started = _sweep_process([*RAY_ARGS, "--ray", "--json", str(tmp_path / "ray.json")], ray_env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "No Ray cluster was running: a local Ray cluster (" in started.stderr
+    assert "started for this sweep" in started.stdout
     assert json.loads((tmp_path / "ray.json").read_text()) == json.loads((tmp_path / "local.json").read_text())
 
 

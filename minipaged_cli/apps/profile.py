@@ -11,13 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from minipaged_cli.dataplane.backends import Backend
-from minipaged_cli.dataplane.kernels import random_block_tables
-from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.block_manager import num_blocks_for, tail_waste
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import tail_waste_pct
@@ -25,6 +22,11 @@ from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.units import rounded
 from minipaged_cli.workloads.trace import Trace
+
+if TYPE_CHECKING:  # the kernel timings only: the replays (profile --device none) need no torch
+    import torch
+
+    from minipaged_cli.dataplane.backends import Backend
 
 DEFAULT_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 BLOCK_TABLE_ENTRY_BYTES = 4  # int32
@@ -129,6 +131,11 @@ def time_kernels(backend: Backend, config: SimConfig, block_size: int, seq_lens:
                  max_tokens: int | None, repeat: int, seed: int = 0) -> KernelCost:
     """Cache write and decode attention of one layer on a batch of ``seq_lens`` (scaled down, keeping their
     proportions, when they hold more than ``max_tokens``), blocks in random order."""
+    import torch
+
+    from minipaged_cli.dataplane.kernels import random_block_tables
+    from minipaged_cli.dataplane.kv_cache import PagedKVCache
+
     model = config.model
     if max_tokens is not None and sum(seq_lens) > max_tokens:
         factor = max_tokens / sum(seq_lens)

@@ -1,26 +1,34 @@
 """``minipaged sweep``: many replays of one trace — request rates x strategies x the other axes — and, given
 service-level objectives, the highest request rate each strategy sustains (the vLLM paper's Fig. 12-13).
 
-Each point is one deterministic replay (``sweep_points``), so points run anywhere in any order (``sweep_runners``:
-inline, local worker processes, Ray tasks) and give the same answers.
+Each point is one or more deterministic replays (``sweep_points``: one per arrival seed, their metrics averaged),
+so replays run anywhere in any order (``sweep_runners``: inline, local worker processes, Ray tasks) and give the
+same answers.
 
-Capacity search: for each curve (a strategy at one value of every other axis) the grid of ``rates`` brackets the
-highest rate that meets every SLO (the last rate before the first one that fails); ``search_steps`` rounds of
-bisection then narrow each bracket, every curve's next midpoint run together. A curve whose lowest rate fails
-searches below it; one whose highest rate passes is reported as at least that rate.
+Capacity search. A curve (a strategy at one value of every other axis) **sustains** a rate r when every SLO holds
+at r and at every tested rate below r: the first failure caps the capacity, whatever passes above it. The answer
+is the highest such rate to three significant digits (..., 3.24, 3.25, 3.26, ...): the grid of ``rates`` brackets
+it (the highest rate meeting every SLO below the lowest that fails), then bisection over the three-digit rates
+inside the bracket (every curve's next midpoint run together) narrows it until no three-digit rate is left
+between its ends, or ``search_steps`` rounds are spent. On a curve whose latency grows with the rate, the answer
+is then the same whatever the grid: the highest three-digit rate at which the SLOs hold. A tested rate that meets
+the SLOs above one that fails is reported (``non_monotone``): there the answer depends on the rates tested. A
+curve whose lowest rate fails searches below it; one whose highest rate passes is reported as at least that rate.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from minipaged_cli.apps.sweep_points import Point, Settings, Work, prepare
+from minipaged_cli.apps.sweep_points import Point, Replay, Settings, Work, mean_row, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.errors import InputError
 from minipaged_cli.units import JSON_DECIMALS, rounded
+from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
 # Each SLO's name on the command line -> the point's metric it bounds (seconds).
@@ -69,34 +77,108 @@ class Slo:
 
 
 def parse_slo(text: str) -> Slo:
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    if not sep or name not in SLO_METRICS:
+    """``--slo NAME=SECONDS``."""
+    name, sep, value = str(text).partition("=")
+    if not sep or name.strip() not in SLO_METRICS:
         raise InputError(f"expected NAME=SECONDS with NAME one of {', '.join(SLO_METRICS)}", field="--slo",
                          value=text, has_value=True)
     try:
-        limit = float(value)
+        limit: Any = float(value)
     except ValueError:
-        raise InputError("the limit must be a number of seconds", field="--slo", value=text, has_value=True) from None
-    if not limit > 0:
-        raise InputError("the limit must be > 0", field="--slo", value=text, has_value=True)
-    return Slo(name, limit)
+        limit = value.strip()  # refused below as not a number
+    return make_slo(name.strip(), limit, field="--slo")
 
 
-# -- the sweep and the capacity search -------------------------------------------------------------------------
+def make_slo(name: str, limit: Any, *, field: str, source: str | None = None) -> Slo:
+    """An SLO from its name and limit, wherever they were written (``field``, ``source`` name the place)."""
+    if name not in SLO_METRICS:
+        raise InputError(f"unknown SLO; expected one of {', '.join(SLO_METRICS)}", source=source, field=field,
+                         value=name, has_value=True)
+    return Slo(name, positive_number(limit, field=field, source=source))
+
+
+# -- the capacity search --------------------------------------------------------------------------------------
+
+SEARCH_STEPS = 12  # bisection rounds at most: enough to resolve a bracket spanning four decades to three digits
+_DIGITS = 3  # the search's resolution, in significant digits
+_PER_DECADE = 9 * 10 ** (_DIGITS - 1)  # three-digit mantissas 100 ... 999
+
+
+def lattice_index(rate: float, *, round_up: bool = False) -> int:
+    """The index of the three-significant-digit rate at or below ``rate`` (at or above with ``round_up``) in the
+    increasing sequence of them: index i is (100 + i mod 900) x 10^(i div 900)."""
+    exponent = math.floor(math.log10(rate)) - (_DIGITS - 1)
+    mantissa = rate / 10.0**exponent  # in [100, 1000), up to the division's rounding ...
+    slack = mantissa * 1e-9  # ... which must not move 2.01 (200.99999999999997) down to 2.00
+    whole = math.ceil(mantissa - slack) if round_up else math.floor(mantissa + slack)
+    return exponent * _PER_DECADE + whole - 10 ** (_DIGITS - 1)
+
+
+def lattice_rate(index: int) -> float:
+    """The three-significant-digit rate of ``lattice_index``."""
+    exponent, offset = divmod(index, _PER_DECADE)
+    return float(f"{10 ** (_DIGITS - 1) + offset}e{exponent}")  # the decimal, exactly as printed
 
 
 @dataclass
 class Capacity:
     curve: Point
-    rate: float | None  # the highest rate known to meet every SLO; None: none does
+    rate: float | None  # the sustainable rate (three digits); None: no tested rate meets every SLO
     bracket: tuple[float, float | None]  # (meets, fails); fails None: the grid's top rate meets
     status: str  # "found", "none" (no rate meets) or "above grid" (the highest rate meets)
+    # Where the tested rates show latency falling as the rate grows: (a rate failing the SLOs, the next tested
+    # rate, which meets them), in order; empty when the curve looks monotone.
+    non_monotone: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         curve = {k: v for k, v in asdict(self.curve).items() if k != "rate"}
         bracket = [None if rate is None else round(rate, JSON_DECIMALS) for rate in self.bracket]
-        return rounded({**curve, "capacity_rps": self.rate, "bracket": bracket, "status": self.status})
+        non_monotone = [{"fails_at": fails, "meets_at": meets} for fails, meets in self.non_monotone]
+        return rounded({**curve, "capacity_rps": self.rate, "bracket": bracket, "status": self.status,
+                        "non_monotone": non_monotone})
+
+
+@dataclass
+class CurveSearch:
+    """One curve's capacity search: whether each tested rate met every SLO. The bracket, the next rate to test
+    and the answer all follow from those outcomes, whatever order they came in."""
+
+    curve: Point
+    met: dict[float, bool] = field(default_factory=dict)
+
+    def record(self, rate: float, met: bool) -> None:
+        self.met[rate] = met
+
+    @property
+    def bracket(self) -> tuple[float, float | None]:
+        """(the highest rate meeting every SLO below the lowest that fails, or 0; that lowest failing rate, or
+        None when every tested rate meets them)."""
+        fails = min((rate for rate, met in self.met.items() if not met), default=None)
+        meets = [rate for rate, met in self.met.items() if met and (fails is None or rate < fails)]
+        return max(meets, default=0.0), fails
+
+    def next_rate(self) -> float | None:
+        """The three-digit rate halfway through those left inside the bracket; None when none is left, or the
+        bracket has no top (every rate met the SLOs: the grid's top bounds the search)."""
+        low, high = self.bracket
+        if high is None:
+            return None
+        if low == 0.0:  # no rate met the SLOs: halve the lowest
+            return lattice_rate(lattice_index(high / 2))
+        first, last = lattice_index(low) + 1, lattice_index(high, round_up=True) - 1
+        return lattice_rate((first + last) // 2) if first <= last else None
+
+    def capacity(self) -> Capacity:
+        low, high = self.bracket
+        status = "above grid" if high is None else ("found" if low > 0 else "none")
+        rate = lattice_rate(lattice_index(low)) if low > 0 else None
+        tested = sorted(self.met.items())
+        falls = tuple((lower, higher) for (lower, lower_met), (higher, higher_met) in itertools.pairwise(tested)
+                      if not lower_met and higher_met)  # latency falls from one tested rate to the next
+        return Capacity(self.curve, rate, (low, high), status, falls)
+
+
+# -- the sweep -------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -134,15 +216,15 @@ class SweepResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"settings": asdict(self.settings), "slo": [str(s) for s in self.slos], "points": self.points(),
+        return {"settings": self.settings.to_dict(), "slo": [str(s) for s in self.slos], "points": self.points(),
                 "capacity": [c.to_dict() for c in self.capacities or []], "ratios": self.ratios()}
 
 
 def sweep(trace: Trace, axes: Axes, settings: Settings, runner: LocalRunner | RayRunner,
-          slos: tuple[Slo, ...] = (), search_steps: int = 5,
+          slos: tuple[Slo, ...] = (), search_steps: int = SEARCH_STEPS,
           progress: Callable[[int, int], None] | None = None, work: Work | None = None) -> SweepResult:
-    """Every point of ``axes``; then, given SLOs, ``search_steps`` rounds of bisection per curve.
-    ``progress(done, total)`` after each point (the total grows when a search round starts). ``work``: what
+    """Every point of ``axes``; then, given SLOs, up to ``search_steps`` rounds of bisection per curve.
+    ``progress(done, total)`` after each replay (the total grows when a search round starts). ``work``: what
     ``prepare`` made of these arguments, when the caller checked them already."""
     points = axes.points()
     runner.start(work or prepare(trace, settings, points))
@@ -155,44 +237,36 @@ def sweep(trace: Trace, axes: Axes, settings: Settings, runner: LocalRunner | Ra
 def _sweep(axes: Axes, settings: Settings, runner: LocalRunner | RayRunner, points: list[Point],
            slos: tuple[Slo, ...], search_steps: int, progress: Callable[[int, int], None] | None) -> SweepResult:
     rows: dict[Point, dict[str, Any]] = {}
-    total = [len(points)]
+    seeds = range(settings.seed, settings.seed + settings.seeds)
+    done, total = [0], [len(points) * len(seeds)]
 
     def run(batch: list[Point]) -> None:
-        for point, row in runner.run(batch):
-            rows[point] = row
+        replays: dict[Point, dict[int, dict[str, Any]]] = {point: {} for point in batch}
+        for job, metrics in runner.run([Replay(point, seed) for point in batch for seed in seeds]):
+            replays[job.point][job.seed] = metrics
+            if len(replays[job.point]) == len(seeds):  # averaged in seed order, wherever they ran
+                rows[job.point] = mean_row([replays[job.point][seed] for seed in seeds])
+            done[0] += 1
             if progress is not None:
-                progress(len(rows), total[0])
+                progress(done[0], total[0])
+
+    def record(batch: list[Point]) -> None:
+        for point in batch:
+            searches[point.curve].record(point.rate, all(slo.met_by(rows[point]) for slo in slos))
 
     run(points)
     result = SweepResult(axes, settings, rows, slos)
     if not slos:
         return result
-    curves = sorted({p.curve for p in points}, key=Point.sort_key)
-    brackets = {curve: _bracket(curve, rows, slos) for curve in curves}
+    searches = {curve: CurveSearch(curve) for curve in sorted({p.curve for p in points}, key=Point.sort_key)}
+    record(points)
     for _ in range(search_steps):
-        # Within the grid a bracket is (meets, fails); below it, (0, the lowest rate, which fails).
-        todo = {curve: (low + high) / 2 for curve, (low, high) in brackets.items() if high is not None}
+        todo = [replace(curve, rate=rate) for curve, search in searches.items()
+                if (rate := search.next_rate()) is not None]
         if not todo:
             break
-        total[0] += len(todo)
-        run([replace(curve, rate=mid) for curve, mid in todo.items()])
-        for curve, mid in todo.items():
-            low, high = brackets[curve]
-            met = all(s.met_by(rows[replace(curve, rate=mid)]) for s in slos)
-            brackets[curve] = (mid, high) if met else (low, mid)
-    result.capacities = []
-    for curve, (low, high) in brackets.items():
-        status = "above grid" if high is None else ("found" if low > 0 else "none")
-        result.capacities.append(Capacity(curve, low if low > 0 else None, (low, high), status))
+        total[0] += len(todo) * len(seeds)
+        run(todo)
+        record(todo)
+    result.capacities = [search.capacity() for search in searches.values()]
     return result
-
-
-def _bracket(curve: Point, rows: dict[Point, dict[str, Any]], slos: tuple[Slo, ...]) -> tuple[float, float | None]:
-    """(the last grid rate meeting every SLO before the first that fails, that first failing rate)."""
-    rates = sorted(p.rate for p in rows if p.curve == curve)
-    low = 0.0
-    for rate in rates:
-        if not all(s.met_by(rows[replace(curve, rate=rate)]) for s in slos):
-            return low, rate
-        low = rate
-    return low, None

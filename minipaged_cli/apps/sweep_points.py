@@ -1,11 +1,12 @@
-"""A sweep's points: one replay each, the trace re-timed by a seeded Poisson process at the point's rate (the
-same seed at every rate, so the rates differ only in scale), under one strategy, model, GPU, KV memory, block
-size and prefix-caching setting. Deterministic: the same point gives the same row wherever it runs."""
+"""A sweep's points: replays of the trace re-timed by a seeded Poisson process at the point's rate (the same
+seeds at every rate, so the rates differ only in scale), under one strategy, model, GPU, KV memory, block size and
+prefix-caching setting. Deterministic: the same replay gives the same metrics wherever it runs; a point's row is
+the mean of its replays' metrics, one per arrival seed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from minipaged_cli.errors import InputError
@@ -13,23 +14,37 @@ from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import rounded
+from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Trace
+
+# The SimConfig fields a sweep's settings may give, every point the same; the rest are a point's own (model, GPU,
+# capacity, block size, prefix caching), the calibration's (read once), or diagnostics.
+ENGINE_FIELDS = ("max_model_len", "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What every point shares."""
+    """What every point shares. ``engine``: SimConfig keyword arguments (names from ENGINE_FIELDS); one left out
+    keeps SimConfig's default, so the engine's defaults are written in one place."""
 
-    seed: int = 0
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_batched_tokens: int | None = None
-    watermark: float = 0.01
-    preemption: str = "recompute"
-    cpu_blocks: int = 0
+    seed: int = 0  # the first arrival seed
+    seeds: int = 1  # arrival seeds seed, seed + 1, ...: a point's metrics are the mean over their replays
     gpu_memory_utilization: float = 0.9
     calibration: str | None = None  # a path: it must match the one GPU of the sweep
+    engine: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.engine) - set(ENGINE_FIELDS))
+        assert not unknown, f"not engine settings a sweep gives: {unknown}"
+        whole_number(self.seeds, field="--seeds", minimum=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting, the engine's as given or else SimConfig's default (None where SimConfig resolves it)."""
+        defaults = {f.name: None if f.default is MISSING else f.default for f in fields(SimConfig)}
+        return {"seed": self.seed, "seeds": self.seeds, **{name: self.engine.get(name, defaults[name])
+                                                            for name in ENGINE_FIELDS},
+                "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration}
 
 
 @dataclass(frozen=True)
@@ -59,12 +74,19 @@ class Point:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """One replay of a point: the trace re-timed at the point's rate by the Poisson process of ``seed``."""
+
+    point: Point
+    seed: int
+
+
+@dataclass(frozen=True)
 class Work:
-    """What a worker needs for any point: the trace, the seed, and each curve's configuration, resolved here
-    (presets and calibration files are read once, by the caller, so workers need no ``configs/``)."""
+    """What a worker needs for any replay: the trace and each curve's configuration, resolved here (presets and
+    calibration files are read once, by the caller, so workers need no ``configs/``)."""
 
     trace: Trace
-    seed: int
     configs: dict[Point, SimConfig]
 
 
@@ -79,7 +101,7 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
         if point.curve not in configs:
             configs[point.curve] = config = _config(point, settings, calibration)
             check_capacity(trace, config, (point.strategy,))
-    return Work(trace, settings.seed, configs)
+    return Work(trace, configs)
 
 
 def _config(point: Point, settings: Settings, calibration: Calibration | None) -> SimConfig:
@@ -87,17 +109,15 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
     num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
                                        settings.gpu_memory_utilization)
     return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
-                     max_model_len=settings.max_model_len, max_num_seqs=settings.max_num_seqs,
-                     max_batched_tokens=settings.max_batched_tokens, prefix_caching=point.prefix_caching,
-                     preemption=settings.preemption, cpu_blocks=settings.cpu_blocks, watermark=settings.watermark,
-                     calibration=calibration)
+                     prefix_caching=point.prefix_caching, calibration=calibration, **settings.engine)
 
 
-def run_point(work: Work, point: Point) -> dict[str, Any]:
-    """One replay: the metrics of a sweep row."""
-    metrics = replay(work.trace.with_poisson_arrivals(point.rate, work.seed), work.configs[point.curve],
+def run_replay(work: Work, job: Replay) -> dict[str, float | int | None]:
+    """One replay: the metrics of a sweep row, unrounded (``mean_row`` averages and rounds them)."""
+    point = job.point
+    metrics = replay(work.trace.with_poisson_arrivals(point.rate, job.seed), work.configs[point.curve],
                      point.strategy)
-    return rounded({
+    return {
         "normalized_latency_mean_s": metrics.mean_normalized_latency_s,
         "normalized_latency_p99_s": metrics.p99_normalized_latency_s,
         "ttft_mean_s": metrics.mean_ttft_s,
@@ -109,4 +129,14 @@ def run_point(work: Work, point: Point) -> dict[str, Any]:
         "token_state_pct": metrics.token_state_pct,
         "completed_requests": metrics.completed_requests,
         "rejected_requests": metrics.rejected_requests,
-    })
+    }
+
+
+def mean_row(replays: list[dict[str, float | int | None]]) -> dict[str, Any]:
+    """A point's row: each metric's mean over its replays (None where any replay has none, e.g. no request
+    completed), rounded for ``--json``. One replay's metrics pass through unchanged."""
+    if len(replays) == 1:
+        return rounded(replays[0])
+    values = {name: [metrics[name] for metrics in replays] for name in replays[0]}
+    return rounded({name: None if None in column else sum(column) / len(column)  # type: ignore[arg-type]
+                    for name, column in values.items()})

@@ -19,17 +19,19 @@ from minipaged_cli.cli.common import (
     JsonOpt,
     ModelOpt,
     check_dtype,
+    flag,
     handle_errors,
     require_support,
     stderr,
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import STDOUT, check_outputs, write_text
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.sim.calibration import Table as TimeTable
-from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.sim.step_time import StepTimeModel, causal_pairs
 from minipaged_cli.workloads.presets import load_gpu, load_model
 
 EPILOG = """\
@@ -51,11 +53,12 @@ def calibrate_command(
     device: DeviceOpt = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="Weights' and K/V's dtype. Default: the model's.",
                                               show_default=False)] = None,
-    quick: Annotated[bool, typer.Option(
-        "--quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
+    quick: Annotated[bool, flag(
+        "quick", help="A few points per table (seconds on a CPU) instead of the full grid (for a GPU).")] = False,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed calls per point (the median counts).")] = 5,
     from_vidur: Annotated[Path | None, typer.Option(
-        "--from-vidur", help="Convert a Vidur linear-layer profile (its mlp.csv) instead of measuring.",
+        "--from-vidur", help="Convert a Vidur profile (its mlp.csv: the GEMMs and element-wise kernels of a "
+        "layer) instead of measuring.",
         metavar="CSV", show_default=False)] = None,
     source: Annotated[str | None, typer.Option(
         "--source", help="Where the numbers come from, written into the file (default: how they were made).",
@@ -63,12 +66,13 @@ def calibrate_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and K/V.")] = 0,
     json_path: JsonOpt = None,
 ) -> None:
-    """Measure one layer of the model (weight GEMMs, prefill and decode attention, cache writes) over a grid of
-    token counts, batch sizes and context lengths, and write the tables `simulate --calibration` interpolates.
-    Prints each table's measured times against the GPU preset's efficiency model."""
-    from minipaged_cli.apps.calibrate import FULL_GRID, QUICK_GRID, measure
-    from minipaged_cli.apps.calibrate import from_vidur as convert
+    """Measure one layer of the model (weight GEMMs, element-wise kernels, prefill and decode attention, cache
+    writes) over a grid of token counts, batch sizes and context lengths up to the model's context length, and
+    write the tables `simulate --calibration` interpolates. Prints each table's measured times against the GPU
+    preset's efficiency model, and says which tables end short of the context length."""
+    from minipaged_cli.apps.vidur import from_vidur as convert
 
+    check_outputs({"OUT": out, "--json": json_path})
     spec, gpu_spec = load_model(model), load_gpu(gpu)
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
@@ -78,6 +82,7 @@ def calibrate_command(
     else:
         import torch
 
+        from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
         from minipaged_cli.dataplane.select import select_backend
 
         backend = select_backend(device)
@@ -87,19 +92,18 @@ def calibrate_command(
             stderr.print(f"note: measuring on {backend.device} ({backend.name}), not on a GPU: the file says so, "
                          f"but simulate will take it as {gpu_spec.name}'s", markup=False)
         with stderr.status("calibrating") as status:
-            calibration = measure(spec, gpu_spec.name, backend, torch_dtype, QUICK_GRID if quick else FULL_GRID,
+            calibration = measure(spec, gpu_spec.name, backend, torch_dtype, QUICK_GRID if quick else full_grid(spec),
                                   repeat, seed, progress=lambda what: status.update(f"calibrating: {what}"))
         header = f"{gpu_spec.name}, {spec.name}: measured by minipaged calibrate"
+        for note in coverage(calibration):
+            stderr.print(f"note: {note}", markup=False)
     if source is not None:
         calibration = replace(calibration, source=source)
     text = calibration.to_yaml(header)
-    if out == "-":
+    if out == STDOUT:
         sys.stdout.write(text)
     else:
-        try:
-            Path(out).write_text(text)
-        except OSError as error:
-            raise InputError(f"cannot write: {error.strerror}", field="OUT", value=out, has_value=True) from None
+        write_text(out, text, "OUT")
 
     rows = comparison(calibration, StepTimeModel(spec, gpu_spec))
     console = stderr if out == "-" else tables_console(json_path)
@@ -112,7 +116,7 @@ def calibrate_command(
                       f"{row['model_us']:,.1f}", f"{row['ratio']:.2f}")
     console.print(table)
     if out != "-":
-        console.print(f"wrote {out}")
+        console.print(f"wrote {out}", markup=False)
     if json_path is not None:
         write_json({"calibration": out, "gpu": calibration.gpu, "model": spec.name, "source": calibration.source,
                     "comparison": rows}, json_path, stdout)
@@ -135,8 +139,9 @@ def comparison(calibration: Calibration, model: StepTimeModel) -> list[dict[str,
                 add(name, len(table.sizes), f"{tokens} tokens", table.seconds[i], float(predict(tokens)) / layers)
 
     add_table("linear", calibration.linear, model.linear_seconds)
+    add_table("element-wise", calibration.elementwise, model.elementwise_seconds)
     add_table("prefill attention", calibration.prefill_attention,
-              lambda n: model.prefill_attention_seconds(n, n * (n + 1) / 2, n))
+              lambda n: model.prefill_attention_seconds(n, causal_pairs(n), n))
     if calibration.decode_attention is not None:
         grid = calibration.decode_attention
         for i, j in ((0, 0), (-1, -1)):

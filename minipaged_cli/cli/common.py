@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -12,6 +14,7 @@ import typer
 from rich.console import Console
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.extras import FallbackWarning, missing_extra, needs
 from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
@@ -23,19 +26,27 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def handle_errors(command: F) -> F:
-    """Bad input -> one line on stderr and exit 2; any other exception -> one line and exit 1
-    (``MINIPAGED_DEBUG=1`` re-raises it with its traceback)."""
+    """Bad input, or an optional dependency the command needs and that is not installed -> one line on stderr
+    and exit 2; any other exception -> one line and exit 1 (``MINIPAGED_DEBUG=1`` re-raises it with its
+    traceback). Notes of the library (``FallbackWarning``) -> one 'note:' line each, as they happen."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", FallbackWarning)
+                warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+                return command(*args, **kwargs)
         except InputError as error:
             stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except (typer.Exit, typer.Abort):
             raise
         except Exception as error:
+            missing = missing_extra(error)
+            if missing is not None:
+                stderr.print(f"error: this command {missing}", markup=False, highlight=False, soft_wrap=True)
+                raise typer.Exit(2) from None
             if os.environ.get("MINIPAGED_DEBUG"):
                 raise
             stderr.print(f"internal error: {type(error).__name__}: {error} (MINIPAGED_DEBUG=1 shows the traceback)",
@@ -45,7 +56,22 @@ def handle_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _show_warning(default: Callable[..., None], message: Warning | str, category: type[Warning], *args: Any,
+                  **kwargs: Any) -> None:
+    """A ``FallbackWarning`` as one 'note:' line; any other warning as Python shows it."""
+    if issubclass(category, FallbackWarning):
+        stderr.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
+    else:
+        default(message, category, *args, **kwargs)
+
+
 # -- option aliases ----------------------------------------------------------------------------------------
+
+
+def flag(name: str, help: str) -> Any:
+    """A boolean option the way Typer documents it: ``--NAME`` sets it, ``--no-NAME`` clears it."""
+    return typer.Option(f"--{name}/--no-{name}", help=help)
+
 
 TraceArg = Annotated[Path, typer.Argument(help="Request trace: YAML, Azure CSV, Mooncake JSONL or a lengths CSV.",
                                           metavar="TRACE", show_default=False)]
@@ -83,11 +109,10 @@ MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
                                  "Default: v1, vllm serve's for the GPU (8192 on GPUs of 70 GiB or more but the "
                                  "A100, else 2048); v0, whole prompts, up to max(max-model-len, 2048) prompt "
                                  "tokens a step.", show_default=False)]
-PrefixCachingOpt = Annotated[bool | None, typer.Option(
-    "--prefix-caching/--no-prefix-caching", help="Paged only: prompts share cached full blocks of their prefix "
-                                                 "segments (YAML 'prefix', Mooncake hash_ids); reports "
-                                                 "prefix_cache_hits / queries. Default: on in v1 (vllm serve's), "
-                                                 "off in v0.", show_default=False)]
+PrefixCachingOpt = Annotated[bool | None, flag(
+    "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML 'prefix', "
+                           "Mooncake hash_ids); reports prefix_cache_hits / queries. Default: on in v1 (vllm "
+                           "serve's), off in v0.")]
 LongPrefillOpt = Annotated[int, typer.Option(
     "--long-prefill-threshold", help="v1: most prompt tokens one request prefills a step (vLLM's "
                                      "long_prefill_token_threshold); 0, vllm serve's default: no limit.")]
@@ -103,13 +128,32 @@ MaxModelLenOpt = Annotated[int | None, typer.Option(
     "--max-model-len", help="Longest request (prompt + output) served; longer ones are rejected and counted. "
                             "Default: the model's.", show_default=False)]
 DeviceOpt = Annotated[str, typer.Option(
-    "--device", help="auto (the CUDA kernels when a GPU and PyCUDA are there, else cpu), cpu (the PyTorch "
-                     "reference), cuda, or emulated (the CUDA kernels run on the CPU: slow, exact).")]
+    "--device", help="auto (the CUDA kernels when a GPU and PyCUDA are there, else cpu, with a note saying why "
+                     "when a GPU is there), cpu (the PyTorch reference), cuda, or emulated (the CUDA kernels run on "
+                     "the CPU: slow, exact).")]
 JsonOpt = Annotated[str | None, typer.Option(
     "--json", help="Write the results as JSON to PATH ('-': stdout, and the tables go to stderr).",
     metavar="PATH", show_default=False)]
-PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot to this path.", metavar="PNG",
-                                              show_default=False)]
+
+
+def _check_plot(path: Path | None) -> Path | None:
+    """A plot asked for fails at once, not after the work, when matplotlib (the [plot] extra) is not installed or
+    cannot write the file's format."""
+    if path is None:
+        return None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise typer.BadParameter(needs("matplotlib"))
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().removeprefix(".")
+    if suffix and suffix not in formats:
+        raise typer.BadParameter(f"matplotlib writes no .{suffix} files; expected .png (or .{', .'.join(formats)})")
+    return path
+
+
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write a PNG plot to this path (the [plot] extra).",
+                                              metavar="PNG", show_default=False, callback=_check_plot)]
 
 
 DTYPES = ("float32", "float16", "bfloat16")

@@ -17,6 +17,7 @@ from minipaged_cli.cli.common import (
     handle_errors,
     stdout,
 )
+from minipaged_cli.cli.outputs import check_outputs, write_text
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import dump_trace
@@ -44,6 +45,7 @@ def convert_command(
     of it (--limit) or re-timed (--rate, --time-scale); the header records where it came from."""
     if output.suffix.lower() not in (".yaml", ".yml"):
         raise InputError("the output must be a .yaml file", field="OUTPUT", value=str(output), has_value=True)
+    check_outputs({"OUTPUT": output})
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     options = " ".join(
         part for part in (
@@ -58,6 +60,6 @@ def convert_command(
         f"Source: {trace.description}" if trace.description else "",
         note,
     ) if line)
-    output.write_text(dump_trace(trace, header=header))
+    write_text(output, dump_trace(trace, header=header), "OUTPUT")
     stdout.print(f"wrote {output}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
-                 f"{trace.output_tokens:,} output tokens, {len(trace.segments)} shared segments")
+                 f"{trace.output_tokens:,} output tokens, {len(trace.segments)} shared segments", markup=False)

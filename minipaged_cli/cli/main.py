@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from minipaged_cli import __version__
 from minipaged_cli.cli import calibrate, convert, profile, run, simulate, sweep, verify
@@ -16,9 +16,26 @@ from minipaged_cli.cli.common import stderr
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
+def _flags_untyped(params: list[Any]) -> list[Any]:
+    """Typer 0.29 shows every flag (--help too) with a ``<bool>`` type, as if it took a value, which it refuses
+    (``--prefix-caching true``): a flag shows no type."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_untyped(super().get_params(ctx))
+
+
 class _OneLineUsageErrors(TyperGroup):
     """Usage errors (a missing argument, a value of the wrong type) as one line on stderr and exit code 2,
     like the errors the commands raise themselves, instead of Typer's usage-and-panel block."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_untyped(super().get_params(ctx))
 
     def main(self, args: list[str] | None = None, *rest: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         args = _optional_values(list(sys.argv[1:] if args is None else args))
@@ -66,19 +83,19 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command("simulate", epilog=simulate.EPILOG,
+app.command(cls=_Command, name="simulate", epilog=simulate.EPILOG,
             short_help="Paged vs contiguous KV allocation on a trace: where memory goes.")(simulate.simulate_command)
-app.command("sweep", epilog=sweep.EPILOG,
+app.command(cls=_Command, name="sweep", epilog=sweep.EPILOG,
             short_help="Latency against request rate for every strategy; the rate each sustains.")(sweep.sweep_command)
-app.command("run", epilog=run.EPILOG,
+app.command(cls=_Command, name="run", epilog=run.EPILOG,
             short_help="The paged replay on real K/V tensors: cache writes and decode attention.")(run.run_command)
-app.command("verify", epilog=verify.EPILOG,
+app.command(cls=_Command, name="verify", epilog=verify.EPILOG,
             short_help="Qwen3 attention through the paged cache against Hugging Face.")(verify.verify_command)
-app.command("profile", epilog=profile.EPILOG,
+app.command(cls=_Command, name="profile", epilog=profile.EPILOG,
             short_help="Which block size? The trade-off on a trace, measured.")(profile.profile_command)
-app.command("calibrate", epilog=calibrate.EPILOG,
+app.command(cls=_Command, name="calibrate", epilog=calibrate.EPILOG,
             short_help="Step times measured on your GPU, for simulate --calibration.")(calibrate.calibrate_command)
-app.command("convert", epilog=convert.EPILOG,
+app.command(cls=_Command, name="convert", epilog=convert.EPILOG,
             short_help="A public trace, or a slice of it, to the YAML trace format.")(convert.convert_command)
 
 

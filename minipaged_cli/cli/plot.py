@@ -1,4 +1,4 @@
-"""PNG plots (matplotlib, imported only when a plot is asked for)."""
+"""PNG plots (matplotlib, the [plot] extra, imported only when a plot is asked for)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.cli.outputs import atomic_output
 from minipaged_cli.sim.categories import CATEGORIES
 from minipaged_cli.sim.replay import SimulationResult
 
@@ -30,11 +30,7 @@ _MAX_POINTS = 2000
 
 def plot_memory_timeline(result: SimulationResult, path: Path) -> None:
     """One stacked-area panel per strategy: the memory categories (% of capacity) over simulated time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     strategies = result.strategies
     figure, axes = plt.subplots(len(strategies), 1, figsize=(10, 2.2 * len(strategies) + 0.8), sharex=True,
                                 squeeze=False)
@@ -60,11 +56,7 @@ def plot_memory_timeline(result: SimulationResult, path: Path) -> None:
 
 def plot_run_steps(report: Any, path: Path, *, title: str) -> None:
     """``minipaged run``: time of attention and cache writes per step, with the batch and the live tokens."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     steps = np.arange(1, report.steps + 1)
     figure, (times, load) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     times.plot(steps, report.per_step["attention_ms"], label="decode attention", linewidth=0.8)
@@ -84,11 +76,7 @@ def plot_run_steps(report: Any, path: Path, *, title: str) -> None:
 
 def plot_block_sizes(rows: list[Any], path: Path, *, title: str) -> None:
     """``minipaged profile``: waste and attention time against block size (log2 axis)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     sizes = [r.block_size for r in rows]
     figure, waste = plt.subplots(figsize=(8, 4.5))
     waste.plot(sizes, [r.mean_tail_waste_tokens for r in rows], "o-", color="#e65100", label="tail waste (tokens)")
@@ -115,11 +103,7 @@ def plot_block_sizes(rows: list[Any], path: Path, *, title: str) -> None:
 def plot_memory_layout(result: Any, path: Path) -> None:
     """``simulate --plot-layout``: the KV memory as an image, time across, slot address down, a colour per
     sequence and free space blank; one panel per strategy (``sim/layout.py`` samples it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     names = list(result.strategies)
     figure, axes = plt.subplots(len(names), 1, figsize=(11, 2.3 * len(names) + 0.6), squeeze=False, sharex=True)
     palette = plt.get_cmap("tab20").colors
@@ -138,17 +122,13 @@ def plot_memory_layout(result: Any, path: Path) -> None:
     axes[-1, 0].set_xlabel("simulated time (s)")
     figure.suptitle(f"{result.trace.name}: physical KV memory, a colour per sequence, free space white", fontsize=10)
     figure.tight_layout()
-    _save(figure, path, plt)
+    _save(figure, path, plt, "--plot-layout")
 
 
 def plot_sweep(result: Any, path: Path, *, title: str) -> None:
     """``minipaged sweep``: normalized latency against request rate, a curve per strategy, a panel per value of
     the other axes (the vLLM paper's Fig. 12), with each curve's sustainable rate marked when searched."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     panels = sorted({p.panel for p in result.rows}, key=lambda p: p.sort_key())
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
@@ -183,10 +163,22 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
     _save(figure, path, plt)
 
 
-def _save(figure: Any, path: Path, plt: Any) -> None:
+def _pyplot() -> Any:
+    """matplotlib.pyplot, drawing to files only; text drawn as written: a '$' in a trace's name is not the start
+    of a formula (mathtext would fail on the whole plot, after the whole replay)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure: Any, path: Path, plt: Any, field: str = "--plot") -> None:
     try:
-        figure.savefig(path, dpi=120)
-    except OSError as error:
-        raise InputError(f"cannot write: {error.strerror}", field="--plot", value=str(path), has_value=True) from None
+        with atomic_output(path, field) as temporary:
+            # The format from the path asked for (the temporary's name is not it), PNG when it has no suffix.
+            figure.savefig(temporary, dpi=120, format=Path(path).suffix.removeprefix(".").lower() or "png")
     finally:
         plt.close(figure)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from minipaged_cli.cli.common import (
     FormatOpt,
@@ -29,7 +30,8 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
-from minipaged_cli.cli.render import ReplayProgress, profile_detail, profile_table, write_json
+from minipaged_cli.cli.outputs import check_outputs
+from minipaged_cli.cli.render import ReplayProgress, bold, profile_detail, profile_table, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -80,17 +82,16 @@ def profile_command(
     preemptions, throughput), prefix reuse lost to partial blocks, and the cost of cache writes and decode
     attention on a batch shaped like the trace's busiest step. Ends with a recommendation and its reason.
     With a single --block-size, also the distribution of tail waste and where the memory goes."""
-    import torch
-
     from minipaged_cli.apps.profile import (
         DEFAULT_BLOCK_SIZES,
         profile_block_size,
         recommend,
         time_kernels,
     )
-    from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
+
+    check_outputs({"--json": json_path, "--plot": plot})
 
     sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES
     if min(sizes) < 1 or len(set(sizes)) != len(sizes):
@@ -102,8 +103,11 @@ def profile_command(
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
                                         gpu_memory_utilization)
     kv_bytes = blocks * sizes[0] * spec.kv_bytes_per_token  # every block size gets these bytes
-    backend = None if device == "none" else select_backend(device)
-    if backend is not None:
+    backend = None
+    if device != "none":  # the kernel timings need torch (the [torch] extra); the replays do not
+        from minipaged_cli.dataplane.select import select_backend
+
+        backend = select_backend(device)
         require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
     dtype_name = dtype or spec.dtype
     check_dtype(dtype_name)
@@ -118,6 +122,8 @@ def profile_command(
             rows.append(profile_block_size(trace, base, size, kv_bytes,
                                            progress=lambda done, size=size: progress(f"block size {size}", done)))
     if backend is not None:
+        import torch
+
         # One batch for every size: the busiest step of the first replay.
         shape = rows[0].metrics.detail.busiest_seq_lens  # type: ignore[union-attr]
         cap = KERNEL_TOKEN_CAP.get(backend.name) if backend.device.type == "cpu" else None
@@ -131,8 +137,9 @@ def profile_command(
     console = tables_console(json_path)
     device_name = str(backend.device) if backend is not None else "none"
     backend_name = backend.name if backend is not None else "none"
-    console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {spec.name} · KV {kv_bytes / 2**30:.3g} "
-                  f"GiB at every block size ({origin}) · kernels on {device_name} ({backend_name})")
+    console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {escape(spec.name)} · KV "
+                  f"{kv_bytes / 2**30:.3g} GiB at every block size ({escape(origin)}) · kernels on {device_name} "
+                  f"({backend_name})")
     console.print(profile_table(rows))
     if backend is not None and backend.name == "emulated":
         console.print("[dim]kernel times are the CPU emulation's: they show the kernels run, not how fast a GPU "
@@ -149,4 +156,4 @@ def profile_command(
         from minipaged_cli.cli.plot import plot_block_sizes
 
         plot_block_sizes(rows, Path(plot), title=f"{trace.name}: block-size trade-off ({spec.name})")
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {plot}", markup=False)

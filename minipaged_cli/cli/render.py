@@ -8,10 +8,11 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.cli.outputs import STDOUT, write_text
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
@@ -20,18 +21,18 @@ from minipaged_cli.units import format_bytes
 
 
 def write_json(document: dict[str, Any], destination: str, stdout: Console) -> None:
-    """``destination`` '-' writes to stdout; anything else is a file path."""
-    text = json.dumps(document, indent=2, allow_nan=False)
-    if destination == "-":
-        stdout.file.write(text + "\n")
+    """``destination`` '-' writes to stdout; anything else is a file path, written atomically."""
+    text = json.dumps(document, indent=2, allow_nan=False) + "\n"
+    if destination == STDOUT:
+        stdout.file.write(text)
         stdout.file.flush()
     else:
-        try:
-            with open(destination, "w", encoding="utf-8") as handle:
-                handle.write(text + "\n")
-        except OSError as error:
-            raise InputError(f"cannot write: {error.strerror}", field="--json", value=destination,
-                             has_value=True) from None
+        write_text(destination, text, "--json")
+
+
+def bold(name: str) -> str:
+    """A name of the user's (a trace's, a model's) in bold, escaped: markup in it prints as text."""
+    return f"[bold]{escape(name)}[/]"
 
 
 def step_times(config: SimConfig) -> str:
@@ -51,12 +52,13 @@ def scheduling(config: SimConfig) -> str:
 def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:
     """A header line, the memory table and the service table."""
     config, trace = result.config, result.trace
+    # Names and options are the user's text: escaped, so that "x[/y]" prints as itself, not as Rich markup.
     header = (
-        f"[bold]{trace.name}[/]: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
-        f"{trace.output_tokens:,} output tokens · {config.model.name} on {config.gpu.name} · KV capacity "
-        f"{config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
-        f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {capacity_origin}) · "
-        f"max model len {config.model_len:,} · {scheduling(config)} · step times: {step_times(config)}"
+        f"{bold(trace.name)}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
+        f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
+        f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
+        f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {escape(capacity_origin)}) · "
+        f"max model len {config.model_len:,} · {scheduling(config)} · step times: {escape(step_times(config))}"
     )
     rows = result.strategies
     overs = {m.averaged_over for m in rows.values()}
@@ -228,7 +230,8 @@ def _maybe(value: float | None, form: str, scale: float = 1.0) -> str:
 
 
 class ReplayProgress:
-    """A progress bar that appears only when a replay has run for more than ``delay_s`` seconds.
+    """A progress bar of the requests replayed, that appears only when a replay has run for more than
+    ``delay_s`` seconds, on a terminal (piped, a transient bar would only leave an empty line).
 
     Called as ``progress(strategy, requests_done)`` from the replay's loop, as often as every event; it redraws
     at most ten times a second.
@@ -246,12 +249,12 @@ class ReplayProgress:
 
     def __call__(self, strategy: str, done: int) -> None:
         now = time.monotonic()
-        if now < self.next_update:
+        if now < self.next_update or not self.console.is_terminal:
             return
         self.next_update = now + 0.1
         if self.bar is None:
             self.bar = Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=self.console, transient=True)
+                                TextColumn("requests"), TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()
             self.task = self.bar.add_task(strategy, total=self.total)
         self.bar.update(self.task, completed=self.offsets[strategy] + done, description=strategy)

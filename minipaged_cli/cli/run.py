@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from minipaged_cli.cli.common import (
     BlockSizeOpt,
@@ -33,7 +34,8 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
-from minipaged_cli.cli.render import ReplayProgress, run_table, write_json
+from minipaged_cli.cli.outputs import check_outputs
+from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -91,6 +93,7 @@ def run_command(
     from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
 
+    check_outputs({"--json": json_path, "--plot": plot})
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"
     spec = load_model(model)
@@ -118,8 +121,8 @@ def run_command(
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
         report = run_trace(trace, config, backend, num_layers=num_layers, dtype=getattr(torch, dtype_name),
                            max_steps=max_steps or None, seed=seed, progress=lambda done: progress("paged", done))
-    header = (f"[bold]{trace.name}[/]: {spec.name}, {num_layers} of {spec.num_layers} layers, {dtype_name}, "
-              f"{config.kv_capacity_tokens:,} token slots ({origin}), block size {block_size} · "
+    header = (f"{bold(trace.name)}: {escape(spec.name)}, {num_layers} of {spec.num_layers} layers, {dtype_name}, "
+              f"{config.kv_capacity_tokens:,} token slots ({escape(origin)}), block size {block_size} · "
               f"{report.steps:,} steps" + (f" (stopped at --max-steps {max_steps})" if max_steps and
                                            report.steps >= max_steps else ""))
     console.print(header)
@@ -130,4 +133,4 @@ def run_command(
         from minipaged_cli.cli.plot import plot_run_steps
 
         plot_run_steps(report, Path(plot), title=f"{trace.name} on {report.device} ({report.backend})")
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {plot}", markup=False)

@@ -30,12 +30,14 @@ from minipaged_cli.cli.common import (
     TimeScaleOpt,
     TraceArg,
     WatermarkOpt,
+    flag,
     handle_errors,
     load_calibration_option,
     stderr,
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -95,9 +97,9 @@ def simulate_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
-    check_invariants: Annotated[bool, typer.Option(
-        "--check-invariants", help="Check the allocator's invariants after every event; count violations "
-                                   "(exit 1 if any).")] = False,
+    check_invariants: Annotated[bool, flag(
+        "check-invariants", help="Check the allocator's invariants after every event; count violations "
+                                 "(exit 1 if any).")] = False,
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
     plot_layout: Annotated[Path | None, typer.Option(
@@ -108,6 +110,7 @@ def simulate_command(
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
     fragmentation, free; with batch size, preemptions, throughput and latency of each strategy."""
+    check_outputs({"--json": json_path, "--plot": plot, "--plot-layout": plot_layout})
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if not names:
         raise InputError("name at least one strategy", field="--strategies", value=strategies, has_value=True)
@@ -136,12 +139,12 @@ def simulate_command(
         from minipaged_cli.cli.plot import plot_memory_timeline
 
         plot_memory_timeline(result, Path(plot))
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {plot}", markup=False)
     if plot_layout is not None:
         from minipaged_cli.cli.plot import plot_memory_layout
 
         plot_memory_layout(result, Path(plot_layout))
-        console.print(f"layout plot: {plot_layout}")
+        console.print(f"layout plot: {plot_layout}", markup=False)
     violations = sum(m.invariant_violations for m in result.strategies.values())
     if violations:
         stderr.print(f"invariant violations: {violations} (a bug in the allocator; see the table)")

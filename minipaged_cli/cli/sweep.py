@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich import box
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from minipaged_cli.apps.sweep import SLO_METRICS, Axes, SweepResult, parse_slo, sweep
-from minipaged_cli.apps.sweep_points import Settings, prepare
+from minipaged_cli.apps.sweep import SEARCH_STEPS, SLO_METRICS, Axes, SweepResult, sweep
+from minipaged_cli.apps.sweep_points import ENGINE_FIELDS, Settings, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.cli.common import (
     CalibrationOpt,
@@ -27,15 +27,17 @@ from minipaged_cli.cli.common import (
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
-    WatermarkOpt,
     handle_errors,
     stderr,
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import write_json
+from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
+from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
@@ -45,10 +47,11 @@ Examples:\n\n
   --gpu a100-40gb --max-model-len 2048 --rates 0.5,1,2,4 --slo normalized-latency=0.4 --plot latency.png\n\n
   minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json --csv sweep.csv
 """
-# Options a --config file may set, by their keys there: what the command line gives wins.
-FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
-             "search_steps", "seed", "limit", "time_scale", "trace_format", "max_model_len", "max_num_seqs",
-             "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization", "calibration")
+
+def _engine_default(name: str) -> str:
+    """Help's note on an engine setting left out: the simulator's default, read from it (one place)."""
+    default = Settings().to_dict()[name]
+    return "Default: the simulator's." if default is None else f"Default: {default} (the simulator's)."
 
 
 @handle_errors
@@ -71,14 +74,20 @@ def sweep_command(
         "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it).")] = "off",
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="NAME=SECONDS, repeatable; NAME: " + ", ".join(SLO_METRICS) + " (mean unless -p99). "
-                      "Searches the highest rate meeting every SLO.", show_default=False)] = None,
-    search_steps: Annotated[int, typer.Option("--search-steps", help="Bisection rounds after the grid.")] = 5,
+                      "Searches each curve's sustainable rate: the highest meeting every SLO, with every tested "
+                      "rate below it meeting them too, to 3 significant digits.", show_default=False)] = None,
+    search_steps: Annotated[int, typer.Option(
+        "--search-steps", help="Most bisection rounds after the grid; the search ends sooner once no 3-digit rate "
+                               "is left inside a bracket.")] = SEARCH_STEPS,
+    seeds: Annotated[int, typer.Option(
+        "--seeds", help="Arrival seeds per point (--seed, --seed + 1, ...): each metric is the MEAN over the "
+                        "seeds' replays, so one seed's noise is not taken for capacity.")] = 1,
     workers: Annotated[int | None, typer.Option(
         "--workers", help="Local worker processes. Default: every core.", show_default=False)] = None,
     ray: Annotated[str | None, typer.Option(
-        "--ray", help="Run the points as Ray tasks on an existing cluster: HOST:PORT, or no value (auto: "
-                      "RAY_ADDRESS or the cluster started on this machine). Needs pip install -e \".[ray]\".",
-        metavar="[ADDRESS]", show_default=False)] = None,
+        "--ray", help="Run the replays as Ray tasks: HOST:PORT of a cluster, or no value (auto: RAY_ADDRESS or "
+                      "the cluster started on this machine, else a local cluster started for this sweep). Needs "
+                      "pip install -e \".[ray]\".", metavar="[ADDRESS]", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A YAML sweep file whose keys name these options (rates: [1, 2], slo: "
                          "{normalized-latency: 0.2}, ...).", metavar="YAML", show_default=False)] = None,
@@ -87,12 +96,19 @@ def sweep_command(
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
     max_model_len: MaxModelLenOpt = None,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most requests running at once.")] = 256,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", help=f"Most requests running at once. {_engine_default('max_num_seqs')}",
+        show_default=False)] = None,
     max_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-batched-tokens", help="Chunked prefill: tokens per step.", show_default=False)] = None,
-    watermark: WatermarkOpt = 0.01,
-    preemption: Annotated[str, typer.Option("--preemption", help="recompute or swap.")] = "recompute",
-    cpu_blocks: Annotated[int, typer.Option("--cpu-blocks", help="Swap space, in blocks.")] = 0,
+        "--max-batched-tokens", help=f"Chunked prefill: tokens per step. {_engine_default('max_batched_tokens')}",
+        show_default=False)] = None,
+    watermark: Annotated[float | None, typer.Option(
+        "--watermark", help=f"Paged admission keeps this fraction of the blocks free. {_engine_default('watermark')}",
+        show_default=False)] = None,
+    preemption: Annotated[str | None, typer.Option(
+        "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
+    cpu_blocks: Annotated[int | None, typer.Option(
+        "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
     gpu_memory_utilization: GpuUtilOpt = 0.9,
     calibration: CalibrationOpt = None,
     json_path: JsonOpt = None,
@@ -105,50 +121,47 @@ def sweep_command(
     output token, mean and p99), TTFT, TPOT, batch size, throughput, preemptions and token-state share. With
     --slo, the highest request rate each strategy sustains and paged's ratio to each baseline."""
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
+    from_file: set[str] = set()
     if config is not None:
-        values.update({k: v for k, v in _read_config(config).items()
-                       if _source(ctx, k) != "COMMANDLINE"})
-    if values["rates"] is None:
+        in_file = {k: v for k, v in read_config(config).items() if _source(ctx, k) != "COMMANDLINE"}
+        values.update(in_file)
+        from_file = set(in_file)
+    check_outputs({"--json": json_path, "--csv": csv_path, "--plot": plot})  # before a sweep of hours
+    if workers is not None:
+        whole_number(workers, field="--workers", minimum=1)
+    options = checked(values, from_file, str(config))
+    if options["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
-    axes = Axes(rates=_list(values["rates"], float, "--rates"),
-                strategies=_list(values["strategies"], str, "--strategies"),
-                models=_list(values["models"], str, "--models"), gpus=_list(values["gpus"], str, "--gpus"),
-                kv_memory=_list(values["kv_memory"], _kv_memory, "--kv-memory") if values["kv_memory"] else (None,),
-                block_sizes=_list(values["block_sizes"], int, "--block-sizes"),
-                prefix_caching=_list(values["prefix_caching"], _on_off, "--prefix-caching"))
-    for name in axes.strategies:
-        if name not in STRATEGIES:
-            raise InputError(f"unknown strategy; expected some of {', '.join(STRATEGIES)}", field="--strategies",
-                             value=name, has_value=True)
-    slos = tuple(parse_slo(s) for s in _slo_texts(values["slo"]))
-    if values["search_steps"] < 0 or (workers is not None and workers < 1):
-        bad = ("--search-steps", values["search_steps"]) if values["search_steps"] < 0 else ("--workers", workers)
-        raise InputError("must be >= 0" if bad[0] == "--search-steps" else "must be >= 1", field=bad[0],
-                         value=bad[1], has_value=True)
-    settings = Settings(seed=values["seed"], max_model_len=values["max_model_len"],
-                        max_num_seqs=values["max_num_seqs"], max_batched_tokens=values["max_batched_tokens"],
-                        watermark=values["watermark"], preemption=values["preemption"],
-                        cpu_blocks=values["cpu_blocks"], gpu_memory_utilization=values["gpu_memory_utilization"],
-                        calibration=str(values["calibration"]) if values["calibration"] else None)
-    trace = load_trace(trace_path, values["trace_format"], limit=values["limit"], time_scale=values["time_scale"])
+    axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
+                gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
+                prefix_caching=options["prefix_caching"])
+    settings = Settings(seed=options["seed"], seeds=options["seeds"],
+                        gpu_memory_utilization=options["gpu_memory_utilization"],
+                        calibration=str(options["calibration"]) if options["calibration"] else None,
+                        engine={k: options[k] for k in ENGINE_FIELDS if options[k] is not None})
+    trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
+                       time_scale=options["time_scale"])
     work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
+    if isinstance(runner, RayRunner) and runner.started:
+        stderr.print(f"No Ray cluster was running: {runner.describe()}.", markup=False, highlight=False)
 
-    progress = Progress(TextColumn("points"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    progress = Progress(TextColumn("replays"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("left"), TimeRemainingColumn(), console=stderr, transient=True)
     with progress:
-        task = progress.add_task("points", total=len(axes.points()))
-        result = sweep(trace, axes, settings, runner, slos, values["search_steps"],
+        task = progress.add_task("replays", total=len(axes.points()) * settings.seeds)
+        result = sweep(trace, axes, settings, runner, options["slo"], options["search_steps"],
                        progress=lambda done, total: progress.update(task, completed=done, total=total), work=work)
 
     console = tables_console(json_path)
-    console.print(f"[bold]{trace.name}[/]: {trace.num_requests} requests · {len(result.rows)} points on "
-                  f"{runner.describe()}")
+    seeds_note = f" · each the mean of {settings.seeds} arrival seeds" if settings.seeds > 1 else ""
+    console.print(f"[bold]{escape(trace.name)}[/]: {trace.num_requests} requests · {len(result.rows)} points on "
+                  f"{escape(runner.describe())}{seeds_note}")
     console.print(points_table(result))
-    if slos:
+    if result.slos:
         console.print(capacity_table(result))
-        if any(c.status == "above grid" for c in result.capacities or []):
-            console.print("[dim]>= : the SLOs still held at the highest rate; add higher --rates to find the limit[/]")
+        for line in capacity_notes(result):
+            console.print(line)
     if json_path is not None:
         write_json(result.to_dict(), json_path, stdout)
     if csv_path is not None:
@@ -157,7 +170,7 @@ def sweep_command(
         from minipaged_cli.cli.plot import plot_sweep
 
         plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")
-        console.print(f"plot: {plot}")
+        console.print(f"plot: {escape(str(plot))}")
 
 
 def _source(ctx: typer.Context, name: str) -> str:
@@ -166,61 +179,10 @@ def _source(ctx: typer.Context, name: str) -> str:
     return source.name if source is not None else "DEFAULT"
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError("expected a mapping of option names to values", source=str(path))
-    data = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(data) - set(FILE_KEYS))
-    if unknown:
-        raise InputError(f"unknown key; expected some of {', '.join(FILE_KEYS)}", source=str(path), field=unknown[0])
-    return data
-
-
-def _list(value: Any, kind: type | Any, option: str) -> tuple[Any, ...]:
-    """A comma-separated string (command line) or a list (--config), each item converted by ``kind``."""
-    items = [s.strip() for s in value.split(",")] if isinstance(value, str) else list(value) \
-        if isinstance(value, list | tuple) else [value]
-    items = [item for item in items if item != ""]
-    if not items:
-        raise InputError("name at least one value", field=option, value=value, has_value=True)
-    try:
-        converted = tuple(kind(item) for item in items)
-    except (TypeError, ValueError):
-        raise InputError(f"expected {getattr(kind, '__name__', 'a value')} values", field=option, value=value,
-                         has_value=True) from None
-    if len(set(converted)) != len(converted):
-        raise InputError("values must be distinct", field=option, value=value, has_value=True)
-    return converted
-
-
-def _kv_memory(item: Any) -> str | None:
-    """A size (16GiB), or default: the GPU's memory times --gpu-memory-utilization, minus the weights."""
-    return None if str(item).lower() == "default" else str(item)
-
-
-def _on_off(item: Any) -> bool:
-    if isinstance(item, bool):
-        return item
-    if str(item).lower() in ("on", "true"):
-        return True
-    if str(item).lower() in ("off", "false"):
-        return False
-    raise ValueError(item)
-
-
-def _slo_texts(value: Any) -> list[str]:
-    if isinstance(value, dict):  # from --config: {name: seconds}
-        return [f"{k}={v}" for k, v in value.items()]
-    return list(value or [])
-
-
 def _label(result: SweepResult, point: Any) -> str:
+    """A curve's name in the tables, escaped: model and GPU names may be paths with brackets in them."""
     parts = [_value(name, getattr(point, name)) for name in result.axes.varying()]
-    return " ".join([point.strategy, *parts])
+    return escape(" ".join([point.strategy, *parts]))
 
 
 def _value(name: str, value: Any) -> str:
@@ -247,8 +209,13 @@ def points_table(result: SweepResult) -> Table:
                       _pair(row["ttft_mean_s"], row["ttft_p99_s"], "{:.2f}"),
                       "-" if row["tpot_mean_s"] is None else f"{row['tpot_mean_s'] * 1e3:.1f}",
                       f"{row['mean_batch_size']:.1f}", f"{row['throughput_tokens_per_s']:,.0f}",
-                      f"{row['num_preemptions']:,}", f"{row['token_state_pct']:.1f}")
+                      _count(row["num_preemptions"]), f"{row['token_state_pct']:.1f}")
     return table
+
+
+def _count(value: float) -> str:
+    """A count, or (--seeds) the mean of counts."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
 
 
 def _pair(first: float | None, second: float | None, spec: str) -> str:
@@ -269,13 +236,30 @@ def capacity_table(result: SweepResult) -> Table:
         if capacity.status == "none":
             rate = "none meets"
         elif capacity.status == "above grid":
-            rate = f">= {capacity.bracket[0]:.3g}"
+            rate = f">= {capacity.rate:.3g}"
         else:
             rate = f"{capacity.rate:.3g}"
-        high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:.3g}"
-        table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:.3g}, {high}",
+        if capacity.non_monotone:
+            rate += " *"
+        high = "-" if capacity.bracket[1] is None else f"{capacity.bracket[1]:g}"
+        table.add_row(_label(result, curve), rate, f"{capacity.bracket[0]:g}, {high}",
                       "" if curve.strategy == "paged" else _ratio(ratio))
     return table
+
+
+def capacity_notes(result: SweepResult) -> list[str]:
+    """What the capacity table's marks mean, when it has them (markup lines)."""
+    notes = []
+    capacities = result.capacities or []
+    if any(c.status == "above grid" for c in capacities):
+        notes.append("[dim]>= : the SLOs still held at the highest rate; add higher --rates to find the limit[/]")
+    for capacity in capacities:
+        if capacity.non_monotone:
+            falls = "; ".join(f"fails the SLOs at {fails:g} req/s but meets them at {meets:g}"
+                              for fails, meets in capacity.non_monotone)
+            notes.append(f"[yellow]* {_label(result, capacity.curve)}: not monotone: {falls}. The answer is below the "
+                         "first failure, and depends on the rates tested there (more --seeds smooth the noise)[/]")
+    return notes
 
 
 def _ratio(ratio: dict[str, Any]) -> str:
@@ -286,10 +270,7 @@ def _ratio(ratio: dict[str, Any]) -> str:
 
 def write_csv(result: SweepResult, path: Path) -> None:
     rows = result.points()
-    try:
-        with open(path, "w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    except OSError as error:
-        raise InputError(f"cannot write: {error.strerror}", field="--csv", value=str(path), has_value=True) from None
+    with atomic_output(path, "--csv") as temporary, open(temporary, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from minipaged_cli.cli.common import (
     DeviceOpt,
@@ -18,6 +19,7 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import verify_table, write_json
 from minipaged_cli.errors import InputError
 
@@ -89,6 +91,7 @@ def verify_command(
     from minipaged_cli.apps.verify import VerifyReport, make_prompts, verify_generation, verify_layer
     from minipaged_cli.dataplane.select import select_backend
 
+    check_outputs({"--json": json_path})
     check_dtype(dtype)
     if block_size < 1:
         raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
@@ -113,7 +116,7 @@ def verify_command(
         report.checks.extend(verify_generation(model, prompts, generate, backend, block_size, seed))
 
     console = tables_console(json_path)
-    console.print(f"Qwen3 ({source}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
+    console.print(f"Qwen3 ({escape(source)}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
                   f"{', '.join(map(str, lengths))} tokens, block size {block_size}, {report.device} "
                   f"({report.backend} backend)")
     console.print(verify_table(report))

@@ -6,17 +6,21 @@ A calibration file is YAML; every table holds seconds for **one layer** of the m
     model: {name: llama-2-7b, hidden_size: 4096, ...}   # the measured shapes, Hugging Face config keys
     source: where the numbers come from
     linear:            {tokens: [...], seconds: [...]}  # the weight GEMMs (QKV, O, MLP) on that many tokens
+    elementwise:       {tokens: [...], seconds: [...]}  # the norms, RoPE, the MLP's activation, the residual add
     prefill_attention: {tokens: [...], seconds: [...]}  # causal attention over one prompt of that many tokens
     decode_attention:  {batch: [...], context: [...], seconds: [[...], ...]}  # a row per batch size
     cache_write:       {tokens: [...], seconds: [...]}  # writing that many tokens' K and V
 
 Every table but ``linear`` is optional: the efficiency model covers what is missing. Between grid points the
-time is interpolated linearly; beyond the last it grows in proportion (twice the tokens, twice the time); below
-the first it stays at the first point's.
+time is interpolated linearly; below the first it stays at the first point's; beyond the last it follows the
+efficiency model's shape for that term, scaled to meet the last point (``sim/step_time.py`` passes the shape):
+causal prefill attention grows with the square of the prompt, the GEMMs linearly with a constant part (the
+weights), decode attention, cache writes and the element-wise kernels in proportion to what they read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,7 @@ import numpy as np
 import yaml
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.validation import positive_number, whole_number
 from minipaged_cli.workloads.presets import ModelSpec, model_from_hf_config
 
 _SHAPE_FIELDS = ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads", "head_dim",
@@ -37,10 +42,18 @@ _HF_KEYS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size",
             "max_model_len": "max_position_embeddings"}
 
 
-def _interp(x: Any, xs: np.ndarray, ys: np.ndarray) -> Any:
-    """Linear between points, proportional beyond the last, flat below the first."""
-    inside = np.interp(x, xs, ys)
-    return np.where(np.asarray(x) > xs[-1], ys[-1] * np.asarray(x) / xs[-1], inside)
+TABLES = ("linear", "elementwise", "prefill_attention", "decode_attention", "cache_write")
+
+
+def _proportional(size: Any) -> Any:
+    return size
+
+
+def _interp(x: Any, xs: np.ndarray, ys: np.ndarray, shape: Callable[[Any], Any] = _proportional) -> Any:
+    """Linear between points, flat below the first; beyond the last, the last point times shape(x) / shape(last)."""
+    if np.ndim(x) == 0:  # one step of the replay: no arrays to build
+        return ys[-1] * shape(x) / shape(xs[-1]) if x > xs[-1] else np.interp(x, xs, ys)
+    return np.where(x > xs[-1], ys[-1] * shape(np.maximum(x, xs[-1])) / shape(xs[-1]), np.interp(x, xs, ys))
 
 
 @dataclass(frozen=True)
@@ -50,8 +63,10 @@ class Table:
     sizes: np.ndarray
     seconds: np.ndarray
 
-    def __call__(self, size: Any) -> Any:
-        return _interp(size, self.sizes, self.seconds)
+    def __call__(self, size: Any, shape: Callable[[Any], Any] = _proportional) -> Any:
+        """The time at ``size``; beyond the last point it scales as ``shape`` does (a function of the size with
+        the term's law: the efficiency model's time for it, say), by default in proportion to the size."""
+        return _interp(size, self.sizes, self.seconds, shape)
 
     def to_dict(self, key: str = "tokens") -> dict[str, list[float]]:
         return {key: [int(s) for s in self.sizes], "seconds": [float(f"{t:.6g}") for t in self.seconds]}
@@ -59,7 +74,8 @@ class Table:
 
 @dataclass(frozen=True)
 class Grid:
-    """Seconds against batch size and context length per sequence: linear in each, proportional beyond."""
+    """Seconds against batch size and context length per sequence: linear in each, proportional beyond (decode
+    attention reads every sequence's K/V once: the efficiency model's time is proportional to batch x context)."""
 
     batch: np.ndarray
     context: np.ndarray
@@ -87,6 +103,7 @@ class Calibration:
     model: ModelSpec
     source: str
     linear: Table | None = None
+    elementwise: Table | None = None
     prefill_attention: Table | None = None
     decode_attention: Grid | None = None
     cache_write: Table | None = None
@@ -102,8 +119,7 @@ class Calibration:
                              has_value=True)
 
     def describe(self, model: ModelSpec) -> str:
-        covered = [name for name in ("linear", "prefill_attention", "decode_attention", "cache_write")
-                   if getattr(self, name) is not None]
+        covered = [name for name in TABLES if getattr(self, name) is not None]
         scaled = "" if self.same_shapes(model) else f", scaled from {self.model.name}'s shapes"
         return f"{Path(self.path).name or self.gpu} ({', '.join(covered)}{scaled})"
 
@@ -112,7 +128,7 @@ class Calibration:
         shapes = {"name": model.name, "model_type": "llama" if model.gated_mlp else "opt",
                   **{hf: getattr(model, field) for field, hf in _HF_KEYS.items()}}
         body: dict[str, Any] = {"gpu": self.gpu, "model": shapes, "source": self.source}
-        for name in ("linear", "prefill_attention", "decode_attention", "cache_write"):
+        for name in TABLES:
             table = getattr(self, name)
             if table is not None:
                 body[name] = table.to_dict()
@@ -129,7 +145,7 @@ def load_calibration(path: str | Path) -> Calibration:
                          field="--calibration") from None
     if not isinstance(data, dict):
         raise InputError("expected a mapping with gpu, model, source and tables", source=source)
-    known = {"gpu", "model", "source", "linear", "prefill_attention", "decode_attention", "cache_write"}
+    known = {"gpu", "model", "source", *TABLES}
     unknown = sorted(set(data) - known)
     if unknown:
         raise InputError(f"unknown key; expected {sorted(known)}", source=source, field=unknown[0])
@@ -144,6 +160,7 @@ def load_calibration(path: str | Path) -> Calibration:
     return Calibration(
         gpu=str(data["gpu"]), model=model, source=str(data["source"]), path=source,
         linear=_table(data, "linear", source),
+        elementwise=_table(data, "elementwise", source) if "elementwise" in data else None,
         prefill_attention=_table(data, "prefill_attention", source) if "prefill_attention" in data else None,
         decode_attention=_grid(data["decode_attention"], source) if "decode_attention" in data else None,
         cache_write=_table(data, "cache_write", source) if "cache_write" in data else None,
@@ -153,11 +170,8 @@ def load_calibration(path: str | Path) -> Calibration:
 def _increasing(values: Any, source: str, field: str) -> np.ndarray:
     if not isinstance(values, list) or not values:
         raise InputError("expected a non-empty list", source=source, field=field, value=values, has_value=True)
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-            raise InputError("must be a positive number", source=source, field=f"{field}[{i}]", value=v,
-                             has_value=True)
-    array = np.asarray(values, dtype=np.float64)
+    array = np.asarray([whole_number(v, source=source, field=f"{field}[{i}]", minimum=1)
+                        for i, v in enumerate(values)], dtype=np.float64)
     bad = np.flatnonzero(np.diff(array) <= 0)
     if bad.size:
         raise InputError("must increase", source=source, field=f"{field}[{bad[0] + 1}]", value=values[bad[0] + 1],
@@ -169,11 +183,8 @@ def _seconds(values: Any, count: int, source: str, field: str) -> np.ndarray:
     if not isinstance(values, list) or len(values) != count:
         raise InputError(f"expected a list of {count} times", source=source, field=field,
                          value=values if not isinstance(values, list) else f"{len(values)} values", has_value=True)
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-            raise InputError("must be a positive number of seconds", source=source, field=f"{field}[{i}]",
-                             value=v, has_value=True)
-    return np.asarray(values, dtype=np.float64)
+    return np.asarray([positive_number(v, source=source, field=f"{field}[{i}]") for i, v in enumerate(values)],
+                      dtype=np.float64)
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> Table:

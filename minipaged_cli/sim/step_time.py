@@ -5,6 +5,8 @@ A step runs its kernels one after another, so its time is the sum of theirs:
     weight GEMMs    layers * (tokens * 2 * layer params / (peak FLOP/s * e_gemm_flops)
                               + layer weight bytes / (HBM bandwidth * e_gemm_bw))
     LM head         the same for the vocab x hidden matrix, one row of logits per sequence in the step
+    element-wise    layers * tokens * bytes the norms, residual adds, RoPE and activation read and write
+                              / (HBM bandwidth * e_attn_bw)
     prefill attn    max(attended FLOPs / (peak * e_attn_flops), K/V read / (bandwidth * e_attn_bw))
     decode attn     K/V bytes the decoders read / (bandwidth * e_attn_bw)
     cache writes    K/V bytes of the step's new tokens (and copy-on-write copies, read and written) / same
@@ -14,21 +16,66 @@ The ``e_*`` are achieved efficiencies of the GPU preset (``configs/gpus/``, each
 datasheet's peaks: a GEMM's time is modelled as its FLOP time plus its weight-reading time, fitted to measured
 profiles, which a roofline max() of the two peaks underestimates by 20-55 %. A :class:`Calibration` measured on
 a GPU replaces any term it covers with interpolation in its table, scaled to this model's shapes when it was
-measured on another. K/V moved over the host link (swapping) adds its bytes / host bandwidth.
+measured on another; past its last point a table follows the efficiency model's shape for its term (a prompt 8x
+longer than the longest measured costs ~64x its prefill attention, not 8x). K/V moved over the host link
+(swapping) adds its bytes / host bandwidth.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 
-def layer_linear_seconds(model: ModelSpec, gpu: GpuSpec, tokens: Any) -> Any:
-    """The efficiency model of one layer's weight GEMMs on ``tokens`` tokens (its QKV, O and MLP matrices)."""
-    return (tokens * 2.0 * model.layer_params / (gpu.peak_flops * gpu.gemm_flops_efficiency)
-            + model.layer_params * model.dtype_bytes / (gpu.hbm_bandwidth_bytes_per_s * gpu.gemm_bandwidth_efficiency))
+def elementwise_bytes_per_token(model: ModelSpec) -> int:
+    """What one layer's element-wise kernels read and write per token, fused as an engine runs them (vLLM's): two
+    RMSNorms each with its residual add (hidden state and residual in, both out), RoPE on Q and K (in and out), the
+    activation (gate and up in, one out; a plain MLP's: one in, one out). Unfused kernels move more; a calibration
+    measures what yours do."""
+    q_width, kv_width = model.num_q_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    activation = (3 if model.gated_mlp else 2) * model.intermediate_size
+    return (2 * 4 * model.hidden_size + 2 * (q_width + kv_width) + activation) * model.dtype_bytes
+
+
+def causal_pairs(tokens: Any) -> Any:
+    """(query, key) pairs of causal attention over one prompt of ``tokens`` tokens."""
+    return tokens * (tokens + 1) / 2
+
+
+class LayerModel:
+    """The efficiency model of one layer's kernels, in seconds (its coefficients computed once: the replay asks per
+    step). A calibrated term past its table's last point scales as the measured model's term does here."""
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec) -> None:
+        flops, bandwidth = gpu.peak_flops, gpu.hbm_bandwidth_bytes_per_s
+        streaming = bandwidth * gpu.attention_bandwidth_efficiency
+        self.gemm_per_token = 2.0 * model.layer_params / (flops * gpu.gemm_flops_efficiency)
+        self.gemm_weights = model.layer_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
+        # Element-wise kernels stream like attention's; their launches are in step_overhead_s.
+        self.elementwise_per_token = elementwise_bytes_per_token(model) / streaming
+        self.attention_per_pair = model.attention_flops_per_context_token / model.num_layers / \
+            (flops * gpu.attention_flops_efficiency)
+        self.kv_per_token = model.kv_bytes_per_token / model.num_layers / streaming
+
+    def linear(self, tokens: Any) -> Any:
+        """The weight GEMMs (QKV, O, MLP) on ``tokens`` tokens: their FLOPs plus reading their weights."""
+        return tokens * self.gemm_per_token + self.gemm_weights
+
+    def elementwise(self, tokens: Any) -> Any:
+        """The norms, residual adds, RoPE and activation on ``tokens`` tokens: memory-bound."""
+        return tokens * self.elementwise_per_token
+
+    def prefill_attention(self, attended: Any, context: Any) -> Any:
+        """``attended`` (query, key) pairs over ``context`` tokens of K/V: FLOP- or K/V-read-bound, the longer."""
+        return np.maximum(attended * self.attention_per_pair, context * self.kv_per_token)
+
+    def one_prompt(self, tokens: Any) -> Any:
+        """Prefill attention over one causal prompt of ``tokens`` tokens."""
+        return self.prefill_attention(causal_pairs(tokens), tokens)
 
 
 class StepTimeModel:
@@ -37,9 +84,12 @@ class StepTimeModel:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, calibration: Calibration | None = None) -> None:
         self.model, self.gpu, self.calibration = model, gpu, calibration
         flops, bandwidth = gpu.peak_flops, gpu.hbm_bandwidth_bytes_per_s
+        self.layer = LayerModel(model, gpu)
+        # The measured model's, which shapes a calibration's tables past their last points.
+        self.measured_layer = self.layer if calibration is None else LayerModel(calibration.model, gpu)
+        self.same_shapes = calibration is None or calibration.same_shapes(model)
         self.lm_head_per_sequence = 2.0 * model.lm_head_params / (flops * gpu.gemm_flops_efficiency)
         self.lm_head_weights = model.lm_head_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
-        self.attention_per_flop = 1.0 / (flops * gpu.attention_flops_efficiency)
         self.kv_per_token = model.kv_bytes_per_token / (bandwidth * gpu.attention_bandwidth_efficiency)
         self.host_per_token = model.kv_bytes_per_token / gpu.host_bandwidth_bytes_per_s
         self.overhead_s = gpu.step_overhead_s
@@ -54,7 +104,7 @@ class StepTimeModel:
         ``prefill_attended`` (query, key) pairs over ``prefill_context`` tokens of K/V; ``decodes``: decoding
         sequences, reading ``decode_context`` tokens of K/V in all; ``copied_tokens``: copy-on-write copies.
         """
-        return (self.linear_seconds(new_tokens)
+        return (self.linear_seconds(new_tokens) + self.elementwise_seconds(new_tokens)
                 + sequences * self.lm_head_per_sequence + self.lm_head_weights
                 + self.prefill_attention_seconds(prefill_tokens, prefill_attended, prefill_context)
                 + self.decode_attention_seconds(decodes, decode_context)
@@ -62,28 +112,38 @@ class StepTimeModel:
                 + self.overhead_s)
 
     def linear_seconds(self, tokens: Any) -> Any:
-        model, calibration = self.model, self.calibration
-        if calibration is None or calibration.linear is None:
-            return model.num_layers * layer_linear_seconds(model, self.gpu, tokens)
-        measured = calibration.linear(tokens)
-        if not calibration.same_shapes(model):  # the measured model's efficiency, at this model's size
-            measured = measured * layer_linear_seconds(model, self.gpu, tokens) / \
-                layer_linear_seconds(calibration.model, self.gpu, tokens)
-        return model.num_layers * measured
+        return self._per_token_term("linear", tokens)
+
+    def elementwise_seconds(self, tokens: Any) -> Any:
+        """The norms, residual adds, RoPE and activation of every layer on ``tokens`` tokens."""
+        return self._per_token_term("elementwise", tokens)
+
+    def _per_token_term(self, name: str, tokens: Any) -> Any:
+        """A term of the step's tokens only, ``name`` both a calibration table and a :class:`LayerModel` method:
+        the table where the calibration has one (past its last point shaped like the method), else the method;
+        per layer, times the layers."""
+        efficiency = getattr(self.layer, name)
+        table = None if self.calibration is None else getattr(self.calibration, name)
+        if table is None:
+            return self.model.num_layers * efficiency(tokens)
+        measured_efficiency = getattr(self.measured_layer, name)
+        measured = table(tokens, shape=measured_efficiency)
+        if not self.same_shapes:  # the measured model's efficiency, at this model's size
+            measured = measured * efficiency(tokens) / measured_efficiency(tokens)
+        return self.model.num_layers * measured
 
     def prefill_attention_seconds(self, tokens: int, attended: float, context: int) -> Any:
         if not tokens:
             return 0.0
         model, calibration = self.model, self.calibration
-        flops = attended * model.attention_flops_per_context_token
-        if calibration is not None and calibration.prefill_attention is not None:
-            # The FLOP rate measured on one causal prompt as long as the step's prefill tokens.
-            measured = calibration.model
-            pairs = tokens * (tokens + 1) / 2
-            rate = pairs * measured.attention_flops_per_context_token / measured.num_layers / \
-                calibration.prefill_attention(tokens)
-            return flops / rate
-        return max(flops * self.attention_per_flop, context * self.kv_per_token)
+        if calibration is None or calibration.prefill_attention is None:
+            return model.num_layers * self.layer.prefill_attention(attended, context)
+        # The FLOP rate measured on one causal prompt as long as the step's prefill tokens (past the longest
+        # measured, that prompt's time grows as the efficiency model's: with the square of its length).
+        measured = calibration.model
+        rate = causal_pairs(tokens) * measured.attention_flops_per_context_token / measured.num_layers / \
+            calibration.prefill_attention(tokens, shape=self.measured_layer.one_prompt)
+        return attended * model.attention_flops_per_context_token / rate
 
     def decode_attention_seconds(self, decodes: int, context: Any) -> Any:
         if not decodes:

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from minipaged_cli.errors import InputError, did_you_mean
+from minipaged_cli.validation import finite_number, positive_number
 
 # An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -116,17 +117,20 @@ class GpuSpec:
     attention_bandwidth_efficiency: float = DEFAULT_EFFICIENCIES["attention_bandwidth_efficiency"]
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "host_bandwidth_bytes_per_s"):
-            if getattr(self, name) <= 0:
-                raise InputError("must be positive", source=self.name, field=name,
-                                 value=getattr(self, name), has_value=True)
-        for name in DEFAULT_EFFICIENCIES:
-            if not 0 < getattr(self, name) <= 1:
-                raise InputError("must be in (0, 1]: a fraction of the peak", source=self.name, field=name,
-                                 value=getattr(self, name), has_value=True)
-        if self.step_overhead_s < 0:
-            raise InputError("must be >= 0", source=self.name, field="step_overhead_s",
-                             value=self.step_overhead_s, has_value=True)
+        check_gpu_fields(vars(self), source=self.name)
+
+
+def check_gpu_fields(fields: dict[str, Any], *, source: str) -> None:
+    """A GPU's numbers, from a preset file or a constructor: finite, the peaks positive, the overhead >= 0, the
+    efficiencies fractions of a peak."""
+    for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "host_bandwidth_bytes_per_s"):
+        if name in fields:
+            positive_number(fields[name], source=source, field=name)
+    for name in DEFAULT_EFFICIENCIES:
+        if name in fields:
+            finite_number(fields[name], source=source, field=name, minimum=0.0, exclusive_minimum=True, maximum=1.0)
+    if "step_overhead_s" in fields:
+        finite_number(fields["step_overhead_s"], source=source, field="step_overhead_s", minimum=0.0)
 
 
 def preset_names(kind: str) -> list[str]:
@@ -156,9 +160,7 @@ def load_gpu(name_or_path: str) -> GpuSpec:
     if missing:
         raise InputError("missing", source=source, field=missing[0])
     present = (fields | optional) & set(config)
-    for key in present - {"name"}:
-        if isinstance(config[key], bool) or not isinstance(config[key], int | float):
-            raise InputError("must be a number", source=source, field=key, value=config[key], has_value=True)
+    check_gpu_fields(config, source=source)
     return GpuSpec(**{k: config[k] if k == "name" else float(config[k]) for k in present})
 
 
