@@ -58,7 +58,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
         f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
         f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
         f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {escape(capacity_origin)}) · "
-        f"max model len {config.model_len:,} · {scheduling(config)} · step times: {escape(step_times(config))}"
+        f"max model len {config.model_len:,} · step times: {escape(step_times(config))}"
     )
     rows = result.strategies
     overs = {m.averaged_over for m in rows.values()}
@@ -83,7 +83,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
                  _maybe(m.mean_tpot_s, "{:.1f}", 1000),
                  f"{_maybe(m.mean_e2e_s, '{:.2f}')}/{_maybe(m.p99_e2e_s, '{:.2f}')}"]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 9 else []))
-    tables = [header, memory, service]
+    tables = [header, scheduling(config), memory, service]
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
     if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))
