@@ -19,7 +19,7 @@ STRATEGY_KEYS = {"token_state_pct", "reserved_future_pct", "internal_frag_pct", 
                  "averaged_over", "kv_cache_usage_perc", "completed_requests", "rejected_requests",
                  "num_preemptions", "mean_batch_size", "max_batch_size", "throughput_tokens_per_s", "makespan_s",
                  "mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "mean_normalized_latency_s", "p99_normalized_latency_s",
-                 "invariant_violations", "rejection_reasons",
+                 "invariant_violations", "rejection_reasons", "kv_cache_usage_peak_perc", "mean_e2e_s", "p99_e2e_s",
                  "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_pct", "num_evictions",
                  "num_copy_on_writes", "num_swaps", "swap_out_bytes", "swap_in_bytes"}
 
@@ -40,7 +40,8 @@ def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path
     assert set(document["trace"]) == {"name", "num_requests", "prompt_tokens", "output_tokens"}
     assert set(document["config"]) == {"model", "gpu", "block_size", "num_blocks", "kv_capacity_tokens",
                                        "kv_bytes_per_token", "max_model_len", "prefix_caching", "preemption",
-                                       "cpu_blocks", "watermark", "calibration"}
+                                       "cpu_blocks", "watermark", "calibration", "scheduler", "max_num_seqs",
+                                       "max_batched_tokens", "long_prefill_token_threshold"}
     assert document["config"]["kv_bytes_per_token"] == 2 * 36 * 8 * 128 * 2  # qwen3-8b, bf16
     assert document["config"]["num_blocks"] == 64 * 2**30 // (16 * 147456)
     assert list(document["strategies"]) == ["paged", "oracle-reserve"]
@@ -64,9 +65,10 @@ def test_prefix_caching_parallel_sampling_and_swap_from_the_command_line(tmp_pat
                      "  - {count: 40, seed: 1, prefix: [system], n: 2, arrival: {process: poisson, rate_per_s: 50},\n"
                      "     prompt_tokens: {dist: uniform, low: 600, high: 900},\n"
                      "     output_tokens: {dist: uniform, low: 50, high: 200}}\n")
+    # v0's scheduling: swap and forked samples (copy-on-write) are v0's
     result = runner.invoke(app, ["simulate", str(trace), "--prefix-caching", "--preemption", "swap", "--cpu-blocks",
                                  "500", "--watermark", "0.01", "--num-blocks", "600", "--max-model-len", "2048",
-                                 "--json", "-"])
+                                 "--scheduler", "v0", "--json", "-"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["config"]["prefix_caching"] and document["config"]["preemption"] == "swap"
@@ -81,7 +83,7 @@ def test_prefix_caching_parallel_sampling_and_swap_from_the_command_line(tmp_pat
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--preemption", "swop"], "error: --preemption: 'swop': expected one of recompute, swap"),
-    (["--preemption", "swap"], "error: --cpu-blocks: 0: swap needs a CPU pool; set --cpu-blocks"),
+    (["--preemption", "swap", "--scheduler", "v0"], "error: --cpu-blocks: 0: swap needs a CPU pool; set --cpu-blocks"),
     (["--watermark", "1.5"], "error: --watermark: 1.5: must be in [0, 1)"),
 ])
 def test_sharing_options_bad_input_is_one_line(args: list[str], message: str) -> None:

@@ -52,11 +52,11 @@ class RecordingBackend(TorchBackend):
 
 
 def checked_replay(requests: list[tuple], num_blocks: int, block_size: int,
-                   max_batched_tokens: int | None) -> tuple[int, int, int]:
+                   max_batched_tokens: int | None, scheduler: str) -> tuple[int, int, int]:
     """(decodes checked, preemptions, copy-on-writes); a request is (arrival, prompt, output[, prefix, n])."""
     trace = make_trace("t", [Request(f"r{i}", *r) for i, r in enumerate(requests)], source="test")
     config = SimConfig(MODEL, GPU, num_blocks=num_blocks, block_size=block_size, max_model_len=512,
-                       max_batched_tokens=max_batched_tokens)
+                       max_batched_tokens=max_batched_tokens, scheduler=scheduler)
     cache = PagedKVCache(2, num_blocks, MODEL.num_kv_heads, block_size, MODEL.head_dim, torch.float32)
     for tensor in (*cache.key_cache, *cache.value_cache):
         tensor.fill_(float("nan"))  # anything read before it is written poisons the output
@@ -99,12 +99,14 @@ def checked_replay(requests: list[tuple], num_blocks: int, block_size: int,
     return checked, metrics.num_preemptions, metrics.num_copy_on_writes
 
 
-@pytest.mark.parametrize("max_batched_tokens", [None, 24])
+@pytest.mark.parametrize(("scheduler", "max_batched_tokens"), [("v0", None), ("v0", 24), ("v1", 24), ("v1", 2048)])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_every_attention_call_matches_a_dense_reference(block_size: int, max_batched_tokens: int | None) -> None:
+def test_every_attention_call_matches_a_dense_reference(block_size: int, max_batched_tokens: int | None,
+                                                        scheduler: str) -> None:
+    # v1 also turns prefix caching on: a recomputed request reads back its own cached blocks.
     requests = [(0.0, 30, 12), (0.0, 7, 20), (0.001, 45, 6), (0.002, 3, 25), (0.004, 60, 9), (0.02, 11, 14)]
     checked, preemptions, _ = checked_replay(requests, num_blocks=128 // block_size, block_size=block_size,
-                                             max_batched_tokens=max_batched_tokens)
+                                             max_batched_tokens=max_batched_tokens, scheduler=scheduler)
     # Every decode was checked: O - 1 per request, less one for each re-prefill that sampled a token.
     assert checked >= sum(output - 1 for _, _, output in requests) - preemptions
     assert preemptions > 0  # the pool of 128 slots is too small for all at once: recompute happens
@@ -116,7 +118,7 @@ def test_forked_samples_read_their_own_tokens_after_copy_on_write(block_size: in
     # decode. Without the copy, the samples' first tokens land in one shared slot and all but one read the wrong K/V.
     requests = [(0.0, 30, 12, (), 3), (0.0, 7, 20, (), 2), (0.003, 45, 6, (), 4), (0.01, 11, 14)]
     checked, _, copies = checked_replay(requests, num_blocks=512 // block_size, block_size=block_size,
-                                        max_batched_tokens=None)
+                                        max_batched_tokens=None, scheduler="v0")
     assert copies > 0
     assert checked >= 3 * 11 + 2 * 19 + 4 * 5 + 13
 
@@ -176,8 +178,9 @@ def test_forked_samples_count_their_shared_tokens_once() -> None:
     # tokens, every step 1 ms. Step 1 prefills 64 tokens (4 blocks); 3 samples fork, sharing those 4 blocks;
     # steps 2 and 3 each decode 4 tokens (step 2 takes one new block per sample). Distinct tokens after each step:
     # 64, 4 * 65 - 3 * 64 = 68, 4 * 66 - 3 * 64 = 72; distinct slots in use: 64, then 4 shared + 4 own blocks = 128.
+    # (v0's forks: v1 runs the samples as requests sharing the prompt through the prefix cache.)
     trace = make_trace("fork", [Request("a", 0.0, 64, 3, n=4)], source="test")
-    config = SimConfig(MODEL, GPU, num_blocks=24, block_size=16, max_model_len=512)
+    config = SimConfig(MODEL, GPU, num_blocks=24, block_size=16, max_model_len=512, scheduler="v0")
     report = run_trace(trace, config, TorchBackend("cpu"), num_layers=1, dtype=torch.float32)
     assert report.token_state_pct == pytest.approx(100 * (64 + 68 + 72) / 3 / 384)
     assert report.kv_cache_usage_perc == pytest.approx(100 * (64 + 128 + 128) / 3 / 384)

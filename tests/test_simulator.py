@@ -109,21 +109,34 @@ SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary f
 
 
 @settings(max_examples=60, deadline=None)
-@example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
-@example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0)
-@example(seed=3225, block_size=1, chunk=None, num_blocks=30, sharing=False, swap=False, watermark=0.0)
-@example(seed=7, block_size=4, chunk=64, num_blocks=30, sharing=True, swap=False, watermark=0.0)
-@example(seed=11, block_size=16, chunk=64, num_blocks=30, sharing=True, swap=True, watermark=0.0)
+@example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=3225, block_size=1, chunk=None, num_blocks=30, sharing=False, swap=False, watermark=0.0,
+         scheduler="v0", max_num_seqs=256, long_prefill=0)
+@example(seed=7, block_size=4, chunk=64, num_blocks=30, sharing=True, swap=False, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=11, block_size=16, chunk=64, num_blocks=30, sharing=True, swap=True, watermark=0.0, scheduler="v0",
+         max_num_seqs=256, long_prefill=0)
+@example(seed=7, block_size=4, chunk=64, num_blocks=30, sharing=True, swap=False, watermark=0.05, scheduler="v1",
+         max_num_seqs=1, long_prefill=0)
+@example(seed=11, block_size=16, chunk=None, num_blocks=30, sharing=True, swap=False, watermark=0.0, scheduler="v1",
+         max_num_seqs=2, long_prefill=48)
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]),
        chunk=st.sampled_from([None, 64]), num_blocks=st.integers(30, 120), sharing=st.booleans(),
-       swap=st.booleans(), watermark=st.sampled_from([0.0, 0.05]))
+       swap=st.booleans(), watermark=st.sampled_from([0.0, 0.05]), scheduler=st.sampled_from(["v1", "v0"]),
+       max_num_seqs=st.sampled_from([1, 2, 256]), long_prefill=st.sampled_from([0, 48]))
 def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | None, num_blocks: int,
-                                       sharing: bool, swap: bool, watermark: float) -> None:
-    # The event-driven replay must give exactly what stepping one decode step at a time gives; with sharing:
-    # shared prefixes, prefix caching and parallel samples; with swap: swap preemption to a small CPU pool.
-    # Chunked prefill, prefix caching and preemption together: no step may read a cached block no step computed.
-    # (seed 0: dynamic, a request preempts itself, then runs alone; seed 356: pow2, 37.3046875 % sits on a
-    # 6-decimal rounding boundary; seed 3225: nothing runs and the head's recompute prompt no longer fits.)
+                                       sharing: bool, swap: bool, watermark: float, scheduler: str,
+                                       max_num_seqs: int, long_prefill: int) -> None:
+    # The event-driven replay must give exactly what stepping one decode step at a time gives, under every
+    # SimConfig knob it can reach: both schedulers, a max_num_seqs that binds (1, 2), v1's long-prefill threshold;
+    # with sharing: shared prefixes, prefix caching and parallel samples; with swap (v0 only): swap preemption to a
+    # small CPU pool. Chunked prefill, prefix caching and preemption together: no step may read a cached block no
+    # step computed. (seed 0: dynamic, a request preempts itself, then runs alone; seed 356: pow2, 37.3046875 %
+    # sits on a 6-decimal rounding boundary; seed 3225: nothing runs and the head's recompute prompt no longer
+    # fits.)
     rng = np.random.default_rng(seed)
     requests = []
     for i in range(int(rng.integers(3, 30))):
@@ -131,16 +144,19 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, 300))
         n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
         requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 150)), prefix, n))
+    swap = swap and scheduler == "v0"
     config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=num_blocks * 16 // block_size,
                        block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
                        prefix_caching=sharing, preemption="swap" if swap else "recompute",
-                       cpu_blocks=8 * 16 // block_size, watermark=watermark)
+                       cpu_blocks=8 * 16 // block_size, watermark=watermark, scheduler=scheduler,
+                       max_num_seqs=max_num_seqs,
+                       long_prefill_token_threshold=long_prefill if scheduler == "v1" else 0)
     trace = make_trace("t", requests, source="test", segments=SEGMENTS)
     for strategy in STRATEGIES:
         fast = unrounded(replay(trace, config, strategy))
         # every request ends, completed or rejected; those that can never run are rejected as such
         allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size,
-                                   max_model_len=1024, watermark_blocks=config.watermark_blocks)
+                                   max_model_len=1024, watermark_blocks=config.watermark_blocks, scheduler=scheduler)
         never = sum(r.total_tokens > 1024 or allocator.rejection_reason(Holding(0, r.prompt_tokens, r.output_tokens))
                     is not None for r in trace.requests)
         assert fast["completed_requests"] + fast["rejected_requests"] == len(requests), strategy
@@ -179,10 +195,11 @@ def test_mixed_trace_orders_the_strategies() -> None:
 def test_sharegpt_reproduces_the_vllm_paper_fig2_picture() -> None:
     # vLLM paper Fig. 2 (OPT-13B, ShareGPT): token states 20.4 % (Orca Max), 26.8 % (Pow2), 38.2 % (Oracle),
     # 96.3 % (vLLM). The issue's acceptance: the same order, paged >= 90 %, max-reserve <= 40 %, on real
-    # ShareGPT lengths with arrivals fast enough to keep the memory full.
+    # ShareGPT lengths with arrivals fast enough to keep the memory full. In v0's scheduling, the paper's (it
+    # predates v1): whole prompts reserved at admission, the 1 % watermark, no prefix caching.
     trace = load_trace(shared_trace("sharegpt_lengths_llama2_tokenizer.csv"), rate=20.0, limit=1500)
     config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
-                       max_model_len=8192)
+                       max_model_len=8192, scheduler="v0")
     result = simulate(trace, config)
     token = {name: m.token_state_pct for name, m in result.strategies.items()}
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
@@ -191,10 +208,31 @@ def test_sharegpt_reproduces_the_vllm_paper_fig2_picture() -> None:
 
 
 def test_committed_azure_sample_shows_the_same_picture() -> None:
-    # The same acceptance on the committed slice of a real trace, so it runs wherever the tests run.
+    # The same acceptance on the committed slice of a real trace, so it runs wherever the tests run, in both
+    # engines' scheduling (v1 allocates chunk by chunk: the order and the bounds hold there too).
     trace = load_trace(ROOT / "traces" / "azure_conv_1k.yaml", rate=40.0)
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
-                       max_model_len=8192)
+    for scheduler in ("v0", "v1"):
+        config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
+                           max_model_len=8192, scheduler=scheduler)
+        token = {name: m.token_state_pct for name, m in simulate(trace, config).strategies.items()}
+        assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"], scheduler
+        assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0, scheduler
+
     token = {name: m.token_state_pct for name, m in simulate(trace, config).strategies.items()}
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
     assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_fast_path_decides_saturation_per_step(tiny_model: ModelSpec, clock_gpu: GpuSpec, scheduler: str) -> None:
+    # max_num_seqs = 1 holds B (16 tokens: 4 blocks of 4) back while A (10 + 20) decodes in 10 blocks. A holds
+    # 3 blocks after its prefill, so B would fit; from L = 25 on (7 blocks, 3 free) it would not: those steps are
+    # saturated. Step by step sees that each step; the fast path, advancing A's decodes at once, must too (it
+    # decided once, at the start of the run, and reported "busy").
+    trace = trace_of((0.0, 10, 20), (0.0, 16, 1))
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, max_num_seqs=1,
+                       watermark=0.0, prefix_caching=False, scheduler=scheduler)
+    fast, slow = replay(trace, config, "paged"), replay(trace, config, "paged", bulk=False)
+    assert slow.averaged_over == fast.averaged_over == "saturated"
+    assert [fast.token_state_pct, fast.reserved_future_pct, fast.free_pct] == pytest.approx(
+        [slow.token_state_pct, slow.reserved_future_pct, slow.free_pct], rel=1e-9)

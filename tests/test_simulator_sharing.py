@@ -15,13 +15,19 @@ from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT, shared_trace
 
 
+def v0_config(*args: object, **options: object) -> SimConfig:
+    """The cases below that are worked by hand for vLLM v0's scheduling (whole prompts reserved at admission,
+    samples forked, swap); v1's are in test_scheduler_v1.py."""
+    return SimConfig(*args, scheduler="v0", **options)  # type: ignore[arg-type]
+
+
 def test_prefix_cache_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # Block 4, 100 blocks (400 slots). Two requests at t=0, each a 32-token shared segment + 8 own tokens, output 3.
     # Step 1 admits A (10 blocks, its 8 segment blocks cached) then B, which finds those 8 blocks: it allocates 2.
     # Distinct slots in use: 48, 56, 56 over the 3 steps; tokens 80-32, 82-32, 84-32 = 48, 50, 52.
     trace = make_trace("t", [Request("a", 0.0, 40, 3, ("sys",)), Request("b", 0.0, 40, 3, ("sys",))],
                        source="test", segments={"sys": 32})
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64, prefix_caching=True,
+    config = v0_config(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64, prefix_caching=True,
                        check_invariants=True)
     cached = replay(trace, config, "paged")
     assert (cached.prefix_cache_queries, cached.prefix_cache_hits) == (80, 32)
@@ -32,7 +38,7 @@ def test_prefix_cache_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None
     assert cached.reserved_future_pct == pytest.approx(100 * (0 + 2 + 0) / 3 / 400)
     assert cached.invariant_violations == 0 and cached.completed_requests == 2
     # Without prefix caching both hold all 10-11 blocks; nothing is looked up.
-    plain = replay(trace, SimConfig(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64), "paged")
+    plain = replay(trace, v0_config(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64), "paged")
     assert (plain.prefix_cache_queries, plain.prefix_cache_hits, plain.prefix_cache_hit_pct) == (0, 0, 0.0)
     assert plain.token_state_pct == pytest.approx(100 * (80 + 82 + 84) / 3 / 400)
     assert plain.kv_cache_usage_perc == pytest.approx(100 * (80 + 88 + 88) / 3 / 400)
@@ -43,7 +49,7 @@ def test_a_re_prefill_after_preemption_is_not_a_query(tiny_model: ModelSpec, clo
     # is preempted and prefills again; the hit and query counts are those of the first admissions only.
     trace = make_trace("t", [Request("a", 0.0, 5, 6, ("sys",)), Request("b", 0.0, 5, 6, ("sys",))],
                        source="test", segments={"sys": 4})
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=6, block_size=2, max_model_len=16, prefix_caching=True,
+    config = v0_config(tiny_model, clock_gpu, num_blocks=6, block_size=2, max_model_len=16, prefix_caching=True,
                        check_invariants=True)
     result = replay(trace, config, "paged", bulk=False)
     assert result.num_preemptions >= 1 and result.completed_requests == 2
@@ -70,7 +76,7 @@ def test_a_recomputed_request_finds_its_own_blocks_still_cached(tiny_model: Mode
     trace = make_trace("t", [Request("a", 0.0, 5, 6), Request("b", 0.0, 5, 6)], source="test")
     starts = {}
     for caching in (False, True):
-        config = SimConfig(tiny_model, clock_gpu, num_blocks=6, block_size=2, max_model_len=16,
+        config = v0_config(tiny_model, clock_gpu, num_blocks=6, block_size=2, max_model_len=16,
                            prefix_caching=caching, check_invariants=True)
         prefills: list[tuple[int, int, int]] = []
 
@@ -90,7 +96,7 @@ def test_parallel_sampling_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) ->
     # Step 2: the first two writers copy the shared, half-filled block 1 (2 copy-on-writes), the third writes in
     # place: block 0 shared 3 ways + 3 last blocks = 16 slots, tokens 21 - 2 x 4 = 13. Step 3: 16 slots, 16 tokens.
     trace = make_trace("t", [Request("a", 0.0, 6, 3, (), 3)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, check_invariants=True)
+    config = v0_config(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, check_invariants=True)
     paged = replay(trace, config, "paged")
     assert paged.num_copy_on_writes == 2
     assert paged.token_state_pct == pytest.approx(100 * (6 + 13 + 16) / 3 / 40)
@@ -107,7 +113,7 @@ def test_parallel_sampling_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) ->
 def test_a_sample_with_no_room_to_fork_prefills_later(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # oracle-reserve, 20 slots: the leader's extent holds 9; one more fits, the third sample waits and prefills.
     trace = make_trace("t", [Request("a", 0.0, 6, 3, (), 3)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=20, block_size=1, max_model_len=64, check_invariants=True)
+    config = v0_config(tiny_model, clock_gpu, num_blocks=20, block_size=1, max_model_len=64, check_invariants=True)
     oracle = replay(trace, config, "oracle-reserve")
     assert oracle.completed_requests == 1 and oracle.rejected_requests == 0
     assert oracle.makespan_s > 0.003  # the third sample ran after the others freed their extents
@@ -116,28 +122,28 @@ def test_a_sample_with_no_room_to_fork_prefills_later(tiny_model: ModelSpec, clo
 def test_swap_moves_the_victims_kv_out_and_back(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # 4 blocks of 2: A and B each grow a block every two tokens; B, admitted last, is preempted.
     trace = make_trace("t", [Request("a", 0.0, 2, 6), Request("b", 0.0, 2, 6)], source="test")
-    swap = SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16, preemption="swap",
+    swap = v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16, preemption="swap",
                      cpu_blocks=8, check_invariants=True)
     swapped = replay(trace, swap, "paged", bulk=False)
     assert swapped.num_swaps == swapped.num_preemptions >= 1
     assert swapped.swap_out_bytes == swapped.swap_in_bytes > 0
     assert swapped.swap_out_bytes % (2 * tiny_model.kv_bytes_per_token) == 0  # whole blocks move
     assert swapped.completed_requests == 2 and swapped.invariant_violations == 0
-    recompute = replay(trace, SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16),
+    recompute = replay(trace, v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16),
                        "paged", bulk=False)
     assert recompute.num_swaps == 0 and recompute.swap_out_bytes == 0 and recompute.num_preemptions >= 1
     with pytest.raises(InputError, match="--cpu-blocks"):
-        SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, preemption="swap")
+        v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, preemption="swap")
 
 
 def test_watermark_keeps_blocks_free_at_admission(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # 10 blocks of 4, watermark 0.2 = 2 blocks: a 33-token prompt (9 blocks) can never be admitted, 32 can.
     trace = make_trace("t", [Request("big", 0.0, 33, 2), Request("ok", 0.0, 32, 2)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, watermark=0.2)
+    config = v0_config(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, watermark=0.2)
     result = replay(trace, config, "paged")
     assert (result.completed_requests, result.rejected_requests) == (1, 1)
     assert result.rejection_reasons == {"its prompt needs more blocks than the pool has above the watermark": 1}
-    assert replay(trace, SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64),
+    assert replay(trace, v0_config(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64),
                   "paged").completed_requests == 2
 
 
@@ -148,7 +154,7 @@ def test_a_cache_too_small_for_anything_ends_with_every_request_rejected(tiny_mo
     # 8 slots: no request's prompt + output fits, and one is larger than the whole pool by far.
     trace = make_trace("t", [Request("a", 0.0, 6, 10), Request("b", 0.0, 3, 20, (), 2), Request("c", 0.1, 100, 5)],
                        source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=512, **options)
+    config = v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=512, **options)
     for strategy in ("paged", "oracle-reserve", "dynamic"):
         result = replay(trace, config, strategy)
         assert (result.completed_requests, result.rejected_requests) == (0, 3), strategy
@@ -229,7 +235,7 @@ def test_a_request_preempted_mid_prefill_leaves_no_uncomputed_block_in_the_cache
 
 def test_ttft_and_tpot_are_absent_when_no_request_completed(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     trace = make_trace("t", [Request("a", 0.0, 8, 50)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64)
+    config = v0_config(tiny_model, clock_gpu, num_blocks=100, block_size=4, max_model_len=64)
     cut = replay(trace, config, "paged", bulk=False, max_steps=3)  # still decoding when the replay stops
     assert cut.completed_requests == 0
     assert (cut.mean_ttft_s, cut.p99_ttft_s, cut.mean_tpot_s) == (None, None, None)

@@ -21,9 +21,8 @@ import torch
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.config import SimConfig
-from minipaged_cli.sim.replay import StepWork, replay
+from minipaged_cli.sim.replay import StepWork, check_capacity, replay
 from minipaged_cli.units import rounded
 from minipaged_cli.workloads.trace import Trace
 
@@ -111,13 +110,10 @@ class _Executor:
                                                  "live_tokens": []}
 
     def __call__(self, work: StepWork, allocator: Allocator) -> None:
-        if not isinstance(allocator, PagedAllocator):
-            raise TypeError("the data plane runs the paged strategy only")
-        manager = allocator.manager
         self._copy(work.copies)
-        slot_mapping = self._slot_mapping(work, manager.sequences)
+        slot_mapping = self._slot_mapping(work, allocator)
         write_s = self._write(slot_mapping)
-        attention_s = self._attend(work, manager)
+        attention_s = self._attend(work, allocator)
         self.steps += 1
         self.prompt_tokens += sum(n for _, _, n in work.prefills)
         self.decode_tokens += len(work.decodes)
@@ -125,10 +121,10 @@ class _Executor:
                             ("batch_size", len(work.decodes)), ("live_tokens", work.live_tokens)):
             self.per_step[name].append(value)
 
-    def _slot_mapping(self, work: StepWork, sequences: dict) -> torch.Tensor:
+    def _slot_mapping(self, work: StepWork, allocator: Allocator) -> torch.Tensor:
         """[new tokens] int64: each prefill chunk's positions, then each decode's one position."""
         writes = [*work.prefills, *((sequence_id, position, 1) for sequence_id, position in work.decodes)]
-        parts = [_slots(sequences[sequence_id].block_table, np.arange(start, start + count), self.block_size)
+        parts = [_slots(allocator.block_table(sequence_id), np.arange(start, start + count), self.block_size)
                  for sequence_id, start, count in writes]
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return torch.from_numpy(slots.astype(np.int64)).to(self.cache.device)
@@ -166,12 +162,16 @@ class _Executor:
         self.cache_write_bytes += 2 * len(slot_mapping) * self.token_bytes * self.cache.num_layers
         return seconds
 
-    def _attend(self, work: StepWork, manager) -> float:
+    def _attend(self, work: StepWork, allocator: Allocator) -> float:
         if not work.decodes:
             return 0.0
         sequence_ids = [s for s, _ in work.decodes]
         device = self.cache.device
-        block_tables = manager.get_block_table_tensor(sequence_ids, as_torch=True).to(device)
+        tables = [allocator.block_table(s) for s in sequence_ids]
+        block_tables = torch.full((len(tables), max(map(len, tables))), -1, dtype=torch.int32)  # [batch, max_blocks]
+        for row, table in enumerate(tables):
+            block_tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        block_tables = block_tables.to(device)
         seq_lens = torch.tensor([p + 1 for _, p in work.decodes], dtype=torch.int32, device=device)
         query = self._rows(len(sequence_ids))[:, : self.num_q_heads]  # [batch, num_q_heads, head_dim]
         seconds = 0.0
@@ -201,7 +201,9 @@ def run_trace(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> RunReport:
-    """Replay ``trace`` with the paged strategy and execute every step on a cache of ``num_layers`` layers."""
+    """Replay ``trace`` with the paged strategy and execute every step on a cache of ``num_layers`` layers.
+    Bad input (``check_capacity``, as ``simulate``): no request fits ``max_model_len`` or the pool."""
+    check_capacity(trace, config, ("paged",))
     model = config.model
     cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          dtype, backend.device)

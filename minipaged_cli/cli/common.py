@@ -92,9 +92,30 @@ CalibrationOpt = Annotated[Path | None, typer.Option(
     "--calibration", help="Step times measured on the GPU (minipaged calibrate; configs/calibrations/), "
                           "interpolated; default: the GPU preset's efficiency model.", metavar="YAML",
     show_default=False)]
-WatermarkOpt = Annotated[float, typer.Option(
-    "--watermark", help="Paged admission keeps this fraction of the blocks free: vLLM's default, 0.01 (its "
-                        "BlockSpaceManager's watermark); 0 admits while any block is free.")]
+WatermarkOpt = Annotated[float | None, typer.Option(
+    "--watermark", help="Paged admission keeps this fraction of the blocks free. Default: v1's 0 "
+                        "(vllm/config/scheduler.py; v1 holds it only for waiting requests while something runs); "
+                        "v0's 0.01, always (its BlockSpaceManager).", show_default=False)]
+SchedulerOpt = Annotated[str, typer.Option(
+    "--scheduler", help="The vLLM engine whose scheduling the replay follows: v1 (vLLM today: one token budget a "
+                        "step, running requests first, blocks allocated chunk by chunk) or v0 (the vLLM paper's: "
+                        "whole prompts reserved at admission, swap preemption, forked samples).")]
+MaxNumSeqsOpt = Annotated[int | None, typer.Option(
+    "--max-num-seqs", help="Most requests running at once. Default: v1, vllm serve's for the GPU (1024 on GPUs "
+                           "of 70 GiB or more but the A100, else 256: vllm/engine/arg_utils.py "
+                           "EngineArgs.get_batch_defaults); v0, 256.", show_default=False)]
+MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
+    "--max-batched-tokens", help="Tokens one step computes (vLLM's max_num_batched_tokens; chunked prefill). "
+                                 "Default: v1, vllm serve's for the GPU (8192 on GPUs of 70 GiB or more but the "
+                                 "A100, else 2048); v0, whole prompts, up to max(max-model-len, 2048) prompt "
+                                 "tokens a step.", show_default=False)]
+PrefixCachingOpt = Annotated[bool | None, flag(
+    "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML 'prefix', "
+                           "Mooncake hash_ids); reports prefix_cache_hits / queries. Default: on in v1 (vllm "
+                           "serve's), off in v0.")]
+LongPrefillOpt = Annotated[int, typer.Option(
+    "--long-prefill-threshold", help="v1: most prompt tokens one request prefills a step (vLLM's "
+                                     "long_prefill_token_threshold); 0, vllm serve's default: no limit.")]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
 NumBlocksOpt = Annotated[int | None, typer.Option(
     "--num-blocks", help="KV capacity in blocks (instead of --kv-memory).", show_default=False)]

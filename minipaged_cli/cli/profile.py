@@ -20,6 +20,7 @@ from minipaged_cli.cli.common import (
     NumBlocksOpt,
     PlotOpt,
     RateOpt,
+    SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     check_dtype,
@@ -32,6 +33,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, profile_detail, profile_table, write_json
 from minipaged_cli.errors import InputError
+from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 
@@ -58,8 +60,9 @@ def profile_command(
     gpu: GpuOpt = "h200",
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
+    scheduler: SchedulerOpt = "v1",
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
                          "cpu), cpu, cuda, emulated, or none (no timings).")
@@ -109,7 +112,8 @@ def profile_command(
     dtype_name = dtype or spec.dtype
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
-    base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len)
+    base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len,
+                     scheduler=scheduler)
     check_capacity(trace, base, ("paged",))
 
     rows = []

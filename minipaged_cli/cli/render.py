@@ -42,6 +42,13 @@ def step_times(config: SimConfig) -> str:
     return f"{config.gpu.name}'s efficiency model"
 
 
+def scheduling(config: SimConfig) -> str:
+    """The engine and its limits, as the header names them."""
+    budget = f"{config.max_batched_tokens:,} tokens a step" if config.max_batched_tokens else "whole prompts"
+    caching = "prefix caching" if config.prefix_caching else "no prefix caching"
+    return f"vLLM {config.scheduler} scheduling: {config.max_num_seqs:,} seqs, {budget}, {caching}"
+
+
 def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:
     """A header line, the memory table and the service table."""
     config, trace = result.config, result.trace
@@ -64,7 +71,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     service = Table(title="Serving, in simulated time", title_justify="left", box=box.SIMPLE_HEAD)
     service.add_column("strategy", no_wrap=True)
     columns = ["done", "rejected", "preempted", "batch mean/max", "output tok/s", "makespan s", "TTFT mean/p99 s",
-               "TPOT ms"]
+               "TPOT ms", "e2e mean/p99 s"]
     if any(m.invariant_violations for m in rows.values()):
         columns.append("invariant violations")
     for name in columns:
@@ -73,9 +80,10 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
         cells = [name, f"{m.completed_requests:,}", f"{m.rejected_requests:,}", f"{m.num_preemptions:,}",
                  f"{m.mean_batch_size:.1f}/{m.max_batch_size}", f"{m.throughput_tokens_per_s:,.0f}",
                  f"{m.makespan_s:,.1f}", f"{_maybe(m.mean_ttft_s, '{:.2f}')}/{_maybe(m.p99_ttft_s, '{:.2f}')}",
-                 _maybe(m.mean_tpot_s, "{:.1f}", 1000)]
-        service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 8 else []))
-    tables = [header, memory, service]
+                 _maybe(m.mean_tpot_s, "{:.1f}", 1000),
+                 f"{_maybe(m.mean_e2e_s, '{:.2f}')}/{_maybe(m.p99_e2e_s, '{:.2f}')}"]
+        service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 9 else []))
+    tables = [header, scheduling(config), memory, service]
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
     if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))

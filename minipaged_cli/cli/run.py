@@ -17,11 +17,13 @@ from minipaged_cli.cli.common import (
     JsonOpt,
     KvMemoryOpt,
     LimitOpt,
+    MaxBatchedTokensOpt,
     MaxModelLenOpt,
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
     RateOpt,
+    SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
@@ -35,6 +37,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
 from minipaged_cli.errors import InputError
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 
@@ -59,10 +62,10 @@ def run_command(
     gpu: GpuOpt = "h200",
     dtype: Annotated[str | None, typer.Option(
         "--dtype", help="float32, float16 or bfloat16. Default: the model's.", show_default=False)] = None,
-    block_size: BlockSizeOpt = 16,
+    block_size: BlockSizeOpt = DEFAULT_BLOCK_SIZE,
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
     layers: Annotated[int | None, typer.Option(
         "--layers", help=f"Layers to allocate and run. Default: all on cuda, {CPU_LAYERS} on cpu.",
@@ -70,8 +73,8 @@ def run_command(
     max_steps: Annotated[int | None, typer.Option(
         "--max-steps", help=f"Stop after this many steps (0: run the whole trace). Default: the whole trace on "
                             f"cuda, {CPU_MAX_STEPS} on cpu.", show_default=False)] = None,
-    max_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-batched-tokens", help="Chunked prefill: tokens per step.", show_default=False)] = None,
+    scheduler: SchedulerOpt = "v1",
+    max_batched_tokens: MaxBatchedTokensOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
@@ -112,7 +115,7 @@ def run_command(
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
-                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens)
+                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:

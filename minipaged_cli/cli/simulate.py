@@ -16,11 +16,16 @@ from minipaged_cli.cli.common import (
     JsonOpt,
     KvMemoryOpt,
     LimitOpt,
+    LongPrefillOpt,
+    MaxBatchedTokensOpt,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
+    PrefixCachingOpt,
     RateOpt,
+    SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
@@ -36,7 +41,12 @@ from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
+from minipaged_cli.sim.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    SimConfig,
+    resolve_num_blocks,
+)
 from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
@@ -51,7 +61,7 @@ Examples:\n\n
   minipaged simulate traces/holes.yaml --plot-layout layout.png\n\n
   minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --prefix-caching
   --max-model-len 131072\n\n
-  minipaged simulate traces/mixed.yaml --preemption swap --cpu-blocks 20000 --watermark 0\n\n
+  minipaged simulate traces/mixed.yaml --scheduler v0 --preemption swap --cpu-blocks 20000 --watermark 0\n\n
   minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
   configs/calibrations/h100-llama-2-7b.yaml
 """
@@ -63,27 +73,25 @@ def simulate_command(
     trace_format: FormatOpt = "auto",
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
-    block_size: BlockSizeOpt = 16,
+    block_size: BlockSizeOpt = DEFAULT_BLOCK_SIZE,
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
     strategies: Annotated[str, typer.Option(
         "--strategies", help="Comma-separated, from: " + ", ".join(STRATEGIES) + ".")] = ",".join(STRATEGIES),
-    max_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-batched-tokens", help="Chunked prefill: tokens per step (decodes first). Default: whole prompts, "
-                                     "up to max(max-model-len, 2048) prompt tokens a step.",
-        show_default=False)] = None,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most requests running at once.")] = 256,
-    prefix_caching: Annotated[bool, flag(
-        "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML "
-                               "'prefix', Mooncake hash_ids); reports prefix_cache_hits / queries.")] = False,
+    scheduler: SchedulerOpt = "v1",
+    max_batched_tokens: MaxBatchedTokensOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    prefix_caching: PrefixCachingOpt = None,
+    long_prefill_threshold: LongPrefillOpt = 0,
     preemption: Annotated[str, typer.Option(
         "--preemption", help="What happens to the latest admitted request when memory runs out: recompute "
-                             "(drop its KV, prefill again) or swap (to a CPU pool of --cpu-blocks).")] = "recompute",
+                             "(drop its KV, prefill again) or swap (to a CPU pool of --cpu-blocks; v0 only).")
+    ] = "recompute",
     cpu_blocks: Annotated[int, typer.Option(
         "--cpu-blocks", help="Swap space, in blocks of --block-size tokens.")] = 0,
-    watermark: WatermarkOpt = 0.01,
+    watermark: WatermarkOpt = None,
     calibration: CalibrationOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
@@ -114,7 +122,8 @@ def simulate_command(
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
-                       preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark,
+                       preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark, scheduler=scheduler,
+                       long_prefill_token_threshold=long_prefill_threshold,
                        calibration=load_calibration_option(calibration),
                        check_invariants=check_invariants,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)

@@ -60,6 +60,16 @@ class BulkProfile:
     internal: np.ndarray | int  # [num_steps] int64
 
 
+@dataclass(frozen=True)
+class BlockCounters:
+    """Block-pool events over a replay (all 0 for strategies without blocks)."""
+
+    num_evictions: int = 0  # cached blocks the pool handed out again
+    num_copy_on_writes: int = 0
+    num_allocations: int = 0  # blocks taken from the free queue, ever
+    num_frees: int = 0
+
+
 class Allocator(ABC):
     name: str
     has_external_fragmentation = False
@@ -78,11 +88,26 @@ class Allocator(ABC):
     @abstractmethod
     def can_admit(self, holding: Holding, prompt_length: int) -> bool: ...
 
+    def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
+        """Slots the running requests may still take before the request no longer fits (negative: it does not
+        fit now). Only ``paged`` allocates as requests decode; a contiguous extent is taken at admission."""
+        return 0 if self.can_admit(holding, prompt_length) else -1
+
+    @property
+    def supports_prefix_caching(self) -> bool:
+        """Whether requests can share cached full blocks of their prompt (content keys matter)."""
+        return False
+
+    def cached_prefix(self, holding: Holding, prompt_length: int) -> int:
+        """Prompt tokens that admitting the request now would find already computed (prefix-cache hits)."""
+        return 0
+
     @abstractmethod
     def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
         """Allocate for a prompt of ``prompt_length`` tokens, of which the step admitting it computes (or swaps
         back) the first ``num_computed`` (None: all); returns the tokens found already computed (prefix cache
-        hits). Precondition: ``can_admit``."""
+        hits). Precondition: ``can_admit``. A strategy may allocate only up to ``num_computed`` (paged under
+        vLLM v1: the rest comes chunk by chunk through ``try_grow``)."""
 
     @abstractmethod
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
@@ -121,6 +146,13 @@ class Allocator(ABC):
     @abstractmethod
     def allocated(self, holding: Holding) -> int:
         """Slots the request holds now."""
+
+    def counters(self) -> BlockCounters:
+        return BlockCounters()
+
+    def block_table(self, sequence_id: int) -> list[int]:
+        """The physical blocks holding the sequence's tokens, in order (what a data plane addresses)."""
+        raise NotImplementedError(f"{self.name} keeps no block tables: the data plane runs the paged strategy only")
 
     @property
     @abstractmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
+from minipaged_cli.memory.allocators import Allocator, BlockCounters, BulkProfile, Holding
 from minipaged_cli.memory.block_manager import KVBlockManager, OutOfBlocksError, num_blocks_for
 
 
@@ -15,16 +15,35 @@ class PagedAllocator(Allocator):
     (vLLM's ``cache_blocks``): a prompt admitted whole but prefilled in chunks publishes each chunk's blocks as
     the replay schedules the chunk (``mark_computed``), so a request preempted mid-prefill leaves no block that
     no step wrote in the cache.
+
+    ``scheduler`` is the vLLM engine whose block manager this follows at admission:
+
+    - ``v1`` (``KVCacheManager.allocate_slots``): admission allocates only the blocks of the first chunk
+      (``admit``'s ``num_computed``), behind a gate that the whole prompt would fit (``scheduler_reserve_full_isl``);
+      the watermark holds only while some sequence runs (``has_scheduled_reqs``), so a prompt is refused only
+      when it exceeds the whole pool;
+    - ``v0`` (``BlockSpaceManager.can_allocate``): admission allocates the whole prompt and always keeps the
+      watermark free.
     """
 
     name = "paged"
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
-                 watermark_blocks: int = 0) -> None:
+                 watermark_blocks: int = 0, scheduler: str = "v1") -> None:
         super().__init__(num_blocks * block_size)
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks  # admission leaves this many blocks free (vLLM's watermark)
+        self.per_chunk = scheduler == "v1"
         self.manager = KVBlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
+
+    @property
+    def supports_prefix_caching(self) -> bool:
+        return True
+
+    def _watermark(self) -> int:
+        """Blocks admission leaves free now: v1 keeps them only while some sequence runs."""
+        return self.watermark_blocks if self.watermark_blocks and (not self.per_chunk or self.manager.sequences) \
+            else 0
 
     def largest_need(self, holding: Holding) -> int:
         return num_blocks_for(holding.final_length, self.block_size) * self.block_size
@@ -34,18 +53,28 @@ class PagedAllocator(Allocator):
 
     def rejection_reason(self, holding: Holding) -> str | None:
         prompt_blocks = num_blocks_for(holding.prompt_tokens, self.block_size)
-        if prompt_blocks > self.manager.num_physical_blocks - self.watermark_blocks:
+        if not self.per_chunk and prompt_blocks > self.manager.num_physical_blocks - self.watermark_blocks:
             return "its prompt needs more blocks than the pool has above the watermark"
         return super().rejection_reason(holding)
 
     def can_admit(self, holding: Holding, prompt_length: int) -> bool:
         needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
-        return needed + self.watermark_blocks <= self.manager.num_free_blocks
+        return needed + self._watermark() <= self.manager.num_free_blocks
+
+    def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
+        needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
+        return (self.manager.num_free_blocks - needed - self._watermark()) * self.block_size
+
+    def cached_prefix(self, holding: Holding, prompt_length: int) -> int:
+        return self.manager.num_cached_tokens(prompt_length, holding.block_hashes)
 
     def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
         if not self.can_admit(holding, prompt_length):
             raise OutOfBlocksError(f"cannot admit {prompt_length} tokens: {self.manager.num_free_blocks} blocks free")
-        state = self.manager.create_sequence(holding.sequence_id, prompt_length, block_hashes=holding.block_hashes,
+        # v1 allocates (and caches) the first chunk only; its hits are the whole prompt's, since the hit is capped
+        # below the chunk's end (``cached_prefix`` < num_computed).
+        num_tokens = num_computed if self.per_chunk and num_computed is not None else prompt_length
+        state = self.manager.create_sequence(holding.sequence_id, num_tokens, block_hashes=holding.block_hashes,
                                              num_computed_tokens=num_computed)
         return state.num_cached_tokens
 
@@ -78,6 +107,14 @@ class PagedAllocator(Allocator):
 
     def allocated(self, holding: Holding) -> int:
         return len(self.manager.sequences[holding.sequence_id].block_table) * self.block_size
+
+    def block_table(self, sequence_id: int) -> list[int]:
+        return self.manager.sequences[sequence_id].block_table
+
+    def counters(self) -> BlockCounters:
+        pool = self.manager.pool
+        return BlockCounters(pool.num_evictions, self.manager.num_copy_on_writes, pool.num_allocations,
+                             pool.num_frees)
 
     @property
     def used_slots(self) -> int:

@@ -15,11 +15,11 @@ STRATEGIES = ("paged", "max-reserve", "pow2-reserve", "oracle-reserve", "dynamic
 
 
 def make_allocator(name: str, *, num_blocks: int, block_size: int, max_model_len: int,
-                   prefix_caching: bool = False, watermark_blocks: int = 0) -> Allocator:
+                   prefix_caching: bool = False, watermark_blocks: int = 0, scheduler: str = "v1") -> Allocator:
     capacity = num_blocks * block_size
     if name == "paged":
         return PagedAllocator(num_blocks, block_size, prefix_caching=prefix_caching,
-                              watermark_blocks=watermark_blocks)
+                              watermark_blocks=watermark_blocks, scheduler=scheduler)
     contiguous = {
         "max-reserve": MaxReserveAllocator,
         "pow2-reserve": Pow2ReserveAllocator,

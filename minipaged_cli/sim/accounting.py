@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.units import rounded
@@ -40,7 +39,15 @@ class ReplayDetail:
 
 @dataclass
 class StrategyMetrics:
-    """What one strategy did with the trace. Percentages are of the KV capacity, 0-100."""
+    """What one strategy did with the trace. Percentages are of the KV capacity, 0-100.
+
+    Where vLLM's Prometheus metrics have a name, the field has it (without the ``vllm:`` prefix and the unit
+    suffix): ``kv_cache_usage_perc`` (1 - free / (num_gpu_blocks - 1) at each instant, cached-but-free blocks
+    counted free, here time-weighted as scrapes of the gauge average it; ``kv_cache_usage_peak_perc`` its
+    highest sample), ``num_preemptions``, ``prefix_cache_queries`` / ``prefix_cache_hits`` (tokens),
+    ``*_ttft_s`` (time_to_first_token), ``mean_tpot_s`` (request_time_per_output_token), ``*_e2e_s``
+    (e2e_request_latency).
+    """
 
     token_state_pct: float
     reserved_future_pct: float
@@ -49,6 +56,7 @@ class StrategyMetrics:
     free_pct: float
     averaged_over: str  # "saturated" (steps with a request waiting for memory) or "busy" (all steps)
     kv_cache_usage_perc: float
+    kv_cache_usage_peak_perc: float
     completed_requests: int
     rejected_requests: int
     num_preemptions: int
@@ -59,6 +67,8 @@ class StrategyMetrics:
     mean_ttft_s: float | None  # None (JSON null) when no request completed: there is nothing to average
     p99_ttft_s: float | None
     mean_tpot_s: float | None  # None also when every completed request produced one token
+    mean_e2e_s: float | None  # arrival to the last token of the request's last sample, over completed requests
+    p99_e2e_s: float | None
     # End-to-end latency (arrival to its last sample's last token) / output tokens, over completed requests: the
     # vLLM paper's normalized latency (s/token).
     mean_normalized_latency_s: float | None
@@ -194,23 +204,25 @@ class Accounting:
 
     # -- the result --------------------------------------------------------------------------------------------
 
-    def _normalized_latencies(self) -> list[float]:
-        """Per completed request: from arrival to its last sample's finish, divided by its output tokens."""
+    def _request_latencies(self) -> list[tuple[float, int]]:
+        """Per completed request: (seconds from arrival to its last sample's finish, its output tokens)."""
         last: dict[int, tuple[LiveRequest, float]] = {}
         for live, finish in self.finished:
             if live.request_index not in self.rejected and finish >= last.get(live.request_index, (live, -1.0))[1]:
                 last[live.request_index] = (live, finish)
-        return [(finish - live.request.arrival_s) / live.output_tokens for live, finish in last.values()]
+        return [(finish - live.request.arrival_s, live.output_tokens) for live, finish in last.values()]
 
     def metrics(self, allocator: Allocator, first_arrival_s: float) -> StrategyMetrics:
-        manager = allocator.manager if isinstance(allocator, PagedAllocator) else None
+        counters = allocator.counters()
         averaged_over, averages = self.integrator.averages(self.capacity_tokens)
         busy = self.integrator.sums["busy"]
         finished = [r for r, _ in self.finished]
         finish_times = [t for _, t in self.finished]
         firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
         tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
-        normalized = self._normalized_latencies()
+        latencies = self._request_latencies()
+        e2e = [seconds for seconds, _ in latencies]
+        normalized = [seconds / tokens for seconds, tokens in latencies]
         makespan = max(finish_times) - first_arrival_s if finish_times else 0.0
         output_tokens = sum(r.output_tokens for r in finished)
         return StrategyMetrics(
@@ -221,6 +233,7 @@ class Accounting:
             free_pct=float(averages[4]),
             averaged_over=averaged_over,
             kv_cache_usage_perc=float(averages[USED]),
+            kv_cache_usage_peak_perc=100.0 * self.peak_used_slots / self.capacity_tokens,
             completed_requests=self.num_completed,
             rejected_requests=len(self.rejected),
             num_preemptions=self.num_preemptions,
@@ -231,6 +244,8 @@ class Accounting:
             mean_ttft_s=float(np.mean(firsts)) if firsts else None,
             p99_ttft_s=float(np.percentile(firsts, 99)) if firsts else None,
             mean_tpot_s=float(np.mean(tpots)) if tpots else None,
+            mean_e2e_s=float(np.mean(e2e)) if e2e else None,
+            p99_e2e_s=float(np.percentile(e2e, 99)) if e2e else None,
             mean_normalized_latency_s=float(np.mean(normalized)) if normalized else None,
             p99_normalized_latency_s=float(np.percentile(normalized, 99)) if normalized else None,
             invariant_violations=self.invariant_violations,
@@ -239,8 +254,8 @@ class Accounting:
             prefix_cache_hits=self.prefix_cache_hits,
             prefix_cache_hit_pct=100.0 * self.prefix_cache_hits / self.prefix_cache_queries
             if self.prefix_cache_queries else 0.0,
-            num_evictions=manager.num_evictions if manager is not None else 0,
-            num_copy_on_writes=manager.num_copy_on_writes if manager is not None else 0,
+            num_evictions=counters.num_evictions,
+            num_copy_on_writes=counters.num_copy_on_writes,
             num_swaps=self.num_swaps,
             swap_out_bytes=self.swap_out_tokens * self.kv_bytes_per_token,
             swap_in_bytes=self.swap_in_tokens * self.kv_bytes_per_token,
@@ -252,7 +267,7 @@ class Accounting:
                 allocated_slot_time_s=float(busy[USED]),
                 busiest_seq_lens=self.busiest_seq_lens,
                 peak_used_slots=self.peak_used_slots,
-                num_block_allocations=manager.num_allocations if manager is not None else 0,
-                num_block_frees=manager.num_frees if manager is not None else 0,
+                num_block_allocations=counters.num_allocations,
+                num_block_frees=counters.num_frees,
             ),
         )

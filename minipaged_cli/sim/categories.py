@@ -6,11 +6,13 @@ or a forked sample holds the same block: the per-request sums count it once per 
 
     token_state      Σ L - S                  K/V of tokens that exist
     reserved_future  Σ (min(A, F) - L)        slots that tokens still to come will fill
-    internal_frag    Σ max(A - F, 0)          slots past the final length: never filled
+    internal_frag    Σ max(A - F, 0)          slots past the final length: never filled (the vLLM paper's internal
+                                              fragmentation, the one meaning here)
     external_frag    free slots in holes smaller than the smallest waiting request's need (0 when nobody waits;
                      0 for paging: any free block serves any request)
     free             C - used - external_frag
-    used             Σ A - S                  (``kv_cache_usage_perc``: blocks in use / total, as vLLM)
+    used             Σ A - S                  (``kv_cache_usage_perc``: blocks in use / total, as vLLM's
+                                              1 - free / (num_gpu_blocks - 1), cached-but-free blocks free)
 
 The five categories sum to C. A paged sequence's tail (the unfilled slots of its last block, ``A - L``) is
 reserved-future while the request will still fill it and internal fragmentation for the part past F; ``profile``

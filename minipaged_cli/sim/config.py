@@ -13,29 +13,69 @@ from minipaged_cli.units import format_bytes, parse_bytes
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULERS = ("v1", "v0")  # vLLM's v1 engine (the default), and its removed v0 engine (the paper's)
+
+# Defaults every command shares, written once.
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization
+V1_WATERMARK = 0.0  # vLLM v1: SchedulerConfig.watermark (vllm/config/scheduler.py)
+V0_WATERMARK = 0.01  # vLLM v0: BlockSpaceManager's watermark
+V0_MAX_NUM_SEQS = 256
+
+
+def vllm_serve_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) as ``vllm serve`` sets them when not given: vLLM's
+    ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py), OPENAI_API_SERVER usage context: 8192 tokens
+    and 1024 sequences on a GPU of 70 GiB or more that is not an A100, else 2048 and 256."""
+    if gpu.memory_bytes >= 70 * 2**30 and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, V0_MAX_NUM_SEQS
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One capacity for every strategy: ``num_blocks * block_size`` KV slots of ``model.kv_bytes_per_token``."""
+    """One capacity for every strategy: ``num_blocks * block_size`` KV slots of ``model.kv_bytes_per_token``.
+
+    ``scheduler`` picks the engine whose policy the replay follows (``sim/scheduler.py``): ``v1`` (vLLM's
+    engine today) or ``v0``. A limit left None takes that engine's default, resolved at construction:
+
+    | field              | v1 (``vllm serve``)                          | v0                 |
+    |--------------------|----------------------------------------------|--------------------|
+    | max_num_seqs       | ``vllm_serve_batch_defaults``: 1024 or 256   | 256                |
+    | max_batched_tokens | ``vllm_serve_batch_defaults``: 8192 or 2048  | None: whole prompts|
+    | prefix_caching     | True                                         | False              |
+    | watermark          | 0.0                                          | 0.01               |
+    """
 
     model: ModelSpec
     gpu: GpuSpec
     num_blocks: int
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     max_model_len: int | None = None  # None: the model's
-    max_num_seqs: int = 256
-    max_batched_tokens: int | None = None  # None: whole prompts, no chunking
-    prefix_caching: bool = False  # paged only
-    preemption: str = "recompute"  # or "swap"
+    max_num_seqs: int | None = None
+    max_batched_tokens: int | None = None  # v0: None prefills whole prompts (no chunking)
+    prefix_caching: bool | None = None  # paged only
+    preemption: str = "recompute"  # or "swap" (v0 only)
     cpu_blocks: int = 0  # swap space, in blocks of block_size tokens
-    watermark: float = 0.01  # paged admission keeps this fraction of the blocks free (vLLM's default)
+    watermark: float | None = None  # paged admission keeps this fraction of the blocks free
+    scheduler: str = "v1"
+    long_prefill_token_threshold: int = 0  # v1: most prompt tokens one request prefills a step; 0: no limit
     calibration: Calibration | None = None  # measured step times; None: the GPU preset's efficiency model
     check_invariants: bool = False
     record_timeline: bool = False
     record_layout: bool = False  # samples of which sequence owns each slot (sim/layout.py)
 
     def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise InputError(f"expected one of {', '.join(SCHEDULERS)}", field="--scheduler", value=self.scheduler,
+                             has_value=True)
+        v1 = self.scheduler == "v1"
+        batched_tokens, num_seqs = vllm_serve_batch_defaults(self.gpu) if v1 else (None, V0_MAX_NUM_SEQS)
+        defaults = {"max_num_seqs": num_seqs, "max_batched_tokens": batched_tokens, "prefix_caching": v1,
+                    "watermark": V1_WATERMARK if v1 else V0_WATERMARK}
+        for name, default in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)  # frozen: resolved once, here
         positive = {"--num-blocks": self.num_blocks, "--block-size": self.block_size,
                     "--max-num-seqs": self.max_num_seqs, "--max-model-len": self.max_model_len or 1,
                     "--max-batched-tokens": self.max_batched_tokens or 1}
@@ -47,6 +87,12 @@ class SimConfig:
                              value=self.preemption, has_value=True)
         if self.cpu_blocks < 0:
             raise InputError("must be >= 0", field="--cpu-blocks", value=self.cpu_blocks, has_value=True)
+        if self.preemption == "swap" and v1:
+            raise InputError("vLLM v1 preempts by recompute only; swap is the v0 engine's (--scheduler v0)",
+                             field="--preemption", value=self.preemption, has_value=True)
+        if self.long_prefill_token_threshold < 0:
+            raise InputError("must be >= 0", field="--long-prefill-threshold",
+                             value=self.long_prefill_token_threshold, has_value=True)
         if self.preemption == "swap" and self.cpu_blocks == 0:
             raise InputError("swap needs a CPU pool; set --cpu-blocks", field="--cpu-blocks", value=0,
                              has_value=True)
@@ -69,14 +115,14 @@ class SimConfig:
 
     @property
     def prefill_token_limit(self) -> int:
-        """Prompt tokens one step may prefill: the chunked-prefill budget, else vLLM's unchunked default."""
+        """Prompt tokens one step may prefill: the chunked-prefill budget, else vLLM v0's unchunked default."""
         return self.max_batched_tokens or max(self.model_len, 2048)
 
     def allocator(self, strategy: str) -> Allocator:
         """A fresh allocator of ``strategy`` on this capacity."""
         return make_allocator(strategy, num_blocks=self.num_blocks, block_size=self.block_size,
                               max_model_len=self.model_len, prefix_caching=self.prefix_caching,
-                              watermark_blocks=self.watermark_blocks)
+                              watermark_blocks=self.watermark_blocks, scheduler=self.scheduler)
 
 
 def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int) -> int:

@@ -14,15 +14,17 @@ class LiveRequest(Holding):
 
     request: Request | None = None
     request_index: int = 0
-    sample: int = 0  # 0 for the sequence that prefills; 1..n-1 for the ones forked from it
+    sample: int = 0  # parallel sampling: 0, then 1..n-1 (v0 forks them after 0's prefill; v1 queues them)
     num_computed: int = 0  # L: tokens whose KV is written
     num_generated: int = 0  # output tokens sampled so far
-    prompt_length: int = 0  # tokens to prefill since the last admission: prompt + tokens generated before it
+    # Tokens to prefill at the next admission (vLLM v1: request.num_tokens then): the prompt, plus the tokens it
+    # generated before a recompute preemption.
+    num_prefill_tokens: int = 0
     first_token_s: float | None = None
     queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
-    forked: bool = False  # its other samples exist (forked after its prefill, or it is one of them)
+    forked: bool = False  # its other samples exist (v0: forked after its prefill, or it is one of them; v1: always)
     swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out
 
     @property
     def prefill_done(self) -> bool:
-        return self.num_computed >= self.prompt_length
+        return self.num_computed >= self.num_prefill_tokens

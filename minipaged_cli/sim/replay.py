@@ -3,22 +3,13 @@
 This module is the loop; the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
 times it, and the accounting (``accounting``, ``categories``) measures it.
 
-Each step: the scheduler grows the decoding requests (preempting when the pool runs out), admits and prefills
-(whole prompts, or chunks of a ``max_batched_tokens`` budget); every decoding request writes one token's KV and
-samples the next; finished requests free their memory.
+Each step the scheduler decides what runs (vLLM v1's policy or v0's, ``SimConfig.scheduler``); every decoding
+request writes one token's KV and samples the next, every prefill chunk its tokens; finished requests free their
+memory. Memory categories during a step: ``sim.categories`` defines them (they sum to the capacity). A request's
+final length is prompt + output - 1: the last sampled token is never fed back, so its KV is never written.
 
-Memory categories during a step: ``sim.categories`` defines them (token states, reserved-future, internal and
-external fragmentation, free; they sum to the capacity). A request's final length is prompt + output - 1: the
-last sampled token is never fed back, so its KV is never written.
-
-Shared blocks (``paged`` only): with ``prefix_caching`` a request's prompt finds its leading full blocks in the
-prefix cache (those of shared segments, written by earlier requests, or its own, when it is recomputed) and
-prefills only the rest; a request with ``n`` > 1 forks ``n - 1`` more
-sequences after its prefill, holding the prompt's blocks with it until copy-on-write. A shared block holds its
-tokens once, so the per-request sums above count ``allocator.shared_slots`` too many; that is taken off the
-token states and the allocated slots. Preemption either recomputes the victim (drops its KV; it prefills
-prompt + generated tokens again) or, with ``preemption="swap"``, moves its KV to a CPU pool of ``cpu_blocks``
-blocks over the host link and back when it is readmitted (recompute when the CPU pool is full).
+Shared blocks (``paged`` only: prefix-cache hits, v0's forked samples) hold their tokens once, so the per-request
+sums count ``allocator.shared_slots`` too many; that is taken off the token states and the allocated slots.
 
 Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
 an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
@@ -29,6 +20,7 @@ at a time, the reference the fast path is tested against).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,16 +28,19 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.errors import InputError, did_you_mean
-from minipaged_cli.memory.allocators import Allocator, Holding
+from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
+from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
+SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {"v1": Scheduler, "v0": V0Scheduler}
 _MAX_BULK_STEPS = 4096
 _MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
 _STEPS = np.arange(1, _MAX_BULK_STEPS + 1, dtype=np.int64)
@@ -88,7 +83,7 @@ class Replay:
         self.first_arrival_s = trace.requests[0].arrival_s
         self.accounting = Accounting(allocator.capacity_tokens, config.model.kv_bytes_per_token,
                                      config.record_timeline)
-        self.scheduler = Scheduler(trace, config, allocator, self.accounting)
+        self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
@@ -145,8 +140,8 @@ class Replay:
         self.accounting.note_busiest(running, self.allocator.used_slots)
         self.now += duration
         for live, _ in chunks:
-            if live.prefill_done and live.request.n > 1 and not live.forked:
-                self.scheduler.fork_samples(live, self.now)
+            if live.prefill_done:
+                self.scheduler.prefilled(live, self.now)
         self.scheduler.finish(self.now)
 
     def _duration(self, decision: StepDecision) -> float:
@@ -159,7 +154,7 @@ class Replay:
             prefill_context=sum(r.num_computed + c for r, c in chunks),
             decodes=len(decoders), decode_context=sum(r.num_computed + 1 for r in decoders),
             copied_tokens=decision.copied_tokens)
-        return float(seconds) + self.step_time.swap_seconds(decision.swapped_tokens)
+        return _checked_seconds(float(seconds) + self.step_time.swap_seconds(decision.swapped_tokens))
 
     def _bulk_step(self) -> bool:
         """Advance several decode-only steps at once; False when this step needs the single-step path."""
@@ -175,6 +170,7 @@ class Replay:
         total_length = int(lengths.sum())
         contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+        _checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
             ends = self.now + np.cumsum(durations)
@@ -186,32 +182,55 @@ class Replay:
         if num_steps == 0:
             return False
 
-        durations = durations[:num_steps]
-        duration = float(durations.sum())
-        # Time integrals of the category inputs (the shared slots stay constant: no admission, fork or release
-        # until the last step).
-        self.accounting.record(self.now, duration, category_slots(
-            total_length * duration + n * float(durations @ steps[:num_steps]),
-            _integral(profile.allocated, durations, duration),
-            _integral(profile.internal, durations, duration),
-            scheduler.external_fragmentation() * duration,
-            self.allocator.capacity_tokens * duration,
-            self.allocator.shared_slots * duration,
-        ), scheduler.waiting_for_memory(), num_steps, n)
-
+        # Saturation is decided per step, as the single step does after its growth: the queue's head is held
+        # back by memory from the first step whose new blocks eat its headroom on (free space only shrinks here).
+        num_free = num_steps
+        if scheduler.waiting:
+            grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
+            num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
+        external = scheduler.external_fragmentation()
+        for start, stop, saturated in ((0, num_free, False), (num_free, num_steps, True)):
+            if stop > start:
+                self._record_bulk(profile, durations, total_length, n, external, start, stop, saturated)
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
-        self.now += duration
+        self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
         scheduler.finish(self.now)
         return True
 
+    def _record_bulk(self, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int, external: int,
+                     start: int, stop: int, saturated: bool) -> None:
+        """Record steps ``start`` to ``stop`` of a bulk advance: time integrals of the category inputs (the shared
+        slots stay constant: no admission, fork or release until the last step)."""
+        part = durations[start:stop]
+        duration = float(part.sum())
+        slots = category_slots(
+            total_length * duration + n * float(part @ _STEPS[start:stop]),
+            _integral(profile.allocated, part, duration, start, stop),
+            _integral(profile.internal, part, duration, start, stop),
+            external * duration,
+            self.allocator.capacity_tokens * duration,
+            self.allocator.shared_slots * duration,
+        )
+        began = self.now + float(durations[:start].sum()) if start else self.now
+        self.accounting.record(began, duration, slots, saturated, stop - start, n)
 
-def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float) -> float:
-    """Σ durations * values, where values is per step or one constant."""
-    return float(values @ durations) if isinstance(values, np.ndarray) else values * duration
+
+def _checked_seconds(seconds: float) -> float:
+    """A step time (or a sum of them) as the model gave it, refused unless finite and positive: a NaN never
+    advances the clock (the replay would hang) and a zero step time makes throughput infinite."""
+    if 0.0 < seconds < math.inf:  # the common case, without the validator's call
+        return seconds
+    return positive_number(seconds, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
+
+
+def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:
+    """Σ durations * values over steps ``start`` to ``stop`` of a ``BulkProfile`` series (per step, or one
+    constant: then no array is built)."""
+    return float(values[start:stop] @ durations) if isinstance(values, np.ndarray) else values * duration
 
 
 def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...]) -> None:
@@ -227,7 +246,9 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
         if all(allocator.rejection_reason(h) is not None for h in holdings):
             smallest = min(allocator.largest_need(h) for h in holdings)
             hint = " or lower --max-model-len" if name == "max-reserve" else ""
-            watermark = f" above the {config.watermark:g} watermark" if config.watermark and name == "paged" else ""
+            # (v1 holds the watermark only while something runs: a request alone may use the whole pool)
+            watermark = f" above the {config.watermark:g} watermark" \
+                if config.watermark and name == "paged" and config.scheduler == "v0" else ""
             raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens{watermark} is too small for any "
                              f"request under {name} (the smallest needs {smallest}); raise --kv-memory or "
                              f"--num-blocks{hint}", field="--kv-memory")
@@ -249,6 +270,9 @@ class SimulationResult:
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
                        "num_blocks": config.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
                        "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len,
+                       "scheduler": config.scheduler, "max_num_seqs": config.max_num_seqs,
+                       "max_batched_tokens": config.max_batched_tokens,
+                       "long_prefill_token_threshold": config.long_prefill_token_threshold,
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
                        "calibration": config.calibration.path if config.calibration else None},

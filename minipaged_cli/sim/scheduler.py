@@ -1,11 +1,25 @@
-"""The scheduler: queues, admission, preemption, parallel-sampling forks and swap, under one allocation strategy.
+"""The scheduler: queues, admission, preemption and parallel sampling, under one allocation strategy.
 
-Each step, ``schedule`` grows every decoding request by one token (preempting the latest admitted request while the
-pool cannot give it; the victim swaps out to a CPU pool or is recomputed later), then, if nobody was preempted,
-admits waiting requests first-come first-served while the strategy can place their prompt, and hands out the
-prefill budget (whole prompts, or chunks of ``max_batched_tokens`` in admission order). It returns what the step
-runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times the step, runs it, and reports back
-(``fork_samples`` after a prefill, ``finish`` at the end).
+``schedule`` returns what the step runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times
+the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
+vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
+
+``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, pinned to vLLM 0.33.0): one budget of
+``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute (one
+token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set), capped by
+the budget left, and the blocks for it; when the pool cannot give them the last running request is preempted
+(recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted, waiting
+requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is looked
+up, the strategy admits it only if its whole prompt would fit (``scheduler_reserve_full_isl``, with the watermark
+while something runs) and allocates its first chunk; full blocks join the prefix cache as they are allocated, so a
+request admitted later in the same step hits them. ``n`` > 1 arrives as ``n`` requests sharing the prompt through
+the prefix cache (v1's parallel sampling).
+
+Not modelled, because a trace cannot reach it or it is off in ``vllm serve``'s defaults: partial-prefill limits
+(``max_num_partial_prefills``: its long-prefill threshold defaults to 0 when it is 1, the default, and v1's
+``schedule`` enforces no concurrent-prefill limit), the ``max_model_len`` cap on a step's tokens (only speculative
+decoding reaches it; a request longer than ``max_model_len`` is rejected whole here, where vLLM would cut its
+output), encoder budgets, LoRA limits, KV connectors and priority scheduling.
 
 With prefix caching a request's full blocks carry content keys (its shared segments, then its own prompt, then
 each sample's output), and a chunk's blocks join the cache when the chunk is scheduled, never before.
@@ -19,7 +33,6 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.config import SimConfig
@@ -53,6 +66,10 @@ class StepDecision:
 
 
 class Scheduler:
+    """vLLM v1's scheduling (the module docstring); ``V0Scheduler`` overrides ``schedule`` and what differs."""
+
+    samples_at_arrival = True  # v1 splits parallel sampling into n requests (its ParentRequest)
+
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
         self.config = config
         self.allocator = allocator
@@ -64,13 +81,8 @@ class Scheduler:
         self.waiting: deque[LiveRequest] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[LiveRequest] = []
-        self.cpu_capacity = config.cpu_blocks * config.block_size  # swap space, slots
-        self.cpu_used = 0
-        self.swapped_tokens = 0  # moved over the host link since the last step was scheduled
-        self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was scheduled
-        self.pending_forks: list[tuple[int, int]] = []  # for the next step's decision
-        self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
-        self.keyed = config.prefix_caching and isinstance(allocator, PagedAllocator)  # blocks get content keys
+        self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
+        self.prefill_cap = 0  # this step's long-prefill threshold
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -85,19 +97,21 @@ class Scheduler:
     @property
     def can_bulk(self) -> bool:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
-        runs, no prompt is mid-prefill, no fork awaits its copy-on-write, no swap awaits its time, and the
-        queue's head cannot be admitted."""
-        # Without chunking every prompt is prefilled whole in the step that admits it.
-        chunked = self.config.max_batched_tokens is not None
-        return bool(self.running) and not (chunked and any(not r.prefill_done for r in self.running)) \
-            and not self.forked and not self.swapped_tokens and not self._head_admissible()
+        runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
+        return bool(self.running) and all(r.prefill_done for r in self.running) \
+            and len(self.running) < self.config.max_batched_tokens and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
+        return self.admission_headroom() < 0
+
+    def admission_headroom(self) -> int:
+        """Slots the running requests may still take before the queue's head is held back by memory (negative:
+        it is now); a large number when nothing waits."""
         if not self.waiting:
-            return False
+            return self.allocator.capacity_tokens
         head = self.waiting[0]
-        return not self.allocator.can_admit(head, head.prompt_length)
+        return self.allocator.admission_headroom(head, head.num_prefill_tokens)
 
     def external_fragmentation(self) -> int:
         """Free slots in holes too small for the smallest waiting request's need."""
@@ -111,94 +125,91 @@ class Scheduler:
         """Queue the requests that have arrived by ``now`` (rejecting those that can never run)."""
         while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
             request = self.requests[self.next_arrival]
-            live = LiveRequest(self.next_arrival, request.prompt_tokens, request.output_tokens, request=request,
-                               request_index=self.next_arrival, prompt_length=request.prompt_tokens)
-            if self.keyed:
-                live.block_hashes = self._content_keys(request, self.next_arrival, sample=0)
             self.accounting.arrived(self.next_arrival, request.n)
+            for sample in range(request.n if self.samples_at_arrival else 1):
+                sequence_id = self.next_arrival if sample == 0 else self._new_sequence_id()
+                live = LiveRequest(sequence_id, request.prompt_tokens, request.output_tokens, request=request,
+                                   request_index=self.next_arrival, sample=sample,
+                                   num_prefill_tokens=request.prompt_tokens,
+                                   forked=self.samples_at_arrival)
+                if self.keyed:
+                    live.block_hashes = self._content_keys(request, self.next_arrival, sample)
+                if request.total_tokens > self.config.model_len:
+                    self._reject(live, "longer than --max-model-len")
+                elif (reason := self.allocator.rejection_reason(live)) is not None:
+                    self._reject(live, reason)
+                else:
+                    self._enqueue(live, front=False)
             self.next_arrival += 1
-            if request.total_tokens > self.config.model_len:
-                self._reject(live, "longer than --max-model-len")
-            elif (reason := self.allocator.rejection_reason(live)) is not None:
-                self._reject(live, reason)
-            else:
-                self._enqueue(live, front=False)
 
     def schedule(self) -> StepDecision | None:
         """The next step, or None when nothing can run in it (a request that preempted itself runs next step;
         a head that can never fit again is rejected)."""
-        decoders = [r for r in self.running if r.prefill_done]
-        copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
-        preempted = False
-        for live in decoders:
-            while live in self.running:
-                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + 1)
+        budget = self.config.max_batched_tokens
+        # The long-prefill threshold keeps one prompt from starving the others; alone, a request takes the budget.
+        self.prefill_cap = self.config.long_prefill_token_threshold \
+            if len(self.running) + len(self.waiting) > 1 else 0
+        scheduled: list[tuple[LiveRequest, int]] = []
+        copied, preempted = 0, False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            live = self.running[index]
+            tokens = 1 if live.prefill_done else self._chunk(live.num_prefill_tokens - live.num_computed, budget)
+            while True:
+                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + tokens)
                 if moved is not None:
-                    copied += moved
                     break
-                self._preempt(self.running[-1])
+                victim = self.running[-1]
+                self._preempt(victim)
                 preempted = True
-        if preempted:
-            decoders = [r for r in decoders if r in self.running]
-        self.forked = False
-        copies = self.allocator.take_copies()
-        copied += len(copies) * self.config.block_size
-
-        budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
-        saturated = preempted or self.waiting_for_memory()
+                if victim is live:
+                    break
+            if moved is None:
+                break
+            copied += moved
+            scheduled.append((live, tokens))
+            budget -= tokens
+            index += 1
         if not preempted:
-            self._admit(budget)
-        if not self.running:
-            if not preempted:
-                # Nothing runs and the head still does not fit: it never will (only reachable when its
-                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
+            budget = self._admit(budget, scheduled)
+        saturated = preempted or self.waiting_for_memory()
+        if not scheduled:
+            if not self.running and not preempted:
                 self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
             return None
+        decoders = [live for live, tokens in scheduled if live.prefill_done]
+        chunks = [(live, tokens) for live, tokens in scheduled if not live.prefill_done]
+        return StepDecision(decoders, chunks, copied_tokens=copied, saturated=saturated)
 
-        # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
-        chunks: list[tuple[LiveRequest, int]] = []
-        for live in self.running:
-            if live.prefill_done:
-                continue
-            chunk = live.prompt_length - live.num_computed
-            if self.config.max_batched_tokens is not None:
-                chunk = min(chunk, budget)
-                if chunk <= 0:
-                    break
-                budget -= chunk
-                self.allocator.mark_computed(live, live.num_computed + chunk)  # its blocks may be cached now
-            chunks.append((live, chunk))
-        swapped, self.swapped_tokens = self.swapped_tokens, 0
-        forks, self.pending_forks = self.pending_forks, []
-        return StepDecision(decoders, chunks, copies, copied, swapped, forks, saturated)
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a request computes this step: what it has left, at most the long-prefill threshold (while
+        another request runs or waits) and the budget."""
+        if 0 < self.prefill_cap < remaining:
+            remaining = self.prefill_cap
+        return min(remaining, budget)
 
-    def fork_samples(self, leader: LiveRequest, now: float) -> None:
-        """Parallel sampling: the other n - 1 sequences, each with its own first token, from the leader's prompt.
-        A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
-        leader.forked = True
-        for sample in range(1, leader.request.n):
-            keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
-            child = LiveRequest(self.next_sequence_id, leader.prompt_tokens, leader.output_tokens, keys,
-                                request=leader.request, request_index=leader.request_index, sample=sample,
-                                num_computed=leader.num_computed, num_generated=leader.num_generated,
-                                prompt_length=leader.prompt_length, first_token_s=leader.first_token_s,
-                                queried=True, forked=True)
-            self.next_sequence_id += 1
-            if child.num_generated >= child.output_tokens:  # its only token came with the prefill
-                self._sample_done(child, now)
-                continue
-            copied = None
-            if len(self.running) < self.config.max_num_seqs:
-                copied = self.allocator.fork(leader, child, leader.num_computed)
-            if copied is None:
-                child.num_computed = 0
-                child.prompt_length = child.prompt_tokens + child.num_generated
-                self._enqueue(child, front=True)
-                continue
-            self.running.append(child)
-            self.fork_copy_tokens += copied
-            self.pending_forks.append((leader.sequence_id, child.sequence_id))
-            self.forked = True
+    def _admit(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
+        """Admit waiting requests first come first served into what is left of the budget; returns the rest."""
+        accounting = self.accounting
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            head = self.waiting[0]
+            cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
+            tokens = self._chunk(head.num_prefill_tokens - cached, budget)
+            if not self.allocator.can_admit(head, head.num_prefill_tokens):
+                break
+            self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
+            self.running.append(self._dequeue())
+            head.num_computed = cached
+            if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
+                head.queried = True
+                accounting.prefix_cache_queries += head.num_prefill_tokens
+                accounting.prefix_cache_hits += cached
+            scheduled.append((head, tokens))
+            budget -= tokens
+        return budget
+
+    def prefilled(self, live: LiveRequest, now: float) -> None:
+        """The request's prefill has just run (``V0Scheduler`` forks its samples then)."""
 
     def finish(self, now: float) -> None:
         """Release every request that has generated all its tokens."""
@@ -210,6 +221,10 @@ class Scheduler:
 
     # -- admission, preemption ---------------------------------------------------------------------------------
 
+    def _new_sequence_id(self) -> int:
+        self.next_sequence_id += 1
+        return self.next_sequence_id - 1
+
     def _head_admissible(self) -> bool:
         """Whether the first waiting request would be admitted now (ignoring this step's decode growth)."""
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
@@ -218,39 +233,7 @@ class Scheduler:
                 sum(r.prefill_done for r in self.running) >= self.config.max_batched_tokens:
             return False
         head = self.waiting[0]
-        return self.allocator.can_admit(head, head.prompt_length)
-
-    def _admit(self, budget: int) -> None:
-        admitted_tokens = 0
-        accounting = self.accounting
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            head = self.waiting[0]
-            if not self.allocator.can_admit(head, head.prompt_length):
-                return
-            if self.config.max_batched_tokens is not None:
-                if budget - admitted_tokens <= 0:
-                    return
-            elif admitted_tokens and admitted_tokens + head.prompt_length > budget:
-                return
-            # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
-            # chunk is reported as it is scheduled.
-            computed = None if self.config.max_batched_tokens is None else \
-                head.num_computed if head.swapped_slots else 0
-            cached = self.allocator.admit(head, head.prompt_length, computed)
-            self.running.append(self._dequeue())
-            if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
-                moved = max(head.swapped_slots - cached, 0)
-                self.cpu_used -= head.swapped_slots
-                head.swapped_slots = 0
-                accounting.swap_in_tokens += moved
-                self.swapped_tokens += moved
-            else:
-                head.num_computed = cached
-                if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
-                    head.queried = True
-                    accounting.prefix_cache_queries += head.prompt_length
-                    accounting.prefix_cache_hits += cached
-            admitted_tokens += head.prompt_length - head.num_computed
+        return self.allocator.can_admit(head, head.num_prefill_tokens)
 
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
         if front:
@@ -258,38 +241,26 @@ class Scheduler:
         else:
             self.waiting.append(live)
         if self.allocator.has_external_fragmentation:
-            bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.prompt_length))
+            bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.num_prefill_tokens))
 
     def _dequeue(self) -> LiveRequest:
         live = self.waiting.popleft()
         if self.allocator.has_external_fragmentation:
             del self.waiting_needs[bisect.bisect_left(self.waiting_needs,
-                                                      self.allocator.admission_need(live, live.prompt_length))]
+                                                      self.allocator.admission_need(live, live.num_prefill_tokens))]
         return live
 
     def _preempt(self, victim: LiveRequest) -> None:
-        """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else
-        recompute: drop it, and prefill prompt + generated tokens again when readmitted."""
-        slots = self.allocator.swap_slots(victim, victim.num_computed)
+        """Recompute: drop the victim's KV; it prefills prompt + generated tokens again when readmitted, from the
+        front of the queue."""
         self.allocator.release(victim)
         self.running.remove(victim)
         self.accounting.num_preemptions += 1
-        if self.config.preemption == "swap" and self.cpu_used + slots <= self.cpu_capacity:
-            self.cpu_used += slots
-            victim.swapped_slots = slots
-            self.accounting.num_swaps += 1
-            self.accounting.swap_out_tokens += slots
-            self.swapped_tokens += slots
-            # readmission allocates for what it holds, and a victim caught mid-prefill resumes it
-            victim.prompt_length = max(victim.prompt_length, victim.num_computed)
-        else:
-            victim.num_computed = 0
-            victim.prompt_length = victim.prompt_tokens + victim.num_generated
+        victim.num_computed = 0
+        victim.num_prefill_tokens = victim.prompt_tokens + victim.num_generated
         self._enqueue(victim, front=True)
 
     def _reject(self, live: LiveRequest, reason: str) -> None:
-        self.cpu_used -= live.swapped_slots
-        live.swapped_slots = 0
         self.accounting.rejected_sample(live, reason)
 
     def _sample_done(self, live: LiveRequest, now: float) -> None:
@@ -304,3 +275,4 @@ class Scheduler:
         own_prompt = request.prompt_tokens - sum(length for _, length in runs)
         runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
         return block_content_keys(runs, self.config.block_size)
+

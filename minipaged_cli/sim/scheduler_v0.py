@@ -1,0 +1,174 @@
+"""vLLM v0's scheduling (the engine the vLLM paper measured; removed from vLLM since), kept as ``--scheduler v0``.
+
+Each step every decoding request grows by one token, preempting the latest admitted request while the pool cannot
+give it (the victim swaps out to a CPU pool of ``cpu_blocks`` if it has room, else is recomputed later); then, if
+nobody was preempted, waiting requests are admitted first come first served while the strategy can place their
+whole prompt (the paged strategy keeps the watermark free), and the prefill budget goes out: whole prompts, or
+chunks of ``max_batched_tokens`` in admission order after the decodes. A request with ``n`` > 1 forks its other
+samples after its prefill, sharing the prompt's blocks until copy-on-write.
+"""
+
+from __future__ import annotations
+
+from minipaged_cli.memory.allocators import Allocator
+from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.scheduler import Scheduler, StepDecision
+from minipaged_cli.workloads.trace import Trace
+
+
+class V0Scheduler(Scheduler):
+    """vLLM v0's policy (the module docstring), with swap preemption and forked samples."""
+
+    samples_at_arrival = False
+
+    def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
+        super().__init__(trace, config, allocator, accounting)
+        self.cpu_capacity = config.cpu_blocks * config.block_size  # swap space, slots
+        self.cpu_used = 0
+        self.swapped_tokens = 0  # moved over the host link since the last step was scheduled
+        self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was scheduled
+        self.pending_forks: list[tuple[int, int]] = []  # for the next step's decision
+        self.forked = False  # forks since the last single step: their shared last blocks need copy-on-write
+
+    @property
+    def can_bulk(self) -> bool:
+        """Decode-only until some event: as v1's, and no fork awaits its copy-on-write, no swap its time."""
+        # Without chunking every prompt is prefilled whole in the step that admits it.
+        chunked = self.config.max_batched_tokens is not None
+        return bool(self.running) and not (chunked and any(not r.prefill_done for r in self.running)) \
+            and not self.forked and not self.swapped_tokens and not self._head_admissible()
+
+    def schedule(self) -> StepDecision | None:
+        decoders = [r for r in self.running if r.prefill_done]
+        copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
+        preempted = False
+        for live in decoders:
+            while live in self.running:
+                moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + 1)
+                if moved is not None:
+                    copied += moved
+                    break
+                self._preempt(self.running[-1])
+                preempted = True
+        if preempted:
+            decoders = [r for r in decoders if r in self.running]
+        self.forked = False
+        copies = self.allocator.take_copies()
+        copied += len(copies) * self.config.block_size
+
+        budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
+        saturated = preempted or self.waiting_for_memory()
+        if not preempted:
+            self._admit_prompts(budget)
+        if not self.running:
+            if not preempted:
+                # Nothing runs and the head still does not fit: it never will (only reachable when its
+                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
+                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
+            return None
+
+        # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
+        chunks: list[tuple[LiveRequest, int]] = []
+        for live in self.running:
+            if live.prefill_done:
+                continue
+            chunk = live.num_prefill_tokens - live.num_computed
+            if self.config.max_batched_tokens is not None:
+                chunk = min(chunk, budget)
+                if chunk <= 0:
+                    break
+                budget -= chunk
+                self.allocator.mark_computed(live, live.num_computed + chunk)  # its blocks may be cached now
+            chunks.append((live, chunk))
+        swapped, self.swapped_tokens = self.swapped_tokens, 0
+        forks, self.pending_forks = self.pending_forks, []
+        return StepDecision(decoders, chunks, copies, copied, swapped, forks, saturated)
+
+    def prefilled(self, leader: LiveRequest, now: float) -> None:
+        if leader.request.n > 1 and not leader.forked:
+            self._fork_samples(leader, now)
+
+    def _fork_samples(self, leader: LiveRequest, now: float) -> None:
+        """Parallel sampling: the other n - 1 sequences, each with its own first token, from the leader's prompt.
+        A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
+        leader.forked = True
+        for sample in range(1, leader.request.n):
+            keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
+            child = LiveRequest(self._new_sequence_id(), leader.prompt_tokens, leader.output_tokens, keys,
+                                request=leader.request, request_index=leader.request_index, sample=sample,
+                                num_computed=leader.num_computed, num_generated=leader.num_generated,
+                                num_prefill_tokens=leader.num_prefill_tokens, first_token_s=leader.first_token_s,
+                                queried=True, forked=True)
+            if child.num_generated >= child.output_tokens:  # its only token came with the prefill
+                self._sample_done(child, now)
+                continue
+            copied = None
+            if len(self.running) < self.config.max_num_seqs:
+                copied = self.allocator.fork(leader, child, leader.num_computed)
+            if copied is None:
+                child.num_computed = 0
+                child.num_prefill_tokens = child.prompt_tokens + child.num_generated
+                self._enqueue(child, front=True)
+                continue
+            self.running.append(child)
+            self.fork_copy_tokens += copied
+            self.pending_forks.append((leader.sequence_id, child.sequence_id))
+            self.forked = True
+
+    def _admit_prompts(self, budget: int) -> None:
+        admitted_tokens = 0
+        accounting = self.accounting
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            head = self.waiting[0]
+            if not self.allocator.can_admit(head, head.num_prefill_tokens):
+                return
+            if self.config.max_batched_tokens is not None:
+                if budget - admitted_tokens <= 0:
+                    return
+            elif admitted_tokens and admitted_tokens + head.num_prefill_tokens > budget:
+                return
+            # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
+            # chunk is reported as it is scheduled.
+            computed = None if self.config.max_batched_tokens is None else \
+                head.num_computed if head.swapped_slots else 0
+            cached = self.allocator.admit(head, head.num_prefill_tokens, computed)
+            self.running.append(self._dequeue())
+            if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
+                moved = max(head.swapped_slots - cached, 0)
+                self.cpu_used -= head.swapped_slots
+                head.swapped_slots = 0
+                accounting.swap_in_tokens += moved
+                self.swapped_tokens += moved
+            else:
+                head.num_computed = cached
+                if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
+                    head.queried = True
+                    accounting.prefix_cache_queries += head.num_prefill_tokens
+                    accounting.prefix_cache_hits += cached
+            admitted_tokens += head.num_prefill_tokens - head.num_computed
+
+    def _preempt(self, victim: LiveRequest) -> None:
+        """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else
+        recompute."""
+        slots = self.allocator.swap_slots(victim, victim.num_computed)
+        if self.config.preemption != "swap" or self.cpu_used + slots > self.cpu_capacity:
+            super()._preempt(victim)
+            return
+        self.allocator.release(victim)
+        self.running.remove(victim)
+        self.accounting.num_preemptions += 1
+        self.cpu_used += slots
+        victim.swapped_slots = slots
+        self.accounting.num_swaps += 1
+        self.accounting.swap_out_tokens += slots
+        self.swapped_tokens += slots
+        # readmission allocates for what it holds, and a victim caught mid-prefill resumes it
+        victim.num_prefill_tokens = max(victim.num_prefill_tokens, victim.num_computed)
+        self._enqueue(victim, front=True)
+
+    def _reject(self, live: LiveRequest, reason: str) -> None:
+        self.cpu_used -= live.swapped_slots
+        live.swapped_slots = 0
+        super()._reject(live, reason)
