@@ -102,6 +102,18 @@ def first_difference(ours: list[StepRecord], theirs: list[StepRecord]) -> int | 
     return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
 
 
+def first_difference_by_field(ours: list[StepRecord], theirs: list[StepRecord]) -> dict[str, int]:
+    """For each compared field that ever differs, the first step where it does (one difference, in usage say,
+    does not hide where the scheduling decisions part)."""
+    found: dict[str, int] = {}
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        mine, other = a.compared(), b.compared()
+        for name in COMPARED_FIELDS:
+            if name not in found and mine[name] != other[name]:
+                found[name] = index
+    return found
+
+
 @dataclass(frozen=True)
 class ParityCase:
     """One trace under one engine configuration, as both replays take it. ``scheduler`` is passed to minipaged's

@@ -19,9 +19,29 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from minipaged_cli.cli.common import handle_errors
+from minipaged_cli.cli.common import (
+    BlockSizeOpt,
+    FormatOpt,
+    GpuOpt,
+    LimitOpt,
+    MaxModelLenOpt,
+    ModelOpt,
+    RateOpt,
+    SeedOpt,
+    TimeScaleOpt,
+    WatermarkOpt,
+    handle_errors,
+)
 from minipaged_cli.errors import InputError
-from parity.steps import COMPARED_FIELDS, ParityCase, ReplayRecord, StepRecord, first_difference, minipaged_steps
+from parity.steps import (
+    COMPARED_FIELDS,
+    ParityCase,
+    ReplayRecord,
+    StepRecord,
+    first_difference,
+    first_difference_by_field,
+    minipaged_steps,
+)
 from parity.vllm_side import VLLM_VERSION, vllm_steps
 
 stdout = Console(width=200)
@@ -110,7 +130,10 @@ def verdict(result: CaseResult) -> str:
     index = result.first_difference
     a = result.vllm.steps[index] if index < result.vllm.num_steps else None
     b = result.minipaged.steps[index] if index < result.minipaged.num_steps else None
-    return f"first difference at step {index} (t = {(a or b).time_s:.4f} s): {describe_difference(a, b)}"
+    by_field = first_difference_by_field(result.vllm.steps, result.minipaged.steps)
+    fields = ", ".join(f"{name} at step {step}" for name, step in sorted(by_field.items(), key=lambda item: item[1]))
+    return (f"first difference at step {index} (t = {(a or b).time_s:.4f} s): {describe_difference(a, b)}"
+            + (f" [first differences by field: {fields}]" if fields else ""))
 
 
 def table_row(result: CaseResult) -> str:
@@ -155,23 +178,21 @@ def read_cases(path: Path) -> list[ParityCase]:
 def main(
     trace: Annotated[Path | None, typer.Argument(help="A trace `minipaged simulate` reads.", show_default=False)]
     = None,
-    trace_format: Annotated[str, typer.Option("--format")] = "auto",
+    trace_format: FormatOpt = "auto",
     num_blocks: Annotated[int, typer.Option("--num-blocks", help="KV blocks (vLLM gets one more: its null block).")]
     = 2000,
-    block_size: Annotated[int, typer.Option("--block-size")] = 16,
+    block_size: BlockSizeOpt = 16,
     max_batched_tokens: Annotated[int, typer.Option("--max-batched-tokens", help="Token budget per step.")] = 8192,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", show_default=False)] = None,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="Most requests running at once.")] = 256,
+    max_model_len: MaxModelLenOpt = None,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching")] = False,
-    watermark: Annotated[float, typer.Option("--watermark", help="Both engines' watermark (v1's default: 0).")]
-    = 0.0,
-    limit: Annotated[int | None, typer.Option("--limit", show_default=False)] = None,
-    time_scale: Annotated[float, typer.Option("--time-scale")] = 1.0,
-    rate: Annotated[float | None, typer.Option("--rate", show_default=False)] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    model: Annotated[str, typer.Option("--model", help="minipaged's model preset, for the step time.")]
-    = "qwen3-8b",
-    gpu: Annotated[str, typer.Option("--gpu", help="minipaged's GPU preset, for the step time.")] = "h200",
+    watermark: WatermarkOpt = 0.0,
+    limit: LimitOpt = None,
+    time_scale: TimeScaleOpt = 1.0,
+    rate: RateOpt = None,
+    seed: SeedOpt = 0,
+    model: ModelOpt = "qwen3-8b",
+    gpu: GpuOpt = "h200",
     scheduler: Annotated[str, typer.Option("--scheduler", help="minipaged's scheduling mode, where SimConfig has "
                                                                "one.")] = "v1",
     steps: Annotated[bool, typer.Option("--steps", help="Print every step, not only around the first "
