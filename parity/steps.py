@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.replay import Replay
@@ -162,6 +163,13 @@ class ParityCase:
                            block_size=self.block_size, max_model_len=self.max_model_len,
                            max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
                            prefix_caching=self.prefix_caching, watermark=self.watermark, **options)
+        if config.model_len > config.kv_capacity_tokens:
+            # vLLM refuses to start an engine whose pool cannot hold one request of max_model_len
+            # (v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory).
+            raise InputError(f"vLLM will not start: {config.num_blocks} blocks of {config.block_size} tokens hold "
+                             f"{config.kv_capacity_tokens} tokens, less than one request of max_model_len; lower "
+                             "--max-model-len or raise --num-blocks", field="--max-model-len",
+                             value=config.model_len, has_value=True)
         return trace, config
 
 

@@ -42,10 +42,10 @@ from parity.steps import (
     first_difference_by_field,
     minipaged_steps,
 )
-from parity.vllm_side import VLLM_VERSION, vllm_steps
 
 stdout = Console(width=200)
 CONTEXT_STEPS = 3  # steps shown either side of the first difference
+VLLM_VERSION = "0.33.0"  # parity/setup_env.sh installs it
 
 
 @dataclasses.dataclass
@@ -58,6 +58,9 @@ class CaseResult:
 
 
 def run_case(case: ParityCase) -> CaseResult:
+    # Imported here, not at the top: importing vLLM takes tens of seconds, and bad input should fail at once.
+    from parity.vllm_side import vllm_steps
+
     trace, config = case.load()
     started = time.perf_counter()
     vllm = vllm_steps(trace, config)
@@ -222,7 +225,7 @@ def run(trace: Path | None, table: Path | None, steps: bool, options: dict[str, 
             result = run_case(case)
             identical &= result.first_difference is None
             stdout.print(table_row(result), soft_wrap=True)
-            stdout.print(f"<!-- {verdict(result)} ({result.seconds:.1f} s) -->", soft_wrap=True)
+            stdout.print(f"<!-- {verdict(result)} ({result.seconds:.1f} s) -->", soft_wrap=True, markup=False)
         raise typer.Exit(0 if identical else 1)
     result = run_case(ParityCase(trace=str(trace), **options))
     if steps:
@@ -236,7 +239,7 @@ def run(trace: Path | None, table: Path | None, steps: bool, options: dict[str, 
     if shown:
         stdout.print(steps_table(result, shown))
     stdout.print(totals_table(result))
-    stdout.print(verdict(result), soft_wrap=True)
+    stdout.print(verdict(result), soft_wrap=True, markup=False)
     raise typer.Exit(0 if result.first_difference is None else 1)
 
 

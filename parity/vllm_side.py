@@ -41,7 +41,6 @@ from minipaged_cli.workloads.trace import Trace
 from parity.steps import ReplayRecord, StepClock, StepRecord, request_key
 
 TINY_MODEL = Path(__file__).parent / "tiny-qwen3"
-VLLM_VERSION = "0.33.0"
 
 # Token-id ranges that keep the three kinds of content apart (the scheduler never looks a token id up).
 _SEGMENT_BASE = 1
@@ -97,8 +96,8 @@ def vllm_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
     while arrivals or scheduler.get_num_unfinished_requests():
         while arrivals and arrivals[0][1].arrival_s <= now:
             index, request = arrivals.popleft()
-            if request.total_tokens > config.model_len:
-                continue  # minipaged rejects it at arrival
+            if request.prompt_tokens > config.model_len:
+                continue  # vLLM's input processor rejects it; a longer output is cut at max_model_len instead
             prompt = [token for name in request.prefix for token in [segment_ids[name]] * trace.segments[name]]
             prompt += [_PROMPT_BASE + index] * (request.prompt_tokens - len(prompt))
             for sample in range(request.n):
