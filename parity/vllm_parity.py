@@ -58,10 +58,10 @@ class CaseResult:
 
 
 def run_case(case: ParityCase) -> CaseResult:
+    trace, config = case.load()
     # Imported here, not at the top: importing vLLM takes tens of seconds, and bad input should fail at once.
     from parity.vllm_side import vllm_steps
 
-    trace, config = case.load()
     started = time.perf_counter()
     vllm = vllm_steps(trace, config)
     ours = minipaged_steps(trace, config)
