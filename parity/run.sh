@@ -4,5 +4,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="$("$ROOT/parity/setup_env.sh" | tail -n 1)"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu
+# vLLM logs warnings about a model and a device this CPU-only replay never uses
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu VLLM_LOGGING_LEVEL=ERROR
 exec "$VENV/bin/python" -m parity.vllm_parity "$@"

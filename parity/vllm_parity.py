@@ -79,10 +79,10 @@ def describe_difference(a: StepRecord | None, b: StepRecord | None) -> str:
     """What differs between vLLM's step ``a`` and minipaged's ``b``, field by field."""
     if a is None or b is None:
         return "only vLLM has this step" if b is None else "only minipaged has this step"
-    ours, theirs = a.compared(), b.compared()
+    vllm_fields, minipaged_fields = a.compared(), b.compared()
     parts = []
     for name in COMPARED_FIELDS:
-        if ours[name] == theirs[name]:
+        if vllm_fields[name] == minipaged_fields[name]:
             continue
         if name == "scheduled":
             only_vllm = {k: v for k, v in a.scheduled.items() if b.scheduled.get(k) != v}
@@ -90,8 +90,17 @@ def describe_difference(a: StepRecord | None, b: StepRecord | None) -> str:
             parts.append(f"scheduled: vLLM {format_scheduled(only_vllm) or '-'} / minipaged "
                          f"{format_scheduled(only_ours) or '-'}")
         else:
-            parts.append(f"{name}: vLLM {ours[name]} / minipaged {theirs[name]}")
+            parts.append(f"{name}: vLLM {vllm_fields[name]} / minipaged {minipaged_fields[name]}")
     return "; ".join(parts)
+
+
+def _side_by_side(a: StepRecord | None, b: StepRecord | None, name: str) -> str:
+    """One field of both steps: once when equal, else "vLLM's / minipaged's"."""
+    values = []
+    for step in (a, b):
+        value = getattr(step, name) if step is not None else "-"
+        values.append(" ".join(value) if isinstance(value, list) else str(value))
+    return values[0] if values[0] == values[1] else f"{values[0]} / {values[1]}"
 
 
 def steps_table(result: CaseResult, indices: range) -> Table:
@@ -104,15 +113,9 @@ def steps_table(result: CaseResult, indices: range) -> Table:
         a = vllm[index] if index < len(vllm) else None
         b = ours[index] if index < len(ours) else None
         differs = a is None or b is None or a.compared() != b.compared()
-
-        def pair(name: str, a: StepRecord | None = a, b: StepRecord | None = b) -> str:
-            values = [" ".join(getattr(s, name)) if isinstance(getattr(s, name), list) else str(getattr(s, name))
-                      if s is not None else "-" for s in (a, b)]
-            return values[0] if values[0] == values[1] else f"{values[0]} / {values[1]}"
-
         table.add_row(str(index), f"{(a or b).time_s:.4f}",
                       format_scheduled(a.scheduled) if a else "-", format_scheduled(b.scheduled) if b else "-",
-                      pair("preempted"), pair("finished"), pair("prefix_hits"), pair("used_blocks"),
+                      *(_side_by_side(a, b, name) for name in ("preempted", "finished", "prefix_hits", "used_blocks")),
                       describe_difference(a, b) if differs else "", style="bold red" if differs else None)
     return table
 
