@@ -7,6 +7,7 @@ except in CI (MINIPAGED_REQUIRE_SHARED=1, and .ci/run builds the venv), where it
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import subprocess
@@ -111,3 +112,15 @@ def test_identical_to_vllm_v1() -> None:
     assert len(rows) == 4, result.stdout
     if result.returncode != 0:
         raise NotIdentical(result.stdout)
+
+
+def test_the_package_never_imports_vllm_or_the_harness() -> None:
+    # vLLM lives in its own venv: the package must install and run without it, and never reach into parity/.
+    offenders = []
+    for path in (ROOT / "minipaged_cli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names
+                          if name.split(".")[0] in ("vllm", "parity")]
+    assert offenders == []
