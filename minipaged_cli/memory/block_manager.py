@@ -234,6 +234,7 @@ class KVBlockManager(CopyOnWrite):
         self.pool.release(state.block_table[::-1])
         del self.sequences[sequence_id]
         self._released[sequence_id] = None
+        self._released.move_to_end(sequence_id)  # a forked child may reuse an id released before
         if len(self._released) > _RELEASED_IDS_KEPT:
             self._released.popitem(last=False)
 
