@@ -118,9 +118,8 @@ class BlockPool:
         for block in blocks:
             refs[block] = 1
         table.extend(blocks)
-        for block in blocks[count - from_back:]:
-            if hashes[block] is not None:
-                self._evict(block)
+        if from_back:
+            self._evict(blocks[count - from_back:])
         self.num_allocations += count
 
     def reference(self, block: int) -> None:
@@ -140,20 +139,18 @@ class BlockPool:
         """A table lets go of ``blocks``, given in eviction order (first evicted first); those no one else holds
         return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back (their
         order kept), without to the front (their order kept, ahead of the blocks already there)."""
-        refs, hashes, caching = self.ref_counts, self.block_hash, self.enable_caching
-        to_front: list[int] = []
-        to_back: list[int] = []
+        refs, hashes = self.ref_counts, self.block_hash
         for block in blocks:
             refs[block] -= 1
-            if refs[block]:
-                self.num_shared_references -= 1
-            elif caching and hashes[block] is not None:
-                to_back.append(block)
-            else:
-                to_front.append(block)
+        freed = [block for block in blocks if not refs[block]]
+        self.num_shared_references -= len(blocks) - len(freed)
+        to_front, to_back = freed, []
+        if self.enable_caching:
+            to_front = [block for block in freed if hashes[block] is None]
+            to_back = [block for block in freed if hashes[block] is not None]
         self.free_blocks.prepend(to_front)
         self.free_blocks.append(to_back)
-        self.num_frees += len(to_front) + len(to_back)
+        self.num_frees += len(freed)
 
     def lookup(self, block_hashes: list[Hashable]) -> list[int]:
         """The blocks holding the longest cached run of ``block_hashes`` from its start."""
@@ -202,20 +199,38 @@ class BlockPool:
         self._lookup_memo = None
         return True
 
-    def _evict(self, block: int) -> None:
-        """Drop ``block``'s cache entry: its content is about to be overwritten. The oldest duplicate, if any,
-        takes over the hits."""
+    def _evict(self, blocks: list[int]) -> None:
+        """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
+        The oldest duplicate of an evicted entry, if any, takes over its hits."""
+        cached, duplicates, hashes = self.cached_blocks, self.duplicate_blocks, self.block_hash
+        num_entries = len(cached) + len(duplicates)
+        if not duplicates:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
+            for block in blocks:
+                block_hash = hashes[block]
+                if block_hash is not None:
+                    del cached[block_hash]
+                    hashes[block] = None
+            evicted = num_entries - len(cached)
+        else:
+            cached_blocks = [block for block in blocks if hashes[block] is not None]
+            for block in cached_blocks:
+                self._evict_one(block)
+            evicted = len(cached_blocks)
+        if evicted:
+            self._lookup_memo = None
+            self.num_evictions += evicted
+
+    def _evict_one(self, block: int) -> None:
+        """Drop one cached block's entry where its content may be cached more than once."""
         block_hash = self.block_hash[block]
         self.block_hash[block] = None
-        duplicates = self.duplicate_blocks.get(block_hash)
+        copies = self.duplicate_blocks.get(block_hash)
+        if copies is None:
+            del self.cached_blocks[block_hash]
+            return
         if self.cached_blocks[block_hash] == block:
-            if duplicates:
-                self.cached_blocks[block_hash] = duplicates.pop(0)
-            else:
-                del self.cached_blocks[block_hash]
-            self._lookup_memo = None
+            self.cached_blocks[block_hash] = copies.pop(0)
         else:
-            duplicates.remove(block)
-        if duplicates == []:
+            copies.remove(block)
+        if not copies:
             del self.duplicate_blocks[block_hash]
-        self.num_evictions += 1
