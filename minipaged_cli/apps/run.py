@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from minipaged_cli.dataplane.backends import Backend
-from minipaged_cli.dataplane.block_tables import block_table_tensor, slot_mapping
+from minipaged_cli.dataplane.block_tables import block_table_tensor
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
@@ -129,7 +129,7 @@ class _Executor:
     def _slot_mapping(self, work: StepWork, sequences: dict) -> torch.Tensor:
         """[new tokens] int64: each prefill chunk's positions, then each decode's one position."""
         writes = [*work.prefills, *((sequence_id, position, 1) for sequence_id, position in work.decodes)]
-        parts = [slot_mapping(sequences[sequence_id].block_table, self.block_size, np.arange(start, start + count))
+        parts = [_slots(sequences[sequence_id].block_table, np.arange(start, start + count), self.block_size)
                  for sequence_id, start, count in writes]
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return torch.from_numpy(slots.astype(np.int64)).to(self.cache.device)
@@ -184,6 +184,11 @@ class _Executor:
         self.attention_s += seconds
         self.attention_bytes += 2 * int(seq_lens.sum()) * self.token_bytes * self.cache.num_layers
         return seconds
+
+
+def _slots(block_table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
+    """slot = block_table[pos // block_size] * block_size + pos % block_size, for many positions."""
+    return np.asarray(block_table)[positions // block_size] * block_size + positions % block_size
 
 
 def run_trace(
