@@ -211,7 +211,7 @@ def test_no_hit_on_a_block_whose_content_changed() -> None:
     manager.release_sequence("a")
     other = prompt_hashes([100 + t for t in range(12)], 4)
     manager.create_sequence("b", 12, block_hashes=other)  # takes all three blocks, evicting a's two cached ones
-    assert manager.num_evictions == 2
+    assert manager.pool.num_evictions == 2
     assert all(h not in manager.pool.cached_blocks for h in hashes)
     assert manager.num_cached_tokens(9, hashes) == 0
     assert manager.invariants_ok()
@@ -231,10 +231,10 @@ def test_eviction_takes_the_least_recently_freed_and_the_tail_of_a_chain_first()
                                               blocks_b[0]]
     manager.create_sequence("c", 2)  # one block each: the two empty blocks go before any eviction
     manager.create_sequence("d", 2)
-    assert manager.num_evictions == 0
+    assert manager.pool.num_evictions == 0
     assert manager.num_cached_tokens(5, a) == 4 and manager.num_cached_tokens(5, b) == 4
     manager.create_sequence("e", 2)  # now an eviction: a's tail block, the least recently freed cached one
-    assert manager.num_evictions == 1
+    assert manager.pool.num_evictions == 1
     assert manager.num_cached_tokens(5, a) == 2 and manager.num_cached_tokens(5, b) == 4
 
 
@@ -246,7 +246,7 @@ def test_a_hit_on_a_freed_block_revives_it() -> None:
     # 3 blocks for 9 tokens: 2 revived from the free queue, 1 fresh; all 3 come out of the 3 free blocks.
     assert manager.blocks_needed(None, 9, hashes) == 3
     state = manager.create_sequence("b", 9, block_hashes=hashes)
-    assert state.num_cached_tokens == 8 and manager.num_free_blocks == 0 and manager.num_evictions == 0
+    assert state.num_cached_tokens == 8 and manager.num_free_blocks == 0 and manager.pool.num_evictions == 0
 
 
 def test_fork_copies_a_shared_partial_block_on_first_write() -> None:
@@ -366,7 +366,7 @@ def test_an_empty_block_is_handed_out_before_a_cached_one_is_evicted() -> None:
     manager.release_sequence("a")  # freed first...
     manager.release_sequence("x")  # ...the empty block after it
     manager.create_sequence("y", 1)
-    assert manager.sequences["y"].block_table == [1] and manager.num_evictions == 0
+    assert manager.sequences["y"].block_table == [1] and manager.pool.num_evictions == 0
     assert manager.num_cached_tokens(5, hashes) == 4
 
 
@@ -415,9 +415,9 @@ def test_a_freed_chain_joins_the_free_queue_in_vllms_order() -> None:
     assert list(manager.pool.free_blocks) == [b3, f0, f1, b2, b1, b0]
     # The next allocations take b3, f0, f1 (nothing evicted), then evict the chain from its tail: b2 first.
     manager.create_sequence("y", 6)
-    assert manager.sequences["y"].block_table == [b3, f0, f1] and manager.num_evictions == 0
+    assert manager.sequences["y"].block_table == [b3, f0, f1] and manager.pool.num_evictions == 0
     manager.create_sequence("z", 1)
-    assert manager.sequences["z"].block_table == [b2] and manager.num_evictions == 1
+    assert manager.sequences["z"].block_table == [b2] and manager.pool.num_evictions == 1
     assert manager.num_cached_tokens(7, hashes) == 4 and manager.invariants_ok()
 
 
@@ -434,7 +434,7 @@ def test_content_computed_twice_is_cached_twice_and_hits_go_to_the_older_block()
     manager.release_sequence("b")  # then 2 and 0: the queue's back part reads [1, 2, 0]
     assert manager.pool.free_blocks.touched() == ([], [1, 2, 0])
     manager.create_sequence("c", 24)  # the 5 untouched blocks, then block 1: the older copy is evicted
-    assert manager.num_evictions == 1 and manager.invariants_ok()
+    assert manager.pool.num_evictions == 1 and manager.invariants_ok()
     manager.release_sequence("c")
     assert manager.create_sequence("d", 9, block_hashes=hashes).block_table == [0, 2, 1]
     assert manager.invariants_ok()

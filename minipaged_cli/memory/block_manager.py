@@ -97,13 +97,11 @@ class KVBlockManager(CopyOnWrite):
         """Distinct blocks held by some sequence: a shared block counts once."""
         return self.num_physical_blocks - len(self.pool.free_blocks)
 
-    # The pool's counters the simulator reports.
-    num_shared_references = property(lambda self: self.pool.num_shared_references,
-                                     doc="Σ (ref_count - 1) over held blocks: table entries that cost no memory.")
-    num_allocations = property(lambda self: self.pool.num_allocations, doc="Blocks taken from the free queue, ever.")
-    num_frees = property(lambda self: self.pool.num_frees, doc="Blocks returned to the free queue, ever.")
-    num_evictions = property(lambda self: self.pool.num_evictions,
-                             doc="Cached blocks whose content was dropped because the pool handed them out again.")
+    @property
+    def num_shared_references(self) -> int:
+        """Σ (ref_count - 1) over held blocks: table entries that cost no memory (the pool's other counters are
+        read from ``pool``)."""
+        return self.pool.num_shared_references
 
     @property
     def num_unfilled_slots(self) -> int:
