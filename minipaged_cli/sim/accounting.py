@@ -239,7 +239,7 @@ class Accounting:
             prefix_cache_hits=self.prefix_cache_hits,
             prefix_cache_hit_pct=100.0 * self.prefix_cache_hits / self.prefix_cache_queries
             if self.prefix_cache_queries else 0.0,
-            num_evictions=manager.num_evictions if manager is not None else 0,
+            num_evictions=manager.pool.num_evictions if manager is not None else 0,
             num_copy_on_writes=manager.num_copy_on_writes if manager is not None else 0,
             num_swaps=self.num_swaps,
             swap_out_bytes=self.swap_out_tokens * self.kv_bytes_per_token,
@@ -252,7 +252,7 @@ class Accounting:
                 allocated_slot_time_s=float(busy[USED]),
                 busiest_seq_lens=self.busiest_seq_lens,
                 peak_used_slots=self.peak_used_slots,
-                num_block_allocations=manager.num_allocations if manager is not None else 0,
-                num_block_frees=manager.num_frees if manager is not None else 0,
+                num_block_allocations=manager.pool.num_allocations if manager is not None else 0,
+                num_block_frees=manager.pool.num_frees if manager is not None else 0,
             ),
         )
