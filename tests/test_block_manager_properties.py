@@ -1,7 +1,9 @@
 """Random operation sequences against a naive model of the block manager, invariants after every step.
 
-The model keeps, per sequence, the list of slots its tokens were given and nothing else; the manager must agree
-with it on lengths, on the free-block count ceil(L / B) arithmetic, and must never hand one slot to two tokens.
+The model keeps, per sequence, the list of slots its tokens were given, and the free queue as a plain list in
+vLLM v1's order (allocation pops the front; a released sequence's blocks, tail first, are put back at the front);
+the manager must agree with it on every block id, on lengths, on the free-block count ceil(L / B) arithmetic, and
+must never hand one slot to two tokens.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minipaged_cli.memory.block_manager import (
+from minipaged_cli.dataplane.block_tables import append_slots
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.sequence import (
     BlockManagerError,
     DoubleReleaseError,
     DuplicateSequenceError,
-    KVBlockManager,
     OutOfBlocksError,
     UnknownSequenceError,
 )
@@ -31,6 +34,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.slots: dict[int, list[int]] = {}  # the model: every live sequence's token slots in order
+        self.free_queue = list(range(num_blocks))  # the model's free queue, front first
         self.released: set[int] = set()
 
     def blocks_held(self, length: int) -> int:
@@ -40,11 +44,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         return self.num_blocks - sum(self.blocks_held(len(s)) for s in self.slots.values())
 
     def expect_unchanged(self, error: type[BlockManagerError], call, *args) -> None:
-        before = (list(self.manager.free_blocks), copy.deepcopy(self.manager.sequences))
+        before = (list(self.manager.pool.free_blocks), copy.deepcopy(self.manager.sequences))
         try:
             call(*args)
         except error:
-            assert (list(self.manager.free_blocks), copy.deepcopy(self.manager.sequences)) == before
+            assert (list(self.manager.pool.free_blocks), copy.deepcopy(self.manager.sequences)) == before
         else:
             raise AssertionError(f"expected {error.__name__}")
 
@@ -60,32 +64,23 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(sid=SEQUENCE_IDS, num_tokens=st.integers(0, 40))
     def append_tokens(self, sid: int, num_tokens: int) -> None:
         if sid not in self.slots:
-            self.expect_unchanged(UnknownSequenceError, self.manager.append_tokens, sid, num_tokens)
+            self.expect_unchanged(UnknownSequenceError, self.manager.grow, sid, num_tokens)
             return
         length = len(self.slots[sid])
         needed = self.blocks_held(length + num_tokens) - self.blocks_held(length)
         if needed > self.free_in_model():
-            self.expect_unchanged(OutOfBlocksError, self.manager.append_tokens, sid, num_tokens)
-        else:
-            self.slots[sid].extend(self.manager.append_tokens(sid, num_tokens))
-
-    @rule(sids=st.lists(SEQUENCE_IDS, max_size=5))
-    def decode_step(self, sids: list[int]) -> None:
-        if any(s not in self.slots for s in sids):
-            self.expect_unchanged(UnknownSequenceError, self.manager.slot_mapping_for_append, sids)
+            self.expect_unchanged(OutOfBlocksError, self.manager.grow, sid, num_tokens)
             return
-        counts = {s: sids.count(s) for s in set(sids)}
-        needed = sum(self.blocks_held(len(self.slots[s]) + n) - self.blocks_held(len(self.slots[s]))
-                     for s, n in counts.items())
-        if needed > self.free_in_model():
-            self.expect_unchanged(OutOfBlocksError, self.manager.slot_mapping_for_append, sids)
-            return
-        for sid, slot in zip(sids, self.manager.slot_mapping_for_append(sids), strict=True):
-            self.slots[sid].append(slot)
+        table = [slot // self.block_size for slot in self.slots[sid][:: self.block_size]]
+        table += [self.free_queue.pop(0) for _ in range(needed)]
+        self.slots[sid].extend(append_slots(self.manager, sid, num_tokens))
+        assert self.manager.sequences[sid].block_table == table
 
     @rule(sid=SEQUENCE_IDS)
     def release(self, sid: int) -> None:
         if sid in self.slots:
+            table = self.manager.sequences[sid].block_table
+            self.free_queue[:0] = table[::-1]
             self.manager.release_sequence(sid)
             del self.slots[sid]
             self.released.add(sid)
@@ -99,6 +94,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def agrees_with_the_model(self) -> None:
         assert self.manager.invariant_violations() == []
         assert self.manager.num_free_blocks == self.free_in_model()
+        assert list(self.manager.pool.free_blocks) == self.free_queue
         all_slots = [slot for slots in self.slots.values() for slot in slots]
         assert len(all_slots) == len(set(all_slots)), "two tokens share a slot"
         for sid, slots in self.slots.items():
@@ -107,8 +103,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             # slot = block_table[pos // B] * B + pos % B, for every token the sequence was given
             assert slots == [state.block_table[p // self.block_size] * self.block_size + p % self.block_size
                              for p in range(len(slots))]
-        expected_waste = sum(self.blocks_held(len(s)) * self.block_size - len(s) for s in self.slots.values())
-        assert self.manager.internal_fragmentation_tokens() == expected_waste
+        expected_unfilled = sum(self.blocks_held(len(s)) * self.block_size - len(s) for s in self.slots.values())
+        assert self.manager.num_unfilled_slots == expected_unfilled
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase

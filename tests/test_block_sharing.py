@@ -1,4 +1,4 @@
-"""Shared blocks: prefix caching, forks with copy-on-write, LRU eviction.
+"""Shared blocks: prefix caching, forks with copy-on-write, LRU eviction in vLLM v1's free-queue order.
 
 The property test keeps an independent model of the KV data itself: a dict from slot to the token written there.
 Every token a sequence computes is written to its slot, every copy-on-write pair is applied, and a prefix-cache hit
@@ -14,17 +14,14 @@ import copy
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minipaged_cli.memory.block_manager import (
-    KVBlockManager,
-    OutOfBlocksError,
-    UncomputedForkError,
-    hash_blocks,
-    token_block_contents,
-)
+from minipaged_cli.dataplane.block_tables import append_slots
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.prefix import hash_blocks, token_block_contents
+from minipaged_cli.memory.sequence import OutOfBlocksError, UncomputedForkError
 
 SEQUENCE_IDS = st.integers(min_value=0, max_value=5)
 DOCUMENTS = {name: [(name, i) for i in range(length)] for name, length in (("a", 12), ("b", 7), ("c", 20))}
@@ -35,8 +32,13 @@ def prompt_hashes(tokens: list, block_size: int) -> list[int]:
 
 
 def snapshot(manager: KVBlockManager) -> tuple:
-    return (list(manager.free_blocks), copy.deepcopy(manager.sequences), list(manager.ref_counts),
-            dict(manager.cached_blocks), list(manager.block_hash), list(manager.pending_copies))
+    pool = manager.pool
+    return (list(pool.free_blocks), copy.deepcopy(manager.sequences), list(pool.ref_counts), dict(pool.cached_blocks),
+            copy.deepcopy(pool.duplicate_blocks), list(pool.block_hash), list(manager.pending_copies))
+
+
+def fits(manager: KVBlockManager, sequence_id, num_tokens: int, block_hashes=()) -> bool:
+    return manager.blocks_needed(sequence_id, num_tokens, block_hashes) <= manager.num_free_blocks
 
 
 class SharingMachine(RuleBasedStateMachine):
@@ -78,7 +80,7 @@ class SharingMachine(RuleBasedStateMachine):
         tokens = prompt + self.fresh(future)
         hashes = prompt_hashes(tokens, self.block_size)
         computing = None if first_chunk is None else min(first_chunk, len(prompt))  # None: the whole prompt
-        if not self.manager.can_allocate(len(prompt), block_hashes=hashes):
+        if not fits(self.manager, None, len(prompt), hashes):
             self.expect_out_of_blocks(self.manager.create_sequence, sid, len(prompt), block_hashes=hashes,
                                       num_computed_tokens=computing)
             return
@@ -120,43 +122,20 @@ class SharingMachine(RuleBasedStateMachine):
         start = self.length[sid]
         if len(self.stream[sid]) < start + num_tokens:
             self.stream[sid] += self.fresh(start + num_tokens - len(self.stream[sid]))
-        if not self.manager.can_allocate(num_tokens, sid):
-            self.expect_out_of_blocks(self.manager.append_tokens, sid, num_tokens)
+        if not fits(self.manager, sid, num_tokens):
+            self.expect_out_of_blocks(self.manager.grow, sid, num_tokens)
             return
-        self.manager.append_tokens(sid, num_tokens)  # this step computes every token the sequence holds
+        self.manager.grow(sid, num_tokens)  # this step computes every token the sequence holds
         self.length[sid] = start + num_tokens
         self.write(sid, self.computed[sid], start + num_tokens)
         self.computed[sid] = start + num_tokens
 
     @rule()
     def decode_every_live_sequence(self) -> None:
-        """An engine's decode step: every running sequence, forked siblings together."""
-        self.decode_step(sorted(self.stream))
-
-    @rule(sids=st.lists(SEQUENCE_IDS, min_size=1, max_size=6))
-    def decode_step(self, sids: list[int]) -> None:
-        """One token for each listed live sequence in one ``slot_mapping_for_append`` call (forked siblings
-        sharing a partial block included), against the reference: ``append_token`` one by one on a copy. The
-        call must succeed exactly when the sequential appends do, with the same slots and the same state."""
-        sids = [sid for sid in sids if sid in self.stream]
-        if not sids:
-            return
-        reference = copy.deepcopy(self.manager)
-        try:
-            expected = [reference.append_token(sid) for sid in sids]
-        except OutOfBlocksError:
-            self.expect_out_of_blocks(self.manager.slot_mapping_for_append, sids)
-            return
-        slots = self.manager.slot_mapping_for_append(sids)
-        assert slots == expected
-        assert snapshot(self.manager) == snapshot(reference)
-        for sid in sids:  # each appends a fresh token of its own, copies applied first
-            start = self.length[sid]
-            if len(self.stream[sid]) <= start:
-                self.stream[sid] += self.fresh(1)
-            self.length[sid] = start + 1
-            self.write(sid, self.computed[sid], start + 1)
-            self.computed[sid] = start + 1
+        """An engine's decode step: one token for every running sequence, forked siblings together (the first
+        writer into a shared partial block copies it, the last then holds it alone)."""
+        for sid in sorted(self.stream):
+            self.append(sid, 1)
 
     @rule(parent=SEQUENCE_IDS, child=SEQUENCE_IDS, future=st.integers(0, 10))
     def fork(self, parent: int, child: int, future: int) -> None:
@@ -205,11 +184,11 @@ def test_a_hit_shares_blocks_and_counts_them_once() -> None:
     assert second.num_cached_tokens == 8 and second.block_table[:2] == first.block_table[:2]
     assert second.block_table[2] != first.block_table[2]  # the partial block is each one's own
     assert manager.num_used_blocks == 4  # 2 shared + 2 own, not 6
-    assert [manager.ref_counts[b] for b in first.block_table] == [2, 2, 1]
+    assert [manager.pool.ref_counts[b] for b in first.block_table] == [2, 2, 1]
     manager.release_sequence("a")
     manager.release_sequence("b")
     # SGLang 35270: evictable pages are counted once, not once per sequence that held them.
-    assert manager.num_evictable_blocks == 2 and manager.num_free_blocks == 8
+    assert manager.pool.free_blocks.touched()[1] == first.block_table[1::-1] and manager.num_free_blocks == 8
 
 
 def test_a_full_hit_at_a_block_multiple_still_computes_the_last_token() -> None:
@@ -232,8 +211,8 @@ def test_no_hit_on_a_block_whose_content_changed() -> None:
     manager.release_sequence("a")
     other = prompt_hashes([100 + t for t in range(12)], 4)
     manager.create_sequence("b", 12, block_hashes=other)  # takes all three blocks, evicting a's two cached ones
-    assert manager.num_evictions == 2
-    assert all(h not in manager.cached_blocks for h in hashes)
+    assert manager.pool.num_evictions == 2
+    assert all(h not in manager.pool.cached_blocks for h in hashes)
     assert manager.num_cached_tokens(9, hashes) == 0
     assert manager.invariants_ok()
 
@@ -246,14 +225,16 @@ def test_eviction_takes_the_least_recently_freed_and_the_tail_of_a_chain_first()
     blocks_b = list(manager.create_sequence("b", 5, block_hashes=b).block_table)
     manager.release_sequence("a")
     manager.release_sequence("b")
-    # Hand-out order: the uncached partial blocks (a's, then b's), then the cached ones, each chain tail first.
-    assert list(manager.free_blocks) == [blocks_a[2], blocks_b[2], blocks_a[1], blocks_a[0], blocks_b[1], blocks_b[0]]
+    # Hand-out order: the uncached partial blocks (the last freed first), then the cached ones, least recently
+    # freed first and each chain tail first.
+    assert list(manager.pool.free_blocks) == [blocks_b[2], blocks_a[2], blocks_a[1], blocks_a[0], blocks_b[1],
+                                              blocks_b[0]]
     manager.create_sequence("c", 2)  # one block each: the two empty blocks go before any eviction
     manager.create_sequence("d", 2)
-    assert manager.num_evictions == 0
+    assert manager.pool.num_evictions == 0
     assert manager.num_cached_tokens(5, a) == 4 and manager.num_cached_tokens(5, b) == 4
     manager.create_sequence("e", 2)  # now an eviction: a's tail block, the least recently freed cached one
-    assert manager.num_evictions == 1
+    assert manager.pool.num_evictions == 1
     assert manager.num_cached_tokens(5, a) == 2 and manager.num_cached_tokens(5, b) == 4
 
 
@@ -265,33 +246,31 @@ def test_a_hit_on_a_freed_block_revives_it() -> None:
     # 3 blocks for 9 tokens: 2 revived from the free queue, 1 fresh; all 3 come out of the 3 free blocks.
     assert manager.blocks_needed(None, 9, hashes) == 3
     state = manager.create_sequence("b", 9, block_hashes=hashes)
-    assert state.num_cached_tokens == 8 and manager.num_free_blocks == 0 and manager.num_evictions == 0
+    assert state.num_cached_tokens == 8 and manager.num_free_blocks == 0 and manager.pool.num_evictions == 0
 
 
 def test_fork_copies_a_shared_partial_block_on_first_write() -> None:
     manager = KVBlockManager(8, 4)
-    manager.create_sequence("p")
-    manager.append_tokens("p", 6)  # blocks 0 (full) and 1 (2 of 4)
+    manager.create_sequence("p", 6)  # blocks 0 (full) and 1 (2 of 4)
     child = manager.fork("p", "c")
-    assert child.block_table == [0, 1] and manager.ref_counts[:2] == [2, 2]
+    assert child.block_table == [0, 1] and manager.pool.ref_counts[:2] == [2, 2]
     assert manager.num_used_blocks == 2
-    slot = manager.append_token("c")  # writes into shared block 1: copy it to block 2 first
+    slots = append_slots(manager, "c", 1)  # writes into shared block 1: copy it to block 2 first
     assert manager.take_pending_copies() == [(1, 2)]
-    assert child.block_table == [0, 2] and slot == 2 * 4 + 2
-    manager.append_token("p")  # block 1 is the parent's alone now: no copy
+    assert child.block_table == [0, 2] and slots == [2 * 4 + 2]
+    manager.grow("p", 1)  # block 1 is the parent's alone now: no copy
     assert manager.take_pending_copies() == [] and manager.sequences["p"].block_table == [0, 1]
     assert manager.num_copy_on_writes == 1 and manager.invariants_ok()
 
 
 def test_copy_on_write_counts_its_block_before_changing_anything() -> None:
     manager = KVBlockManager(2, 4)
-    manager.create_sequence("p")
-    manager.append_tokens("p", 6)
+    manager.create_sequence("p", 6)
     manager.fork("p", "c")
     before = snapshot(manager)
-    assert manager.blocks_needed("c", 1) == 1 and not manager.can_allocate(1, "c")
+    assert manager.blocks_needed("c", 1) == 1 and not fits(manager, "c", 1)
     with pytest.raises(OutOfBlocksError):
-        manager.append_token("c")
+        manager.grow("c", 1)
     assert snapshot(manager) == before
 
 
@@ -300,43 +279,16 @@ def test_without_prefix_caching_nothing_is_shared_by_content() -> None:
     hashes = prompt_hashes(list(range(9)), 4)
     manager.create_sequence("a", 9, block_hashes=hashes)
     assert manager.create_sequence("b", 9, block_hashes=hashes).num_cached_tokens == 0
-    assert manager.cached_blocks == {} and manager.num_used_blocks == 6
+    assert manager.pool.cached_blocks == {} and manager.num_used_blocks == 6
 
 
-@settings(max_examples=300, deadline=None)
-@given(block_size=st.integers(1, 5), prompt=st.integers(1, 20), num_children=st.integers(1, 3),
-       spare=st.integers(0, 4), order=st.randoms(use_true_random=False))
-def test_a_decode_step_of_forked_siblings_fits_exactly_when_sequential_appends_do(
-        block_size: int, prompt: int, num_children: int, spare: int, order) -> None:
-    # A parent and its forks share their blocks, the last one maybe partly filled; the pool has ``spare`` free
-    # blocks. One decode step for the whole family (in any order) against the reference, append_token one by one.
-    needed = -(-prompt // block_size)
-    manager = KVBlockManager(needed + spare, block_size)
-    manager.create_sequence("p", prompt)
-    family = ["p"] + [f"c{i}" for i in range(num_children)]
-    for child in family[1:]:
-        manager.fork("p", child)
-    order.shuffle(family)
-    reference = copy.deepcopy(manager)
-    try:
-        expected = [reference.append_token(sid) for sid in family]
-    except OutOfBlocksError:
-        before = snapshot(manager)
-        with pytest.raises(OutOfBlocksError):
-            manager.slot_mapping_for_append(family)
-        assert snapshot(manager) == before
-        return
-    assert manager.slot_mapping_for_append(family) == expected
-    assert snapshot(manager) == snapshot(reference) and manager.invariants_ok()
-
-
-def test_slot_mapping_for_append_charges_one_copy_for_a_shared_partial_block() -> None:
+def test_a_decode_step_of_a_parent_and_its_fork_copies_their_shared_partial_block_once() -> None:
     # The audit's case: 3 blocks of 4, a 5-token parent and one fork share [full, 1-token] blocks; one decode
     # step for both takes one block (the first writer copies, the second then holds the block alone).
     manager = KVBlockManager(3, 4)
     manager.create_sequence("p", 5)
     manager.fork("p", "c")
-    assert manager.slot_mapping_for_append(["p", "c"]) == [2 * 4 + 1, 1 * 4 + 1]
+    assert append_slots(manager, "p", 1) + append_slots(manager, "c", 1) == [2 * 4 + 1, 1 * 4 + 1]
     assert manager.take_pending_copies() == [(1, 2)]
     assert manager.num_free_blocks == 0 and manager.invariants_ok()
 
@@ -373,13 +325,13 @@ def test_a_sequence_with_uncomputed_tokens_cannot_be_forked() -> None:
 
 
 def test_a_prefix_lookup_sees_the_callers_list_as_it_is_now() -> None:
-    # The scheduler may edit a waiting request's hash list in place between can_allocate and create_sequence:
+    # The scheduler may edit a waiting request's hash list in place between blocks_needed and create_sequence:
     # the lookup must answer for the new content, not for the list object it saw before.
     manager = KVBlockManager(8, 4, enable_prefix_caching=True)
     cached = prompt_hashes(list(range(9)), 4)
     manager.create_sequence("a", 9, block_hashes=cached)
     query = list(cached)
-    assert manager.can_allocate(9, block_hashes=query) and manager.num_cached_tokens(9, query) == 8
+    assert fits(manager, None, 9, query) and manager.num_cached_tokens(9, query) == 8
     query[:] = prompt_hashes([100 + t for t in range(9)], 4)
     assert manager.num_cached_tokens(9, query) == 0
     state = manager.create_sequence("b", 9, block_hashes=query)
@@ -414,7 +366,7 @@ def test_an_empty_block_is_handed_out_before_a_cached_one_is_evicted() -> None:
     manager.release_sequence("a")  # freed first...
     manager.release_sequence("x")  # ...the empty block after it
     manager.create_sequence("y", 1)
-    assert manager.sequences["y"].block_table == [1] and manager.num_evictions == 0
+    assert manager.sequences["y"].block_table == [1] and manager.pool.num_evictions == 0
     assert manager.num_cached_tokens(5, hashes) == 4
 
 
@@ -425,9 +377,10 @@ def test_reset_prefix_cache_refuses_while_a_cached_block_is_held() -> None:
     before = snapshot(manager)
     assert manager.reset_prefix_cache() is False and snapshot(manager) == before
     manager.release_sequence("a")
-    assert manager.num_evictable_blocks == 2
+    order = list(manager.pool.free_blocks)
     assert manager.reset_prefix_cache() is True
-    assert manager.cached_blocks == {} and manager.num_evictable_blocks == 0 and manager.num_free_blocks == 4
+    assert manager.pool.cached_blocks == {} and manager.num_free_blocks == 4
+    assert list(manager.pool.free_blocks) == order  # vLLM leaves freed blocks where they wait
     assert manager.num_cached_tokens(9, hashes) == 0 and manager.invariants_ok()
 
 
@@ -438,10 +391,50 @@ def test_decode_block_hashes_can_be_added_as_the_blocks_fill() -> None:
     tokens = list(range(7))
     hashes = prompt_hashes(tokens, 2)  # 3 full blocks
     manager.create_sequence("a", 3, block_hashes=hashes[:1])  # a 3-token prompt: block 0 full
-    manager.append_token("a")  # token 3 fills block 1, whose hash is not known yet
+    manager.grow("a", 1)  # token 3 fills block 1, whose hash is not known yet
     assert manager.num_cached_tokens(7, hashes) == 2
     manager.add_block_hashes("a", hashes[1:2])
     assert manager.num_cached_tokens(7, hashes) == 4
     manager.add_block_hashes("a", hashes[2:])  # block 2's content is known before it fills
-    manager.append_tokens("a", 2)
+    manager.grow("a", 2)
     assert manager.num_cached_tokens(7, hashes) == 6 and manager.invariants_ok()
+
+
+def test_a_freed_chain_joins_the_free_queue_in_vllms_order() -> None:
+    # Worked by hand from vLLM 0.33.0: KVCacheManager.free -> SingleTypeKVCacheManager.free hands the request's
+    # blocks to BlockPool.free_blocks reversed (tail first); blocks without a hash are prepended to the free queue
+    # (prepend_n keeps their order), hashed ones appended (append_n), and get_new_blocks pops from the front.
+    # Request X holds [b0(h0), b1(h1), b2(h2), b3(partial)] while [f0, f1] wait in the queue:
+    #   before:   front -> f0 f1 <- back        reversed: b3 b2 b1 b0
+    #   after:    front -> b3 f0 f1 b2 b1 b0 <- back
+    manager = KVBlockManager(6, 2, enable_prefix_caching=True)
+    hashes = prompt_hashes(list(range(7)), 2)  # three full blocks and one token
+    b0, b1, b2, b3 = manager.create_sequence("x", 7, block_hashes=hashes).block_table
+    f0, f1 = 4, 5  # never handed out yet
+    manager.release_sequence("x")
+    assert list(manager.pool.free_blocks) == [b3, f0, f1, b2, b1, b0]
+    # The next allocations take b3, f0, f1 (nothing evicted), then evict the chain from its tail: b2 first.
+    manager.create_sequence("y", 6)
+    assert manager.sequences["y"].block_table == [b3, f0, f1] and manager.pool.num_evictions == 0
+    manager.create_sequence("z", 1)
+    assert manager.sequences["z"].block_table == [b2] and manager.pool.num_evictions == 1
+    assert manager.num_cached_tokens(7, hashes) == 4 and manager.invariants_ok()
+
+
+def test_content_computed_twice_is_cached_twice_and_hits_go_to_the_older_block() -> None:
+    # vLLM's BlockHashToBlockMap keeps every block that became full with a hash (block tables stay append-only):
+    # an 8-token prompt hits at most (8 - 1) // 4 = 1 block, so a second sequence recomputes block 1's content
+    # into its own block, cached beside the first. Evicting the older copy hands the hits to the younger one.
+    manager = KVBlockManager(8, 4, enable_prefix_caching=True)
+    hashes = prompt_hashes(list(range(8)), 4)
+    assert manager.create_sequence("a", 8, block_hashes=hashes).block_table == [0, 1]
+    assert manager.create_sequence("b", 8, block_hashes=hashes).block_table == [0, 2]
+    assert manager.pool.block_hash[2] == hashes[1] and manager.pool.cached_blocks[hashes[1]] == 1
+    manager.release_sequence("a")  # block 1 to the back; block 0 is still b's
+    manager.release_sequence("b")  # then 2 and 0: the queue's back part reads [1, 2, 0]
+    assert manager.pool.free_blocks.touched() == ([], [1, 2, 0])
+    manager.create_sequence("c", 24)  # the 5 untouched blocks, then block 1: the older copy is evicted
+    assert manager.pool.num_evictions == 1 and manager.invariants_ok()
+    manager.release_sequence("c")
+    assert manager.create_sequence("d", 9, block_hashes=hashes).block_table == [0, 2, 1]
+    assert manager.invariants_ok()

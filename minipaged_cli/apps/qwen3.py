@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.block_tables import append_slots, block_table_tensor
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.block_manager import KVBlockManager
@@ -142,7 +143,7 @@ class PagedAttentionState:
         """Decode attention of query [n, q heads, head_dim]: row i attends to the first seq_lens[i] positions
         of sequence_ids[i]."""
         device = self.backend.device
-        block_tables = self.manager.get_block_table_tensor(sequence_ids, as_torch=True).to(device)
+        block_tables = block_table_tensor(self.manager, sequence_ids, as_torch=True).to(device)
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
         return self.backend.paged_attention(query, self.cache.key_cache[layer], self.cache.value_cache[layer],
                                             block_tables, lens, scale)
@@ -155,7 +156,7 @@ def scramble_free_blocks(manager: KVBlockManager, seed: int) -> None:
     decoys = [("decoy", i) for i in range(manager.num_free_blocks)]
     for decoy in decoys:
         manager.create_sequence(decoy)
-        manager.append_token(decoy)
+        manager.grow(decoy, 1)
     for index in torch.randperm(len(decoys), generator=generator).tolist():
         manager.release_sequence(decoys[index])
 
@@ -184,7 +185,7 @@ class PagedQwen3:
                 manager.create_sequence(sequence)
                 self.lengths[sequence] = 0
             start = self.lengths[sequence]
-            slots.extend(manager.append_tokens(sequence, len(new_tokens)))
+            slots.extend(append_slots(manager, sequence, len(new_tokens)))
             rows.extend((sequence, start + i) for i in range(len(new_tokens)))
             self.lengths[sequence] += len(new_tokens)
         device = self.state.backend.device

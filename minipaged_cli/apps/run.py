@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.block_tables import padded_block_tables, slot_mapping
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.config import SimConfig
@@ -124,7 +125,7 @@ class _Executor:
     def _slot_mapping(self, work: StepWork, allocator: Allocator) -> torch.Tensor:
         """[new tokens] int64: each prefill chunk's positions, then each decode's one position."""
         writes = [*work.prefills, *((sequence_id, position, 1) for sequence_id, position in work.decodes)]
-        parts = [_slots(allocator.block_table(sequence_id), np.arange(start, start + count), self.block_size)
+        parts = [slot_mapping(allocator.block_table(sequence_id), self.block_size, np.arange(start, start + count))
                  for sequence_id, start, count in writes]
         slots = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         return torch.from_numpy(slots.astype(np.int64)).to(self.cache.device)
@@ -167,11 +168,7 @@ class _Executor:
             return 0.0
         sequence_ids = [s for s, _ in work.decodes]
         device = self.cache.device
-        tables = [allocator.block_table(s) for s in sequence_ids]
-        block_tables = torch.full((len(tables), max(map(len, tables))), -1, dtype=torch.int32)  # [batch, max_blocks]
-        for row, table in enumerate(tables):
-            block_tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
-        block_tables = block_tables.to(device)
+        block_tables = padded_block_tables([allocator.block_table(s) for s in sequence_ids], as_torch=True).to(device)
         seq_lens = torch.tensor([p + 1 for _, p in work.decodes], dtype=torch.int32, device=device)
         query = self._rows(len(sequence_ids))[:, : self.num_q_heads]  # [batch, num_q_heads, head_dim]
         seconds = 0.0
@@ -183,11 +180,6 @@ class _Executor:
         self.attention_s += seconds
         self.attention_bytes += 2 * int(seq_lens.sum()) * self.token_bytes * self.cache.num_layers
         return seconds
-
-
-def _slots(block_table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
-    """slot = block_table[pos // block_size] * block_size + pos % block_size, for many positions."""
-    return np.asarray(block_table)[positions // block_size] * block_size + positions % block_size
 
 
 def run_trace(

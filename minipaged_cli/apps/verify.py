@@ -18,6 +18,7 @@ import torch
 
 from minipaged_cli.apps.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
 from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.block_tables import append_slots
 from minipaged_cli.errors import InputError
 
 FP32_TOLERANCE = 1e-4
@@ -135,7 +136,7 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
     queries, rows = [], []
     for index, prompt in enumerate(prompts):
         state.manager.create_sequence(index)
-        slots = state.manager.append_tokens(index, len(prompt))
+        slots = append_slots(state.manager, index, len(prompt))
         if corrupt == "offset-slot" and index == 0 and len(slots) > 1:
             slots[0], slots[1] = slots[1], slots[0]
         q, k, v = project(index, range(len(prompt)))
@@ -157,7 +158,7 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
     if decode_steps:
         ours_steps, reference_steps = [], []
         for step in range(decode_steps):
-            slots = state.manager.slot_mapping_for_append(list(range(len(prompts))))
+            slots = [slot for s in range(len(prompts)) for slot in append_slots(state.manager, s, 1)]
             parts = [project(s, range(len(prompts[s]) + step, len(prompts[s]) + step + 1))
                      for s in range(len(prompts))]
             state.write(0, torch.cat([k for _, k, _ in parts]), torch.cat([v for _, _, v in parts]), slots)

@@ -2,18 +2,16 @@
 the allocation strategies the simulator compares (paged through the block manager, contiguous extents).
 Imports neither torch nor anything above it."""
 
-from minipaged_cli.memory.block_manager import (
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.prefix import content_hash, hash_blocks, token_block_contents
+from minipaged_cli.memory.sequence import (
     BlockManagerError,
     DoubleReleaseError,
     DuplicateSequenceError,
-    KVBlockManager,
     OutOfBlocksError,
     SequenceState,
     UncomputedForkError,
     UnknownSequenceError,
-    content_hash,
-    hash_blocks,
-    token_block_contents,
 )
 
 __all__ = ["BlockManagerError", "DoubleReleaseError", "DuplicateSequenceError", "KVBlockManager", "OutOfBlocksError",

@@ -1,15 +1,18 @@
 """The block pool: the mechanism under the block manager (vLLM v1's ``BlockPool``).
 
 It owns the physical blocks: their reference counts, the free queue, and the prefix cache's map from content hash
-to the block holding that content. It decides nothing about sequences; the ``KVBlockManager`` (policy) asks it for
+to the blocks holding that content. It decides nothing about sequences; the ``KVBlockManager`` (policy) asks it for
 blocks, hands them back, and says which blocks now hold which content.
+
+Ids are vLLM's shifted by one: vLLM's pool of N + 1 blocks reserves block 0 (its null block) and hands out 1..N in
+the order this pool hands out 0..N-1.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -18,77 +21,84 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class FreeBlockQueue:
-    """The free blocks, in the order the pool hands them out.
+    """The free blocks, in the order the pool hands them out (vLLM v1's ``FreeKVCacheBlockQueue``).
 
-    Blocks holding no cached content come first, oldest freed first; only when none is left does the pool evict a
-    block that still holds cached content, the least recently freed first: an eviction never happens while an
-    empty block waits, so no hit is lost for nothing. A cached free block can also leave from the middle, when a
-    prefix-cache hit revives it. Invariant: each block is in at most one of the two parts.
-    """
+    Allocation takes from the front. A freed block goes to the front when it holds no cached content (no hit can
+    want it, and its memory was just used) and to the back when it does, so cached blocks are evicted least
+    recently freed first, and only once no other free block is left; a prefix-cache hit takes a cached block out
+    of the back part. Blocks never handed out are kept as a counter, not a list, so a pool costs memory only for
+    the blocks it has used::
 
-    def __init__(self, blocks: Iterable[int] = ()) -> None:
-        self._empty: deque[int] = deque(blocks)  # no cached content
-        self._cached: OrderedDict[int, None] = OrderedDict()  # an ordered set: least recently freed first
+        front (prepended, last freed first) | untouched ids [num_touched, num_blocks) | back (appended, LRU)
 
-    def __len__(self) -> int:
-        return len(self._empty) + len(self._cached)
-
-    def __iter__(self) -> Iterator[int]:
-        """In hand-out order."""
-        return itertools.chain(self._empty, self._cached)
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._cached)
-
-    def append(self, blocks: Iterable[int], block_hash: Sequence[Hashable | None] | None = None) -> None:
-        """Return freed blocks to the back of their part: the cached one when ``block_hash[block]`` is set."""
-        if block_hash is None:
-            self._empty.extend(blocks)
-            return
-        cached, empty = self._cached, self._empty
-        for block in blocks:
-            if block_hash[block] is None:
-                empty.append(block)
-            else:
-                cached[block] = None  # (OrderedDict.update is several times slower than this loop)
-
-    def take(self, count: int) -> tuple[list[int], int]:
-        """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
-        the end of the list, come from the cached part: their content is evicted."""
-        empty = self._empty
-        from_empty = min(count, len(empty))
-        taken = [empty.popleft() for _ in range(from_empty)]
-        if from_empty < count:
-            pop = self._cached.popitem
-            taken.extend([pop(last=False)[0] for _ in range(count - from_empty)])
-        return taken, count - from_empty
-
-    def revive(self, block: int) -> None:
-        """Take a cached block out of the queue: a prefix-cache hit holds it again."""
-        del self._cached[block]
-
-    def forget_cached(self) -> None:
-        """The cached blocks lost their content: they join the empty ones, in their order."""
-        self._empty.extend(self._cached)
-        self._cached.clear()
-
-
-class BlockPool:
-    """``num_blocks`` physical blocks.
-
-    Invariants (the block manager's checker verifies them against the block tables): a block is free exactly when
-    its reference count is 0, and then sits once in ``free_blocks``, in the cached part exactly when it carries a
-    hash; ``cached_blocks`` maps a hash to a block exactly when that block carries the hash
-    (``block_hash[block]``); ``num_shared_references`` is Σ (ref_count - 1) over held blocks.
+    Invariants: each free block is in exactly one part; a free block carrying a hash is in the back part.
     """
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
-        self.free_blocks = FreeBlockQueue(range(num_blocks))
-        self.ref_counts = [0] * num_blocks
-        self.block_hash: list[Hashable | None] = [None] * num_blocks
-        self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block holding that content
+        self.num_touched = 0  # ids below it have been handed out at least once
+        self._front: deque[int] = deque()
+        self._back: OrderedDict[int, None] = OrderedDict()  # an ordered set: least recently freed first
+
+    def __len__(self) -> int:
+        return len(self._front) + self.num_blocks - self.num_touched + len(self._back)
+
+    def __iter__(self) -> Iterator[int]:
+        """In hand-out order (every free block: O(num_blocks) on a fresh pool)."""
+        return itertools.chain(self._front, range(self.num_touched, self.num_blocks), self._back)
+
+    def touched(self) -> tuple[list[int], list[int]]:
+        """The front and back parts: every free block that was handed out before."""
+        return list(self._front), list(self._back)
+
+    def prepend(self, blocks: Sequence[int]) -> None:
+        """Put ``blocks`` at the front, ``blocks[0]`` first (vLLM's ``prepend_n``)."""
+        self._front.extendleft(reversed(blocks))
+
+    def append(self, blocks: Sequence[int]) -> None:
+        """Put ``blocks`` at the back, ``blocks[-1]`` last (vLLM's ``append_n``)."""
+        back = self._back
+        for block in blocks:
+            back[block] = None  # (OrderedDict.update is several times slower than this loop)
+
+    def take(self, count: int) -> tuple[list[int], int]:
+        """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
+        the end of the list, come from the back part: the ones that may hold cached content to evict."""
+        front = self._front
+        taken = [front.popleft() for _ in range(min(count, len(front)))]
+        if len(taken) < count:
+            start = self.num_touched
+            self.num_touched = min(self.num_blocks, start + count - len(taken))
+            taken.extend(range(start, self.num_touched))
+        from_back = count - len(taken)
+        if from_back:
+            pop = self._back.popitem
+            taken.extend([pop(last=False)[0] for _ in range(from_back)])
+        return taken, from_back
+
+    def remove(self, block: int) -> None:
+        """Take a cached block out of the queue: a prefix-cache hit holds it again."""
+        del self._back[block]
+
+
+class BlockPool:
+    """``num_blocks`` physical blocks; per-block state exists only for the ``num_touched`` ever handed out.
+
+    Invariants (the block manager's checker verifies them against the block tables): a block is free exactly when
+    its reference count is 0 (untouched blocks count 0), and then sits once in ``free_blocks``; ``cached_blocks``
+    maps a hash to the block a hit gets, the oldest of those carrying it (``block_hash[block]``), and
+    ``duplicate_blocks`` lists the younger ones (two sequences that computed the same content, as vLLM keeps
+    them); ``num_shared_references`` is Σ (ref_count - 1) over held blocks.
+    """
+
+    def __init__(self, num_blocks: int, *, enable_caching: bool = False) -> None:
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.free_blocks = FreeBlockQueue(num_blocks)
+        self.ref_counts: list[int] = []  # per touched block
+        self.block_hash: list[Hashable | None] = []  # per touched block: the content it is cached under
+        self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block a hit gets
+        self.duplicate_blocks: dict[Hashable, list[int]] = {}  # hash -> later blocks with that content, oldest first
         self.num_allocations = 0  # blocks taken from the free queue, ever
         self.num_frees = 0  # blocks returned to it, ever
         self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
@@ -100,16 +110,16 @@ class BlockPool:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
         content (the caller has checked that there are enough). The article's ``allocate_block``."""
         refs, hashes = self.ref_counts, self.block_hash
-        blocks, num_evicted = self.free_blocks.take(count)
+        blocks, from_back = self.free_blocks.take(count)
+        first_seen = self.free_blocks.num_touched - len(refs)
+        if first_seen:
+            refs.extend(itertools.repeat(0, first_seen))
+            hashes.extend(itertools.repeat(None, first_seen))
         for block in blocks:
             refs[block] = 1
         table.extend(blocks)
-        if num_evicted:
-            for block in blocks[count - num_evicted:]:
-                del self.cached_blocks[hashes[block]]
-                hashes[block] = None
-            self.num_evictions += num_evicted
-            self._lookup_memo = None
+        if from_back:
+            self._evict(blocks[count - from_back:])
         self.num_allocations += count
 
     def reference(self, block: int) -> None:
@@ -117,7 +127,7 @@ class BlockPool:
         if self.ref_counts[block]:
             self.num_shared_references += 1
         else:
-            self.free_blocks.revive(block)
+            self.free_blocks.remove(block)
         self.ref_counts[block] += 1
 
     def drop_shared(self, block: int) -> None:
@@ -125,15 +135,21 @@ class BlockPool:
         self.ref_counts[block] -= 1
         self.num_shared_references -= 1
 
-    def release(self, blocks: Sequence[int], keep_cached: bool) -> None:
-        """A table lets go of ``blocks``, in the order a freed block should join the free queue; those no one
-        else holds go back to it (``keep_cached``: with their cached content, revivable by a hit)."""
-        refs = self.ref_counts
-        freed = [block for block in blocks if refs[block] == 1]
-        self.free_blocks.append(freed, self.block_hash if keep_cached else None)
+    def release(self, blocks: Sequence[int]) -> None:
+        """A table lets go of ``blocks``, given in eviction order (first evicted first); those no one else holds
+        return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back (their
+        order kept), without to the front (their order kept, ahead of the blocks already there)."""
+        refs, hashes = self.ref_counts, self.block_hash
         for block in blocks:
             refs[block] -= 1
+        freed = [block for block in blocks if not refs[block]]
         self.num_shared_references -= len(blocks) - len(freed)
+        to_front, to_back = freed, []
+        if self.enable_caching:
+            to_front = [block for block in freed if hashes[block] is None]
+            to_back = [block for block in freed if hashes[block] is not None]
+        self.free_blocks.prepend(to_front)
+        self.free_blocks.append(to_back)
         self.num_frees += len(freed)
 
     def lookup(self, block_hashes: list[Hashable]) -> list[int]:
@@ -154,22 +170,67 @@ class BlockPool:
         return hits
 
     def cache(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``blocks[i]`` now holds the content ``block_hashes[i]`` names; the first block with some content keeps
-        the entry. (One call for a run of blocks: a long prompt registers hundreds.)"""
+        """``blocks[i]`` now holds the content ``block_hashes[i]`` names. A block already cached keeps its hash;
+        content already cached elsewhere is cached again (vLLM keeps block tables append-only rather than swap in
+        the older copy), and hits keep going to the older block. (One call for a run: a long prompt has hundreds.)"""
         cached, hashes = self.cached_blocks, self.block_hash
         for block_hash, block in zip(block_hashes, blocks, strict=True):
-            if block_hash not in cached and hashes[block] is None:
+            if hashes[block] is not None:
+                continue
+            hashes[block] = block_hash
+            if block_hash in cached:
+                self.duplicate_blocks.setdefault(block_hash, []).append(block)
+            else:
                 cached[block_hash] = block
-                hashes[block] = block_hash
                 self._lookup_memo = None
 
     def reset_cache(self) -> bool:
-        """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block."""
-        if any(self.ref_counts[block] for block in self.cached_blocks.values()):
+        """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
+        blocks keep their place in the queue, as in vLLM."""
+        cached = itertools.chain(self.cached_blocks.values(), itertools.chain.from_iterable(
+            self.duplicate_blocks.values()))
+        blocks = list(cached)
+        if any(self.ref_counts[block] for block in blocks):
             return False
-        for block in self.cached_blocks.values():
+        for block in blocks:
             self.block_hash[block] = None
         self.cached_blocks.clear()
-        self.free_blocks.forget_cached()
+        self.duplicate_blocks.clear()
         self._lookup_memo = None
         return True
+
+    def _evict(self, blocks: list[int]) -> None:
+        """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
+        The oldest duplicate of an evicted entry, if any, takes over its hits."""
+        cached, duplicates, hashes = self.cached_blocks, self.duplicate_blocks, self.block_hash
+        num_entries = len(cached) + len(duplicates)
+        if not duplicates:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
+            for block in blocks:
+                block_hash = hashes[block]
+                if block_hash is not None:
+                    del cached[block_hash]
+                    hashes[block] = None
+            evicted = num_entries - len(cached)
+        else:
+            cached_blocks = [block for block in blocks if hashes[block] is not None]
+            for block in cached_blocks:
+                self._evict_one(block)
+            evicted = len(cached_blocks)
+        if evicted:
+            self._lookup_memo = None
+            self.num_evictions += evicted
+
+    def _evict_one(self, block: int) -> None:
+        """Drop one cached block's entry where its content may be cached more than once."""
+        block_hash = self.block_hash[block]
+        self.block_hash[block] = None
+        copies = self.duplicate_blocks.get(block_hash)
+        if copies is None:
+            del self.cached_blocks[block_hash]
+            return
+        if self.cached_blocks[block_hash] == block:
+            self.cached_blocks[block_hash] = copies.pop(0)
+        else:
+            copies.remove(block)
+        if not copies:
+            del self.duplicate_blocks[block_hash]

@@ -200,18 +200,18 @@ class DynamicAllocator(ContiguousAllocator):
         return min(next_power_of_two(prompt_length + 1), self.max_model_len)
 
     def largest_need(self, holding: Holding) -> int:
-        size = self.extent_size(holding, holding.prompt_tokens)
-        while size < holding.final_length:
-            size = min(2 * size, self.max_model_len)
-        return size
+        """The extent that holds the final length; never past max_model_len, where a request is stopped."""
+        return self._doubled(self.extent_size(holding, holding.prompt_tokens),
+                             min(holding.final_length, self.max_model_len))
 
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
+        """None (nothing changed) also past max_model_len: no extent grows beyond it."""
         size = self.allocated(holding)
         if new_length <= size:
             return 0
-        new_size = size
-        while new_size < new_length:
-            new_size = min(2 * new_size, self.max_model_len)
+        if new_length > self.max_model_len:
+            return None
+        new_size = self._doubled(size, new_length)
         if self.arena.extend_in_place(holding.sequence_id, new_size):
             return 0
         # Move: the new extent is taken while the old one still holds the KV being copied.
@@ -221,6 +221,12 @@ class DynamicAllocator(ContiguousAllocator):
         self.arena.free(holding.sequence_id)
         self.arena.extents[holding.sequence_id] = self.arena.extents.pop(moved_owner)
         return length
+
+    def _doubled(self, size: int, length: int) -> int:
+        """``size`` doubled until it holds ``length`` (<= max_model_len, the cap of every doubling)."""
+        while size < length:
+            size = min(2 * size, self.max_model_len)
+        return size
 
 
 def next_power_of_two(n: int) -> int:

@@ -1,7 +1,8 @@
 """The block manager's invariant checker: every broken invariant as a sentence naming the bug it points to.
 
 The invariants are written in ``KVBlockManager``'s docstring; this module only checks them, from the block tables
-outwards (who holds which block) against what the pool believes (reference counts, free queue, cache map).
+outwards (who holds which block) against what the pool believes (reference counts, free queue, cache map). It
+looks only at the blocks the pool has handed out at least once: the untouched rest is free by construction.
 """
 
 from __future__ import annotations
@@ -24,9 +25,34 @@ class BlockTables(Protocol):
 def block_manager_violations(manager: BlockTables) -> list[str]:
     """Every broken invariant of ``manager``; empty when all hold."""
     pool = manager.pool
-    problems: list[str] = []
-    holders = [0] * manager.num_physical_blocks
-    out_of_range: set[int] = set()
+    touched = pool.free_blocks.num_touched
+    problems = _table_violations(manager, touched)
+    holders = [0] * touched
+    for state in manager.sequences.values():
+        for block in state.block_table:
+            if 0 <= block < touched:
+                holders[block] += 1
+    if len(pool.ref_counts) != touched or len(pool.block_hash) != touched:
+        problems.append(f"the pool keeps state for {len(pool.ref_counts)} blocks but has handed out {touched}")
+        return problems
+    miscounted = [b for b in range(touched) if holders[b] != pool.ref_counts[b]]
+    if miscounted:
+        b = miscounted[0]
+        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} tables hold it: "
+                        f"{len(miscounted)} blocks miscounted (a lost reference, a double free, or two "
+                        "sequences given one block)")
+    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
+        problems.append("the shared-reference count disagrees with the block tables")
+    problems += _free_queue_violations(manager, holders)
+    problems += _cache_violations(pool, touched)
+    return problems
+
+
+def _table_violations(manager: BlockTables, touched: int) -> list[str]:
+    """Each sequence's table against its length, its computed tokens and the cache."""
+    pool = manager.pool
+    problems = []
+    outside: set[int] = set()
     for state in manager.sequences.values():
         expected = num_blocks_for(state.sequence_length, manager.block_size)
         if len(state.block_table) != expected:
@@ -41,11 +67,10 @@ def block_manager_violations(manager: BlockTables) -> list[str]:
                             f"of {state.sequence_length}")
         computed_blocks = state.num_computed_tokens // manager.block_size
         for index, block in enumerate(state.block_table):
-            if not 0 <= block < manager.num_physical_blocks:
-                out_of_range.add(block)
+            if not 0 <= block < touched:
+                outside.add(block)
                 continue
-            holders[block] += 1
-            cached = pool.block_hash[block]
+            cached = pool.block_hash[block] if block < len(pool.block_hash) else None
             if cached is None:
                 continue
             if index >= len(state.block_hashes) or state.block_hashes[index] != cached:
@@ -54,33 +79,44 @@ def block_manager_violations(manager: BlockTables) -> list[str]:
             elif index >= computed_blocks:
                 problems.append(f"block {block} is cached but sequence {state.sequence_id!r} has not computed "
                                 "it: a block published before its K/V was written")
-    miscounted = [b for b in range(manager.num_physical_blocks) if holders[b] != pool.ref_counts[b]]
-    if miscounted:
-        b = miscounted[0]
-        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} tables hold it: "
-                        f"{len(miscounted)} blocks miscounted (a lost reference, a double free, or two "
-                        "sequences given one block)")
-    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
-        problems.append("the shared-reference count disagrees with the block tables")
-    out_of_range |= {b for b in pool.free_blocks if not 0 <= b < manager.num_physical_blocks}
-    free_set = set(pool.free_blocks) - out_of_range
-    allocated_set = {b for b in range(manager.num_physical_blocks) if holders[b]}
-    if allocated_set & free_set:
-        problems.append(f"blocks {sorted(allocated_set & free_set)[:5]} are both allocated and free")
-    if len(allocated_set) + len(free_set) != manager.num_physical_blocks:
-        problems.append(
-            f"{len(allocated_set)} allocated + {len(free_set)} free != {manager.num_physical_blocks} blocks: "
-            "a block leaked"
-        )
-    if out_of_range:
-        problems.append(f"block ids {sorted(out_of_range)[:5]} are outside the pool")
-    if any(pool.block_hash[b] is not None and pool.cached_blocks.get(pool.block_hash[b]) != b
-           for b in range(manager.num_physical_blocks)) or \
-            any(pool.block_hash[b] != h for h, b in pool.cached_blocks.items()):
-        problems.append("the prefix-cache map and the blocks' hashes disagree: an entry survived eviction")
-    queued_cached = list(pool.free_blocks)[len(pool.free_blocks) - pool.free_blocks.num_cached:]
-    if sum(pool.block_hash[b] is not None for b in free_set) != len(queued_cached) or \
-            any(pool.block_hash[b] is None for b in queued_cached if 0 <= b < manager.num_physical_blocks):
-        problems.append("the free queue files a block under the wrong part (cached vs empty): an eviction "
-                        "ahead of an empty block, or a revival that cannot find its block")
+    if outside:
+        problems.append(f"block ids {sorted(outside)[:5]} are held but outside the {touched} blocks the pool "
+                        f"handed out (of {manager.num_physical_blocks}): a block taken around the pool")
     return problems
+
+
+def _free_queue_violations(manager: BlockTables, holders: list[int]) -> list[str]:
+    """The free queue against the tables: every touched block free exactly when no table holds it."""
+    pool = manager.pool
+    touched = len(holders)
+    front, back = pool.free_blocks.touched()
+    problems = []
+    queued = front + back
+    if len(set(queued)) != len(queued):
+        problems.append("a block sits twice in the free queue: a double free")
+    if any(not 0 <= b < touched for b in queued):
+        problems.append(f"the free queue holds ids outside the {touched} blocks handed out: a corrupt queue")
+        return problems
+    both = sorted(b for b in set(queued) if holders[b])
+    if both:
+        problems.append(f"blocks {both[:5]} are both allocated and free")
+    allocated = sum(1 for h in holders if h)
+    num_free = len(pool.free_blocks)
+    if allocated + num_free != manager.num_physical_blocks:
+        problems.append(f"{allocated} allocated + {num_free} free != {manager.num_physical_blocks} blocks: "
+                        "a block leaked")
+    if any(pool.block_hash[b] is not None for b in front):
+        problems.append("a cached block waits at the free queue's front: it would be evicted before empty blocks")
+    return problems
+
+
+def _cache_violations(pool: BlockPool, touched: int) -> list[str]:
+    """The hash -> blocks map against each block's hash."""
+    entries = [(h, b) for h, b in pool.cached_blocks.items()]
+    entries += [(h, b) for h, blocks in pool.duplicate_blocks.items() for b in blocks]
+    if any(not 0 <= b < touched or pool.block_hash[b] != h for h, b in entries) or \
+            len({b for _, b in entries}) != len(entries) or \
+            sum(h is not None for h in pool.block_hash) != len(entries) or \
+            any(h not in pool.cached_blocks or not blocks for h, blocks in pool.duplicate_blocks.items()):
+        return ["the prefix-cache map and the blocks' hashes disagree: an entry survived eviction"]
+    return []
