@@ -30,7 +30,7 @@ from minipaged_cli.memory.contiguous import OracleReserveAllocator
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
-from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from tests.conftest import ROOT
 from tests.test_simulator import trace_of
@@ -209,6 +209,53 @@ def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
     assert config == reference
     shared = {f.name for f in fields(Settings)} & {f.name for f in fields(SimConfig)}
     assert shared == {"calibration"}  # a path here, the loaded table there: no engine field written twice
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_a_points_configuration_is_the_one_simconfig_builds_for_its_engine(scheduler: str) -> None:
+    trace = load_trace(AZURE, limit=20)
+    settings = Settings(engine={"scheduler": scheduler, "max_model_len": 8192})
+    caching = settings.engine_prefix_caching("qwen3-8b", "h200")
+    points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",), prefix_caching=(caching,)).points()
+    config = prepare(trace, settings, points).configs[points[0].curve]
+    # The reference: SimConfig built directly for that engine, everything it resolves (limits, prefix caching,
+    # watermark) left to it; 2 GiB of Qwen3-8B's 144 KiB per token in blocks of 16.
+    model, gpu = load_model("qwen3-8b"), load_gpu("h200")
+    reference = SimConfig(model, gpu, num_blocks=2 * 2**30 // (16 * model.kv_bytes_per_token), block_size=16,
+                          max_model_len=8192, scheduler=scheduler)
+    assert config == reference
+    # By hand, from vLLM: v1 is `vllm serve` on an H200 (8192 tokens a step, 1024 sequences, prefix caching, no
+    # watermark); v0 the paper's engine (whole prompts, 256 sequences, no prefix caching, 1 % watermark).
+    expected = {"v1": ("v1", 8192, 1024, True, 0.0), "v0": ("v0", None, 256, False, 0.01)}[scheduler]
+    assert (config.scheduler, config.max_batched_tokens, config.max_num_seqs, config.prefix_caching,
+            config.watermark) == expected
+
+
+@pytest.mark.parametrize("scheduler", [None, "v1", "v0"])
+def test_the_default_prefix_caching_follows_the_engine_as_in_simulate(tmp_path: Path, scheduler: str | None) -> None:
+    engine = [] if scheduler is None else ["--scheduler", scheduler]
+    out = tmp_path / "s.json"
+    result = runner.invoke(app, ["sweep", AZURE, "--limit", "20", "--kv-memory", "2GiB", "--max-model-len", "8192",
+                                 "--rates", "1", "--strategies", "paged", "--workers", "1", "--json", str(out),
+                                 *engine])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    simulated = runner.invoke(app, ["simulate", AZURE, "--limit", "20", "--kv-memory", "2GiB", "--max-model-len",
+                                    "8192", "--strategies", "paged", "--json", "-", *engine])
+    assert simulated.exit_code == 0, simulated.output
+    # vLLM v1 (the default) caches prefixes unless told not to; v0 did not.
+    on = scheduler != "v0"
+    assert document["settings"]["scheduler"] == (scheduler or "v1")
+    assert [point["prefix_caching"] for point in document["points"]] == [on]
+    assert json.loads(simulated.stdout)["config"]["prefix_caching"] is on
+
+
+def test_an_explicit_prefix_caching_axis_overrides_the_engines() -> None:
+    result = runner.invoke(app, ["sweep", AZURE, "--limit", "20", "--kv-memory", "2GiB", "--max-model-len", "8192",
+                                     "--rates", "1", "--strategies", "paged", "--workers", "1", "--json", "-",
+                                     "--prefix-caching", "off,on", "--scheduler", "v0"])
+    assert result.exit_code == 0, result.output
+    assert [p["prefix_caching"] for p in json.loads(result.stdout)["points"]] == [False, True]
 
 
 def test_the_slowest_strategies_are_queued_first() -> None:
