@@ -5,6 +5,7 @@ memory-layout picture."""
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from minipaged_cli.cli.main import app
 from minipaged_cli.cli.sweep import capacity_notes, capacity_table
 from minipaged_cli.memory.contiguous import OracleReserveAllocator
 from minipaged_cli.memory.paged import PagedAllocator
-from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
@@ -256,6 +257,22 @@ def test_an_explicit_prefix_caching_axis_overrides_the_engines() -> None:
                                      "--prefix-caching", "off,on", "--scheduler", "v0"])
     assert result.exit_code == 0, result.output
     assert [p["prefix_caching"] for p in json.loads(result.stdout)["points"]] == [False, True]
+
+
+def test_the_defaults_shared_with_simulate_are_read_from_sim_config() -> None:
+    # One sweep point by default holds the KV capacity simulate holds by default (0.9 of the GPU minus the
+    # weights, blocks of 16), and verify and calibrate page in simulate's blocks.
+    from minipaged_cli.apps.calibrate import CalibrationGrid
+    from minipaged_cli.cli.sweep import sweep_command
+    from minipaged_cli.cli.verify import verify_command
+
+    assert Settings().gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
+    assert inspect.signature(sweep_command).parameters["gpu_memory_utilization"].default \
+        == DEFAULT_GPU_MEMORY_UTILIZATION
+    assert inspect.signature(sweep_command).parameters["block_sizes"].default == str(DEFAULT_BLOCK_SIZE)
+    assert Axes(rates=(1.0,), strategies=("paged",)).block_sizes == (DEFAULT_BLOCK_SIZE,)
+    assert inspect.signature(verify_command).parameters["block_size"].default == DEFAULT_BLOCK_SIZE
+    assert {f.name: f.default for f in fields(CalibrationGrid)}["block_size"] == DEFAULT_BLOCK_SIZE
 
 
 def test_the_slowest_strategies_are_queued_first() -> None:
