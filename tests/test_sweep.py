@@ -422,6 +422,28 @@ def test_slot_owners_by_hand() -> None:
     assert oracle.slot_owners(np.arange(0, 20, 2)).tolist() == [-1, -1, -1, 2, 2, 2, -1, -1, -1, -1]
 
 
+def test_the_sweep_plot_labels_its_log_axis_with_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from minipaged_cli.cli import plot
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(plot, "_save", lambda figure, path, plt, field="--plot": drawn.append(figure))
+    trace = load_trace(AZURE, limit=100)
+    axes = Axes(rates=(1.0, 50.0), strategies=("paged",), kv_memory=("2GiB",))
+    plot.plot_sweep(sweep(trace, axes, Settings(engine={"max_model_len": 8192}), LocalRunner(1)),
+                    tmp_path / "s.png", title="t")
+    (figure,) = drawn
+    figure.canvas.draw()
+    (ax,) = figure.axes
+    low, high = ax.get_ylim()
+    ticks = [(tick.get_loc(), tick.label1.get_text()) for tick in [*ax.yaxis.get_major_ticks(),
+                                                                  *ax.yaxis.get_minor_ticks()]
+             if low <= tick.get_loc() <= high and tick.label1.get_text()]
+    # Each label the number at its tick, as a plain decimal, not the raw TeX of a formula left unparsed
+    # ('$\mathdefault{10^{-1}}$').
+    assert ticks and all(float(text) == pytest.approx(loc) for loc, text in ticks), ticks
+
+
 def test_plot_layout_draws_each_strategy(tmp_path: Path) -> None:
     png = tmp_path / "layout.png"
     result = runner.invoke(app, ["simulate", str(ROOT / "traces" / "holes.yaml"), "--plot-layout", str(png)])
