@@ -60,6 +60,8 @@ def _refused(args: list[str], message: str) -> None:
     ("slo: 3", "slo: 3: expected a mapping of SLO names to seconds"),
     ("preemption: sometimes", "preemption: 'sometimes': expected one of recompute, swap"),
     ("trace_format: xml", "trace_format: 'xml': expected one of"),
+    ("scheduler: v2", "scheduler: 'v2': expected one of v1, v0"),
+    ("scheduler: 1", "scheduler: 1: expected one of v1, v0"),
 ])
 def test_a_bad_config_value_names_the_file_the_key_and_the_value(tmp_path: Path, no_sweep: None, line: str,
                                                                   message: str) -> None:
@@ -79,6 +81,7 @@ def test_a_bad_config_value_names_the_file_the_key_and_the_value(tmp_path: Path,
     (["--rates", "1", "--block-sizes", "16,8.5"], "error: --block-sizes: 8.5: must be a whole number"),
     (["--rates", "1", "--slo", "ttft=inf"], "error: --slo: inf: must be a finite number"),
     (["--rates", "1", "--slo", "ttft=soon"], "error: --slo: 'soon': must be a finite number"),
+    (["--rates", "1", "--scheduler", "v2"], "error: --scheduler: 'v2': expected one of v1, v0"),
 ])
 def test_a_bad_option_value_is_one_line(no_sweep: None, args: list[str], message: str) -> None:
     _refused([*SMALL, "--strategies", "paged", *args], message)

@@ -5,6 +5,7 @@ memory-layout picture."""
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import math
 import os
@@ -28,9 +29,9 @@ from minipaged_cli.cli.main import app
 from minipaged_cli.cli.sweep import capacity_notes, capacity_table
 from minipaged_cli.memory.contiguous import OracleReserveAllocator
 from minipaged_cli.memory.paged import PagedAllocator
-from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig
 from minipaged_cli.sim.replay import replay
-from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from tests.conftest import ROOT
 from tests.test_simulator import trace_of
@@ -211,6 +212,69 @@ def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
     assert shared == {"calibration"}  # a path here, the loaded table there: no engine field written twice
 
 
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_a_points_configuration_is_the_one_simconfig_builds_for_its_engine(scheduler: str) -> None:
+    trace = load_trace(AZURE, limit=20)
+    settings = Settings(engine={"scheduler": scheduler, "max_model_len": 8192})
+    caching = settings.engine_prefix_caching("qwen3-8b", "h200")
+    points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",), prefix_caching=(caching,)).points()
+    config = prepare(trace, settings, points).configs[points[0].curve]
+    # The reference: SimConfig built directly for that engine, everything it resolves (limits, prefix caching,
+    # watermark) left to it; 2 GiB of Qwen3-8B's 144 KiB per token in blocks of 16.
+    model, gpu = load_model("qwen3-8b"), load_gpu("h200")
+    reference = SimConfig(model, gpu, num_blocks=2 * 2**30 // (16 * model.kv_bytes_per_token), block_size=16,
+                          max_model_len=8192, scheduler=scheduler)
+    assert config == reference
+    # By hand, from vLLM: v1 is `vllm serve` on an H200 (8192 tokens a step, 1024 sequences, prefix caching, no
+    # watermark); v0 the paper's engine (whole prompts, 256 sequences, no prefix caching, 1 % watermark).
+    expected = {"v1": ("v1", 8192, 1024, True, 0.0), "v0": ("v0", None, 256, False, 0.01)}[scheduler]
+    assert (config.scheduler, config.max_batched_tokens, config.max_num_seqs, config.prefix_caching,
+            config.watermark) == expected
+
+
+@pytest.mark.parametrize("scheduler", [None, "v1", "v0"])
+def test_the_default_prefix_caching_follows_the_engine_as_in_simulate(tmp_path: Path, scheduler: str | None) -> None:
+    engine = [] if scheduler is None else ["--scheduler", scheduler]
+    out = tmp_path / "s.json"
+    result = runner.invoke(app, ["sweep", AZURE, "--limit", "20", "--kv-memory", "2GiB", "--max-model-len", "8192",
+                                 "--rates", "1", "--strategies", "paged", "--workers", "1", "--json", str(out),
+                                 *engine])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    simulated = runner.invoke(app, ["simulate", AZURE, "--limit", "20", "--kv-memory", "2GiB", "--max-model-len",
+                                    "8192", "--strategies", "paged", "--json", "-", *engine])
+    assert simulated.exit_code == 0, simulated.output
+    # vLLM v1 (the default) caches prefixes unless told not to; v0 did not.
+    on = scheduler != "v0"
+    assert document["settings"]["scheduler"] == (scheduler or "v1")
+    assert [point["prefix_caching"] for point in document["points"]] == [on]
+    assert json.loads(simulated.stdout)["config"]["prefix_caching"] is on
+
+
+def test_an_explicit_prefix_caching_axis_overrides_the_engines() -> None:
+    result = runner.invoke(app, ["sweep", AZURE, "--limit", "20", "--kv-memory", "2GiB", "--max-model-len", "8192",
+                                     "--rates", "1", "--strategies", "paged", "--workers", "1", "--json", "-",
+                                     "--prefix-caching", "off,on", "--scheduler", "v0"])
+    assert result.exit_code == 0, result.output
+    assert [p["prefix_caching"] for p in json.loads(result.stdout)["points"]] == [False, True]
+
+
+def test_the_defaults_shared_with_simulate_are_read_from_sim_config() -> None:
+    # One sweep point by default holds the KV capacity simulate holds by default (0.9 of the GPU minus the
+    # weights, blocks of 16), and verify and calibrate page in simulate's blocks.
+    from minipaged_cli.apps.calibrate import CalibrationGrid
+    from minipaged_cli.cli.sweep import sweep_command
+    from minipaged_cli.cli.verify import verify_command
+
+    assert Settings().gpu_memory_utilization == DEFAULT_GPU_MEMORY_UTILIZATION
+    assert inspect.signature(sweep_command).parameters["gpu_memory_utilization"].default \
+        == DEFAULT_GPU_MEMORY_UTILIZATION
+    assert inspect.signature(sweep_command).parameters["block_sizes"].default == str(DEFAULT_BLOCK_SIZE)
+    assert Axes(rates=(1.0,), strategies=("paged",)).block_sizes == (DEFAULT_BLOCK_SIZE,)
+    assert inspect.signature(verify_command).parameters["block_size"].default == DEFAULT_BLOCK_SIZE
+    assert {f.name: f.default for f in fields(CalibrationGrid)}["block_size"] == DEFAULT_BLOCK_SIZE
+
+
 def test_the_slowest_strategies_are_queued_first() -> None:
     # Paged and dynamic extents do the most bookkeeping a replay; the reservations after them, lower rates first.
     jobs = [Replay(Point("m", "g", None, 16, False, strategy, rate), 0)
@@ -356,6 +420,28 @@ def test_slot_owners_by_hand() -> None:
     oracle.admit(second, 3)  # [6, 12)
     oracle.release(first)  # a hole at [0, 6)
     assert oracle.slot_owners(np.arange(0, 20, 2)).tolist() == [-1, -1, -1, 2, 2, 2, -1, -1, -1, -1]
+
+
+def test_the_sweep_plot_labels_its_log_axis_with_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from minipaged_cli.cli import plot
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(plot, "_save", lambda figure, path, plt, field="--plot": drawn.append(figure))
+    trace = load_trace(AZURE, limit=100)
+    axes = Axes(rates=(1.0, 50.0), strategies=("paged",), kv_memory=("2GiB",))
+    plot.plot_sweep(sweep(trace, axes, Settings(engine={"max_model_len": 8192}), LocalRunner(1)),
+                    tmp_path / "s.png", title="t")
+    (figure,) = drawn
+    figure.canvas.draw()
+    (ax,) = figure.axes
+    low, high = ax.get_ylim()
+    ticks = [(tick.get_loc(), tick.label1.get_text()) for tick in [*ax.yaxis.get_major_ticks(),
+                                                                  *ax.yaxis.get_minor_ticks()]
+             if low <= tick.get_loc() <= high and tick.label1.get_text()]
+    # Each label the number at its tick, as a plain decimal, not the raw TeX of a formula left unparsed
+    # ('$\mathdefault{10^{-1}}$').
+    assert ticks and all(float(text) == pytest.approx(loc) for loc, text in ticks), ticks
 
 
 def test_plot_layout_draws_each_strategy(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kernels import random_block_tables
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.sim.calibration import Calibration, Grid, Table
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE
 from minipaged_cli.workloads.presets import ModelSpec
 
 
@@ -36,7 +37,7 @@ class CalibrationGrid:
     decode_batch: tuple[int, ...]
     decode_context: tuple[int, ...]
     write_tokens: tuple[int, ...]
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
 
 
 # A GPU's: GEMM times step at tile boundaries, so every 8 tokens up to 1,024 (as Vidur profiles), then every 64.

@@ -27,6 +27,7 @@ from typing import Any
 from minipaged_cli.apps.sweep_points import Point, Replay, Settings, Work, mean_row, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.errors import InputError
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE
 from minipaged_cli.units import JSON_DECIMALS, rounded
 from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
@@ -48,7 +49,7 @@ class Axes:
     models: tuple[str, ...] = ("qwen3-8b",)
     gpus: tuple[str, ...] = ("h200",)
     kv_memory: tuple[str | None, ...] = (None,)
-    block_sizes: tuple[int, ...] = (16,)
+    block_sizes: tuple[int, ...] = (DEFAULT_BLOCK_SIZE,)
     prefix_caching: tuple[bool, ...] = (False,)
 
     def points(self) -> list[Point]:

@@ -1,7 +1,7 @@
 """A sweep's points: replays of the trace re-timed by a seeded Poisson process at the point's rate (the same
 seeds at every rate, so the rates differ only in scale), under one strategy, model, GPU, KV memory, block size and
-prefix-caching setting. Deterministic: the same replay gives the same metrics wherever it runs; a point's row is
-the mean of its replays' metrics, one per arrival seed."""
+prefix-caching setting, on one engine (vLLM v1 or v0 scheduling). Deterministic: the same replay gives the same
+metrics wherever it runs; a point's row is the mean of its replays' metrics, one per arrival seed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, load_calibration
-from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
+from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_num_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import rounded
 from minipaged_cli.validation import whole_number
@@ -20,7 +20,8 @@ from minipaged_cli.workloads.trace import Trace
 
 # The SimConfig fields a sweep's settings may give, every point the same; the rest are a point's own (model, GPU,
 # capacity, block size, prefix caching), the calibration's (read once), or diagnostics.
-ENGINE_FIELDS = ("max_model_len", "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks")
+ENGINE_FIELDS = ("scheduler", "max_model_len", "max_num_seqs", "max_batched_tokens", "watermark", "preemption",
+                 "cpu_blocks")
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Settings:
 
     seed: int = 0  # the first arrival seed
     seeds: int = 1  # arrival seeds seed, seed + 1, ...: a point's metrics are the mean over their replays
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     calibration: str | None = None  # a path: it must match the one GPU of the sweep
     engine: Mapping[str, Any] = field(default_factory=dict)
 
@@ -45,6 +46,11 @@ class Settings:
         return {"seed": self.seed, "seeds": self.seeds, **{name: self.engine.get(name, defaults[name])
                                                             for name in ENGINE_FIELDS},
                 "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration}
+
+    def engine_prefix_caching(self, model: str, gpu: str) -> bool:
+        """Prefix caching where the sweep leaves it out: the engine's default (v1 on, v0 off) as SimConfig
+        resolves it, so that ``sweep`` and ``simulate`` agree."""
+        return SimConfig(load_model(model), load_gpu(gpu), num_blocks=1, **self.engine).prefix_caching
 
 
 @dataclass(frozen=True)

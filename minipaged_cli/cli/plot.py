@@ -150,6 +150,7 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
         if limit is not None:
             ax.axhline(limit, color="grey", linestyle="--", linewidth=0.8, label="SLO")
         ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
         ax.set_xlabel("request rate (requests/s)")
         ax.set_ylabel("normalized latency (s/token)")
         name = ", ".join(f"{k}={'default' if v is None else v}" for k, v in vars(panel).items()
@@ -173,6 +174,19 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _plain_log_labels(axis: Any) -> None:
+    """A log axis labelled 0.01, 0.1, 1, 10 (and 0.02, 0.05, ... on a short one): matplotlib's own labels are
+    mathtext formulas, which ``_pyplot`` keeps from being parsed, so they would print as raw TeX."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:g}"
+
+    axis.set_major_formatter(Plain())
+    axis.set_minor_formatter(Plain(labelOnlyBase=False))
 
 
 def _save(figure: Any, path: Path, plt: Any, field: str = "--plot") -> None:

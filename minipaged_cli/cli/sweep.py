@@ -24,6 +24,7 @@ from minipaged_cli.cli.common import (
     LimitOpt,
     MaxModelLenOpt,
     PlotOpt,
+    SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
@@ -37,6 +38,7 @@ from minipaged_cli.cli.render import write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.readers import load_trace
 
@@ -69,9 +71,11 @@ def sweep_command(
     kv_memory: Annotated[str | None, typer.Option(
         "--kv-memory", help="KV capacities, e.g. 16GiB,default (default: --gpu-memory-utilization of each GPU "
                             "minus the weights, also when the option is left out).", show_default=False)] = None,
-    block_sizes: Annotated[str, typer.Option("--block-sizes", "--block-size", help="Tokens per KV block.")] = "16",
-    prefix_caching: Annotated[str, typer.Option(
-        "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it).")] = "off",
+    block_sizes: Annotated[str, typer.Option("--block-sizes", "--block-size", help="Tokens per KV block.")]
+    = str(DEFAULT_BLOCK_SIZE),
+    prefix_caching: Annotated[str | None, typer.Option(
+        "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it). Default: the "
+                                 "engine's, as in simulate: on under v1, off under v0.", show_default=False)] = None,
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="NAME=SECONDS, repeatable; NAME: " + ", ".join(SLO_METRICS) + " (mean unless -p99). "
                       "Searches each curve's sustainable rate: the highest meeting every SLO, with every tested "
@@ -95,6 +99,9 @@ def sweep_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    scheduler: Annotated[str | None, typer.Option(
+        "--scheduler", help=f"{SchedulerOpt.__metadata__[0].help} {_engine_default('scheduler')}",
+        show_default=False)] = None,
     max_model_len: MaxModelLenOpt = None,
     max_num_seqs: Annotated[int | None, typer.Option(
         "--max-num-seqs", help=f"Most requests running at once. {_engine_default('max_num_seqs')}",
@@ -109,7 +116,7 @@ def sweep_command(
         "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
     cpu_blocks: Annotated[int | None, typer.Option(
         "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
-    gpu_memory_utilization: GpuUtilOpt = 0.9,
+    gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     calibration: CalibrationOpt = None,
     json_path: JsonOpt = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
@@ -132,13 +139,14 @@ def sweep_command(
     options = checked(values, from_file, str(config))
     if options["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
-    axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
-                gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
-                prefix_caching=options["prefix_caching"])
     settings = Settings(seed=options["seed"], seeds=options["seeds"],
                         gpu_memory_utilization=options["gpu_memory_utilization"],
                         calibration=str(options["calibration"]) if options["calibration"] else None,
                         engine={k: options[k] for k in ENGINE_FIELDS if options[k] is not None})
+    prefix = options["prefix_caching"] or (settings.engine_prefix_caching(options["models"][0], options["gpus"][0]),)
+    axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
+                gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
+                prefix_caching=prefix)
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
     work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar

@@ -13,14 +13,15 @@ import yaml
 from minipaged_cli.apps.sweep import Slo, make_slo, parse_slo
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import PREEMPTION_MODES
+from minipaged_cli.sim.config import PREEMPTION_MODES, SCHEDULERS
 from minipaged_cli.validation import finite_number, positive_number, whole_number
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
 # Options a --config file may set, by their keys there: what the command line gives wins.
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
-             "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "max_model_len", "max_num_seqs",
-             "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization", "calibration")
+             "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
+             "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
+             "calibration")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -139,6 +140,7 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "limit": lambda v, w: whole_number(v, minimum=1, **w),
     "time_scale": lambda v, w: positive_number(v, **w),
     "trace_format": _choice(TRACE_FORMATS),
+    "scheduler": _choice(SCHEDULERS),
     "max_model_len": lambda v, w: whole_number(v, minimum=1, **w),
     "max_num_seqs": lambda v, w: whole_number(v, minimum=1, **w),
     "max_batched_tokens": lambda v, w: whole_number(v, minimum=1, **w),
@@ -149,5 +151,5 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "calibration": _text,
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
-OPTIONAL_KEYS = ("rates", "kv_memory", "limit", "max_model_len", "max_num_seqs", "max_batched_tokens",
-                 "watermark", "preemption", "cpu_blocks", "calibration")
+OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
+                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration")
