@@ -11,7 +11,6 @@ This module imports nothing from vLLM: ``minipaged_steps`` replays minipaged, ``
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +116,8 @@ def first_difference_by_field(ours: list[StepRecord], theirs: list[StepRecord]) 
 
 @dataclass(frozen=True)
 class ParityCase:
-    """One trace under one engine configuration, as both replays take it. ``scheduler`` is passed to minipaged's
-    ``SimConfig`` when it has such a field (its scheduling mode); today's main has one mode and ignores it."""
+    """One trace under one engine configuration, as both replays take it. ``scheduler`` is minipaged's scheduling
+    mode (``SimConfig.scheduler``): v1 is the one to compare; v0 shows where the old engine parts from vLLM."""
 
     trace: str
     trace_format: str = "auto"
@@ -156,13 +155,11 @@ class ParityCase:
         """The trace and minipaged's configuration (bad input raises ``InputError``)."""
         trace = load_trace(self.trace, self.trace_format, rate=self.rate, seed=self.seed, limit=self.limit,
                            time_scale=self.time_scale)
-        options: dict[str, Any] = {}
-        if "scheduler" in {f.name for f in dataclasses.fields(SimConfig)}:
-            options["scheduler"] = self.scheduler
         config = SimConfig(model=load_model(self.model), gpu=load_gpu(self.gpu), num_blocks=self.num_blocks,
                            block_size=self.block_size, max_model_len=self.max_model_len,
                            max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
-                           prefix_caching=self.prefix_caching, watermark=self.watermark, **options)
+                           prefix_caching=self.prefix_caching, watermark=self.watermark,
+                           scheduler=self.scheduler)
         if config.model_len > config.kv_capacity_tokens:
             # vLLM refuses to start an engine whose pool cannot hold one request of max_model_len
             # (v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory).

@@ -199,8 +199,8 @@ def main(
     seed: SeedOpt = 0,
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
-    scheduler: Annotated[str, typer.Option("--scheduler", help="minipaged's scheduling mode, where SimConfig has "
-                                                               "one.")] = "v1",
+    scheduler: Annotated[str, typer.Option("--scheduler", help="minipaged's scheduling: v1 (compared) or v0 "
+                                                               "(the old engine, to see where it parts).")] = "v1",
     steps: Annotated[bool, typer.Option("--steps", help="Print every step, not only around the first "
                                                         "difference.")] = False,
     table: Annotated[Path | None, typer.Option("--table", help="Run the cases of this YAML list; print a "

@@ -8,7 +8,6 @@ except in CI (MINIPAGED_REQUIRE_SHARED=1, and .ci/run builds the venv), where it
 from __future__ import annotations
 
 import ast
-import dataclasses
 import os
 import subprocess
 import sys
@@ -24,8 +23,6 @@ from tests.conftest import REQUIRE_SHARED, skip_unless_required
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV", Path.home() / ".cache/minipaged/vllm-0.33.0"))
-# Until minipaged's paged scheduler has a v1 mode (issue 21), it is vLLM's v0 and must differ from v1.
-HAS_V1_MODE = "scheduler" in {f.name for f in dataclasses.fields(SimConfig)}
 
 
 def _config(**options: object) -> SimConfig:
@@ -77,10 +74,6 @@ def test_first_difference() -> None:
     assert by_field == {"used_blocks": 0, "scheduled": 1}
 
 
-class NotIdentical(AssertionError):
-    """The harness ran every case and some decision differed (the only failure the v0 scheduler may show)."""
-
-
 def _harness(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), MINIPAGED_VLLM_VENV=str(VENV))
     return subprocess.run(["bash", str(ROOT / "parity/run.sh"), *args], capture_output=True, text=True, env=env,
@@ -100,8 +93,6 @@ def test_bad_input_is_one_line_and_exit_2() -> None:
     assert missing.returncode == 2 and "nowhere.yaml" in missing.stderr
 
 
-@pytest.mark.xfail(not HAS_V1_MODE, strict=True, raises=NotIdentical,
-                   reason="minipaged's paged scheduler is vLLM v0's until issue 21 lands a v1 mode")
 def test_identical_to_vllm_v1() -> None:
     if not (VENV / ".minipaged-parity-complete").is_file():
         skip_unless_required(f"no vLLM reference venv at {VENV}: build it with parity/setup_env.sh (about 2 GB)",
@@ -110,8 +101,7 @@ def test_identical_to_vllm_v1() -> None:
     assert result.returncode in (0, 1), result.stderr  # 2: bad input, else an internal error
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "blocks" in line]
     assert len(rows) == 4, result.stdout
-    if result.returncode != 0:
-        raise NotIdentical(result.stdout)
+    assert result.returncode == 0, f"minipaged's v1 scheduling parts from vLLM's:\n{result.stdout}"
 
 
 def test_the_package_never_imports_vllm_or_the_harness() -> None:
