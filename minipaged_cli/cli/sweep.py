@@ -22,19 +22,22 @@ from minipaged_cli.cli.common import (
     GpuUtilOpt,
     JsonOpt,
     LimitOpt,
+    MaxBatchedTokensOpt,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     PlotOpt,
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    WatermarkOpt,
     handle_errors,
     stderr,
     stdout,
     tables_console,
 )
 from minipaged_cli.cli.outputs import atomic_output, check_outputs
-from minipaged_cli.cli.render import write_json
+from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -103,15 +106,9 @@ def sweep_command(
         "--scheduler", help=f"{SchedulerOpt.__metadata__[0].help} {_engine_default('scheduler')}",
         show_default=False)] = None,
     max_model_len: MaxModelLenOpt = None,
-    max_num_seqs: Annotated[int | None, typer.Option(
-        "--max-num-seqs", help=f"Most requests running at once. {_engine_default('max_num_seqs')}",
-        show_default=False)] = None,
-    max_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-batched-tokens", help=f"Chunked prefill: tokens per step. {_engine_default('max_batched_tokens')}",
-        show_default=False)] = None,
-    watermark: Annotated[float | None, typer.Option(
-        "--watermark", help=f"Paged admission keeps this fraction of the blocks free. {_engine_default('watermark')}",
-        show_default=False)] = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    max_batched_tokens: MaxBatchedTokensOpt = None,
+    watermark: WatermarkOpt = None,
     preemption: Annotated[str | None, typer.Option(
         "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
     cpu_blocks: Annotated[int | None, typer.Option(
@@ -163,7 +160,7 @@ def sweep_command(
 
     console = tables_console(json_path)
     seeds_note = f" · each the mean of {settings.seeds} arrival seeds" if settings.seeds > 1 else ""
-    console.print(f"[bold]{escape(trace.name)}[/]: {trace.num_requests} requests · {len(result.rows)} points on "
+    console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {len(result.rows)} points on "
                   f"{escape(runner.describe())}{seeds_note}")
     console.print(points_table(result))
     if result.slos:

@@ -58,8 +58,7 @@ class PagedAllocator(Allocator):
         return super().rejection_reason(holding)
 
     def can_admit(self, holding: Holding, prompt_length: int) -> bool:
-        needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)
-        return needed + self._watermark() <= self.manager.num_free_blocks
+        return self.admission_headroom(holding, prompt_length) >= 0
 
     def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
         needed = self.manager.blocks_needed(None, prompt_length, holding.block_hashes)

@@ -193,10 +193,10 @@ class Scheduler:
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
-            cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
-            tokens = self._chunk(head.num_prefill_tokens - cached, budget)
             if not self.allocator.can_admit(head, head.num_prefill_tokens):
                 break
+            cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
+            tokens = self._chunk(head.num_prefill_tokens - cached, budget)
             self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
             self.running.append(self._dequeue())
             head.num_computed = cached
@@ -253,12 +253,16 @@ class Scheduler:
     def _preempt(self, victim: LiveRequest) -> None:
         """Recompute: drop the victim's KV; it prefills prompt + generated tokens again when readmitted, from the
         front of the queue."""
-        self.allocator.release(victim)
-        self.running.remove(victim)
-        self.accounting.num_preemptions += 1
+        self._drop(victim)
         victim.num_computed = 0
         victim.num_prefill_tokens = victim.prompt_tokens + victim.num_generated
         self._enqueue(victim, front=True)
+
+    def _drop(self, victim: LiveRequest) -> None:
+        """What every preemption does first: the victim's blocks freed, out of the running list, counted."""
+        self.allocator.release(victim)
+        self.running.remove(victim)
+        self.accounting.num_preemptions += 1
 
     def _reject(self, live: LiveRequest, reason: str) -> None:
         self.accounting.rejected_sample(live, reason)

@@ -156,9 +156,7 @@ class V0Scheduler(Scheduler):
         if self.config.preemption != "swap" or self.cpu_used + slots > self.cpu_capacity:
             super()._preempt(victim)
             return
-        self.allocator.release(victim)
-        self.running.remove(victim)
-        self.accounting.num_preemptions += 1
+        self._drop(victim)
         self.cpu_used += slots
         victim.swapped_slots = slots
         self.accounting.num_swaps += 1

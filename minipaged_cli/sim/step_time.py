@@ -71,7 +71,10 @@ class LayerModel:
 
     def prefill_attention(self, attended: Any, context: Any) -> Any:
         """``attended`` (query, key) pairs over ``context`` tokens of K/V: FLOP- or K/V-read-bound, the longer."""
-        return np.maximum(attended * self.attention_per_pair, context * self.kv_per_token)
+        flops, reads = attended * self.attention_per_pair, context * self.kv_per_token
+        if np.ndim(flops) == 0 and np.ndim(reads) == 0:  # one step (the replay's hot path): plain floats
+            return max(flops, reads)
+        return np.maximum(flops, reads)
 
     def one_prompt(self, tokens: Any) -> Any:
         """Prefill attention over one causal prompt of ``tokens`` tokens."""
