@@ -153,6 +153,8 @@ def latent_cache_write(kv_c: torch.Tensor, k_pe: torch.Tensor, latent_cache: tor
             or kv_c.shape[1] + k_pe.shape[1] != latent_cache.shape[2]:
         raise ValueError(f"kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim] must fill a "
                          f"row of {latent_cache.shape[2]}, got {list(kv_c.shape)} and {list(k_pe.shape)}")
+    if kv_c.dtype != latent_cache.dtype or k_pe.dtype != latent_cache.dtype:  # torch.cat would promote silently
+        raise ValueError(f"kv_c is {kv_c.dtype} and k_pe {k_pe.dtype}; the cache is {latent_cache.dtype}")
     entry = torch.cat((kv_c, k_pe), dim=1)  # [num_tokens, kv_lora_rank + qk_rope_head_dim]
     # The latent cache is a K/V cache with one head whose K and V are the same row: the paged write's checks
     # (dtype, device, slot range, no slot written twice) apply unchanged.
