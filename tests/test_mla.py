@@ -17,6 +17,8 @@ a logit scale off by 0.1 %, a dropped rotary term or a causal mask one position 
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -24,10 +26,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from minipaged_cli.apps.qwen3 import scramble_free_blocks
+from minipaged_cli.dataplane import kernels
 from minipaged_cli.dataplane.block_tables import append_slots, block_table_tensor
-from minipaged_cli.dataplane.mla import MLAWeights, PagedLatentCache, latent_cache_write, mla_decode, mla_prefill
+from minipaged_cli.dataplane.cuda import CudaBackend, cuda_backend_unavailable_reason
+from minipaged_cli.dataplane.emulation import EmulatedBackend
+from minipaged_cli.dataplane.mla import (
+    MLAWeights,
+    PagedLatentCache,
+    emulated_library,
+    latent_cache_write,
+    mla_decode,
+    mla_prefill,
+)
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.workloads.presets import model_from_hf_config
+from tests.conftest import REQUIRE_GPU, REQUIRE_SHARED, skip_unless_required
 
 UNIT_ROUNDOFF = 2.0 ** -24  # fp32
 
@@ -83,43 +96,44 @@ KV_LORA_RANK, ROPE, NOPE, V_HEAD, NUM_HEADS, BLOCK_SIZE = 32, 8, 16, 12, 4, 8
 SEQ_LENS = [1, 13, 37, 24]  # one token, non-multiples of the block size, an exact multiple
 
 
-def empty_paged(num_blocks: int, seed: int) -> tuple[KVBlockManager, PagedLatentCache]:
-    """A block manager whose free blocks come out scrambled and a one-layer fp32 latent cache full of NaN (stale
+def empty_paged(num_blocks: int, seed: int,
+                dtype: torch.dtype = torch.float32) -> tuple[KVBlockManager, PagedLatentCache]:
+    """A block manager whose free blocks come out scrambled and a one-layer latent cache full of NaN (stale
     memory that must never be read)."""
     manager = KVBlockManager(num_blocks, BLOCK_SIZE)
     scramble_free_blocks(manager, seed)
-    cache = PagedLatentCache(1, num_blocks, BLOCK_SIZE, KV_LORA_RANK, ROPE, dtype=torch.float32)
+    cache = PagedLatentCache(1, num_blocks, BLOCK_SIZE, KV_LORA_RANK, ROPE, dtype=dtype)
     cache.latent_cache[0].fill_(float("nan"))
     return manager, cache
 
 
-def paged_batch(seq_lens: list[int], seed: int):
+def paged_batch(seq_lens: list[int], seed: int, dtype: torch.dtype = torch.float32):
     """Random latents written through the block manager's slots into an ``empty_paged`` cache with spare blocks.
-    Returns (cache, block_tables, latents per sequence)."""
+    Returns (cache, block_tables, latents per sequence, as stored)."""
     generator = torch.Generator().manual_seed(seed)
-    manager, cache = empty_paged(sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 3, seed)
+    manager, cache = empty_paged(sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 3, seed, dtype)
     latents = []
     for seq, length in enumerate(seq_lens):
         manager.create_sequence(seq)
         slots = torch.tensor(append_slots(manager, seq, length), dtype=torch.int64)
-        rows = torch.randn(length, KV_LORA_RANK + ROPE, generator=generator)
+        rows = torch.randn(length, KV_LORA_RANK + ROPE, generator=generator).to(dtype)
         latent_cache_write(rows[:, :KV_LORA_RANK], rows[:, KV_LORA_RANK:], cache.latent_cache[0], slots)
         latents.append(rows)
     return cache, block_table_tensor(manager, range(len(seq_lens)), as_torch=True), latents
 
 
-def random_weights(seed: int) -> MLAWeights:
+def random_weights(seed: int, num_heads: int = NUM_HEADS) -> MLAWeights:
     generator = torch.Generator().manual_seed(seed)
     # Scaled like a trained projection (variance 1 / fan-in), so that logits are O(1) and no softmax is one-hot.
-    w_uk = torch.randn(KV_LORA_RANK, NUM_HEADS, NOPE, generator=generator) / math.sqrt(KV_LORA_RANK)
-    w_uv = torch.randn(KV_LORA_RANK, NUM_HEADS, V_HEAD, generator=generator) / math.sqrt(KV_LORA_RANK)
+    w_uk = torch.randn(KV_LORA_RANK, num_heads, NOPE, generator=generator) / math.sqrt(KV_LORA_RANK)
+    w_uv = torch.randn(KV_LORA_RANK, num_heads, V_HEAD, generator=generator) / math.sqrt(KV_LORA_RANK)
     return MLAWeights(w_uk=w_uk, w_uv=w_uv)
 
 
-def random_queries(num_queries: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def random_queries(num_queries: int, seed: int, num_heads: int = NUM_HEADS) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(num_queries, NUM_HEADS, NOPE, generator=generator),
-            torch.randn(num_queries, NUM_HEADS, ROPE, generator=generator))
+    return (torch.randn(num_queries, num_heads, NOPE, generator=generator),
+            torch.randn(num_queries, num_heads, ROPE, generator=generator))
 
 
 SCALE = (NOPE + ROPE) ** -0.5
@@ -133,14 +147,16 @@ def test_cache_write_puts_each_token_in_its_slot():
             assert torch.equal(cache.latent_cache[0][block, position % BLOCK_SIZE], row)
 
 
-def decode_errors(seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(|absorbed paged decode - dense|, error_bound) of each sequence of a paged batch."""
-    cache, block_tables, latents = paged_batch(SEQ_LENS, seed)
-    weights = random_weights(seed + 1)
-    q_nope, q_pe = random_queries(len(SEQ_LENS), seed + 2)
+def decode_errors(seed: int, dtype: torch.dtype = torch.float32, num_heads: int = NUM_HEADS,
+                  backend: EmulatedBackend | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(|absorbed paged decode - dense|, error_bound) of each sequence of a paged batch. The cache's dtype only
+    rounds the stored latents, which the dense reference and the bound then read as they are."""
+    cache, block_tables, latents = paged_batch(SEQ_LENS, seed, dtype)
+    weights = random_weights(seed + 1, num_heads)
+    q_nope, q_pe = random_queries(len(SEQ_LENS), seed + 2, num_heads)
     out = mla_decode(q_nope, q_pe, cache.latent_cache[0], block_tables, torch.tensor(SEQ_LENS, dtype=torch.int32),
-                     weights, SCALE)
-    assert out.shape == (len(SEQ_LENS), NUM_HEADS, V_HEAD) and out.dtype == torch.float32
+                     weights, SCALE, backend)
+    assert out.shape == (len(SEQ_LENS), num_heads, V_HEAD) and out.dtype == torch.float32
     pairs = []
     for seq, rows in enumerate(latents):
         one = slice(seq, seq + 1)
@@ -157,11 +173,54 @@ def test_decode_absorbed_matches_dense():
     assert within_bounds(decode_errors(seed=2))
 
 
-def test_decode_of_an_empty_sequence_is_zero_and_reads_nothing():
+@pytest.fixture(scope="module")
+def emulated() -> EmulatedBackend:
+    """cuda/mla_decode.cu run on the CPU under the emulation's GPU rules."""
+    return EmulatedBackend(library=emulated_library())
+
+
+@pytest.mark.parametrize("num_heads", [NUM_HEADS, 12])  # one thread block's heads, and a full block and a partial
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_emulated_kernel_matches_dense(emulated: EmulatedBackend, dtype: torch.dtype, num_heads: int):
+    assert within_bounds(decode_errors(seed=22, dtype=dtype, num_heads=num_heads, backend=emulated))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_kernel_compiles_with_nvcc(arch: str, tmp_path) -> None:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        skip_unless_required("nvcc is not installed", REQUIRE_SHARED)
+    result = subprocess.run([nvcc, f"-arch={arch}", "-cubin", "-O3", "-o", str(tmp_path / "out.cubin"),
+                             str(kernels.CUDA_DIR / "mla_decode.cu")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_matches_dense():
+    reason = cuda_backend_unavailable_reason()
+    if reason is not None:
+        skip_unless_required(reason, REQUIRE_GPU)
+    backend = CudaBackend()
+    cache, block_tables, latents = paged_batch(SEQ_LENS, seed=23, dtype=torch.bfloat16)
+    weights = random_weights(24, num_heads=12)
+    q_nope, q_pe = random_queries(len(SEQ_LENS), 25, num_heads=12)
+    lens = torch.tensor(SEQ_LENS, dtype=torch.int32)
+    out = mla_decode(q_nope.cuda(), q_pe.cuda(), cache.latent_cache[0].cuda(), block_tables.cuda(), lens.cuda(),
+                     MLAWeights(weights.w_uk.cuda(), weights.w_uv.cuda()), SCALE, backend).cpu()
+    for seq, rows in enumerate(latents):
+        one = slice(seq, seq + 1)
+        expected = dense_mla(q_nope[one], q_pe[one], rows, weights, SCALE, len(rows) - 1)
+        assert bool(((out[one].double() - expected).abs() <= error_bound(q_nope[one], q_pe[one], rows, weights,
+                                                                          SCALE)).all())
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "emulated"])
+def test_decode_of_an_empty_sequence_is_zero(emulated: EmulatedBackend, kernel: bool):
     cache, block_tables, _ = paged_batch([0, 5], seed=5)
     q_nope, q_pe = random_queries(2, seed=6)
     out = mla_decode(q_nope, q_pe, cache.latent_cache[0], block_tables, torch.tensor([0, 5], dtype=torch.int32),
-                     random_weights(7), SCALE)
+                     random_weights(7), SCALE, emulated if kernel else None)
     assert torch.equal(out[0], torch.zeros(NUM_HEADS, V_HEAD)) and bool(out[1].isfinite().all())
 
 

@@ -30,11 +30,20 @@ read: cache memory there may hold anything, NaN included.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
+from minipaged_cli.dataplane import emulation, kernels
+from minipaged_cli.dataplane.build import build_library
+from minipaged_cli.dataplane.kernel_backend import KernelBackend
 from minipaged_cli.dataplane.reference import check_cache_write, check_paged_attention
+
+# cuda/mla_decode.cu's limits and launch shape (MLA_MAX_RANK, MLA_MAX_ROW, MLA_HEADS, MLA_THREADS there).
+KERNEL_MAX_RANK, KERNEL_MAX_ROW = 512, 576
+KERNEL_HEADS, KERNEL_THREADS = 8, 128
 
 
 @dataclass(frozen=True)
@@ -167,24 +176,65 @@ def latent_cache_write(kv_c: torch.Tensor, k_pe: torch.Tensor, latent_cache: tor
 # -- attention ---------------------------------------------------------------------------------------------
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor, block_tables: torch.Tensor,
-               seq_lens: torch.Tensor, weights: MLAWeights, scale: float) -> torch.Tensor:
+               seq_lens: torch.Tensor, weights: MLAWeights, scale: float,
+               backend: KernelBackend | None = None) -> torch.Tensor:
     """One decode query per sequence, absorbed: q_nope [batch, num_heads, qk_nope_head_dim] and q_pe [batch,
     num_heads, qk_rope_head_dim] over each sequence's first ``seq_lens`` latent rows -> [batch, num_heads,
-    v_head_dim]. ``scale`` multiplies q.k of the full (nope + rope) head, as in the expanded form."""
+    v_head_dim]. ``scale`` multiplies q.k of the full (nope + rope) head, as in the expanded form. The attention
+    over the latent rows runs in PyTorch, or with ``backend`` (``CudaBackend``, or ``EmulatedBackend(library=
+    emulated_library())``) as cuda/mla_decode.cu; the two projections are matrix products either way."""
     _check_queries(q_nope, q_pe, latent_cache, weights)
     q_latent = torch.einsum("bnp,lnp->bnl", q_nope.float(), weights.w_uk.float())  # [batch, num_heads, L]
     query = torch.cat((q_latent, q_pe.float()), dim=-1)  # [batch, num_heads, L + R]: MQA over the latent rows
     _check_tables(query.to(latent_cache.dtype), latent_cache, block_tables, seq_lens)
-    rank = weights.kv_lora_rank
-    out_latent = torch.zeros(q_latent.shape, device=q_nope.device)  # a sequence of length 0 keeps zeros
-    rows = _read_context(latent_cache, block_tables, seq_lens)
-    for seq, latents in enumerate(rows):
+    if backend is None:
+        out_latent = latent_attention(query, latent_cache, block_tables, seq_lens, scale, weights.kv_lora_rank)
+    else:
+        out_latent = launch_latent_attention(backend, query, latent_cache, block_tables, seq_lens, scale,
+                                             weights.kv_lora_rank)
+    return torch.einsum("bnl,lnv->bnv", out_latent, weights.w_uv.float()).to(q_nope.dtype)
+
+
+def latent_attention(query: torch.Tensor, latent_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, kv_lora_rank: int) -> torch.Tensor:
+    """The absorbed core in PyTorch: query [batch, num_heads, L + R] (fp32) scores each sequence's latent rows,
+    and the probabilities weigh their kv_c -> [batch, num_heads, L] in fp32 (a sequence of length 0: zeros)."""
+    out = torch.zeros(*query.shape[:2], kv_lora_rank, device=query.device)
+    for seq, latents in enumerate(_read_context(latent_cache, block_tables, seq_lens)):
         if len(latents) == 0:
             continue
         x = latents.float()  # [seq_len, L + R]
         probs = torch.softmax(query[seq] @ x.t() * scale, dim=-1)  # [num_heads, seq_len]
-        out_latent[seq] = probs @ x[:, :rank]  # V in latent space is kv_c itself
-    return torch.einsum("bnl,lnv->bnv", out_latent, weights.w_uv.float()).to(q_nope.dtype)
+        out[seq] = probs @ x[:, :kv_lora_rank]  # V in latent space is kv_c itself
+    return out
+
+
+def launch_latent_attention(backend: KernelBackend, query: torch.Tensor, latent_cache: torch.Tensor,
+                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                            kv_lora_rank: int) -> torch.Tensor:
+    """``latent_attention`` as cuda/mla_decode.cu: one thread block per (sequence, KERNEL_HEADS heads)."""
+    batch, num_heads, row_width = query.shape
+    if kv_lora_rank > KERNEL_MAX_RANK or row_width > KERNEL_MAX_ROW:
+        raise ValueError(f"cuda/mla_decode.cu covers kv_lora_rank <= {KERNEL_MAX_RANK} and kv_lora_rank + "
+                         f"qk_rope_head_dim <= {KERNEL_MAX_ROW}, not {kv_lora_rank} + {row_width - kv_lora_rank}")
+    if batch > kernels.MAX_GRID_YZ:
+        raise ValueError(f"cuda/mla_decode.cu takes at most {kernels.MAX_GRID_YZ} sequences, got {batch}")
+    out = torch.empty(batch, num_heads, kv_lora_rank, device=query.device)
+    if batch == 0:  # a grid cannot be empty
+        return out
+    backend.launch("mla_decode", f"mla_decode_{kernels.SUFFIX[latent_cache.dtype]}",
+                   (-(-num_heads // KERNEL_HEADS), batch, 1), (KERNEL_THREADS, 1, 1),
+                   [out, query.contiguous(), latent_cache, block_tables.contiguous(), seq_lens.contiguous(),
+                    float(scale), num_heads, kv_lora_rank, row_width, latent_cache.shape[1], block_tables.shape[1]])
+    return out
+
+
+@cache
+def emulated_library() -> ctypes.CDLL:
+    """cuda/mla_decode.cu compiled for the CPU against cuda_emu.h (once per source version, cached like the other
+    kernels' emulation): pass it to ``EmulatedBackend(library=...)``."""
+    sources = ("emulation/mla_emu.cpp", "emulation/cuda_emu.h", "mla_decode.cu", "common.cuh")
+    return build_library("mla_emu", sources, "emulation/mla_emu.cpp", emulation.FLAGS)
 
 
 def mla_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor, block_tables: torch.Tensor,
