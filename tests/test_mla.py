@@ -419,9 +419,14 @@ def test_bad_arguments_are_refused_before_any_read_or_write():
 
 
 if __name__ == "__main__":  # python -m tests.test_mla: the measured errors the README quotes
+    emulated_kernel = EmulatedBackend(library=emulated_library())
     for name, pairs in (("decode, absorbed, paged", decode_errors(2)), ("prefill, expanded, paged", prefill_errors(8)),
-                        ("Hugging Face DeepseekV3Attention", hugging_face_errors(15))):
+                        ("Hugging Face DeepseekV3Attention", hugging_face_errors(15)),
+                        ("mla_decode.cu emulated, fp32 cache", decode_errors(22, num_heads=12,
+                                                                             backend=emulated_kernel)),
+                        ("mla_decode.cu emulated, bf16 cache", decode_errors(22, torch.bfloat16, 12,
+                                                                             emulated_kernel))):
         errors = torch.cat([e.reshape(-1) for e, _ in pairs])
         bounds = torch.cat([b.expand_as(e).reshape(-1) for e, b in pairs])
-        print(f"{name:34} max abs err {float(errors.max()):.2e}   bound {float(bounds.min()):.2e} to "
+        print(f"{name:36} max abs err {float(errors.max()):.2e}   bound {float(bounds.min()):.2e} to "
               f"{float(bounds.max()):.2e}   max err / bound {float((errors / bounds).max()):.1e}")
