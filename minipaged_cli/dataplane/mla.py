@@ -284,8 +284,8 @@ def _read_context(latent_cache: torch.Tensor, block_tables: torch.Tensor,
     block_size, width = latent_cache.shape[1], latent_cache.shape[2]
     lens = seq_lens.long()
     owner = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), lens)  # [total tokens]
-    positions = torch.arange(len(owner), device=lens.device) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens,
-                                                                                       lens)
+    first_rows = torch.cumsum(lens, 0) - lens  # where each sequence starts in the gather
+    positions = torch.arange(len(owner), device=lens.device) - first_rows[owner]  # [total tokens]
     blocks = block_tables.long()[owner, positions // block_size]
     rows = latent_cache.view(-1, width).index_select(0, blocks * block_size + positions % block_size)
     return list(torch.split(rows, lens.tolist()))
