@@ -244,8 +244,9 @@ def mla_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Te
     ``seq_lens[i]``, already written to the cache; each attends to the positions up to its own -> [num_queries,
     num_heads, v_head_dim]. Chunked prefill is the case ``query_lens < seq_lens``."""
     _check_queries(q_nope, q_pe, latent_cache, weights)
-    if query_lens.dim() != 1 or query_lens.dtype != torch.int32:
-        raise ValueError(f"query_lens must be int32 [batch], got {query_lens.dtype} {list(query_lens.shape)}")
+    if query_lens.dim() != 1 or query_lens.dtype != torch.int32 or query_lens.device != latent_cache.device:
+        raise ValueError(f"query_lens must be int32 [batch] on {latent_cache.device}, got {query_lens.dtype} "
+                         f"{list(query_lens.shape)} on {query_lens.device}")
     stand_in = latent_cache.new_empty(len(query_lens), 1, latent_cache.shape[2])  # [batch, 1, L + R], never read
     _check_tables(stand_in, latent_cache, block_tables, seq_lens)
     if bool((query_lens < 0).any() | (query_lens > seq_lens).any()):
