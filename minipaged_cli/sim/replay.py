@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,10 @@ class StepWork:
     ``copies``: (src, dst) blocks that copy-on-write needs copied before any token is written.
     ``forks``: (parent, child) sequences forked after the step's prefill (the child attends to the parent's
     prompt until it writes its own tokens).
+    ``loads``: (block hash, GPU block id) filled from a tier below the GPU (host memory, disk) before this step's
+    compute; ``stores``: (block hash, GPU block id) copied down to the host tier after this step's compute
+    (``sim/tiers.py``). Under ``--offload-policy on-eviction`` the stored blocks are the ones this step's
+    allocation evicts: their old content must be copied before the step's compute overwrites it.
     """
 
     prefills: list[tuple[int, int, int]]
@@ -64,6 +68,8 @@ class StepWork:
     live_tokens: int
     copies: list[tuple[int, int]] = field(default_factory=list)
     forks: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[Hashable, int]] = field(default_factory=list)
+    stores: list[tuple[Hashable, int]] = field(default_factory=list)
 
 
 class Replay:
