@@ -19,6 +19,7 @@ at a time, the reference the fast path is tested against).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Hashable
@@ -284,10 +285,12 @@ class SimulationResult:
     trace: Trace
     config: SimConfig
     strategies: dict[str, StrategyMetrics]
+    # With tiers below the GPU: the strategies they apply to, replayed again without them (what they buy)
+    without_tiers: dict[str, StrategyMetrics] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config
-        return {
+        document = {
             "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
@@ -298,9 +301,15 @@ class SimulationResult:
                        "long_prefill_token_threshold": config.long_prefill_token_threshold,
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
-                       "calibration": config.calibration.path if config.calibration else None},
+                       "calibration": config.calibration.path if config.calibration else None,
+                       "cpu_kv_blocks": config.cpu_kv_blocks, "disk_kv_blocks": config.disk_kv_blocks,
+                       "offload_policy": config.offload_policy, "tier_eviction": config.tier_eviction,
+                       "layerwise_loads": config.layerwise_loads},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
+        if self.without_tiers:
+            document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
+        return document
 
 
 def simulate(
@@ -318,7 +327,9 @@ def simulate(
     for name in strategies:
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
-    return SimulationResult(trace, config, results)
+    baseline = dataclasses.replace(config, cpu_kv_blocks=0, disk_kv_blocks=0)
+    without = {name: replay(trace, baseline, name) for name, metrics in results.items() if metrics.tiers}
+    return SimulationResult(trace, config, results, without)
 
 
 def replay(
