@@ -180,16 +180,20 @@ class TieredCache:
              count_hits: bool) -> tuple[int, float]:
         """After a GPU hit of ``num_cached`` tokens, the prompt tokens to load from the tiers and when the request
         may start computing; (0, now) when nothing is found or recomputing is faster. ``count_hits``: the
-        request's first admission (its prompt is a query)."""
-        first = num_cached // self.block_size
-        found = self.lookup(block_hashes, first, (num_prompt - 1) // self.block_size)
+        request's first admission (its prompt is a query). Every prompt block a tier holds counts as reused there,
+        the GPU's hits too (vLLM offers a request's every block for storing again: those stored are reuses),
+        the first block last, the most recent."""
+        first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
+        prompt = block_hashes[:num_prompt // self.block_size]
+        for tier in self.tiers:
+            tier.store.hit([h for h in reversed(prompt) if h in tier.store])
+        found = self.lookup(block_hashes, first, stop)
         if not found:
             return 0, now
         counts = [sum(1 for t in found if t is tier) for tier in self.tiers]
         tokens = len(found) * self.block_size
         start, done = self._load_times(counts, now, commit=False)
-        recompute = self.recompute_seconds(num_cached, tokens)
-        if done - now >= recompute:
+        if done - now >= self.recompute_seconds(num_cached, tokens):
             if count_hits:
                 for tier, count in zip(self.tiers, counts, strict=False):
                     tier.recomputed_tokens += count * self.block_size
@@ -199,7 +203,6 @@ class TieredCache:
             tier.loaded_blocks += count
             if count_hits:
                 tier.hit_tokens += count * self.block_size
-            tier.store.hit([h for h, t in zip(block_hashes[first:], found, strict=False) if t is tier])
         if self.layerwise:  # the first layer must arrive; after it, compute waits only for what it outruns
             done = max(start + (done - start) / self.num_layers,
                        done - self.recompute_seconds(num_cached + tokens, num_prompt - num_cached - tokens))
