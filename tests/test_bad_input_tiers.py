@@ -13,16 +13,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from tests.conftest import ROOT
-
-BURST = str(ROOT / "traces" / "burst.yaml")
-
-
-def one_line_error(args: list[str]) -> str:
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+from tests.test_bad_input_sched import BURST, one_line_error
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -70,6 +70,19 @@ def test_a_host_hit_loads_what_the_gpu_evicted() -> None:
     assert with_tiers.num_evictions == 8
 
 
+def test_layerwise_loads_overlap_the_prefill() -> None:
+    # Layer by layer, C's one-token prefill starts once only the layers it would outrun are still in flight: it
+    # waits for the load less the prefill's own GPU time (its compute beyond what any step costs), at least one
+    # layer's share (36 layers).
+    model = StepTimeModel(QWEN3_8B, H200)
+    whole, rest = prefill_seconds(model, 65, 0), prefill_seconds(model, 1, 64)
+    own = rest - float(model.step_seconds(new_tokens=0, sequences=0))
+    load_s = 4 * BLOCK_BYTES / HOST_LINK
+    metrics = replay(three_requests(), config(cpu_kv_blocks=8, layerwise_loads=True), "paged")
+    assert metrics.mean_ttft_s == pytest.approx((2 * whole + max(load_s / 36, load_s - own) + rest) / 3)
+    assert 0 < own < load_s
+
+
 def test_a_full_host_tier_evicts_least_recently_stored() -> None:
     # 4 blocks: B's store evicts A's 4, so C finds nothing below the GPU either; C's 4 computed blocks are
     # stored once more, evicting B's.
