@@ -172,33 +172,30 @@ def test_simulate_replays_without_tiers_for_the_comparison() -> None:
 def test_lru_store_evicts_least_recently_used() -> None:
     store = LRUStore(3)
     for h in "abc":
-        assert store.insert(h) == []
-    store.hit(["a"])
-    assert store.insert("d") == ["b"]
-    assert store.insert("a") == []  # stored again: recent, nothing evicted
-    assert store.insert("e") == ["c"]
-    assert sorted(store.hashes()) == ["a", "d", "e"] and store.num_evictions == 2
+        assert store.insert([h]) == []
+    store.hit(["a", "z"])  # z is not stored: nothing to reuse
+    assert store.insert(["d"]) == ["b"]
+    assert store.insert(["a"]) == []  # stored again: recent, nothing evicted
+    assert store.insert(["e", "f"]) == ["c", "d"]
+    assert sorted(store.hashes()) == ["a", "e", "f"] and store.num_evictions == 3
 
 
 def test_arc_keeps_reused_blocks_over_a_scan() -> None:
     # Blocks reused once (T2) survive a scan of blocks seen once, which LRU lets flush them.
     arc, lru = ARCStore(4), LRUStore(4)
     for store in (arc, lru):
-        for h in ("x", "y"):
-            store.insert(h)
+        store.insert(["x", "y"])
         store.hit(["x", "y"])
-        for h in ("s1", "s2", "s3", "s4", "s5"):
-            store.insert(h)
+        store.insert(["s1", "s2", "s3", "s4", "s5"])
     assert "x" in arc and "y" in arc
     assert "x" not in lru and "y" not in lru
 
 
 def test_arc_ghost_hit_moves_the_target() -> None:
     arc = ARCStore(2)
-    arc.insert("a")
-    arc.insert("b")
-    assert arc.insert("c") == ["a"]  # T1 at its target (0): its oldest goes, remembered in B1
-    assert arc.insert("a") == ["b"]  # a B1 ghost stored again: recency pays, T1's target grows
+    arc.insert(["a", "b"])
+    assert arc.insert(["c"]) == ["a"]  # T1 at its target (0): its oldest goes, remembered in B1
+    assert arc.insert(["a"]) == ["b"]  # a B1 ghost stored again: recency pays, T1's target grows
     assert arc.target_t1 == 1.0 and not arc.violations()
 
 
@@ -210,7 +207,7 @@ def test_stores_keep_their_invariants(kind: type, capacity: int, operations: lis
     naive: set[int] = set()  # what is stored: inserted and not evicted since
     for is_insert, h in operations:
         if is_insert:
-            evicted = store.insert(h)
+            evicted = store.insert([h])
             assert h not in evicted and all(e in naive for e in evicted)
             naive = (naive | {h}) - set(evicted)
         elif h in store:

@@ -132,28 +132,27 @@ class TieredCache:
         """Issue the stores gathered since the last flush at ``now`` (a step's end); the (hash, GPU block) pairs
         copied to the host tier."""
         pending, self.pending = self.pending, []
+        if not pending:
+            return []
         host = self.tiers[0]
         if not self.write_through:  # a block cached on the GPU again meanwhile needs no copy
-            pending = [pair for pair in pending if pair[0] not in self.pool.cached_blocks]
-        new = [pair for pair in pending if pair[0] not in host.store]
-        host.store.hit([] if len(new) == len(pending) else [h for h, _ in pending if h in host.store])
-        if not new:
+            on_gpu = self.pool.cached_blocks
+            pending = [pair for pair in pending if pair[0] not in on_gpu]
+        stored = host.store.contains
+        new = [pair for pair in pending if not stored(pair[0])]
+        if len(new) < len(pending):  # stored again: recently used
+            host.store.insert([h for h, _ in pending if stored(h)])
+        if not new or not self._copy(host, len(new), now):
             return []
-        if not self._copy(host, len(new), now):
-            return []
-        evicted = []
-        for block_hash, _ in new:
-            evicted.extend(host.store.insert(block_hash))
+        hashes = [h for h, _ in new]
+        evicted = host.store.insert(hashes)
         if len(self.tiers) > 1:
-            self._store_to_disk([h for h, _ in new] if self.write_through else evicted, now)
+            disk = self.tiers[1]
+            stored = disk.store.contains
+            down = [h for h in (hashes if self.write_through else evicted) if not stored(h)]
+            if down and self._copy(disk, len(down), now):
+                disk.store.insert(down)
         return new
-
-    def _store_to_disk(self, block_hashes: list[Hashable], now: float) -> None:
-        disk = self.tiers[1]
-        new = [h for h in block_hashes if h not in disk.store]
-        if new and self._copy(disk, len(new), now):
-            for block_hash in new:
-                disk.store.insert(block_hash)
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
         """One store of ``num_blocks`` into ``tier``, or none (counted dropped) while its link is busy."""
@@ -170,7 +169,7 @@ class TieredCache:
         """The tier holding each of ``block_hashes[first:stop]``, up to the first block no tier holds."""
         found = []
         for block_hash in block_hashes[first:stop]:
-            tier = next((t for t in self.tiers if block_hash in t.store), None)
+            tier = next((t for t in self.tiers if t.store.contains(block_hash)), None)
             if tier is None:
                 break
             found.append(tier)
@@ -186,7 +185,7 @@ class TieredCache:
         first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
         prompt = block_hashes[:num_prompt // self.block_size]
         for tier in self.tiers:
-            tier.store.hit([h for h in reversed(prompt) if h in tier.store])
+            tier.store.hit(reversed(prompt))
         found = self.lookup(block_hashes, first, stop)
         if not found:
             return 0, now
