@@ -34,7 +34,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.tier_store import TIER_STORES, TierStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.step_time import StepTimeModel
@@ -96,6 +98,13 @@ class TierMetrics:
 
 class TieredCache:
     """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts)."""
+
+    @classmethod
+    def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
+        """The tiers ``config`` asks for under ``allocator``'s pool; None without them (or without blocks)."""
+        if not config.has_tiers or not isinstance(allocator, PagedAllocator):
+            return None
+        return cls(config, allocator.manager.pool, step_time)
 
     def __init__(self, config: SimConfig, pool: BlockPool, step_time: StepTimeModel) -> None:
         gpu, store = config.gpu, TIER_STORES[config.tier_eviction]
