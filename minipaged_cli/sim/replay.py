@@ -284,7 +284,7 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config
-        return {
+        document = {
             "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
@@ -296,10 +296,12 @@ class SimulationResult:
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
                        "calibration": config.calibration.path if config.calibration else None,
-                       **config.tier_settings},
+                       **(config.tier_settings if config.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
-            "without_tiers": {name: metrics.to_dict() for name, metrics in self.without_tiers.items()},
         }
+        if self.without_tiers:  # (the documents of replays without tiers keep their keys)
+            document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
+        return document
 
 
 def simulate(
