@@ -148,7 +148,8 @@ class TieredCache:
             on_gpu = self.pool.cached_blocks
             pending = [pair for pair in pending if pair[0] not in on_gpu]
         stored = host.store.contains
-        new = [pair for pair in pending if not stored(pair[0])]
+        # (two requests may compute the same content in one step: one copy)
+        new = list({h: (h, block) for h, block in pending if not stored(h)}.values())
         if len(new) < len(pending):  # stored again: recently used
             host.store.insert([h for h, _ in pending if stored(h)])
         if not new or not self._copy(host, len(new), now):
