@@ -28,6 +28,11 @@ SLIDING_ATTENTION = "sliding_attention"
 LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 # Architectures whose MLP has two matrices (up, down); the rest (Llama, Qwen, Mistral...) gate with three.
 _PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
+# How a checkpoint stores its weights, Hugging Face's ``quantization_config.quant_method``: "mxfp4" (gpt-oss) keeps
+# its routed experts in OCP MX FP4, 32 4-bit elements sharing one 8-bit scale = 4.25 bits a weight (attention,
+# routers, embeddings stay in the model's dtype: its modules_to_not_convert); "fp8" (DeepSeek-V3) keeps every
+# layer's linear weights in one byte (its 128 x 128 blocks' fp32 scales are 1/4096 byte a weight, left out).
+WEIGHT_QUANTIZATIONS = {"mxfp4": 17 / 32, "fp8": 1}
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,20 @@ class ModelSpec:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES; with_kv_cache_dtype sets it
+    # MLA's projections: Q through a rank-q_lora_rank bottleneck (None: one matrix), qk_nope_head_dim +
+    # qk_rope_head_dim per head for QK, v_head_dim for V (None: head_dim).
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # Mixture of experts: each MoE layer sends a token to num_experts_per_tok of its num_experts routed experts
+    # (gated MLPs of moe_intermediate_size) and to its num_shared_experts; the first first_k_dense_replace layers
+    # keep a dense MLP of intermediate_size (DeepSeek). num_experts None: a dense model.
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    num_shared_experts: int = 0
+    first_k_dense_replace: int = 0
+    weight_quantization: str | None = None  # a WEIGHT_QUANTIZATIONS key; None: every weight in dtype
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads",
@@ -71,6 +90,14 @@ class ModelSpec:
             if getattr(self, name) is not None:
                 whole_number(getattr(self, name), field=name, source=self.name, minimum=1)
         check_kv_cache_dtype(self.kv_cache_dtype)
+        for name in ("q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            if getattr(self, name) is not None:
+                whole_number(getattr(self, name), field=name, source=self.name, minimum=1)
+        check_experts(self, source=self.name)
+        if self.weight_quantization is not None and self.weight_quantization not in WEIGHT_QUANTIZATIONS:
+            raise InputError(f"expected one of {sorted(WEIGHT_QUANTIZATIONS)}", source=self.name,
+                             field="quantization_config.quant_method", value=self.weight_quantization,
+                             has_value=True)
 
     @property
     def dtype_bytes(self) -> int:
@@ -114,32 +141,118 @@ class ModelSpec:
         return self.num_sliding_layers > 0
 
     @property
-    def layer_params(self) -> int:
-        """The weight matrices of one layer: Q, K, V and O projections, and the MLP's (norms are negligible)."""
-        q_width = self.num_q_heads * self.head_dim
-        kv_width = self.num_kv_heads * self.head_dim
-        attention = self.hidden_size * (2 * q_width + 2 * kv_width)
-        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        return attention + mlp
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.first_k_dense_replace if self.is_moe else 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Elements per head that a query dots with a key: MLA's no-position and rotary parts, else head_dim."""
+        if self.qk_rope_head_dim is None:
+            return self.head_dim
+        return (self.qk_nope_head_dim or self.head_dim) + self.qk_rope_head_dim
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's attention weights: Q, K, V and O projections; MLA's Q (through its low rank), the joint
+        K/V down-projection to the latent and the rotary key, the latent's up-projection to per-head K and V, O."""
+        hidden, heads = self.hidden_size, self.num_q_heads
+        if self.kv_lora_rank is None or self.qk_rope_head_dim is None:
+            q_width, kv_width = heads * self.head_dim, self.num_kv_heads * self.head_dim
+            return hidden * (2 * q_width + 2 * kv_width)
+        v_head_dim, nope = self.v_head_dim or self.head_dim, self.qk_nope_head_dim or self.head_dim
+        q_width = heads * self.qk_head_dim
+        q = hidden * q_width if self.q_lora_rank is None else self.q_lora_rank * (hidden + q_width)
+        kv = hidden * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (nope + v_head_dim)
+        return q + kv + heads * v_head_dim * hidden
+
+    def _mlp_params(self, intermediate_size: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * intermediate_size
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's weights (routed or shared)."""
+        return self._mlp_params(self.moe_intermediate_size or self.intermediate_size)
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Every routed expert of every MoE layer: the weights a step reads only where its tokens go."""
+        return self.num_moe_layers * (self.num_experts or 0) * self.expert_params
+
+    def _layers_params(self, experts: int) -> int:
+        """Every layer's weights when ``experts`` routed experts of each MoE layer count (norms are negligible)."""
+        dense = self.num_layers - self.num_moe_layers
+        moe = self.num_moe_layers * ((experts + self.num_shared_experts) * self.expert_params
+                                     + self.hidden_size * (self.num_experts or 0))  # + the router
+        return self.num_layers * self.attention_params + dense * self._mlp_params(self.intermediate_size) + moe
+
+    @property
+    def layers_params(self) -> int:
+        """The weights of all layers, every expert included."""
+        return self._layers_params(self.num_experts or 0)
+
+    @property
+    def active_layers_params(self) -> int:
+        """The layers' weights one token computes with: its num_experts_per_tok routed experts, not the rest."""
+        return self._layers_params(self.num_experts_per_tok or 0)
 
     @property
     def lm_head_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
     @property
-    def num_params(self) -> int:
-        """Weights: every layer's plus the embeddings (one matrix when the LM head shares it)."""
-        embeddings = self.lm_head_params * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * self.layer_params + embeddings
+    def embedding_params(self) -> int:
+        """The input embedding and the LM head (one matrix when they are tied)."""
+        return self.lm_head_params * (1 if self.tie_word_embeddings else 2)
 
     @property
-    def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+    def num_params(self) -> int:
+        """Weights: every layer's, every expert's, plus the embeddings: what sizes memory."""
+        return self.layers_params + self.embedding_params
+
+    @property
+    def num_active_params(self) -> int:
+        """Weights one token uses: ``num_params`` less the routed experts it is not sent to (the embeddings
+        counted, as DeepSeek's and Qwen's model cards count their "activated" parameters)."""
+        return self.active_layers_params + self.embedding_params
+
+    @property
+    def expert_weight_bytes(self) -> float:
+        """Bytes of one weight of a routed expert."""
+        if self.weight_quantization is None:
+            return self.dtype_bytes
+        return WEIGHT_QUANTIZATIONS[self.weight_quantization]
+
+    @property
+    def layer_weight_bytes(self) -> float:
+        """Bytes of one weight of attention, dense and shared MLPs, routers (fp8 checkpoints store them in one
+        byte; mxfp4 only its experts)."""
+        return 1 if self.weight_quantization == "fp8" else self.dtype_bytes
+
+    @property
+    def read_weight_bytes(self) -> float:
+        """The layers' weights every step reads whatever its tokens' routing: all of them but routed experts."""
+        return (self.layers_params - self.routed_expert_params) * self.layer_weight_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        """Memory the weights take, in their stored formats (``WEIGHT_QUANTIZATIONS``)."""
+        return (self.read_weight_bytes + self.routed_expert_params * self.expert_weight_bytes
+                + self.embedding_params * self.dtype_bytes)
 
     @property
     def attention_flops_per_context_token(self) -> int:
-        """FLOPs one query token spends on one cached token: QK^T and PV, a multiply-add each, every layer."""
-        return 4 * self.num_layers * self.num_q_heads * self.head_dim
+        """FLOPs one query token spends on one cached token, every layer: a multiply-add per element of QK^T
+        and of PV. MLA as vLLM runs its decode (weights absorbed): every head dots its query with the whole
+        latent (kv_lora_rank + qk_rope_head_dim) and sums latents (kv_lora_rank), not head_dim each."""
+        if self.kv_lora_rank is not None and self.qk_rope_head_dim is not None:
+            per_head = 2 * self.kv_lora_rank + self.qk_rope_head_dim
+        else:
+            per_head = 2 * self.head_dim
+        return 2 * self.num_layers * self.num_q_heads * per_head
 
 
 # What real kernels achieve, as fractions of the datasheet's peak FLOP/s and HBM bandwidth. A preset states its
@@ -204,6 +317,28 @@ def check_layer_types(layer_types: tuple[str, ...], num_layers: int, sliding_win
         whole_number(sliding_window, field="sliding_window", source=source, minimum=1)
 
 
+def check_experts(model: ModelSpec, *, source: str) -> None:
+    """A MoE model names its experts, routes each token to at least one of them, and keeps at least one MoE
+    layer after its dense ones."""
+    if model.num_experts is None:
+        if model.num_experts_per_tok is not None:
+            raise InputError("needs num_experts (num_local_experts, n_routed_experts)", source=source,
+                             field="num_experts_per_tok", value=model.num_experts_per_tok, has_value=True)
+        return
+    whole_number(model.num_experts, field="num_experts", source=source, minimum=1)
+    if model.num_experts_per_tok is None:
+        raise InputError("missing: the model has routed experts", source=source, field="num_experts_per_tok")
+    whole_number(model.num_experts_per_tok, field="num_experts_per_tok", source=source, minimum=1)
+    if model.num_experts_per_tok > model.num_experts:
+        raise InputError(f"more than num_experts ({model.num_experts})", source=source, field="num_experts_per_tok",
+                         value=model.num_experts_per_tok, has_value=True)
+    if model.moe_intermediate_size is not None:
+        whole_number(model.moe_intermediate_size, field="moe_intermediate_size", source=source, minimum=1)
+    whole_number(model.num_shared_experts, field="n_shared_experts", source=source, minimum=0)
+    whole_number(model.first_k_dense_replace, field="first_k_dense_replace", source=source, minimum=0,
+                 maximum=model.num_layers - 1)
+
+
 def check_kv_cache_dtype(kv_cache_dtype: str, *, field: str = "--kv-cache-dtype") -> str:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         hint = did_you_mean(str(kv_cache_dtype), KV_CACHE_DTYPES)
@@ -249,12 +384,21 @@ def load_gpu(name_or_path: str) -> GpuSpec:
 
 
 def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> ModelSpec:
-    """Read the fields of a Hugging Face ``config.json`` (Llama/Qwen/Mistral/OPT naming)."""
+    """Read the fields of a Hugging Face ``config.json`` (Llama/Qwen/Mistral/OPT/gpt-oss/Gemma 3/DeepSeek naming;
+    a multimodal config's ``text_config`` is the decoder's)."""
+    if isinstance(config.get("text_config"), dict):
+        config = {**config, **config["text_config"]}
+
+    def optional(key: str, *alternatives: str, minimum: int = 1) -> int | None:
+        for k in (key, *alternatives):
+            if config.get(k) is not None:
+                return whole_number(config[k], field=k, source=source, minimum=minimum)
+        return None
 
     def get(key: str, *alternatives: str, default: int | None = None) -> int:
-        for k in (key, *alternatives):
-            if k in config:
-                return whole_number(config[k], field=k, source=source, minimum=1)
+        value = optional(key, *alternatives)
+        if value is not None:
+            return value
         if default is None:
             raise InputError("missing", source=source, field=key)
         return default
@@ -291,7 +435,29 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
         layer_types=layer_types,
         sliding_window=sliding_window,
         **mla,
+        q_lora_rank=optional("q_lora_rank"),
+        qk_nope_head_dim=optional("qk_nope_head_dim"),
+        v_head_dim=optional("v_head_dim"),
+        num_experts=optional("num_local_experts", "num_experts", "n_routed_experts"),
+        num_experts_per_tok=optional("num_experts_per_tok", "experts_per_token"),
+        moe_intermediate_size=optional("moe_intermediate_size"),
+        num_shared_experts=optional("n_shared_experts", minimum=0) or 0,
+        first_k_dense_replace=optional("first_k_dense_replace", minimum=0) or 0,
+        weight_quantization=_hf_weight_quantization(config, source),
     )
+
+
+def _hf_weight_quantization(config: dict[str, Any], source: str) -> str | None:
+    """``quantization_config.quant_method`` when it is one whose bytes minipaged counts (WEIGHT_QUANTIZATIONS);
+    None (the weights in torch_dtype) when there is none."""
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+    if method not in WEIGHT_QUANTIZATIONS:
+        raise InputError(f"expected one of {sorted(WEIGHT_QUANTIZATIONS)} (or no quantization_config)",
+                         source=source, field="quantization_config.quant_method", value=method, has_value=True)
+    return str(method)
 
 
 def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tuple[tuple[str, ...], int | None]:
