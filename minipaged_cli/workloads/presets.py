@@ -93,7 +93,7 @@ class ModelSpec:
         for name in ("q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             if getattr(self, name) is not None:
                 whole_number(getattr(self, name), field=name, source=self.name, minimum=1)
-        check_experts(self, source=self.name)
+        check_experts(vars(self), source=self.name)
         if self.weight_quantization is not None and self.weight_quantization not in WEIGHT_QUANTIZATIONS:
             raise InputError(f"expected one of {sorted(WEIGHT_QUANTIZATIONS)}", source=self.name,
                              field="quantization_config.quant_method", value=self.weight_quantization,
@@ -317,26 +317,24 @@ def check_layer_types(layer_types: tuple[str, ...], num_layers: int, sliding_win
         whole_number(sliding_window, field="sliding_window", source=source, minimum=1)
 
 
-def check_experts(model: ModelSpec, *, source: str) -> None:
-    """A MoE model names its experts, routes each token to at least one of them, and keeps at least one MoE
-    layer after its dense ones."""
-    if model.num_experts is None:
-        if model.num_experts_per_tok is not None:
+def check_experts(fields: dict[str, Any], *, source: str) -> None:
+    """A MoE model's fields (``ModelSpec``'s names): it names its experts, routes each token to at least one and
+    at most all of them, and keeps at least one MoE layer after its dense ones."""
+    num_experts, per_token = fields.get("num_experts"), fields.get("num_experts_per_tok")
+    if num_experts is None:
+        if per_token is not None:
             raise InputError("needs num_experts (num_local_experts, n_routed_experts)", source=source,
-                             field="num_experts_per_tok", value=model.num_experts_per_tok, has_value=True)
+                             field="num_experts_per_tok", value=per_token, has_value=True)
         return
-    whole_number(model.num_experts, field="num_experts", source=source, minimum=1)
-    if model.num_experts_per_tok is None:
+    whole_number(num_experts, field="num_experts", source=source, minimum=1)
+    if per_token is None:
         raise InputError("missing: the model has routed experts", source=source, field="num_experts_per_tok")
-    whole_number(model.num_experts_per_tok, field="num_experts_per_tok", source=source, minimum=1)
-    if model.num_experts_per_tok > model.num_experts:
-        raise InputError(f"more than num_experts ({model.num_experts})", source=source, field="num_experts_per_tok",
-                         value=model.num_experts_per_tok, has_value=True)
-    if model.moe_intermediate_size is not None:
-        whole_number(model.moe_intermediate_size, field="moe_intermediate_size", source=source, minimum=1)
-    whole_number(model.num_shared_experts, field="n_shared_experts", source=source, minimum=0)
-    whole_number(model.first_k_dense_replace, field="first_k_dense_replace", source=source, minimum=0,
-                 maximum=model.num_layers - 1)
+    whole_number(per_token, field="num_experts_per_tok", source=source, minimum=1, maximum=num_experts)
+    if fields.get("moe_intermediate_size") is not None:
+        whole_number(fields["moe_intermediate_size"], field="moe_intermediate_size", source=source, minimum=1)
+    whole_number(fields.get("num_shared_experts", 0), field="n_shared_experts", source=source, minimum=0)
+    whole_number(fields.get("first_k_dense_replace", 0), field="first_k_dense_replace", source=source, minimum=0,
+                 maximum=fields["num_layers"] - 1)
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str, *, field: str = "--kv-cache-dtype") -> str:
@@ -419,6 +417,12 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     if len(mla) == 1:
         raise InputError("multi-head latent attention needs both kv_lora_rank and qk_rope_head_dim", source=source,
                          field=next(iter(mla)), value=next(iter(mla.values())), has_value=True)
+    experts = {"num_experts": optional("num_local_experts", "num_experts", "n_routed_experts"),
+               "num_experts_per_tok": optional("num_experts_per_tok", "experts_per_token"),
+               "moe_intermediate_size": optional("moe_intermediate_size"),
+               "num_shared_experts": optional("n_shared_experts", minimum=0) or 0,
+               "first_k_dense_replace": optional("first_k_dense_replace", minimum=0) or 0}
+    check_experts({**experts, "num_layers": num_layers}, source=source)
     return ModelSpec(
         name=name,
         num_layers=num_layers,
@@ -438,11 +442,7 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
         q_lora_rank=optional("q_lora_rank"),
         qk_nope_head_dim=optional("qk_nope_head_dim"),
         v_head_dim=optional("v_head_dim"),
-        num_experts=optional("num_local_experts", "num_experts", "n_routed_experts"),
-        num_experts_per_tok=optional("num_experts_per_tok", "experts_per_token"),
-        moe_intermediate_size=optional("moe_intermediate_size"),
-        num_shared_experts=optional("n_shared_experts", minimum=0) or 0,
-        first_k_dense_replace=optional("first_k_dense_replace", minimum=0) or 0,
+        **experts,
         weight_quantization=_hf_weight_quantization(config, source),
     )
 
