@@ -18,6 +18,7 @@ from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.units import format_bytes
+from minipaged_cli.workloads.presets import ModelSpec
 
 
 def write_json(document: dict[str, Any], destination: str, stdout: Console) -> None:
@@ -42,6 +43,12 @@ def step_times(config: SimConfig) -> str:
     return f"{config.gpu.name}'s efficiency model"
 
 
+def kv_format(model: ModelSpec) -> str:
+    """What one token's KV costs: its element type (auto: the model's dtype) and bytes, every layer keeping it."""
+    dtype = model.dtype if model.kv_cache_dtype == "auto" else model.kv_cache_dtype
+    return f"KV {dtype}, {model.kv_bytes_per_token:,} B a token"
+
+
 def scheduling(config: SimConfig) -> str:
     """The engine and its limits, as the header names them."""
     budget = f"{config.max_batched_tokens:,} tokens a step" if config.max_batched_tokens else "whole prompts"
@@ -55,8 +62,9 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     # Names and options are the user's text: escaped, so that "x[/y]" prints as itself, not as Rich markup.
     header = (
         f"{bold(trace.name)}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
-        f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
-        f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
+        f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · "
+        f"{kv_format(config.model)} · KV capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} "
+        f"blocks x {config.block_size} "
         f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {escape(capacity_origin)}) · "
         f"max model len {config.model_len:,} · step times: {escape(step_times(config))}"
     )
