@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
+from minipaged_cli.sim.calibration import Calibration, Grid
 from minipaged_cli.sim.step_time import LayerModel, StepTimeModel, experts_touched
 from minipaged_cli.workloads.presets import load_gpu, load_model, model_from_hf_config, with_kv_cache_dtype
 
@@ -177,3 +179,18 @@ def test_mla_reads_its_latent_and_spends_absorbed_flops() -> None:
     # Absorbed MLA: each of 128 heads dots the 576-element latent (QK) and sums 512-element latents (PV), a
     # multiply-add (2 FLOPs) per element, every layer.
     assert model.attention_flops_per_context_token == 61 * 128 * 2 * (576 + 512)
+
+
+def test_a_calibrated_decode_reads_the_window_on_sliding_layers() -> None:
+    # 4 layers, every second one global (pattern 2), window 64; a decode table measured on this model, per layer:
+    # 5e-6 s for one sequence of 64 tokens, 2e-5 s for one of 4,096.
+    model = model_from_hf_config({"num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100,
+                                  "max_position_embeddings": 8192, "sliding_window": 64,
+                                  "sliding_window_pattern": 2}, name="m", source="m")
+    calibration = Calibration(gpu="h200", model=model, source="test",
+                              decode_attention=Grid(np.array([1.0, 16]), np.array([64.0, 4096]),
+                                                    np.array([[5e-6, 2e-5], [1e-5, 3e-4]])))
+    step = StepTimeModel(model, load_gpu("h200"), calibration)
+    # One sequence of 4,096 tokens: 2 global layers read all of it, 2 sliding layers their 64.
+    assert float(step.decode_attention_seconds(1, 4096)) == pytest.approx(2 * 2e-5 + 2 * 5e-6, rel=1e-12)
