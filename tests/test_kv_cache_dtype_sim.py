@@ -38,9 +38,9 @@ def test_header_names_the_kv_dtype_and_bytes() -> None:
     result = runner.invoke(app, ["simulate", TRACE, "--model", "llama-3.1-8b", "--strategies", "paged",
                                  "--kv-cache-dtype", "fp8_e5m2"])
     assert result.exit_code == 0, result.output
-    assert "KV fp8_e5m2, 65,536 B a token" in result.output
+    assert "KV cache fp8_e5m2, 65,536 B a token" in result.output
     result = runner.invoke(app, ["simulate", TRACE, "--model", "llama-3.1-8b", "--strategies", "paged"])
-    assert "KV bfloat16, 131,072 B a token" in result.output
+    assert "KV cache bfloat16, 131,072 B a token" in result.output
 
 
 def test_fp8_halves_the_bytes_a_decode_step_reads_and_writes() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minipaged_cli.sim.calibration import Calibration, Grid
-from minipaged_cli.sim.step_time import LayerModel, StepTimeModel, experts_touched
+from minipaged_cli.sim.step_time import LayerModel, StepTimeModel, elementwise_bytes_per_token, experts_touched
 from minipaged_cli.workloads.presets import load_gpu, load_model, model_from_hf_config, with_kv_cache_dtype
 
 GATED = 3  # gate, up and down matrices of a gated MLP (or expert)
@@ -194,3 +194,10 @@ def test_a_calibrated_decode_reads_the_window_on_sliding_layers() -> None:
     step = StepTimeModel(model, load_gpu("h200"), calibration)
     # One sequence of 4,096 tokens: 2 global layers read all of it, 2 sliding layers their 64.
     assert float(step.decode_attention_seconds(1, 4096)) == pytest.approx(2 * 2e-5 + 2 * 5e-6, rel=1e-12)
+
+
+def test_moe_elementwise_activates_each_expert_a_token_goes_to() -> None:
+    # gpt-oss-120b, per token and layer: two fused add + RMSNorms (4 x 2880 each), RoPE on Q (64 x 64) and K
+    # (8 x 64) in and out, SwiGLU over 4 experts of 2880 (gate and up in, one out), in bf16.
+    expected = (2 * 4 * 2880 + 2 * (64 * 64 + 8 * 64) + 3 * 4 * 2880) * 2
+    assert elementwise_bytes_per_token(load_model("gpt-oss-120b")) == expected

@@ -139,7 +139,7 @@ def profile_command(
     console = tables_console(json_path)
     device_name = str(backend.device) if backend is not None else "none"
     backend_name = backend.name if backend is not None else "none"
-    console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {escape(spec.name)} · {kv_format(spec)} · "
+    console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {escape(spec.name)} · {kv_format(spec)}, "
                   f"{kv_bytes / 2**30:.3g} GiB at every block size ({escape(origin)}) · kernels on {device_name} "
                   f"({backend_name})")
     console.print(profile_table(rows))

@@ -46,7 +46,7 @@ def step_times(config: SimConfig) -> str:
 def kv_format(model: ModelSpec) -> str:
     """What one token's KV costs: its element type (auto: the model's dtype) and bytes, every layer keeping it."""
     dtype = model.dtype if model.kv_cache_dtype == "auto" else model.kv_cache_dtype
-    return f"KV {dtype}, {model.kv_bytes_per_token:,} B a token"
+    return f"KV cache {dtype}, {model.kv_bytes_per_token:,} B a token"
 
 
 def scheduling(config: SimConfig) -> str:
@@ -62,9 +62,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     # Names and options are the user's text: escaped, so that "x[/y]" prints as itself, not as Rich markup.
     header = (
         f"{bold(trace.name)}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
-        f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · "
-        f"{kv_format(config.model)} · KV capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} "
-        f"blocks x {config.block_size} "
+        f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
+        f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
         f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {escape(capacity_origin)}) · "
         f"max model len {config.model_len:,} · step times: {escape(step_times(config))}"
     )
@@ -91,7 +90,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
                  _maybe(m.mean_tpot_s, "{:.1f}", 1000),
                  f"{_maybe(m.mean_e2e_s, '{:.2f}')}/{_maybe(m.p99_e2e_s, '{:.2f}')}"]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 9 else []))
-    tables = [header, scheduling(config), memory, service]
+    tables = [header, f"{kv_format(config.model)} · {scheduling(config)}", memory, service]
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
     if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))

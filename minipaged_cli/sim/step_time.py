@@ -40,10 +40,10 @@ from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 def elementwise_bytes_per_token(model: ModelSpec) -> int:
     """What one layer's element-wise kernels read and write per token, fused as an engine runs them (vLLM's): two
     RMSNorms each with its residual add (hidden state and residual in, both out), RoPE on Q and K (in and out), the
-    activation (gate and up in, one out; a plain MLP's: one in, one out). Unfused kernels move more; a calibration
-    measures what yours do."""
+    activation (gate and up in, one out; a plain MLP's: one in, one out; a MoE layer's for each expert a token
+    goes to). Unfused kernels move more; a calibration measures what yours do."""
     q_width, kv_width = model.num_q_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    activation = (3 if model.gated_mlp else 2) * model.intermediate_size
+    activation = (3 if model.gated_mlp else 2) * model.active_intermediate_size
     return (2 * 4 * model.hidden_size + 2 * (q_width + kv_width) + activation) * model.dtype_bytes
 
 

@@ -200,6 +200,17 @@ class ModelSpec:
         return self._layers_params(self.num_experts_per_tok or 0)
 
     @property
+    def active_intermediate_size(self) -> float:
+        """The MLP width one token computes in a layer, averaged over the layers: intermediate_size in a dense
+        layer, moe_intermediate_size for each of its routed and shared experts in a MoE layer."""
+        if not self.is_moe:
+            return self.intermediate_size
+        moe_width = ((self.num_experts_per_tok or 0) + self.num_shared_experts) * \
+            (self.moe_intermediate_size or self.intermediate_size)
+        dense = self.num_layers - self.num_moe_layers
+        return (dense * self.intermediate_size + self.num_moe_layers * moe_width) / self.num_layers
+
+    @property
     def lm_head_params(self) -> int:
         return self.vocab_size * self.hidden_size
 
