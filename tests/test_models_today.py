@@ -201,3 +201,14 @@ def test_moe_elementwise_activates_each_expert_a_token_goes_to() -> None:
     # (8 x 64) in and out, SwiGLU over 4 experts of 2880 (gate and up in, one out), in bf16.
     expected = (2 * 4 * 2880 + 2 * (64 * 64 + 8 * 64) + 3 * 4 * 2880) * 2
     assert elementwise_bytes_per_token(load_model("gpt-oss-120b")) == expected
+
+
+def test_sliding_layers_attend_to_at_most_their_window_in_prefill() -> None:
+    # Gemma 3 27B prefilling one 4,096-token prompt: a global layer's queries attend to 4,096 * 4,097 / 2 keys,
+    # a local layer's to at most 1,024 each (4,096 * 1,024 bound the exact 3,670,528 from above). FLOP-bound.
+    model, gpu = load_model("gemma-3-27b"), load_gpu("h200")
+    per_pair = 2 * 32 * 2 * 128 / (989e12 * gpu.attention_flops_efficiency)  # QK and PV, 32 heads of 128
+    pairs = 4096 * 4097 / 2
+    expected = (10 * pairs + 52 * 4096 * 1024) * per_pair
+    seconds = StepTimeModel(model, gpu).prefill_attention_seconds(4096, pairs, 4096)
+    assert seconds == pytest.approx(expected, rel=1e-12)

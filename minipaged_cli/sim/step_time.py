@@ -9,7 +9,8 @@ A step runs its kernels one after another, so its time is the sum of theirs:
     LM head         the same for the vocab x hidden matrix, one row of logits per sequence in the step
     element-wise    layers * tokens * bytes the norms, residual adds, RoPE and activation read and write
                               / (HBM bandwidth * e_attn_bw)
-    prefill attn    max(attended FLOPs / (peak * e_attn_flops), K/V read / (bandwidth * e_attn_bw))
+    prefill attn    max(attended FLOPs / (peak * e_attn_flops), K/V read / (bandwidth * e_attn_bw)) (a query of a
+                    sliding-window layer attends to at most the window: ``prefill_attention_seconds``)
     decode attn     K/V bytes the decoders read / (bandwidth * e_attn_bw) (a sliding-window layer reads at
                     most the window of each decoder: ``decode_attention_seconds``)
     cache writes    K/V bytes of the step's new tokens (and copy-on-write copies, read and written) / same
