@@ -39,9 +39,9 @@ def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path
     document = json.loads(result.stdout)
     assert set(document["trace"]) == {"name", "num_requests", "prompt_tokens", "output_tokens"}
     assert set(document["config"]) == {"model", "gpu", "block_size", "num_blocks", "kv_capacity_tokens",
-                                       "kv_bytes_per_token", "max_model_len", "prefix_caching", "preemption",
-                                       "cpu_blocks", "watermark", "calibration", "scheduler", "max_num_seqs",
-                                       "max_batched_tokens", "long_prefill_token_threshold"}
+                                       "kv_cache_dtype", "kv_bytes_per_token", "max_model_len", "prefix_caching",
+                                       "preemption", "cpu_blocks", "watermark", "calibration", "scheduler",
+                                       "max_num_seqs", "max_batched_tokens", "long_prefill_token_threshold"}
     assert document["config"]["kv_bytes_per_token"] == 2 * 36 * 8 * 128 * 2  # qwen3-8b, bf16
     assert document["config"]["num_blocks"] == 64 * 2**30 // (16 * 147456)
     assert list(document["strategies"]) == ["paged", "oracle-reserve"]

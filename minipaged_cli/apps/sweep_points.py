@@ -15,7 +15,7 @@ from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, 
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import rounded
 from minipaged_cli.validation import whole_number
-from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.trace import Trace
 
 # The SimConfig fields a sweep's settings may give, every point the same; the rest are a point's own (model, GPU,
@@ -33,6 +33,7 @@ class Settings:
     seeds: int = 1  # arrival seeds seed, seed + 1, ...: a point's metrics are the mean over their replays
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     calibration: str | None = None  # a path: it must match the one GPU of the sweep
+    kv_cache_dtype: str = "auto"  # every model's KV cache element type (with_kv_cache_dtype)
     engine: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -45,7 +46,8 @@ class Settings:
         defaults = {f.name: None if f.default is MISSING else f.default for f in fields(SimConfig)}
         return {"seed": self.seed, "seeds": self.seeds, **{name: self.engine.get(name, defaults[name])
                                                             for name in ENGINE_FIELDS},
-                "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration}
+                "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration,
+                "kv_cache_dtype": self.kv_cache_dtype}
 
     def engine_prefix_caching(self, model: str, gpu: str) -> bool:
         """Prefix caching where the sweep leaves it out: the engine's default (v1 on, v0 off) as SimConfig
@@ -111,7 +113,7 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
 
 
 def _config(point: Point, settings: Settings, calibration: Calibration | None) -> SimConfig:
-    model, gpu = load_model(point.model), load_gpu(point.gpu)
+    model, gpu = with_kv_cache_dtype(load_model(point.model), settings.kv_cache_dtype), load_gpu(point.gpu)
     num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
                                        settings.gpu_memory_utilization)
     return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,

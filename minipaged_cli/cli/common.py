@@ -83,8 +83,9 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --rate's arrivals.
 LimitOpt = Annotated[int | None, typer.Option("--limit", help="Keep the first N requests.", show_default=False)]
 TimeScaleOpt = Annotated[float, typer.Option(
     "--time-scale", help="Multiply arrival times (0.5 = twice the request rate).")]
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (qwen3-8b, qwen3-0.6b, opt-13b, llama-2-7b) "
-                                                        "or a Hugging Face config.json path.")]
+ModelOpt = Annotated[str, typer.Option(
+    "--model", help="Model preset (configs/models/: qwen3-8b, llama-3.1-8b, llama-3.1-70b, gpt-oss-20b, gpt-oss-120b, "
+                    "gemma-3-27b, qwen3-30b-a3b, deepseek-v3, ...) or a Hugging Face config.json path.")]
 GpuOpt = Annotated[str, typer.Option(
     "--gpu", help="GPU preset (h200, h100, a100-80gb, a100-40gb) or a YAML of your own with its keys: memory, "
                   "peaks and achieved efficiencies (configs/gpus/).")]
@@ -181,3 +182,8 @@ def load_calibration_option(path: Path | None) -> Calibration | None:
 def tables_console(json_path: str | None) -> Console:
     """Tables go to stdout, unless the JSON does (``--json -``): then to stderr."""
     return stderr if json_path == "-" else stdout
+
+
+KvCacheDtypeOption = Annotated[str, typer.Option(
+    "--kv-cache-dtype", help="KV cache element type, as vLLM's --kv-cache-dtype: auto (the model's dtype), fp8 / "
+                             "fp8_e4m3, fp8_e5m2 (1 byte per element: about twice the tokens).")]

@@ -13,6 +13,7 @@ from minipaged_cli.cli.common import (
     GpuOpt,
     GpuUtilOpt,
     JsonOpt,
+    KvCacheDtypeOption,
     KvMemoryOpt,
     LimitOpt,
     MaxModelLenOpt,
@@ -31,10 +32,10 @@ from minipaged_cli.cli.common import (
     tables_console,
 )
 from minipaged_cli.cli.outputs import check_outputs
-from minipaged_cli.cli.render import ReplayProgress, bold, profile_detail, profile_table, write_json
+from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
-from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
@@ -62,6 +63,7 @@ def profile_command(
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
     scheduler: SchedulerOpt = "v1",
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
@@ -99,7 +101,7 @@ def profile_command(
                          has_value=True)
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
-    spec, gpu_spec = load_model(model), load_gpu(gpu)
+    spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
                                         gpu_memory_utilization)
     kv_bytes = blocks * sizes[0] * spec.kv_bytes_per_token  # every block size gets these bytes
@@ -137,7 +139,7 @@ def profile_command(
     console = tables_console(json_path)
     device_name = str(backend.device) if backend is not None else "none"
     backend_name = backend.name if backend is not None else "none"
-    console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {escape(spec.name)} · KV "
+    console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {escape(spec.name)} · {kv_format(spec)}, "
                   f"{kv_bytes / 2**30:.3g} GiB at every block size ({escape(origin)}) · kernels on {device_name} "
                   f"({backend_name})")
     console.print(profile_table(rows))
@@ -150,6 +152,7 @@ def profile_command(
     console.print(f"[bold]recommendation: block size {choice}[/] - {reason}")
     if json_path is not None:
         write_json({"trace": trace.name, "device": device_name, "backend": backend_name,
+                    "kv_cache_dtype": spec.kv_cache_dtype, "kv_bytes_per_token": spec.kv_bytes_per_token,
                     "rows": [r.to_dict() for r in rows],
                     "recommendation": {"block_size": choice, "reason": reason}}, json_path, stdout)
     if plot is not None:

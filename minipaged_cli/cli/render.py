@@ -18,6 +18,7 @@ from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.units import format_bytes
+from minipaged_cli.workloads.presets import ModelSpec
 
 
 def write_json(document: dict[str, Any], destination: str, stdout: Console) -> None:
@@ -40,6 +41,12 @@ def step_times(config: SimConfig) -> str:
     if config.calibration is not None:
         return f"calibration {config.calibration.describe(config.model)}"
     return f"{config.gpu.name}'s efficiency model"
+
+
+def kv_format(model: ModelSpec) -> str:
+    """What one token's KV costs: its element type (auto: the model's dtype) and bytes, every layer keeping it."""
+    dtype = model.dtype if model.kv_cache_dtype == "auto" else model.kv_cache_dtype
+    return f"KV cache {dtype}, {model.kv_bytes_per_token:,} B a token"
 
 
 def scheduling(config: SimConfig) -> str:
@@ -83,7 +90,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
                  _maybe(m.mean_tpot_s, "{:.1f}", 1000),
                  f"{_maybe(m.mean_e2e_s, '{:.2f}')}/{_maybe(m.p99_e2e_s, '{:.2f}')}"]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 9 else []))
-    tables = [header, scheduling(config), memory, service]
+    tables = [header, f"{kv_format(config.model)} · {scheduling(config)}", memory, service]
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
     if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))

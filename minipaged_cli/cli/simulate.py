@@ -14,6 +14,7 @@ from minipaged_cli.cli.common import (
     GpuOpt,
     GpuUtilOpt,
     JsonOpt,
+    KvCacheDtypeOption,
     KvMemoryOpt,
     LimitOpt,
     LongPrefillOpt,
@@ -56,7 +57,7 @@ from minipaged_cli.sim.config import (
     tier_blocks,
 )
 from minipaged_cli.sim.replay import simulate
-from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
@@ -72,6 +73,8 @@ Examples:\n\n
   minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
   --cpu-kv-memory 256GiB --disk-kv-memory 2TiB\n\n
   minipaged simulate traces/mixed.yaml --scheduler v0 --preemption swap --cpu-blocks 20000 --watermark 0\n\n
+  minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --model llama-3.1-70b --kv-cache-dtype
+  fp8_e4m3\n\n
   minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
   configs/calibrations/h100-llama-2-7b.yaml
 """
@@ -88,6 +91,7 @@ def simulate_command(
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
     strategies: Annotated[str, typer.Option(
         "--strategies", help="Comma-separated, from: " + ", ".join(STRATEGIES) + ".")] = ",".join(STRATEGIES),
     scheduler: SchedulerOpt = "v1",
@@ -129,7 +133,7 @@ def simulate_command(
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if not names:
         raise InputError("name at least one strategy", field="--strategies", value=strategies, has_value=True)
-    spec = load_model(model)
+    spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype)
     gpu_spec = load_gpu(gpu)
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
                                         gpu_memory_utilization)

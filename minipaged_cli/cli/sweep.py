@@ -21,6 +21,7 @@ from minipaged_cli.cli.common import (
     FormatOpt,
     GpuUtilOpt,
     JsonOpt,
+    KvCacheDtypeOption,
     LimitOpt,
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
@@ -114,6 +115,7 @@ def sweep_command(
     cpu_blocks: Annotated[int | None, typer.Option(
         "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
     json_path: JsonOpt = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
@@ -139,6 +141,7 @@ def sweep_command(
     settings = Settings(seed=options["seed"], seeds=options["seeds"],
                         gpu_memory_utilization=options["gpu_memory_utilization"],
                         calibration=str(options["calibration"]) if options["calibration"] else None,
+                        kv_cache_dtype=options["kv_cache_dtype"],
                         engine={k: options[k] for k in ENGINE_FIELDS if options[k] is not None})
     prefix = options["prefix_caching"] or (settings.engine_prefix_caching(options["models"][0], options["gpus"][0]),)
     axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
@@ -160,8 +163,9 @@ def sweep_command(
 
     console = tables_console(json_path)
     seeds_note = f" · each the mean of {settings.seeds} arrival seeds" if settings.seeds > 1 else ""
+    kv_note = f" · KV cache {settings.kv_cache_dtype}" if settings.kv_cache_dtype != "auto" else ""
     console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {len(result.rows)} points on "
-                  f"{escape(runner.describe())}{seeds_note}")
+                  f"{escape(runner.describe())}{seeds_note}{kv_note}")
     console.print(points_table(result))
     if result.slos:
         console.print(capacity_table(result))

@@ -15,13 +15,14 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import PREEMPTION_MODES, SCHEDULERS
 from minipaged_cli.validation import finite_number, positive_number, whole_number
+from minipaged_cli.workloads.presets import KV_CACHE_DTYPES
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
 # Options a --config file may set, by their keys there: what the command line gives wins.
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
-             "calibration")
+             "calibration", "kv_cache_dtype")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -149,6 +150,7 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "cpu_blocks": lambda v, w: whole_number(v, minimum=0, **w),
     "gpu_memory_utilization": lambda v, w: finite_number(v, minimum=0, maximum=1, exclusive_minimum=True, **w),
     "calibration": _text,
+    "kv_cache_dtype": _choice(KV_CACHE_DTYPES),
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",

@@ -289,6 +289,7 @@ class SimulationResult:
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
                        "num_blocks": config.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
+                       "kv_cache_dtype": config.model.kv_cache_dtype,
                        "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len,
                        "scheduler": config.scheduler, "max_num_seqs": config.max_num_seqs,
                        "max_batched_tokens": config.max_batched_tokens,

@@ -4,11 +4,15 @@ A step runs its kernels one after another, so its time is the sum of theirs:
 
     weight GEMMs    layers * (tokens * 2 * layer params / (peak FLOP/s * e_gemm_flops)
                               + layer weight bytes / (HBM bandwidth * e_gemm_bw))
+                    (MoE: the params one token uses; the bytes of all but the routed experts, plus the experts
+                    the step's tokens touch: ``experts_touched``)
     LM head         the same for the vocab x hidden matrix, one row of logits per sequence in the step
     element-wise    layers * tokens * bytes the norms, residual adds, RoPE and activation read and write
                               / (HBM bandwidth * e_attn_bw)
-    prefill attn    max(attended FLOPs / (peak * e_attn_flops), K/V read / (bandwidth * e_attn_bw))
-    decode attn     K/V bytes the decoders read / (bandwidth * e_attn_bw)
+    prefill attn    max(attended FLOPs / (peak * e_attn_flops), K/V read / (bandwidth * e_attn_bw)) (a query of a
+                    sliding-window layer attends to at most the window: ``prefill_attention_seconds``)
+    decode attn     K/V bytes the decoders read / (bandwidth * e_attn_bw) (a sliding-window layer reads at
+                    most the window of each decoder: ``decode_attention_seconds``)
     cache writes    K/V bytes of the step's new tokens (and copy-on-write copies, read and written) / same
     overhead        the GPU preset's fixed cost per step: scheduling, launches, sampling
 
@@ -19,6 +23,9 @@ a GPU replaces any term it covers with interpolation in its table, scaled to thi
 measured on another; past its last point a table follows the efficiency model's shape for its term (a prompt 8x
 longer than the longest measured costs ~64x its prefill attention, not 8x). K/V moved over the host link
 (swapping) adds its bytes / host bandwidth.
+
+K/V bytes are the model's ``kv_bytes_per_token_per_layer``: its KV cache dtype (fp8 halves them) and, with
+multi-head latent attention, the latent vector, whose FLOPs are ``ModelSpec.attention_flops_per_context_token``.
 """
 
 from __future__ import annotations
@@ -34,16 +41,29 @@ from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 def elementwise_bytes_per_token(model: ModelSpec) -> int:
     """What one layer's element-wise kernels read and write per token, fused as an engine runs them (vLLM's): two
     RMSNorms each with its residual add (hidden state and residual in, both out), RoPE on Q and K (in and out), the
-    activation (gate and up in, one out; a plain MLP's: one in, one out). Unfused kernels move more; a calibration
-    measures what yours do."""
+    activation (gate and up in, one out; a plain MLP's: one in, one out; a MoE layer's for each expert a token
+    goes to). Unfused kernels move more; a calibration measures what yours do."""
     q_width, kv_width = model.num_q_heads * model.head_dim, model.num_kv_heads * model.head_dim
-    activation = (3 if model.gated_mlp else 2) * model.intermediate_size
+    activation = (3 if model.gated_mlp else 2) * model.active_intermediate_size
     return (2 * 4 * model.hidden_size + 2 * (q_width + kv_width) + activation) * model.dtype_bytes
+
+
+def experts_touched(model: ModelSpec, tokens: Any) -> Any:
+    """Routed experts of one MoE layer that ``tokens`` tokens use between them, expected under uniform routing:
+    each token picks num_experts_per_tok of the num_experts, independently of the others, so an expert escapes
+    all of them with probability (1 - k/E)^tokens. One token touches k, a large batch all E."""
+    num_experts, per_token = model.num_experts or 0, model.num_experts_per_tok or 0
+    return num_experts * (1.0 - (1.0 - per_token / num_experts) ** tokens) if num_experts else 0.0
 
 
 def causal_pairs(tokens: Any) -> Any:
     """(query, key) pairs of causal attention over one prompt of ``tokens`` tokens."""
     return tokens * (tokens + 1) / 2
+
+
+def _at_most(values: Any, limit: Any) -> Any:
+    """min(values, limit), a plain number for one step (the replay's hot path), an array for a run of steps."""
+    return np.minimum(values, limit) if isinstance(values, np.ndarray) else min(values, limit)
 
 
 class LayerModel:
@@ -53,8 +73,12 @@ class LayerModel:
     def __init__(self, model: ModelSpec, gpu: GpuSpec) -> None:
         flops, bandwidth = gpu.peak_flops, gpu.hbm_bandwidth_bytes_per_s
         streaming = bandwidth * gpu.attention_bandwidth_efficiency
-        self.gemm_per_token = 2.0 * model.layer_params / (flops * gpu.gemm_flops_efficiency)
-        self.gemm_weights = model.layer_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
+        self.model = model
+        weight_rate = model.num_layers * bandwidth * gpu.gemm_bandwidth_efficiency  # (bytes averaged per layer)
+        self.gemm_per_token = 2.0 * model.active_layers_params / model.num_layers / (flops * gpu.gemm_flops_efficiency)
+        self.gemm_weights = model.read_weight_bytes / weight_rate
+        # One routed expert of every MoE layer: a step reads as many as its tokens touch.
+        self.expert_weights = model.num_moe_layers * model.expert_params * model.expert_weight_bytes / weight_rate
         # Element-wise kernels stream like attention's; their launches are in step_overhead_s.
         self.elementwise_per_token = elementwise_bytes_per_token(model) / streaming
         self.attention_per_pair = model.attention_flops_per_context_token / model.num_layers / \
@@ -63,7 +87,10 @@ class LayerModel:
 
     def linear(self, tokens: Any) -> Any:
         """The weight GEMMs (QKV, O, MLP) on ``tokens`` tokens: their FLOPs plus reading their weights."""
-        return tokens * self.gemm_per_token + self.gemm_weights
+        seconds = tokens * self.gemm_per_token + self.gemm_weights
+        if self.expert_weights:
+            seconds = seconds + self.expert_weights * experts_touched(self.model, tokens)
+        return seconds
 
     def elementwise(self, tokens: Any) -> Any:
         """The norms, residual adds, RoPE and activation on ``tokens`` tokens: memory-bound."""
@@ -94,6 +121,11 @@ class StepTimeModel:
         self.lm_head_per_sequence = 2.0 * model.lm_head_params / (flops * gpu.gemm_flops_efficiency)
         self.lm_head_weights = model.lm_head_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
         self.kv_per_token = model.kv_bytes_per_token / (bandwidth * gpu.attention_bandwidth_efficiency)
+        # Decode reads split by layer kind: full-attention layers every token, sliding ones their window.
+        self.window = model.sliding_window or 0
+        self.sliding_share = model.num_sliding_layers / model.num_layers
+        self.full_kv_per_token = self.kv_per_token * (1.0 - self.sliding_share)
+        self.sliding_kv_per_token = self.kv_per_token * self.sliding_share
         self.host_per_token = model.kv_bytes_per_token / gpu.host_bandwidth_bytes_per_s
         self.overhead_s = gpu.step_overhead_s
 
@@ -138,6 +170,8 @@ class StepTimeModel:
     def prefill_attention_seconds(self, tokens: int, attended: float, context: int) -> Any:
         if not tokens:
             return 0.0
+        if self.sliding_share:  # a query of a sliding-window layer attends to at most the window's keys
+            attended = (1.0 - self.sliding_share) * attended + self.sliding_share * min(attended, tokens * self.window)
         model, calibration = self.model, self.calibration
         if calibration is None or calibration.prefill_attention is None:
             return model.num_layers * self.layer.prefill_attention(attended, context)
@@ -149,12 +183,22 @@ class StepTimeModel:
         return attended * model.attention_flops_per_context_token / rate
 
     def decode_attention_seconds(self, decodes: int, context: Any) -> Any:
+        """``decodes`` sequences reading ``context`` tokens of K/V in all. A sliding-window layer reads
+        min(context, decodes * window): each decoder's min(its context, window) summed, exactly, when every
+        decoder is past the window or none is (the sum of contexts alone cannot tell the mixed case: there this
+        bounds it from above)."""
         if not decodes:
             return 0.0
         calibration = self.calibration
+        windowed = _at_most(context, decodes * self.window) if self.sliding_share else 0.0
         if calibration is None or calibration.decode_attention is None:
-            return context * self.kv_per_token
+            if not self.sliding_share:
+                return context * self.kv_per_token
+            return context * self.full_kv_per_token + windowed * self.sliding_kv_per_token
         per_layer = calibration.decode_attention(decodes, context / decodes)
+        if self.sliding_share:
+            per_layer = (1.0 - self.sliding_share) * per_layer + \
+                self.sliding_share * calibration.decode_attention(decodes, windowed / decodes)
         return self.model.num_layers * per_layer * self._kv_ratio(calibration)
 
     def cache_write_seconds(self, tokens: Any) -> Any:

@@ -1,9 +1,10 @@
-"""Model and GPU presets (``configs/``): the shapes that size the KV cache and the roofline of a step."""
+"""Model and GPU presets (``configs/``) and the Hugging Face ``config.json`` reader: the shapes that size the KV
+cache and the roofline of a step (the model's, and what derives from them, in ``model_spec.py``)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,24 @@ import yaml
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.validation import finite_number, positive_number, whole_number
+from minipaged_cli.workloads.model_spec import (
+    DTYPE_BYTES,
+    FULL_ATTENTION,
+    KV_CACHE_DTYPES,
+    LAYER_TYPES,
+    SLIDING_ATTENTION,
+    WEIGHT_QUANTIZATIONS,
+    ModelSpec,
+    check_experts,
+    check_kv_cache_dtype,
+    check_layer_types,
+    with_kv_cache_dtype,
+)
+
+# Callers find the model's types here, beside the presets that fill them.
+__all__ = ["CONFIG_DIR", "DEFAULT_EFFICIENCIES", "FULL_ATTENTION", "KV_CACHE_DTYPES", "LAYER_TYPES",
+           "SLIDING_ATTENTION", "GpuSpec", "ModelSpec", "check_gpu_fields", "check_kv_cache_dtype", "load_gpu",
+           "load_model", "model_from_hf_config", "preset_names", "with_kv_cache_dtype"]
 
 # An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -18,128 +37,8 @@ CONFIG_DIR = next(
     (d for d in (_PACKAGE_DIR / "configs", _PACKAGE_DIR.parent / "configs") if d.is_dir()),
     _PACKAGE_DIR.parent / "configs",
 )
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
-# The KV cache's element type, as vLLM's ``--kv-cache-dtype`` names it: "auto" stores K/V in the model's dtype;
-# fp8 stores one byte per element ("fp8" is vLLM's alias of e4m3).
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
-LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 # Architectures whose MLP has two matrices (up, down); the rest (Llama, Qwen, Mistral...) gate with three.
 _PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The shapes of a decoder-only transformer that the simulator needs."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    gated_mlp: bool
-    dtype: str
-    max_model_len: int
-    # Per layer, FULL_ATTENTION or SLIDING_ATTENTION (Hugging Face's ``layer_types``); () means all full.
-    layer_types: tuple[str, ...] = ()
-    sliding_window: int | None = None  # tokens a sliding-window layer attends to (and must keep)
-    # Multi-head latent attention (DeepSeek-V2/V3): a layer caches one latent vector of kv_lora_rank +
-    # qk_rope_head_dim elements per token, shared by all heads, instead of per-head K and V.
-    kv_lora_rank: int | None = None
-    qk_rope_head_dim: int | None = None
-    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES; with_kv_cache_dtype sets it
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads",
-                     "head_dim", "vocab_size", "max_model_len"):
-            whole_number(getattr(self, name), field=name, source=self.name, minimum=1)
-        if self.num_q_heads % self.num_kv_heads:
-            raise InputError(f"num_attention_heads {self.num_q_heads} is not a multiple of it",
-                             source=self.name, field="num_key_value_heads", value=self.num_kv_heads,
-                             has_value=True)
-        check_layer_types(self.layer_types, self.num_layers, self.sliding_window, source=self.name)
-        if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
-            raise InputError("multi-head latent attention needs both kv_lora_rank and qk_rope_head_dim",
-                             source=self.name, field="kv_lora_rank", value=self.kv_lora_rank, has_value=True)
-        for name in ("kv_lora_rank", "qk_rope_head_dim"):
-            if getattr(self, name) is not None:
-                whole_number(getattr(self, name), field=name, source=self.name, minimum=1)
-        check_kv_cache_dtype(self.kv_cache_dtype)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return _DTYPE_BYTES[self.dtype]
-
-    @property
-    def kv_dtype_bytes(self) -> int:
-        """Bytes of one cached K/V element: the model's dtype, or 1 with an fp8 cache."""
-        return self.dtype_bytes if self.kv_cache_dtype == "auto" else 1
-
-    @property
-    def is_mla(self) -> bool:
-        return self.kv_lora_rank is not None
-
-    @property
-    def kv_bytes_per_token_per_layer(self) -> int:
-        """What one layer caches per token: K and V, kv_heads * head_dim elements each, or (MLA) one latent
-        vector of kv_lora_rank + qk_rope_head_dim elements."""
-        if self.kv_lora_rank is not None and self.qk_rope_head_dim is not None:
-            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_dtype_bytes
-        return 2 * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Every layer's per-token KV: what a token costs while every layer keeps it (all of a full-attention
-        model's life; a sliding-window layer drops tokens that leave its window, ``memory/`` says when)."""
-        return self.num_layers * self.kv_bytes_per_token_per_layer
-
-    @property
-    def layer_kinds(self) -> tuple[str, ...]:
-        """Each layer's attention type (FULL_ATTENTION for every layer of a model without ``layer_types``)."""
-        return self.layer_types or (FULL_ATTENTION,) * self.num_layers
-
-    @property
-    def num_sliding_layers(self) -> int:
-        return self.layer_types.count(SLIDING_ATTENTION)
-
-    @property
-    def is_hybrid(self) -> bool:
-        """Some layers keep only a window of tokens."""
-        return self.num_sliding_layers > 0
-
-    @property
-    def layer_params(self) -> int:
-        """The weight matrices of one layer: Q, K, V and O projections, and the MLP's (norms are negligible)."""
-        q_width = self.num_q_heads * self.head_dim
-        kv_width = self.num_kv_heads * self.head_dim
-        attention = self.hidden_size * (2 * q_width + 2 * kv_width)
-        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
-        return attention + mlp
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def num_params(self) -> int:
-        """Weights: every layer's plus the embeddings (one matrix when the LM head shares it)."""
-        embeddings = self.lm_head_params * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * self.layer_params + embeddings
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
-
-    @property
-    def attention_flops_per_context_token(self) -> int:
-        """FLOPs one query token spends on one cached token: QK^T and PV, a multiply-add each, every layer."""
-        return 4 * self.num_layers * self.num_q_heads * self.head_dim
 
 
 # What real kernels achieve, as fractions of the datasheet's peak FLOP/s and HBM bandwidth. A preset states its
@@ -200,39 +99,6 @@ def check_gpu_fields(fields: dict[str, Any], *, source: str) -> None:
     if "step_overhead_s" in fields:
         finite_number(fields["step_overhead_s"], source=source, field="step_overhead_s", minimum=0.0)
 
-
-def check_layer_types(layer_types: tuple[str, ...], num_layers: int, sliding_window: int | None, *,
-                      source: str) -> None:
-    """One known type per layer, and a window of at least one token when any layer slides."""
-    if not layer_types:
-        return
-    if len(layer_types) != num_layers:
-        raise InputError(f"has {len(layer_types)} entries for {num_layers} layers (num_hidden_layers)",
-                         source=source, field="layer_types")
-    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
-    if unknown:
-        raise InputError(f"expected each of {list(LAYER_TYPES)}", source=source, field="layer_types",
-                         value=unknown[0], has_value=True)
-    if SLIDING_ATTENTION in layer_types:
-        if sliding_window is None:
-            raise InputError("missing: layer_types has sliding_attention layers", source=source,
-                             field="sliding_window")
-        whole_number(sliding_window, field="sliding_window", source=source, minimum=1)
-
-
-def check_kv_cache_dtype(kv_cache_dtype: str, *, field: str = "--kv-cache-dtype") -> str:
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        hint = did_you_mean(str(kv_cache_dtype), KV_CACHE_DTYPES)
-        raise InputError(f"expected one of {', '.join(KV_CACHE_DTYPES)}{hint}", field=field,
-                         value=kv_cache_dtype, has_value=True)
-    return kv_cache_dtype
-
-
-def with_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str) -> ModelSpec:
-    """The model with its KV cache stored as ``kv_cache_dtype`` (capacity and bytes moved follow)."""
-    return replace(model, kv_cache_dtype=check_kv_cache_dtype(kv_cache_dtype))
-
-
 def preset_names(kind: str) -> list[str]:
     """Names of the presets in ``configs/<kind>/`` (kind: 'models' or 'gpus')."""
     return sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml"))
@@ -265,12 +131,21 @@ def load_gpu(name_or_path: str) -> GpuSpec:
 
 
 def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> ModelSpec:
-    """Read the fields of a Hugging Face ``config.json`` (Llama/Qwen/Mistral/OPT naming)."""
+    """Read the fields of a Hugging Face ``config.json`` (Llama/Qwen/Mistral/OPT/gpt-oss/Gemma 3/DeepSeek naming;
+    a multimodal config's ``text_config`` is the decoder's)."""
+    if isinstance(config.get("text_config"), dict):
+        config = {**config, **config["text_config"]}
+
+    def optional(key: str, *alternatives: str, minimum: int = 1) -> int | None:
+        for k in (key, *alternatives):
+            if config.get(k) is not None:
+                return whole_number(config[k], field=k, source=source, minimum=minimum)
+        return None
 
     def get(key: str, *alternatives: str, default: int | None = None) -> int:
-        for k in (key, *alternatives):
-            if k in config:
-                return whole_number(config[k], field=k, source=source, minimum=1)
+        value = optional(key, *alternatives)
+        if value is not None:
+            return value
         if default is None:
             raise InputError("missing", source=source, field=key)
         return default
@@ -278,8 +153,8 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     num_q_heads = get("num_attention_heads")
     hidden_size = get("hidden_size")
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    if dtype not in _DTYPE_BYTES:
-        raise InputError(f"expected one of {sorted(_DTYPE_BYTES)}", source=source, field="torch_dtype",
+    if dtype not in DTYPE_BYTES:
+        raise InputError(f"expected one of {sorted(DTYPE_BYTES)}", source=source, field="torch_dtype",
                          value=dtype, has_value=True)
     tie_word_embeddings = config.get("tie_word_embeddings", True)
     if not isinstance(tie_word_embeddings, bool):  # the string "false" would read as true
@@ -291,6 +166,12 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     if len(mla) == 1:
         raise InputError("multi-head latent attention needs both kv_lora_rank and qk_rope_head_dim", source=source,
                          field=next(iter(mla)), value=next(iter(mla.values())), has_value=True)
+    experts = {"num_experts": optional("num_local_experts", "num_experts", "n_routed_experts"),
+               "num_experts_per_tok": optional("num_experts_per_tok", "experts_per_token"),
+               "moe_intermediate_size": optional("moe_intermediate_size"),
+               "num_shared_experts": optional("n_shared_experts", minimum=0) or 0,
+               "first_k_dense_replace": optional("first_k_dense_replace", minimum=0) or 0}
+    check_experts({**experts, "num_layers": num_layers}, source=source)
     return ModelSpec(
         name=name,
         num_layers=num_layers,
@@ -307,7 +188,25 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
         layer_types=layer_types,
         sliding_window=sliding_window,
         **mla,
+        q_lora_rank=optional("q_lora_rank"),
+        qk_nope_head_dim=optional("qk_nope_head_dim"),
+        v_head_dim=optional("v_head_dim"),
+        **experts,
+        weight_quantization=_hf_weight_quantization(config, source),
     )
+
+
+def _hf_weight_quantization(config: dict[str, Any], source: str) -> str | None:
+    """``quantization_config.quant_method`` when it is one whose bytes minipaged counts (WEIGHT_QUANTIZATIONS);
+    None (the weights in torch_dtype) when there is none."""
+    quantization = config.get("quantization_config")
+    if quantization is None:
+        return None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+    if method not in WEIGHT_QUANTIZATIONS:
+        raise InputError(f"expected one of {sorted(WEIGHT_QUANTIZATIONS)} (or no quantization_config)",
+                         source=source, field="quantization_config.quant_method", value=method, has_value=True)
+    return str(method)
 
 
 def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tuple[tuple[str, ...], int | None]:
