@@ -39,14 +39,10 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
+from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    OFFLOAD_POLICIES,
-    TIER_EVICTIONS,
-)
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.readers import load_trace
 
@@ -120,16 +116,12 @@ def sweep_command(
         "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
     cpu_blocks: Annotated[int | None, typer.Option(
         "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
-    cpu_kv_memory: Annotated[str | None, typer.Option(
-        "--cpu-kv-memory", help="Host-memory tiers under the prefix cache, e.g. 0,64GiB,256GiB,1TiB (0: none; "
-                                "needs prefix caching under v1). With more than one, --plot draws the hit rate and "
-                                "TTFT against them.", show_default=False)] = None,
-    offload_policy: Annotated[str, typer.Option(
-        "--offload-policy", help="When a block goes down to the host: " + ", ".join(OFFLOAD_POLICIES) + " (as in "
-                                 "simulate), comma-separated: a curve each.")] = OFFLOAD_POLICIES[0],
-    tier_eviction: Annotated[str, typer.Option(
-        "--tier-eviction", help="How the host tier evicts: " + ", ".join(TIER_EVICTIONS) + " (as in simulate), "
-                                "comma-separated: a curve each.")] = TIER_EVICTIONS[0],
+    cpu_kv_memory: Annotated[str | None, typer.Option("--cpu-kv-memory", show_default=False, help="Host tiers under "
+        "the prefix cache, e.g. 0,64GiB,1TiB (as in simulate); --plot: hits and TTFT against them.")] = None,
+    offload_policy: Annotated[str, typer.Option("--offload-policy", help="As in simulate, comma-separated: "
+                                                + ",".join(OFFLOAD_POLICIES) + ".")] = OFFLOAD_POLICIES[0],
+    tier_eviction: Annotated[str, typer.Option("--tier-eviction", help="As in simulate, comma-separated: "
+                                               + ",".join(TIER_EVICTIONS) + ".")] = TIER_EVICTIONS[0],
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     calibration: CalibrationOpt = None,
     json_path: JsonOpt = None,
