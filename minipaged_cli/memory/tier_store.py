@@ -2,8 +2,9 @@
 ``CachePolicy``: ``vllm/v1/kv_offload/cpu/policies/``, LRU and ARC).
 
 A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
-``capacity`` of them. ``insert`` stores one (evicting to make room, and returning what it evicted), ``hit`` says
-that a request reused stored blocks (loaded them), which is what the policies order by.
+``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
+that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
+blocks at once: a replay stores millions.
 
 Invariants (``violations`` checks them): at most ``capacity`` entries, each hash held once; ARC's ghost lists
 hold no entry that is stored and at most ``capacity`` hashes each.
@@ -25,8 +26,12 @@ class TierStore(ABC):
         self.capacity = capacity
         self.num_evictions = 0
 
+    def __contains__(self, block_hash: Hashable) -> bool:
+        return self.contains(block_hash)
+
     @abstractmethod
-    def __contains__(self, block_hash: Hashable) -> bool: ...
+    def contains(self, block_hash: Hashable) -> bool:
+        """Whether ``block_hash`` is stored (an attribute where a dict's own method answers: the hot call)."""
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -36,13 +41,13 @@ class TierStore(ABC):
         """Every stored hash (the invariant checks and the tests read it)."""
 
     @abstractmethod
-    def insert(self, block_hash: Hashable) -> list[Hashable]:
-        """Store ``block_hash`` (one already stored only counts as recently stored); returns the hashes evicted
-        to make room."""
+    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+        """Store ``block_hashes`` in order (one already stored only counts as recently stored); returns the hashes
+        evicted to make room."""
 
     @abstractmethod
     def hit(self, block_hashes: Iterable[Hashable]) -> None:
-        """A request reused these stored blocks."""
+        """A request reused those of ``block_hashes`` that are stored, in order (the last most recently)."""
 
     def violations(self) -> list[str]:
         hashes = self.hashes()
@@ -60,8 +65,9 @@ class LRUStore(TierStore):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self._entries: OrderedDict[Hashable, None] = OrderedDict()  # least recently used first
+        self.contains = self._entries.__contains__  # type: ignore[method-assign]
 
-    def __contains__(self, block_hash: Hashable) -> bool:
+    def contains(self, block_hash: Hashable) -> bool:  # replaced by the dict's in __init__
         return block_hash in self._entries
 
     def __len__(self) -> int:
@@ -70,22 +76,26 @@ class LRUStore(TierStore):
     def hashes(self) -> list[Hashable]:
         return list(self._entries)
 
-    def insert(self, block_hash: Hashable) -> list[Hashable]:
-        entries = self._entries
-        if block_hash in entries:
-            entries.move_to_end(block_hash)
-            return []
+    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+        entries, capacity = self._entries, self.capacity
+        move, pop = entries.move_to_end, entries.popitem
         evicted = []
-        if len(entries) >= self.capacity:
-            evicted.append(entries.popitem(last=False)[0])
-            self.num_evictions += 1
-        entries[block_hash] = None
+        for block_hash in block_hashes:
+            if block_hash in entries:
+                move(block_hash)
+                continue
+            if len(entries) >= capacity:
+                evicted.append(pop(last=False)[0])
+            entries[block_hash] = None
+        self.num_evictions += len(evicted)
         return evicted
 
     def hit(self, block_hashes: Iterable[Hashable]) -> None:
-        move = self._entries.move_to_end
+        entries = self._entries
+        move = entries.move_to_end
         for block_hash in block_hashes:
-            move(block_hash)
+            if block_hash in entries:
+                move(block_hash)
 
 
 class ARCStore(TierStore):
@@ -102,7 +112,7 @@ class ARCStore(TierStore):
         self.b1: OrderedDict[Hashable, None] = OrderedDict()  # ghosts evicted from T1
         self.b2: OrderedDict[Hashable, None] = OrderedDict()  # ghosts evicted from T2
 
-    def __contains__(self, block_hash: Hashable) -> bool:
+    def contains(self, block_hash: Hashable) -> bool:
         return block_hash in self.t1 or block_hash in self.t2
 
     def __len__(self) -> int:
@@ -111,27 +121,35 @@ class ARCStore(TierStore):
     def hashes(self) -> list[Hashable]:
         return [*self.t1, *self.t2]
 
-    def insert(self, block_hash: Hashable) -> list[Hashable]:
-        for entries in (self.t1, self.t2):
-            if block_hash in entries:
-                entries.move_to_end(block_hash)  # a store is not a reuse: it keeps its list
-                return []
+    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+        evicted = []
+        for block_hash in block_hashes:
+            if block_hash in self.t1:
+                self.t1.move_to_end(block_hash)  # a store is not a reuse: it keeps its list
+            elif block_hash in self.t2:
+                self.t2.move_to_end(block_hash)
+            else:
+                self._adapt(block_hash)
+                if len(self) >= self.capacity:
+                    evicted.append(self._evict_one())
+                self.t1[block_hash] = None
+        return evicted
+
+    def _adapt(self, block_hash: Hashable) -> None:
+        """A ghost stored again moves T1's target towards the list it was evicted from."""
         if block_hash in self.b1:
             self.target_t1 = min(self.target_t1 + max(1.0, len(self.b2) / len(self.b1)), self.capacity)
             del self.b1[block_hash]
         elif block_hash in self.b2:
             self.target_t1 = max(self.target_t1 - max(1.0, len(self.b1) / len(self.b2)), 0.0)
             del self.b2[block_hash]
-        evicted = [self._evict_one()] if len(self) >= self.capacity else []
-        self.t1[block_hash] = None
-        return evicted
 
     def hit(self, block_hashes: Iterable[Hashable]) -> None:
         for block_hash in block_hashes:
             if block_hash in self.t1:
                 del self.t1[block_hash]
                 self.t2[block_hash] = None
-            else:
+            elif block_hash in self.t2:
                 self.t2.move_to_end(block_hash)
 
     def _evict_one(self) -> Hashable:

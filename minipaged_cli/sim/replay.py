@@ -1,6 +1,7 @@
 """Continuous-batching replay of a trace under one allocation strategy, and where the KV memory goes.
 
-This module is the loop; the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
+This module is the loop (Over 300 lines: the single step, the bulk fast path and what each hands a data plane or the
+report read best side by side); the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
 times it, and the accounting (``accounting``, ``categories``) measures it.
 
 Each step the scheduler decides what runs (vLLM v1's policy or v0's, ``SimConfig.scheduler``); every decoding
@@ -29,7 +30,6 @@ import numpy as np
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
 from minipaged_cli.sim.categories import category_slots
@@ -93,9 +93,7 @@ class Replay:
                                      config.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
-        self.tiers = None
-        if config.has_tiers and isinstance(allocator, PagedAllocator):
-            self.tiers = self.scheduler.tiers = TieredCache(config, allocator.manager.pool, self.step_time)
+        self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
                                      / 400 or 0.01) if config.record_layout else None
@@ -113,8 +111,8 @@ class Replay:
             if not (self.bulk and self._bulk_step()):
                 self._single_step()
             if self.config.check_invariants:
-                accounting.invariant_violations += bool(self.allocator.invariant_violations()) or \
-                    (self.tiers is not None and bool(self.tiers.violations()))
+                accounting.invariant_violations += bool(self.allocator.invariant_violations()
+                                                        or (self.tiers is not None and self.tiers.violations()))
             if self.layout is not None:
                 self.layout.maybe_record(self.now, self.allocator)
             if self.progress is not None:
@@ -130,10 +128,7 @@ class Replay:
         scheduler = self.scheduler
         decision = scheduler.schedule()
         if decision is None:
-            ready = scheduler.next_ready_s
-            if ready is not None:  # only loads in flight: wait for the first (or for an arrival before it)
-                arrival = scheduler.next_arrival_s
-                self.now = max(self.now, ready if arrival is None else min(ready, arrival))
+            self.now = scheduler.idle_until(self.now)
             return
         decoders, chunks = decision.decoders, decision.chunks
         duration = self._duration(decision)
@@ -284,10 +279,12 @@ class SimulationResult:
     trace: Trace
     config: SimConfig
     strategies: dict[str, StrategyMetrics]
+    # With tiers below the GPU: the strategies they apply to, replayed again without them (what they buy)
+    without_tiers: dict[str, StrategyMetrics] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config
-        return {
+        document = {
             "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
@@ -298,9 +295,13 @@ class SimulationResult:
                        "long_prefill_token_threshold": config.long_prefill_token_threshold,
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
-                       "calibration": config.calibration.path if config.calibration else None},
+                       "calibration": config.calibration.path if config.calibration else None,
+                       **(config.tier_settings if config.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
+        if self.without_tiers:  # (the documents of replays without tiers keep their keys)
+            document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
+        return document
 
 
 def simulate(
@@ -318,7 +319,8 @@ def simulate(
     for name in strategies:
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
-    return SimulationResult(trace, config, results)
+    without = {name: replay(trace, config.without_tiers(), name) for name, metrics in results.items() if metrics.tiers}
+    return SimulationResult(trace, config, results, without)
 
 
 def replay(

@@ -34,7 +34,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.tier_store import TIER_STORES, TierStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.step_time import StepTimeModel
@@ -97,6 +99,13 @@ class TierMetrics:
 class TieredCache:
     """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts)."""
 
+    @classmethod
+    def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
+        """The tiers ``config`` asks for under ``allocator``'s pool; None without them (or without blocks)."""
+        if not config.has_tiers or not isinstance(allocator, PagedAllocator):
+            return None
+        return cls(config, allocator.manager.pool, step_time)
+
     def __init__(self, config: SimConfig, pool: BlockPool, step_time: StepTimeModel) -> None:
         gpu, store = config.gpu, TIER_STORES[config.tier_eviction]
         self.block_size = config.block_size
@@ -132,28 +141,28 @@ class TieredCache:
         """Issue the stores gathered since the last flush at ``now`` (a step's end); the (hash, GPU block) pairs
         copied to the host tier."""
         pending, self.pending = self.pending, []
+        if not pending:
+            return []
         host = self.tiers[0]
         if not self.write_through:  # a block cached on the GPU again meanwhile needs no copy
-            pending = [pair for pair in pending if pair[0] not in self.pool.cached_blocks]
-        new = [pair for pair in pending if pair[0] not in host.store]
-        host.store.hit([] if len(new) == len(pending) else [h for h, _ in pending if h in host.store])
-        if not new:
+            on_gpu = self.pool.cached_blocks
+            pending = [pair for pair in pending if pair[0] not in on_gpu]
+        stored = host.store.contains
+        # (two requests may compute the same content in one step: one copy)
+        new = list({h: (h, block) for h, block in pending if not stored(h)}.values())
+        if len(new) < len(pending):  # stored again: recently used
+            host.store.insert([h for h, _ in pending if stored(h)])
+        if not new or not self._copy(host, len(new), now):
             return []
-        if not self._copy(host, len(new), now):
-            return []
-        evicted = []
-        for block_hash, _ in new:
-            evicted.extend(host.store.insert(block_hash))
+        hashes = [h for h, _ in new]
+        evicted = host.store.insert(hashes)
         if len(self.tiers) > 1:
-            self._store_to_disk([h for h, _ in new] if self.write_through else evicted, now)
+            disk = self.tiers[1]
+            stored = disk.store.contains
+            down = [h for h in (hashes if self.write_through else evicted) if not stored(h)]
+            if down and self._copy(disk, len(down), now):
+                disk.store.insert(down)
         return new
-
-    def _store_to_disk(self, block_hashes: list[Hashable], now: float) -> None:
-        disk = self.tiers[1]
-        new = [h for h in block_hashes if h not in disk.store]
-        if new and self._copy(disk, len(new), now):
-            for block_hash in new:
-                disk.store.insert(block_hash)
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
         """One store of ``num_blocks`` into ``tier``, or none (counted dropped) while its link is busy."""
@@ -170,7 +179,7 @@ class TieredCache:
         """The tier holding each of ``block_hashes[first:stop]``, up to the first block no tier holds."""
         found = []
         for block_hash in block_hashes[first:stop]:
-            tier = next((t for t in self.tiers if block_hash in t.store), None)
+            tier = next((t for t in self.tiers if t.store.contains(block_hash)), None)
             if tier is None:
                 break
             found.append(tier)
@@ -180,16 +189,20 @@ class TieredCache:
              count_hits: bool) -> tuple[int, float]:
         """After a GPU hit of ``num_cached`` tokens, the prompt tokens to load from the tiers and when the request
         may start computing; (0, now) when nothing is found or recomputing is faster. ``count_hits``: the
-        request's first admission (its prompt is a query)."""
-        first = num_cached // self.block_size
-        found = self.lookup(block_hashes, first, (num_prompt - 1) // self.block_size)
+        request's first admission (its prompt is a query). Every prompt block a tier holds counts as reused there,
+        the GPU's hits too (vLLM offers a request's every block for storing again: those stored are reuses),
+        the first block last, the most recent."""
+        first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
+        prompt = block_hashes[:num_prompt // self.block_size]
+        for tier in self.tiers:
+            tier.store.hit(reversed(prompt))
+        found = self.lookup(block_hashes, first, stop)
         if not found:
             return 0, now
         counts = [sum(1 for t in found if t is tier) for tier in self.tiers]
         tokens = len(found) * self.block_size
         start, done = self._load_times(counts, now, commit=False)
-        recompute = self.recompute_seconds(num_cached, tokens)
-        if done - now >= recompute:
+        if done - now >= self.recompute_seconds(num_cached, tokens):
             if count_hits:
                 for tier, count in zip(self.tiers, counts, strict=False):
                     tier.recomputed_tokens += count * self.block_size
@@ -199,7 +212,6 @@ class TieredCache:
             tier.loaded_blocks += count
             if count_hits:
                 tier.hit_tokens += count * self.block_size
-            tier.store.hit([h for h, t in zip(block_hashes[first:], found, strict=False) if t is tier])
         if self.layerwise:  # the first layer must arrive; after it, compute waits only for what it outruns
             done = max(start + (done - start) / self.num_layers,
                        done - self.recompute_seconds(num_cached + tokens, num_prompt - num_cached - tokens))
