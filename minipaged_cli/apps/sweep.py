@@ -51,16 +51,21 @@ class Axes:
     kv_memory: tuple[str | None, ...] = (None,)
     block_sizes: tuple[int, ...] = (DEFAULT_BLOCK_SIZE,)
     prefix_caching: tuple[bool, ...] = (False,)
+    cpu_kv_memory: tuple[str | None, ...] = (None,)
+    offload_policies: tuple[str, ...] = ("write-through",)
+    tier_evictions: tuple[str, ...] = ("lru",)
 
     def points(self) -> list[Point]:
-        return [Point(m, g, k, b, p, s, r) for m, g, k, b, p, s, r in itertools.product(
-            self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching, self.strategies,
-            self.rates)]
+        return [Point(m, g, k, b, p, s, r, c, o, e) for m, g, k, b, p, c, o, e, s, r in itertools.product(
+            self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching, self.cpu_kv_memory,
+            self.offload_policies, self.tier_evictions, self.strategies, self.rates)]
 
     def varying(self) -> list[str]:
         """The Point fields with more than one value (besides strategy and rate), for labels."""
         values = {"model": self.models, "gpu": self.gpus, "kv_memory": self.kv_memory,
-                  "block_size": self.block_sizes, "prefix_caching": self.prefix_caching}
+                  "block_size": self.block_sizes, "prefix_caching": self.prefix_caching,
+                  "cpu_kv_memory": self.cpu_kv_memory, "offload_policy": self.offload_policies,
+                  "tier_eviction": self.tier_evictions}
         return [name for name, v in values.items() if len(v) > 1]
 
 

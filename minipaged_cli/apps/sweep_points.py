@@ -1,7 +1,8 @@
 """A sweep's points: replays of the trace re-timed by a seeded Poisson process at the point's rate (the same
 seeds at every rate, so the rates differ only in scale), under one strategy, model, GPU, KV memory, block size and
-prefix-caching setting, on one engine (vLLM v1 or v0 scheduling). Deterministic: the same replay gives the same
-metrics wherever it runs; a point's row is the mean of its replays' metrics, one per arrival seed."""
+prefix-caching setting, and host tier under the prefix cache (its size, offload and eviction policies), on one
+engine (vLLM v1 or v0 scheduling). Deterministic: the same replay gives the same metrics wherever it runs; a
+point's row is the mean of its replays' metrics, one per arrival seed."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, load_calibration
-from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_num_blocks
+from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
-from minipaged_cli.units import rounded
+from minipaged_cli.units import parse_bytes, rounded
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.trace import Trace
@@ -64,6 +65,9 @@ class Point:
     prefix_caching: bool
     strategy: str
     rate: float
+    cpu_kv_memory: str | None = None  # the host tier under the prefix cache (sim/tiers.py); None or 0: none
+    offload_policy: str = "write-through"
+    tier_eviction: str = "lru"
 
     @property
     def curve(self) -> Point:
@@ -76,9 +80,15 @@ class Point:
         return replace(self, strategy="", rate=0.0)
 
     def sort_key(self) -> tuple[Any, ...]:
-        """Points in a stable order (the GPU's default KV memory, None, first)."""
+        """Points in a stable order (the GPU's default KV memory, None, first; host tiers by size)."""
         return (self.model, self.gpu, self.kv_memory is not None, self.kv_memory or "", self.block_size,
-                self.prefix_caching, self.strategy, self.rate)
+                self.prefix_caching, self.host_bytes, self.offload_policy, self.tier_eviction, self.strategy,
+                self.rate)
+
+    @property
+    def host_bytes(self) -> int:
+        """The host tier's size in bytes (0: none)."""
+        return parse_bytes(self.cpu_kv_memory or "0", field="--cpu-kv-memory", allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,9 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
     num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
                                        settings.gpu_memory_utilization)
     return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
-                     prefix_caching=point.prefix_caching, calibration=calibration, **settings.engine)
+                     prefix_caching=point.prefix_caching, calibration=calibration,
+                     cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory"),
+                     offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
 
 
 def run_replay(work: Work, job: Replay) -> dict[str, float | int | None]:
@@ -135,6 +147,8 @@ def run_replay(work: Work, job: Replay) -> dict[str, float | int | None]:
         "throughput_tokens_per_s": metrics.throughput_tokens_per_s,
         "num_preemptions": metrics.num_preemptions,
         "token_state_pct": metrics.token_state_pct,
+        "prefix_cache_hit_pct": metrics.prefix_cache_hit_pct,  # found on the GPU, of the prompt tokens
+        "tier_hit_pct": sum(tier.hit_pct for tier in metrics.tiers.values()),  # loaded from the tiers under it
         "completed_requests": metrics.completed_requests,
         "rejected_requests": metrics.rejected_requests,
     }

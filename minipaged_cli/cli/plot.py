@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,56 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
         ax.legend(frameon=False, fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    _save(figure, path, plt)
+
+
+def plot_host_tier(result: Any, path: Path, *, title: str, reference: dict[str, float] | None = None) -> None:
+    """``minipaged sweep --cpu-kv-memory``: the prompt tokens found in the prefix cache (solid: GPU + host; dotted:
+    the GPU's part) and the mean TTFT against the host tier's size, a curve per policy and value of the other
+    axes (Mooncake's Fig. 9). ``reference``: a hit rate (%) per host size, drawn dashed (e.g. a plain LRU of the
+    same total capacity)."""
+    plt = _pyplot()
+    host_bytes = {p.cpu_kv_memory: p.host_bytes for p in result.rows}
+    sizes = sorted(host_bytes, key=host_bytes.__getitem__)
+    x = {size: index for index, size in enumerate(sizes)}
+    figure, (hits, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    varying = [name for name in result.axes.varying() if name != "cpu_kv_memory"]
+    curves: dict[Any, list[Any]] = {}
+    for point in result.rows:
+        curves.setdefault(replace(point, cpu_kv_memory=None), []).append(point)
+    for curve, points in sorted(curves.items(), key=lambda item: item[0].sort_key()):
+        points.sort(key=lambda p: x[p.cpu_kv_memory])
+        rows = [result.rows[p] for p in points]
+        positions = [x[p.cpu_kv_memory] for p in points]
+        label = " ".join([f"{curve.offload_policy}, {curve.tier_eviction}"]
+                         + [f"{name}={getattr(curve, name)}" for name in varying
+                            if name not in ("offload_policy", "tier_eviction")]
+                         + ([f"{curve.strategy}"] if len(result.axes.strategies) > 1 else [])
+                         + ([f"{curve.rate:g}/s"] if len(result.axes.rates) > 1 else []))
+        line, = hits.plot(positions, [r["prefix_cache_hit_pct"] + r["tier_hit_pct"] for r in rows], "o-",
+                          markersize=4, label=label)
+        hits.plot(positions, [r["prefix_cache_hit_pct"] for r in rows], ":", color=line.get_color(), linewidth=1)
+        shown = [(position, r["ttft_mean_s"]) for position, r in zip(positions, rows, strict=True)
+                 if r["ttft_mean_s"] is not None]
+        if shown:
+            ttft.plot(*zip(*shown, strict=True), "o-", markersize=4, color=line.get_color(), label=label)
+    if reference:
+        known = [size for size in sizes if size in reference]
+        hits.plot([x[size] for size in known], [reference[size] for size in known], "k--", linewidth=1,
+                  label="plain LRU, same total tokens")
+    for ax in (hits, ttft):
+        ax.set_xticks(range(len(sizes)), [size or "0" for size in sizes])
+        ax.set_xlabel("host memory tier (--cpu-kv-memory)")
+        ax.grid(True, linestyle=":", linewidth=0.5)
+    hits.set_ylim(bottom=0)
+    hits.set_ylabel("prompt tokens found cached (%)")
+    hits.set_title("hits: GPU + host (solid), GPU alone (dotted)", fontsize=9)
+    hits.legend(frameon=False, fontsize=7)
+    ttft.set_ylim(bottom=0)
+    ttft.set_ylabel("mean TTFT (simulated s)")
+    ttft.set_title("time to first token", fontsize=9)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     _save(figure, path, plt)

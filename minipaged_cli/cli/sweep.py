@@ -40,6 +40,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
+from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -51,7 +52,9 @@ Examples:\n\n
   minipaged sweep traces/azure_conv_1k.yaml --rates 0.5,1,2,4 --kv-memory 16GiB\n\n
   minipaged sweep ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --limit 2000 --model opt-13b
   --gpu a100-40gb --max-model-len 2048 --rates 0.5,1,2,4 --slo normalized-latency=0.4 --plot latency.png\n\n
-  minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json --csv sweep.csv
+  minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json --csv sweep.csv\n\n
+  minipaged sweep ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
+  --rates 1 --cpu-kv-memory 0,64GiB,256GiB,1TiB,4TiB --tier-eviction lru,arc --plot fig9.png
 """
 
 def _engine_default(name: str) -> str:
@@ -114,6 +117,12 @@ def sweep_command(
         "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
     cpu_blocks: Annotated[int | None, typer.Option(
         "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
+    cpu_kv_memory: Annotated[str | None, typer.Option("--cpu-kv-memory", show_default=False, help="Host tiers under "
+        "the prefix cache, e.g. 0,64GiB,1TiB (as in simulate); --plot: hits and TTFT against them.")] = None,
+    offload_policy: Annotated[str, typer.Option("--offload-policy", help="As in simulate, comma-separated: "
+                                                + ",".join(OFFLOAD_POLICIES) + ".")] = OFFLOAD_POLICIES[0],
+    tier_eviction: Annotated[str, typer.Option("--tier-eviction", help="As in simulate, comma-separated: "
+                                               + ",".join(TIER_EVICTIONS) + ".")] = TIER_EVICTIONS[0],
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
@@ -146,7 +155,8 @@ def sweep_command(
     prefix = options["prefix_caching"] or (settings.engine_prefix_caching(options["models"][0], options["gpus"][0]),)
     axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
-                prefix_caching=prefix)
+                prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
+                offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"])
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
     work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar
@@ -176,9 +186,12 @@ def sweep_command(
     if csv_path is not None:
         write_csv(result, csv_path)
     if plot is not None:
-        from minipaged_cli.cli.plot import plot_sweep
+        from minipaged_cli.cli.plot import plot_host_tier, plot_sweep
 
-        plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")
+        if len(axes.cpu_kv_memory) > 1:
+            plot_host_tier(result, Path(plot), title=f"{trace.name}: prefix-cache hits and TTFT against host memory")
+        else:
+            plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")
         console.print(f"plot: {escape(str(plot))}")
 
 
@@ -201,14 +214,17 @@ def _value(name: str, value: Any) -> str:
         return "prefix caching" if value else "no prefix caching"
     if name == "block_size":
         return f"block {value}"
+    if name == "cpu_kv_memory":
+        return f"host {value or 0}"
     return str(value)
 
 
 def points_table(result: SweepResult) -> Table:
     table = Table(title="Points (latencies in simulated seconds; normalized: end-to-end latency per output token)",
                   title_justify="left", box=box.SIMPLE_HEAD)
+    tiers = any(point.host_bytes for point in result.rows)
     columns = ["curve", "rate/s", "norm lat mean/p99 s", "TTFT mean/p99 s", "TPOT ms", "batch", "tok/s",
-               "preempt", "tok st %"]
+               "preempt", "tok st %"] + (["hit % GPU+host"] if tiers else [])
     for column in columns:
         table.add_column(column, justify="left" if column == "curve" else "right", no_wrap=True)
     for point in sorted(result.rows, key=lambda p: p.sort_key()):
@@ -218,7 +234,8 @@ def points_table(result: SweepResult) -> Table:
                       _pair(row["ttft_mean_s"], row["ttft_p99_s"], "{:.2f}"),
                       "-" if row["tpot_mean_s"] is None else f"{row['tpot_mean_s'] * 1e3:.1f}",
                       f"{row['mean_batch_size']:.1f}", f"{row['throughput_tokens_per_s']:,.0f}",
-                      _count(row["num_preemptions"]), f"{row['token_state_pct']:.1f}")
+                      _count(row["num_preemptions"]), f"{row['token_state_pct']:.1f}",
+                      *([f"{row['prefix_cache_hit_pct']:.1f}+{row['tier_hit_pct']:.1f}"] if tiers else []))
     return table
 
 

@@ -13,7 +13,8 @@ import yaml
 from minipaged_cli.apps.sweep import Slo, make_slo, parse_slo
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import PREEMPTION_MODES, SCHEDULERS
+from minipaged_cli.sim.config import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS
+from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, positive_number, whole_number
 from minipaged_cli.workloads.presets import KV_CACHE_DTYPES
 from minipaged_cli.workloads.readers import TRACE_FORMATS
@@ -22,7 +23,7 @@ from minipaged_cli.workloads.readers import TRACE_FORMATS
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
-             "calibration", "kv_cache_dtype")
+             "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -105,6 +106,15 @@ def _kv_memory(item: Any, where: dict[str, Any]) -> str | None:
     return None if str(item).lower() == "default" else str(item)
 
 
+def _size(item: Any, where: dict[str, Any]) -> str:
+    """A tier's size (64GiB; 0: no tier), checked here so that a --config file's is refused naming the file."""
+    try:
+        parse_bytes(str(item), field=where["field"], allow_zero=True)
+    except InputError as error:
+        raise InputError(error.message, value=item, has_value=True, **where) from None
+    return str(item)
+
+
 def _on_off(item: Any, where: dict[str, Any]) -> bool:
     if isinstance(item, bool):
         return item
@@ -151,7 +161,10 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "gpu_memory_utilization": lambda v, w: finite_number(v, minimum=0, maximum=1, exclusive_minimum=True, **w),
     "calibration": _text,
     "kv_cache_dtype": _choice(KV_CACHE_DTYPES),
+    "cpu_kv_memory": lambda v, w: _list(v, _size, w),
+    "offload_policy": lambda v, w: _list(v, _choice(OFFLOAD_POLICIES), w),
+    "tier_eviction": lambda v, w: _list(v, _choice(TIER_EVICTIONS), w),
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
-                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration")
+                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "cpu_kv_memory")
