@@ -19,9 +19,10 @@ at a time, the reference the fast path is tested against).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
 from minipaged_cli.sim.categories import category_slots
@@ -37,6 +39,7 @@ from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
@@ -57,6 +60,10 @@ class StepWork:
     ``copies``: (src, dst) blocks that copy-on-write needs copied before any token is written.
     ``forks``: (parent, child) sequences forked after the step's prefill (the child attends to the parent's
     prompt until it writes its own tokens).
+    ``loads``: (block hash, GPU block id) filled from a tier below the GPU (host memory, disk) before this step's
+    compute; ``stores``: (block hash, GPU block id) copied down to the host tier after this step's compute
+    (``sim/tiers.py``). Under ``--offload-policy on-eviction`` the stored blocks are the ones this step's
+    allocation evicts: their old content must be copied before the step's compute overwrites it.
     """
 
     prefills: list[tuple[int, int, int]]
@@ -64,6 +71,8 @@ class StepWork:
     live_tokens: int
     copies: list[tuple[int, int]] = field(default_factory=list)
     forks: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[Hashable, int]] = field(default_factory=list)
+    stores: list[tuple[Hashable, int]] = field(default_factory=list)
 
 
 class Replay:
@@ -85,6 +94,9 @@ class Replay:
                                      config.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
+        self.tiers = None
+        if config.has_tiers and isinstance(allocator, PagedAllocator):
+            self.tiers = self.scheduler.tiers = TieredCache(config, allocator.manager.pool, self.step_time)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
                                      / 400 or 0.01) if config.record_layout else None
@@ -102,29 +114,39 @@ class Replay:
             if not (self.bulk and self._bulk_step()):
                 self._single_step()
             if self.config.check_invariants:
-                accounting.invariant_violations += bool(self.allocator.invariant_violations())
+                accounting.invariant_violations += bool(self.allocator.invariant_violations()) or \
+                    (self.tiers is not None and bool(self.tiers.violations()))
             if self.layout is not None:
                 self.layout.maybe_record(self.now, self.allocator)
             if self.progress is not None:
                 self.progress(accounting.num_done)
         metrics = accounting.metrics(self.allocator, self.first_arrival_s)
+        if self.tiers is not None:
+            metrics.tiers = self.tiers.metrics(accounting.prefix_cache_queries, metrics.makespan_s)
         if self.layout is not None:
             metrics.layout = self.layout.result()
         return metrics
 
     def _single_step(self) -> None:
-        decision = self.scheduler.schedule()
+        scheduler = self.scheduler
+        decision = scheduler.schedule()
         if decision is None:
+            ready = scheduler.next_ready_s
+            if ready is not None:  # only loads in flight: wait for the first (or for an arrival before it)
+                arrival = scheduler.next_arrival_s
+                self.now = max(self.now, ready if arrival is None else min(ready, arrival))
             return
         decoders, chunks = decision.decoders, decision.chunks
         duration = self._duration(decision)
-        running = self.scheduler.running
+        running = scheduler.running
+        stores = [] if self.tiers is None else self.tiers.flush(self.now + duration)
+        loads, scheduler.loads = scheduler.loads, []
         if self.on_step is not None:
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
                             live_tokens=sum(r.num_computed for r in running) + decision.num_new_tokens
                             - self.allocator.shared_slots,
-                            copies=decision.copies, forks=decision.forks)
+                            copies=decision.copies, forks=decision.forks, loads=loads, stores=stores)
             self.on_step(work, self.allocator)
         for live in decoders:
             live.num_computed += 1
@@ -198,6 +220,8 @@ class Replay:
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
         self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
+        if self.tiers is not None:
+            self.tiers.flush(self.now)
         scheduler.finish(self.now)
         return True
 
@@ -261,10 +285,12 @@ class SimulationResult:
     trace: Trace
     config: SimConfig
     strategies: dict[str, StrategyMetrics]
+    # With tiers below the GPU: the strategies they apply to, replayed again without them (what they buy)
+    without_tiers: dict[str, StrategyMetrics] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config
-        return {
+        document = {
             "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
@@ -275,9 +301,15 @@ class SimulationResult:
                        "long_prefill_token_threshold": config.long_prefill_token_threshold,
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
-                       "calibration": config.calibration.path if config.calibration else None},
+                       "calibration": config.calibration.path if config.calibration else None,
+                       "cpu_kv_blocks": config.cpu_kv_blocks, "disk_kv_blocks": config.disk_kv_blocks,
+                       "offload_policy": config.offload_policy, "tier_eviction": config.tier_eviction,
+                       "layerwise_loads": config.layerwise_loads},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
+        if self.without_tiers:
+            document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
+        return document
 
 
 def simulate(
@@ -295,7 +327,9 @@ def simulate(
     for name in strategies:
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
-    return SimulationResult(trace, config, results)
+    baseline = dataclasses.replace(config, cpu_kv_blocks=0, disk_kv_blocks=0)
+    without = {name: replay(trace, baseline, name) for name, metrics in results.items() if metrics.tiers}
+    return SimulationResult(trace, config, results, without)
 
 
 def replay(
