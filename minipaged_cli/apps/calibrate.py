@@ -303,8 +303,10 @@ def _median_copy_seconds(target: torch.Tensor, source: torch.Tensor, repeat: int
 
 
 def gpu_yaml(gpu: GpuSpec, link: HostLink) -> str:
-    """``gpu``'s preset as a GPU YAML (``--gpu PATH`` reads it), its host link replaced by the measured one."""
-    fields = {**asdict(gpu), "host_bandwidth_bytes_per_s": float(f"{link.bandwidth_bytes_per_s:.4g}")}
+    """``gpu``'s preset as a GPU YAML (``--gpu PATH`` reads it), its host link replaced by the measured one: the
+    bandwidth is what the copies achieved, so its efficiency is 1 (the host tier's link is their product)."""
+    fields = {**asdict(gpu), "host_bandwidth_bytes_per_s": float(f"{link.bandwidth_bytes_per_s:.4g}"),
+              "host_bandwidth_efficiency": 1.0}
     what = "pinned memory over PCIe" if link.is_pcie else "memcpy on the CPU, not a PCIe link"
     header = (f"# {gpu.name}, its host link measured by minipaged calibrate on {link.device}: the slower direction "
               f"of {link.sizes[-1]:,}-byte copies, {what}.\n")
