@@ -24,7 +24,9 @@ current stream) by events, so that the step's compute overlaps them:
 
 A store reads the blocks on the compute stream, after the step that wrote them and before anything later writes
 them, so a block may be reused as soon as ``store`` returns; its staging buffer lives until the side stream's
-copy of it finished (``record_stream``). A load's scatter waits for its copies. Host slots are written and read
+copy of it finished (``record_stream``). A load's scatter waits for its copies. The per-layer layout has no
+staging: its copies read and write the GPU blocks themselves, so they wait for the compute queued before them and
+the compute queued after them waits for them. Host slots are written and read
 on the side stream only, in order; ``synchronize`` before the host reads them (``host_block``). On the CPU every
 copy finishes before the call returns (the "host link" is then a memcpy).
 
@@ -169,12 +171,12 @@ class HostKVPool:
                 return 2 * cache.num_layers * len(slots)
 
             # Straight from the GPU blocks: the compute stream waits for the copies before it writes them again.
-            with _SideStream(self, "store", compute_waits=True):
+            with _SideStream(self, "store", waits_for_compute=True, compute_waits=True):
                 copies = copy()
         else:
             # [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim], gathered on the compute stream
             staging = self._mover.gather(torch.tensor(block_ids, dtype=torch.int64, device=cache.device))
-            with _SideStream(self, "store", compute_waits=False):
+            with _SideStream(self, "store", waits_for_compute=True, compute_waits=False):
                 for row, slot in enumerate(slots):
                     self.host[slot].copy_(staging[row], non_blocking=True)
                 if self.stream is not None:
@@ -185,14 +187,16 @@ class HostKVPool:
     def _load(self, block_ids: list[int], slots: list[int]) -> Transfer:
         cache = self.cache
         if self.layout == "per-layer":
-            with _SideStream(self, "load", compute_waits=True):
+            # Straight into the GPU blocks: after the compute queued so far has read what they held.
+            with _SideStream(self, "load", waits_for_compute=True, compute_waits=True):
                 for layer, host_kv in zip(range(cache.num_layers), self.host_layers, strict=True):
                     for gpu, host in zip((cache.key_cache[layer], cache.value_cache[layer]), host_kv, strict=True):
                         for block_id, slot in zip(block_ids, slots, strict=True):
                             gpu[block_id].copy_(host[slot], non_blocking=True)
             copies = 2 * cache.num_layers * len(slots)
         else:
-            with _SideStream(self, "load", compute_waits=True):
+            # Into fresh staging memory of the side stream's own: the copies need not wait for the compute stream.
+            with _SideStream(self, "load", waits_for_compute=False, compute_waits=True):
                 staging = _staging(cache, len(slots))
                 for row, slot in enumerate(slots):
                     staging[row].copy_(self.host[slot], non_blocking=True)
@@ -214,14 +218,15 @@ class HostKVPool:
 
 
 class _SideStream:
-    """The host copies of one store or load: on CUDA, on the pool's side stream, which first waits for the work
-    queued on the compute stream (a store reads what it wrote), timed by events; with ``compute_waits`` the
-    compute stream then waits for the copies (a load's blocks are read next; a per-layer store's blocks may be
-    written next). On the CPU, timed on the host clock."""
+    """The host copies of one store or load: on CUDA, on the pool's side stream, timed by events. With
+    ``waits_for_compute`` the side stream first waits for the work queued on the compute stream (what the copies
+    read or overwrite); with ``compute_waits`` the compute stream then waits for the copies (a load's blocks are
+    read next; a per-layer store's blocks may be written next). On the CPU, timed on the host clock."""
 
-    def __init__(self, pool: HostKVPool, direction: str, compute_waits: bool) -> None:
+    def __init__(self, pool: HostKVPool, direction: str, waits_for_compute: bool, compute_waits: bool) -> None:
         self.pool = pool
         self.direction = direction
+        self.waits_for_compute = waits_for_compute
         self.compute_waits = compute_waits
 
     def __enter__(self) -> None:
@@ -230,7 +235,8 @@ class _SideStream:
             self.started = time.perf_counter()
             return
         self.compute = torch.cuda.current_stream(stream.device)
-        stream.wait_stream(self.compute)
+        if self.waits_for_compute:
+            stream.wait_stream(self.compute)
         self.context = torch.cuda.stream(stream)
         self.context.__enter__()
         self.start = torch.cuda.Event(enable_timing=True)
