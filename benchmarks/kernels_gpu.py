@@ -159,7 +159,7 @@ def offload_case(backend: KernelBackend, clock: Clock, transfer_bytes: int) -> N
     """KV offloading (dataplane/offload.py) of Qwen3-8B's 36 layers per block size, both host layouts, against
     one pinned copy of the same bytes each way (the link's ceiling, same run). Host-clock timing around each store
     or load and its synchronisation (the per-copy launch cost is what the layouts trade), not the delayed queue."""
-    from minipaged_cli.apps.calibrate import measure_host_link
+    from minipaged_cli.apps.host_link import measure_host_link
     from minipaged_cli.apps.profile import time_offload
     from minipaged_cli.workloads.presets import load_model
 

@@ -1,4 +1,4 @@
-"""calibrate's host link (apps/calibrate.py measure_host_link, gpu_yaml): copies each way by size, and the GPU
+"""calibrate's host link (apps/host_link.py measure_host_link, gpu_yaml): copies each way by size, and the GPU
 YAML that carries the measured link to the simulator."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.calibrate import LINK_DIRECTIONS, HostLink, gpu_yaml, measure_host_link
+from minipaged_cli.apps.host_link import LINK_DIRECTIONS, HostLink, gpu_yaml, measure_host_link
 from minipaged_cli.cli.main import app
 from minipaged_cli.workloads.presets import load_gpu
 from tests.conftest import ROOT

@@ -35,7 +35,7 @@ from minipaged_cli.sim.step_time import StepTimeModel, causal_pairs
 from minipaged_cli.workloads.presets import load_gpu, load_model
 
 if TYPE_CHECKING:
-    from minipaged_cli.apps.calibrate import HostLink
+    from minipaged_cli.apps.host_link import HostLink
 
 EPILOG = """\
 Examples:\n\n
@@ -95,15 +95,8 @@ def calibrate_command(
     else:
         import torch
 
-        from minipaged_cli.apps.calibrate import (
-            LINK_SIZES,
-            QUICK_GRID,
-            QUICK_LINK_SIZES,
-            coverage,
-            full_grid,
-            measure,
-            measure_host_link,
-        )
+        from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
+        from minipaged_cli.apps.host_link import LINK_SIZES, QUICK_LINK_SIZES, measure_host_link
         from minipaged_cli.dataplane.select import select_backend
 
         backend = select_backend(device)
@@ -144,7 +137,7 @@ def calibrate_command(
     if out != "-":
         console.print(f"wrote {out}", markup=False)
     if gpu_out is not None and link is not None:
-        from minipaged_cli.apps.calibrate import gpu_yaml
+        from minipaged_cli.apps.host_link import gpu_yaml
 
         write_text(gpu_out, gpu_yaml(gpu_spec, link), "--gpu-out")
         console.print(f"wrote {gpu_out} (host_bandwidth_bytes_per_s {link.bandwidth_bytes_per_s:.4g})", markup=False)

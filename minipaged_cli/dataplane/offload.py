@@ -37,7 +37,6 @@ before anything is copied or any slot is taken.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -47,9 +46,9 @@ import torch
 
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.offload_movers import block_mover, staging_buffer
 
 LAYOUTS = ("contiguous", "per-layer")
-OFFLOAD_THREADS = 128  # threads per (block, layer, K or V) of the gather and scatter kernels
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class HostKVPool:
         self.slots: dict[Hashable, int] = {}
         self.free_slots = list(range(num_slots - 1, -1, -1))  # popped from the end: slot 0 first
         self.stream = torch.cuda.Stream(cache.device) if on_cuda else None
-        self._mover = _block_mover(backend, cache)
+        self._mover = block_mover(backend, cache)
         self._timings: list[tuple[str, Any, Any]] = []  # (direction, start, end) events not yet read (CUDA)
         self.link_seconds = {"store": 0.0, "load": 0.0}  # time the host copies took, each direction
         self.bytes_moved = {"store": 0, "load": 0}
@@ -197,7 +196,7 @@ class HostKVPool:
         else:
             # Into fresh staging memory of the side stream's own: the copies need not wait for the compute stream.
             with _SideStream(self, "load", waits_for_compute=False, compute_waits=True):
-                staging = _staging(cache, len(slots))
+                staging = staging_buffer(cache, len(slots))
                 for row, slot in enumerate(slots):
                     staging[row].copy_(self.host[slot], non_blocking=True)
             if self.stream is not None:
@@ -253,80 +252,3 @@ class _SideStream:
         pool._timings.append((self.direction, self.start, end))
         if self.compute_waits:
             self.compute.wait_event(end)
-
-
-class _TorchMover:
-    """Gather and scatter with torch's indexing (the torch backend, on any device)."""
-
-    def __init__(self, cache: PagedKVCache) -> None:
-        self.cache = cache
-
-    def gather(self, block_ids: torch.Tensor) -> torch.Tensor:
-        """block_ids int64 [n] -> staging [n, num_layers, 2, num_kv_heads, block_size, head_dim]."""
-        cache = self.cache
-        staging = _staging(cache, len(block_ids))
-        for layer in range(cache.num_layers):
-            staging[:, layer, 0] = cache.key_cache[layer].index_select(0, block_ids)
-            staging[:, layer, 1] = cache.value_cache[layer].index_select(0, block_ids)
-        return staging
-
-    def scatter(self, block_ids: torch.Tensor, staging: torch.Tensor) -> None:
-        """staging [n, num_layers, 2, ...] -> the blocks ``block_ids`` (distinct) of every layer."""
-        cache = self.cache
-        for layer in range(cache.num_layers):
-            cache.key_cache[layer].index_copy_(0, block_ids, staging[:, layer, 0])
-            cache.value_cache[layer].index_copy_(0, block_ids, staging[:, layer, 1])
-
-
-class _KernelMover:
-    """Gather and scatter by the kernels of ``cuda/offload.cu``, launched through a kernel backend."""
-
-    def __init__(self, launcher: Any, cache: PagedKVCache) -> None:
-        self.launcher = launcher  # a KernelBackend whose launch() reaches offload.cu's entry points
-        self.cache = cache
-        caches = (*cache.key_cache, *cache.value_cache)
-        # [2, num_layers] int64: every layer's K cache's address, then every layer's V cache's
-        self.pointers = torch.tensor([t.data_ptr() for t in caches], dtype=torch.int64, device=cache.device)
-        self.block_bytes = caches[0][0].numel() * caches[0].element_size()
-        self.aligned = self.block_bytes % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in caches)
-
-    def gather(self, block_ids: torch.Tensor) -> torch.Tensor:
-        staging = _staging(self.cache, len(block_ids))
-        self._launch("gather_blocks", block_ids, staging)
-        return staging
-
-    def scatter(self, block_ids: torch.Tensor, staging: torch.Tensor) -> None:
-        self._launch("scatter_blocks", block_ids, staging)
-
-    def _launch(self, name: str, block_ids: torch.Tensor, staging: torch.Tensor) -> None:
-        from minipaged_cli.dataplane.kernels import Int64
-
-        vectorized = self.aligned and staging.data_ptr() % 16 == 0
-        self.launcher.launch("offload", name, (len(block_ids), self.cache.num_layers, 2), (OFFLOAD_THREADS, 1, 1),
-                             [staging, self.pointers, block_ids, self.cache.num_layers, Int64(self.block_bytes),
-                              int(vectorized)])
-
-
-def _staging(cache: PagedKVCache, num_blocks: int) -> torch.Tensor:
-    """[num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim] on the cache's device, unwritten."""
-    return torch.empty((num_blocks, cache.num_layers, 2, *cache.shape[1:]), dtype=cache.dtype, device=cache.device)
-
-
-def _block_mover(backend: Backend, cache: PagedKVCache) -> _TorchMover | _KernelMover:
-    """The torch backend gathers with torch; the kernel backends launch offload.cu (the emulated one through a
-    library of its own, built beside the others')."""
-    from minipaged_cli.dataplane.kernel_backend import KernelBackend
-
-    if not isinstance(backend, KernelBackend):
-        return _TorchMover(cache)
-    return _KernelMover(_emulated_launcher() if backend.device.type == "cpu" else backend, cache)
-
-
-@functools.cache
-def _emulated_launcher() -> Backend:
-    from minipaged_cli.dataplane.build import build_library
-    from minipaged_cli.dataplane.emulation import FLAGS, EmulatedBackend
-
-    library = build_library("offload_emu", ("emulation/offload_emu.cpp", "emulation/cuda_emu.h", "offload.cu",
-                                            "common.cuh"), "emulation/offload_emu.cpp", FLAGS)
-    return EmulatedBackend(library=library)
