@@ -89,12 +89,13 @@ class StrategyMetrics:
     layout: Any = field(default=None, repr=False)  # sim.layout.LayoutSamples, when the config asks for it
 
     def measurements(self) -> dict[str, Any]:
-        """The reported values, unrounded: every field but the timeline, the detail and the layout."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("timeline", "detail", "layout")}
+        """The reported values, unrounded: every field but the tiers, the timeline, the detail and the layout."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("tiers", "timeline", "detail", "layout")}
 
     def to_dict(self) -> dict[str, Any]:
         document = rounded(self.measurements())
-        document["tiers"] = {name: tier.to_dict() for name, tier in self.tiers.items()}
+        if self.tiers:  # (replays without tiers keep their keys)
+            document["tiers"] = {name: tier.to_dict() for name, tier in self.tiers.items()}
         return document
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator
@@ -140,6 +140,15 @@ class SimConfig:
     def has_tiers(self) -> bool:
         """Whether the prefix cache has a tier below the GPU."""
         return self.cpu_kv_blocks > 0
+
+    @property
+    def tier_settings(self) -> dict[str, int | str | bool]:
+        names = ("cpu_kv_blocks", "disk_kv_blocks", "offload_policy", "tier_eviction", "layerwise_loads")
+        return {name: getattr(self, name) for name in names}
+
+    def without_tiers(self) -> SimConfig:
+        """The same engine with nothing below the GPU's prefix cache (what the tiers buy is the difference)."""
+        return replace(self, cpu_kv_blocks=0, disk_kv_blocks=0)
 
     @property
     def watermark_blocks(self) -> int:

@@ -1,6 +1,7 @@
 """Continuous-batching replay of a trace under one allocation strategy, and where the KV memory goes.
 
-This module is the loop; the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
+This module is the loop (Over 300 lines: the single step, the bulk fast path and what each hands a data plane or the
+report read best side by side); the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
 times it, and the accounting (``accounting``, ``categories``) measures it.
 
 Each step the scheduler decides what runs (vLLM v1's policy or v0's, ``SimConfig.scheduler``); every decoding
@@ -19,7 +20,6 @@ at a time, the reference the fast path is tested against).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable, Hashable
@@ -30,7 +30,6 @@ import numpy as np
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
 from minipaged_cli.sim.categories import category_slots
@@ -94,9 +93,7 @@ class Replay:
                                      config.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
-        self.tiers = None
-        if config.has_tiers and isinstance(allocator, PagedAllocator):
-            self.tiers = self.scheduler.tiers = TieredCache(config, allocator.manager.pool, self.step_time)
+        self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
                                      / 400 or 0.01) if config.record_layout else None
@@ -114,8 +111,8 @@ class Replay:
             if not (self.bulk and self._bulk_step()):
                 self._single_step()
             if self.config.check_invariants:
-                accounting.invariant_violations += bool(self.allocator.invariant_violations()) or \
-                    (self.tiers is not None and bool(self.tiers.violations()))
+                accounting.invariant_violations += bool(self.allocator.invariant_violations()
+                                                        or (self.tiers is not None and self.tiers.violations()))
             if self.layout is not None:
                 self.layout.maybe_record(self.now, self.allocator)
             if self.progress is not None:
@@ -131,10 +128,7 @@ class Replay:
         scheduler = self.scheduler
         decision = scheduler.schedule()
         if decision is None:
-            ready = scheduler.next_ready_s
-            if ready is not None:  # only loads in flight: wait for the first (or for an arrival before it)
-                arrival = scheduler.next_arrival_s
-                self.now = max(self.now, ready if arrival is None else min(ready, arrival))
+            self.now = scheduler.idle_until(self.now)
             return
         decoders, chunks = decision.decoders, decision.chunks
         duration = self._duration(decision)
@@ -302,12 +296,10 @@ class SimulationResult:
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
                        "calibration": config.calibration.path if config.calibration else None,
-                       "cpu_kv_blocks": config.cpu_kv_blocks, "disk_kv_blocks": config.disk_kv_blocks,
-                       "offload_policy": config.offload_policy, "tier_eviction": config.tier_eviction,
-                       "layerwise_loads": config.layerwise_loads},
+                       **(config.tier_settings if config.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
-        if self.without_tiers:
+        if self.without_tiers:  # (the documents of replays without tiers keep their keys)
             document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
         return document
 
@@ -327,8 +319,7 @@ def simulate(
     for name in strategies:
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
-    baseline = dataclasses.replace(config, cpu_kv_blocks=0, disk_kv_blocks=0)
-    without = {name: replay(trace, baseline, name) for name, metrics in results.items() if metrics.tiers}
+    without = {name: replay(trace, config.without_tiers(), name) for name, metrics in results.items() if metrics.tiers}
     return SimulationResult(trace, config, results, without)
 
 

@@ -94,10 +94,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return self.next_arrival < len(self.requests) or bool(self.waiting) or bool(self.running)
 
-    @property
-    def next_ready_s(self) -> float | None:
-        """When the first request still loading from a tier below the GPU may compute; None if none loads."""
-        return min((r.ready_s for r in self.running if r.loading_tokens), default=None)
+    def idle_until(self, now: float) -> float:
+        """Where the clock goes when no step could run at ``now``: while only loads from a tier below the GPU are
+        in flight, to the first one's end (or to an arrival before it); else it stays."""
+        ready = min((r.ready_s for r in self.running if r.loading_tokens), default=None)
+        arrival = self.next_arrival_s
+        if ready is None:
+            return now
+        return max(now, ready if arrival is None else min(ready, arrival))
 
     @property
     def next_arrival_s(self) -> float | None:

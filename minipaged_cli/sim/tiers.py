@@ -34,7 +34,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.tier_store import TIER_STORES, TierStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.step_time import StepTimeModel
@@ -97,6 +99,13 @@ class TierMetrics:
 class TieredCache:
     """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts)."""
 
+    @classmethod
+    def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
+        """The tiers ``config`` asks for under ``allocator``'s pool; None without them (or without blocks)."""
+        if not config.has_tiers or not isinstance(allocator, PagedAllocator):
+            return None
+        return cls(config, allocator.manager.pool, step_time)
+
     def __init__(self, config: SimConfig, pool: BlockPool, step_time: StepTimeModel) -> None:
         gpu, store = config.gpu, TIER_STORES[config.tier_eviction]
         self.block_size = config.block_size
@@ -139,7 +148,8 @@ class TieredCache:
             on_gpu = self.pool.cached_blocks
             pending = [pair for pair in pending if pair[0] not in on_gpu]
         stored = host.store.contains
-        new = [pair for pair in pending if not stored(pair[0])]
+        # (two requests may compute the same content in one step: one copy)
+        new = list({h: (h, block) for h, block in pending if not stored(h)}.values())
         if len(new) < len(pending):  # stored again: recently used
             host.store.insert([h for h, _ in pending if stored(h)])
         if not new or not self._copy(host, len(new), now):
