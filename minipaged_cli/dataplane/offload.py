@@ -38,7 +38,7 @@ before anything is copied or any slot is taken.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,16 +162,11 @@ class HostKVPool:
     def _store(self, block_ids: list[int], slots: list[int]) -> Transfer:
         cache = self.cache
         if self.layout == "per-layer":
-            def copy() -> int:
-                for layer, host_kv in zip(range(cache.num_layers), self.host_layers, strict=True):
-                    for gpu, host in zip((cache.key_cache[layer], cache.value_cache[layer]), host_kv, strict=True):
-                        for block_id, slot in zip(block_ids, slots, strict=True):
-                            host[slot].copy_(gpu[block_id], non_blocking=True)
-                return 2 * cache.num_layers * len(slots)
-
             # Straight from the GPU blocks: the compute stream waits for the copies before it writes them again.
             with _SideStream(self, "store", waits_for_compute=True, compute_waits=True):
-                copies = copy()
+                for gpu_block, host_slot in self._per_layer_blocks(block_ids, slots):
+                    host_slot.copy_(gpu_block, non_blocking=True)
+            copies = 2 * cache.num_layers * len(slots)
         else:
             # [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim], gathered on the compute stream
             staging = self._mover.gather(torch.tensor(block_ids, dtype=torch.int64, device=cache.device))
@@ -188,10 +183,8 @@ class HostKVPool:
         if self.layout == "per-layer":
             # Straight into the GPU blocks: after the compute queued so far has read what they held.
             with _SideStream(self, "load", waits_for_compute=True, compute_waits=True):
-                for layer, host_kv in zip(range(cache.num_layers), self.host_layers, strict=True):
-                    for gpu, host in zip((cache.key_cache[layer], cache.value_cache[layer]), host_kv, strict=True):
-                        for block_id, slot in zip(block_ids, slots, strict=True):
-                            gpu[block_id].copy_(host[slot], non_blocking=True)
+                for gpu_block, host_slot in self._per_layer_blocks(block_ids, slots):
+                    gpu_block.copy_(host_slot, non_blocking=True)
             copies = 2 * cache.num_layers * len(slots)
         else:
             # Into fresh staging memory of the side stream's own: the copies need not wait for the compute stream.
@@ -204,6 +197,16 @@ class HostKVPool:
             self._mover.scatter(torch.tensor(block_ids, dtype=torch.int64, device=cache.device), staging)
             copies = len(slots)
         return self._moved("load", len(slots), copies)
+
+    def _per_layer_blocks(self, block_ids: list[int],
+                          slots: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(GPU block, host slot) of each layer's K and V for every pair: the per-layer layout's copies, each
+        [num_kv_heads, block_size, head_dim]."""
+        cache = self.cache
+        for layer, host_kv in enumerate(self.host_layers):
+            for gpu, host in zip((cache.key_cache[layer], cache.value_cache[layer]), host_kv, strict=True):
+                for block_id, slot in zip(block_ids, slots, strict=True):
+                    yield gpu[block_id], host[slot]
 
     def _moved(self, direction: str, num_blocks: int, num_copies: int) -> Transfer:
         num_bytes = num_blocks * self.block_bytes
