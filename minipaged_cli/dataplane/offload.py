@@ -169,7 +169,7 @@ class HostKVPool:
             copies = 2 * cache.num_layers * len(slots)
         else:
             # [num_blocks, num_layers, 2, num_kv_heads, block_size, head_dim], gathered on the compute stream
-            staging = self._mover.gather(torch.tensor(block_ids, dtype=torch.int64, device=cache.device))
+            staging = self._mover.gather(self._device_ids(block_ids))
             with _SideStream(self, "store", waits_for_compute=True, compute_waits=False):
                 for row, slot in enumerate(slots):
                     self.host[slot].copy_(staging[row], non_blocking=True)
@@ -194,9 +194,16 @@ class HostKVPool:
                     staging[row].copy_(self.host[slot], non_blocking=True)
             if self.stream is not None:
                 staging.record_stream(torch.cuda.current_stream(cache.device))  # allocated on the side stream
-            self._mover.scatter(torch.tensor(block_ids, dtype=torch.int64, device=cache.device), staging)
+            self._mover.scatter(self._device_ids(block_ids), staging)
             copies = len(slots)
         return self._moved("load", len(slots), copies)
+
+    def _device_ids(self, block_ids: list[int]) -> torch.Tensor:
+        """int64 [n] on the cache's device. On CUDA through pinned memory, without waiting: a copy from pageable
+        memory would hold the host until the compute stream drained, and the copies would overlap nothing."""
+        if self.stream is None:
+            return torch.tensor(block_ids, dtype=torch.int64)
+        return torch.tensor(block_ids, dtype=torch.int64, pin_memory=True).to(self.cache.device, non_blocking=True)
 
     def _per_layer_blocks(self, block_ids: list[int],
                           slots: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
