@@ -4,9 +4,11 @@
 #
 #   summary.txt     commit, GPU, driver, one line per step: status, exit code, seconds, limit; then the set-up's
 #                   log: carried wheels, PATH, and the import that must work: torch + PyCUDA on torch's context
-#   bench.log       benchmarks/kernels_gpu.py: kernel figures beside same-run baselines (first: they matter most)
+#   bench.log       benchmarks/kernels_gpu.py: kernel figures beside same-run baselines (first: they matter most),
+#                   and KV offloading's store/load GB/s per block size in both host layouts beside a pinned copy
 #   gpu_tests.log   pytest -m gpu, full output; MINIPAGED_REQUIRE_GPU=1 makes a skipped GPU test a failure
-#   sanitizers.log  compute-sanitizer: memcheck over the bf16 attention, cache-write and copy-blocks GPU tests;
+#   sanitizers.log  compute-sanitizer: memcheck over the bf16 attention, cache-write, copy-blocks and offload (gather
+#                   and scatter kernels, pinned copies on a side stream) GPU tests;
 #                   racecheck, synccheck and initcheck over the tensor-core kernel's small GPU tests (what the CPU
 #                   emulation cannot prove: shared-memory hazards and barriers on the real hardware)
 #   calibrate.log   minipaged calibrate: Qwen3-8B's GEMMs, element-wise kernels, prefill attention (torch) and
@@ -43,6 +45,7 @@ MEMCHECK_TESTS=(
     "tests/test_kernels.py::test_gpu_attention_on_vllm_shapes[(64, 8)-128-16-torch.bfloat16]"
     "tests/test_kernels.py::test_gpu_cache_write_is_bit_exact[torch.bfloat16]"
     "tests/test_kernels.py::test_gpu_copy_blocks_is_exact[torch.bfloat16]"
+    "tests/test_offload.py::test_gpu_store_waits_for_the_step_and_load_finishes_before_attention[contiguous]"
 )
 # racecheck, synccheck and initcheck slow a kernel by 10-100x: the tensor-core kernel on 3 sequences (<= 517 tokens),
 # with and without split-K, not vLLM's 8k-token shapes.
@@ -98,7 +101,7 @@ check() {
     count=$(collected "${GPU_TESTS[@]}")
     echo "gpu_tests: pytest ${GPU_TESTS[*]} collects $count tests"
     [ "$count" -gt 0 ] || { echo "  FAIL: no GPU test collected"; failed=1; }
-    check_selection "memcheck" "bf16 attention, cache write, copy blocks" "${MEMCHECK_TESTS[@]}" || failed=1
+    check_selection "memcheck" "bf16 attention, cache write, copy blocks, offload" "${MEMCHECK_TESTS[@]}" || failed=1
     check_selection "${TC_SANITIZERS[*]}" "the tensor-core kernel, small batches" "${TC_TESTS[@]}" || failed=1
     if "$PY" benchmarks/kernels_gpu.py --dry-run > /dev/null 2>&1; then
         echo "bench: every case runs (--dry-run: tiny shapes on the emulated kernels, untimed)"

@@ -5,7 +5,8 @@ measured in the same run. Needs a GPU and PyCUDA (``pip install -e ".[gpu]"``, o
 Decode attention, Qwen3-8B heads (32 q / 8 kv, head_dim 128), bf16, block 16, blocks permuted at random in a K/V
 pool of several GB: B=32 x 4,096 tokens, B=1 x 1,024 (latency), B=64 x 512, and a skewed batch. Beside each: a
 device-to-device copy of the same K/V bytes (the practical ceiling) and, where the lengths are equal, torch SDPA on
-the same K/V stored contiguously (enable_gqa). Cache write: GB/s at 16,384 tokens and microseconds at 64.
+the same K/V stored contiguously (enable_gqa). Cache write: GB/s at 16,384 tokens and microseconds at 64. KV
+offloading: store and load GB/s per block size in both host layouts, against one pinned copy of the same bytes.
 
 How kernel time is measured, not Python's: the GPU is first given a delay (``torch.cuda._sleep``), and while it
 waits the host queues ``--launches`` calls back to back between two CUDA events; the events then time the kernels
@@ -154,6 +155,32 @@ def cache_write_case(tokens: int, backend: KernelBackend, key_cache: torch.Tenso
           f"launch overhead {launch_s * 1e6:.1f} us" + (" (queue ran dry)" if dry else ""))
 
 
+def offload_case(backend: KernelBackend, clock: Clock, transfer_bytes: int) -> None:
+    """KV offloading (dataplane/offload.py) of Qwen3-8B's 36 layers per block size, both host layouts, against
+    one pinned copy of the same bytes each way (the link's ceiling, same run). Host-clock timing around each store
+    or load and its synchronisation (the per-copy launch cost is what the layouts trade), not the delayed queue."""
+    from minipaged_cli.apps.host_link import measure_host_link
+    from minipaged_cli.apps.profile import time_offload
+    from minipaged_cli.workloads.presets import load_model
+
+    model = load_model("qwen3-8b")
+    repeat = 1 if clock.dry_run else 3  # each call moves 128 MiB: three fit the bench step's budget
+    num_layers, block_sizes = (2, (8,)) if clock.dry_run else (model.num_layers, (8, 16, 32, 64, 128))
+    link = measure_host_link(backend.device, (transfer_bytes,), repeat)
+    ceiling = {d: link.gbps(d, link.is_pcie)[0] for d in ("device_to_host", "host_to_device")}
+    print(f"\nKV offloading, {model.name} ({num_layers} layers, bf16), {transfer_bytes / 2**20:.0f} MiB a call; "
+          f"one {'pinned' if link.is_pcie else 'host'} copy of the same bytes: D2H {ceiling['device_to_host']:.1f} "
+          f"GB/s, H2D {ceiling['host_to_device']:.1f} GB/s")
+    print(f"{'block':>6} {'host layout':12} {'copies/block':>12} {'KiB/copy':>9} {'store GB/s':>11} {'load GB/s':>10}"
+          f" {'store/copy':>10} {'load/copy':>9}")
+    for block_size in block_sizes:
+        for cost in time_offload(backend, model, block_size, DTYPE, num_layers, transfer_bytes, repeat):
+            print(f"{block_size:>6} {cost.layout:12} {cost.copies_per_block:>12} {cost.copy_bytes / 1024:>9,.0f} "
+                  f"{cost.store_gbps:>11.1f} {cost.load_gbps:>10.1f} "
+                  f"{cost.store_gbps / ceiling['device_to_host']:>10.0%} "
+                  f"{cost.load_gbps / ceiling['host_to_device']:>9.0%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="timings per case; the median counts")
@@ -198,6 +225,8 @@ def main() -> None:
     print("\ncache write (bf16, 8 kv heads, head_dim 128, slots permuted)")
     for tokens in cache_write_tokens:
         cache_write_case(tokens, backend, key_cache, value_cache, generator, clock)
+    del key_cache, value_cache
+    offload_case(backend, clock, 2**16 if args.dry_run else 128 * 2**20)
 
 
 if __name__ == "__main__":

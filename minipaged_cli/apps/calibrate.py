@@ -188,7 +188,7 @@ def measure(model: ModelSpec, gpu: str, backend: Backend, dtype: torch.dtype, gr
 
     return Calibration(
         gpu=gpu, model=model,
-        source=f"minipaged calibrate on {_device_name(device)} with the {backend.name} backend, {dtype}, one "
+        source=f"minipaged calibrate on {device_name(device)} with the {backend.name} backend, {dtype}, one "
                f"layer, median of {repeat}{stopped}",
         linear=table(grid.linear_tokens, linear), elementwise=table(grid.elementwise_tokens, elementwise),
         prefill_attention=table(grid.prefill_tokens[:len(prefill)], prefill),
@@ -217,7 +217,7 @@ def _activation(gate: torch.Tensor, up: torch.Tensor, gated: bool) -> torch.Tens
     return torch.nn.functional.gelu(gate)
 
 
-def _device_name(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return torch.cuda.getdevice_name(device)
     return str(device)

@@ -9,6 +9,7 @@ and times the data plane on a batch shaped like the trace's busiest step.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from minipaged_cli.sim.categories import tail_waste_pct
 from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.units import rounded
+from minipaged_cli.workloads.presets import ModelSpec
 from minipaged_cli.workloads.trace import Trace
 
 if TYPE_CHECKING:  # the kernel timings only: the replays (profile --device none) need no torch
@@ -196,3 +198,68 @@ def tail_waste_histogram(values: list[int], block_size: int, num_bins: int = 8) 
     width = max(1, math.ceil(block_size / num_bins))
     counts = np.bincount(np.asarray(values, dtype=np.int64) // width, minlength=math.ceil(block_size / width))
     return [(f"{i * width}-{min(block_size, (i + 1) * width) - 1}", int(c)) for i, c in enumerate(counts)]
+
+
+@dataclass(frozen=True)
+class OffloadCost:
+    """Blocks of every layer's K and V stored to host memory and loaded back in one host layout
+    (``dataplane.offload.LAYOUTS``): end-to-end GB/s of ``HostKVPool.store`` and ``load`` (gather or scatter,
+    the copies, their synchronisation), median of the repeats."""
+
+    block_size: int
+    layout: str
+    num_blocks: int  # moved each way per timed call
+    copies_per_block: int  # 1 when contiguous across layers, 2 x num_layers per layer
+    copy_bytes: int  # bytes of one copy
+    store_gbps: float
+    load_gbps: float
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return rounded({"block_size": self.block_size, "layout": self.layout, "num_blocks": self.num_blocks,
+                        "copies_per_block": self.copies_per_block, "copy_bytes": self.copy_bytes,
+                        "store_gbps": self.store_gbps, "load_gbps": self.load_gbps})
+
+
+def time_offload(backend: Backend, model: ModelSpec, block_size: int, dtype: torch.dtype, num_layers: int,
+                 transfer_bytes: int, repeat: int, seed: int = 0) -> list[OffloadCost]:
+    """For each host layout: store about ``transfer_bytes`` of whole blocks (``num_layers`` layers) from a
+    cache on ``backend``'s device to host memory, then load them into other blocks, ``repeat`` times after a
+    warm-up; the median time of each direction. Small blocks make small copies: the per-layer layout makes
+    2 x num_layers copies of one layer's block each, the contiguous layout one copy of every layer's."""
+    import torch
+
+    from minipaged_cli.dataplane.kv_cache import PagedKVCache
+    from minipaged_cli.dataplane.offload import LAYOUTS, HostKVPool
+
+    head_bytes = model.num_kv_heads * model.head_dim * torch.finfo(dtype).bits // 8  # K or V, one token, layer
+    block_bytes = 2 * num_layers * block_size * head_bytes
+    num_moved = max(1, transfer_bytes // block_bytes)
+    cache = PagedKVCache(num_layers, 2 * num_moved, model.num_kv_heads, block_size, model.head_dim, dtype,
+                         backend.device)
+    generator = torch.Generator().manual_seed(seed)
+    for tensor in (*cache.key_cache, *cache.value_cache):
+        tensor.copy_(torch.randn(tensor.shape, generator=generator).to(dtype))
+    stored = [(i, i) for i in range(num_moved)]  # (hash, block): the first half's blocks
+    loaded = [(i, num_moved + i) for i in range(num_moved)]  # into the second half's
+    costs = []
+    for layout in LAYOUTS:
+        pool = HostKVPool(cache, backend, num_moved, layout)
+        seconds: dict[str, list[float]] = {"store": [], "load": []}
+        for attempt in range(repeat + 1):  # the first is the warm-up
+            for direction, move, pairs in (("store", pool.store, stored), ("load", pool.load, loaded)):
+                pool.synchronize()
+                backend.synchronize()
+                start = time.perf_counter()
+                transfer = move(pairs)
+                pool.synchronize()
+                backend.synchronize()
+                if attempt:
+                    seconds[direction].append(time.perf_counter() - start)
+            pool.discard(h for h, _ in stored)
+        store_s, load_s = (float(np.median(seconds[d])) for d in ("store", "load"))
+        copies = transfer.num_copies // num_moved
+        costs.append(OffloadCost(block_size=block_size, layout=layout, num_blocks=num_moved,
+                                 copies_per_block=copies, copy_bytes=block_bytes // copies,
+                                 store_gbps=num_moved * block_bytes / store_s / 1e9,
+                                 load_gbps=num_moved * block_bytes / load_s / 1e9))
+    return costs

@@ -14,13 +14,16 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
+from minipaged_cli.apps.offload_steps import OffloadStats, StepOffload
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import padded_block_tables, slot_mapping
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.offload import HostKVPool
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork, check_capacity, replay
@@ -52,6 +55,7 @@ class RunReport:
     num_preemptions: int
     block_copies: int = 0  # copy-on-write block copies, each in every layer
     copy_s: float = 0.0
+    offload: OffloadStats | None = None  # with a host tier: what its copies moved
     per_step: dict[str, list[float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -68,7 +72,7 @@ class RunReport:
         """K/V bytes the cache writes stored, per second of cache writes."""
         return self.cache_write_bytes / self.cache_write_s / 1e9 if self.cache_write_s else 0.0
 
-    def to_dict(self) -> dict[str, float | int | str]:
+    def to_dict(self) -> dict[str, Any]:
         return rounded({
             "device": self.device, "backend": self.backend, "steps": self.steps,
             "prompt_tokens": self.prompt_tokens, "decode_tokens": self.decode_tokens, "wall_s": self.wall_s,
@@ -79,15 +83,17 @@ class RunReport:
             "kv_pool_bytes": self.kv_pool_bytes,
             "peak_memory_bytes": self.peak_memory_bytes, "num_preemptions": self.num_preemptions,
             "block_copies": self.block_copies, "copy_s": self.copy_s,
-        })
+        }) | ({"offload": self.offload.to_dict()} if self.offload is not None else {})
 
 
 class _Executor:
     """Executes each ``StepWork`` on the cache: the ``on_step`` of the simulator's replay."""
 
-    def __init__(self, cache: PagedKVCache, backend: Backend, num_q_heads: int, seed: int) -> None:
+    def __init__(self, cache: PagedKVCache, backend: Backend, num_q_heads: int, seed: int,
+                 offload: StepOffload | None = None) -> None:
         self.cache = cache
         self.backend = backend
+        self.offload = offload
         _, self.num_kv_heads, self.block_size, self.head_dim = cache.shape
         self.num_q_heads = num_q_heads
         self.scale = self.head_dim ** -0.5
@@ -111,10 +117,14 @@ class _Executor:
                                                  "live_tokens": []}
 
     def __call__(self, work: StepWork, allocator: Allocator) -> None:
+        if self.offload is not None:
+            self.offload.before_compute(work, allocator)
         self._copy(work.copies)
         slot_mapping = self._slot_mapping(work, allocator)
         write_s = self._write(slot_mapping)
         attention_s = self._attend(work, allocator)
+        if self.offload is not None:
+            self.offload.after_compute(work)
         self.steps += 1
         self.prompt_tokens += sum(n for _, _, n in work.prefills)
         self.decode_tokens += len(work.decodes)
@@ -199,7 +209,9 @@ def run_trace(
     model = config.model
     cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          dtype, backend.device)
-    executor = _Executor(cache, backend, model.num_q_heads, seed)
+    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks),
+                          config.offload_policy == "write-through") if config.has_tiers else None
+    executor = _Executor(cache, backend, model.num_q_heads, seed, offload)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)
     start = time.perf_counter()
@@ -225,6 +237,7 @@ def run_trace(
         num_preemptions=metrics.num_preemptions,
         block_copies=executor.block_copies,
         copy_s=executor.copy_s,
+        offload=offload.stats() if offload is not None else None,
         per_step=executor.per_step,
     )
 

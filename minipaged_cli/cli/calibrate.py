@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -33,6 +33,9 @@ from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.sim.calibration import Table as TimeTable
 from minipaged_cli.sim.step_time import StepTimeModel, causal_pairs
 from minipaged_cli.workloads.presets import load_gpu, load_model
+
+if TYPE_CHECKING:
+    from minipaged_cli.apps.host_link import HostLink
 
 EPILOG = """\
 Examples:\n\n
@@ -64,6 +67,12 @@ def calibrate_command(
         "--source", help="Where the numbers come from, written into the file (default: how they were made).",
         show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random weights and K/V.")] = 0,
+    host_link: Annotated[bool, flag(
+        "host-link", help="Also time copies between the device and host memory (each way, pinned and pageable, "
+                          "4 KiB-256 MiB): the link KV offloading and swapping move blocks over.")] = True,
+    gpu_out: Annotated[str | None, typer.Option(
+        "--gpu-out", help="Write the --gpu preset as a GPU YAML with host_bandwidth_bytes_per_s measured (for "
+                          "simulate --gpu GPU.yaml).", metavar="GPU.yaml", show_default=False)] = None,
     json_path: JsonOpt = None,
 ) -> None:
     """Measure one layer of the model (weight GEMMs, element-wise kernels, prefill and decode attention, cache
@@ -72,10 +81,14 @@ def calibrate_command(
     preset's efficiency model, and says which tables end short of the context length."""
     from minipaged_cli.apps.vidur import from_vidur as convert
 
-    check_outputs({"OUT": out, "--json": json_path})
+    check_outputs({"OUT": out, "--json": json_path, "--gpu-out": gpu_out})
     spec, gpu_spec = load_model(model), load_gpu(gpu)
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
+    if gpu_out is not None and (from_vidur is not None or not host_link):
+        raise InputError("needs the host link measured (not --from-vidur, not --no-host-link)", field="--gpu-out",
+                         value=gpu_out, has_value=True)
+    link = None
     if from_vidur is not None:
         calibration = convert(from_vidur, spec, gpu_spec.name)
         header = f"{gpu_spec.name}, {spec.name}: converted by minipaged calibrate --from-vidur {from_vidur.name}"
@@ -83,6 +96,7 @@ def calibrate_command(
         import torch
 
         from minipaged_cli.apps.calibrate import QUICK_GRID, coverage, full_grid, measure
+        from minipaged_cli.apps.host_link import LINK_SIZES, QUICK_LINK_SIZES, measure_host_link
         from minipaged_cli.dataplane.select import select_backend
 
         backend = select_backend(device)
@@ -94,6 +108,9 @@ def calibrate_command(
         with stderr.status("calibrating") as status:
             calibration = measure(spec, gpu_spec.name, backend, torch_dtype, QUICK_GRID if quick else full_grid(spec),
                                   repeat, seed, progress=lambda what: status.update(f"calibrating: {what}"))
+            if host_link:
+                status.update("calibrating: the host link")
+                link = measure_host_link(backend.device, QUICK_LINK_SIZES if quick else LINK_SIZES, repeat)
         header = f"{gpu_spec.name}, {spec.name}: measured by minipaged calibrate"
         for note in coverage(calibration):
             stderr.print(f"note: {note}", markup=False)
@@ -115,11 +132,36 @@ def calibrate_command(
         table.add_row(row["table"], str(row["points"]), row["at"], f"{row['measured_us']:,.1f}",
                       f"{row['model_us']:,.1f}", f"{row['ratio']:.2f}")
     console.print(table)
+    if link is not None:
+        console.print(link_table(link))
     if out != "-":
         console.print(f"wrote {out}", markup=False)
+    if gpu_out is not None and link is not None:
+        from minipaged_cli.apps.host_link import gpu_yaml
+
+        write_text(gpu_out, gpu_yaml(gpu_spec, link), "--gpu-out")
+        console.print(f"wrote {gpu_out} (host_bandwidth_bytes_per_s {link.bandwidth_bytes_per_s:.4g})", markup=False)
     if json_path is not None:
         write_json({"calibration": out, "gpu": calibration.gpu, "model": spec.name, "source": calibration.source,
-                    "comparison": rows}, json_path, stdout)
+                    "comparison": rows, "host_link": link.to_dict() if link is not None else None}, json_path,
+                   stdout)
+
+
+def link_table(link: HostLink) -> Table:
+    """GB/s of one copy per size, each direction, pinned and pageable where both were measured."""
+    where = (f"{link.device}, PCIe" if link.is_pcie else
+             f"{link.device}: both ends are host memory, so these are memcpy, not a PCIe link")
+    table = Table(title=f"Host link on {where} (GB/s of one copy, median)", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("copy", justify="right")
+    keys = list(link.seconds)
+    for direction, pinned in keys:
+        table.add_column(f"{'H2D' if direction == 'host_to_device' else 'D2H'} "
+                         f"{'pinned' if pinned else 'pageable'}", justify="right")
+    columns = [link.gbps(*key) for key in keys]
+    for i, size in enumerate(link.sizes):
+        table.add_row(f"{size / 2**10:,.0f} KiB", *(f"{column[i]:.2f}" for column in columns))
+    return table
 
 
 def comparison(calibration: Calibration, model: StepTimeModel) -> list[dict[str, object]]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich import box
 from rich.markup import escape
+from rich.table import Table
 
 from minipaged_cli.cli.common import (
     FormatOpt,
@@ -25,6 +27,7 @@ from minipaged_cli.cli.common import (
     SeedOpt,
     TimeScaleOpt,
     check_dtype,
+    flag,
     handle_errors,
     require_support,
     stderr,
@@ -38,6 +41,9 @@ from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
+if TYPE_CHECKING:
+    from minipaged_cli.apps.profile import OffloadCost
+
 EPILOG = """\
 Examples:\n\n
   minipaged profile\n\n
@@ -47,6 +53,8 @@ Examples:\n\n
 """
 # Live tokens of the timed attention batch, at most: the CPU reference and, far slower, the emulated kernels.
 KERNEL_TOKEN_CAP = {"torch": 65_536, "emulated": 2_048}
+# Bytes each timed offload call moves (at least one block): on a GPU, enough to reach the link's bandwidth.
+OFFLOAD_BYTES = {"cuda": 256 * 2**20, "torch": 32 * 2**20, "emulated": 2**20}
 
 
 @handle_errors
@@ -72,6 +80,10 @@ def profile_command(
     dtype: Annotated[str | None, typer.Option("--dtype", help="KV dtype for the kernel timings. Default: the "
                                                               "model's.", show_default=False)] = None,
     repeat: Annotated[int, typer.Option("--repeat", help="Timed repetitions per kernel (the median counts).")] = 5,
+    offload: Annotated[bool, flag(
+        "offload", help="Also time KV offloading per block size: whole blocks of every layer stored to host "
+                        "memory and loaded back, in both host layouts (per-layer blocks; contiguous across layers).")
+    ] = False,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
@@ -89,6 +101,7 @@ def profile_command(
         profile_block_size,
         recommend,
         time_kernels,
+        time_offload,
     )
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
@@ -134,6 +147,16 @@ def profile_command(
                 if shape:
                     row.kernel = time_kernels(backend, base, row.block_size, shape, getattr(torch, dtype_name),
                                               cap, repeat, seed)
+    offload_costs = []
+    if offload and backend is not None:
+        import torch
+
+        with stderr.status("timing KV offloading"):
+            for row in rows:
+                offload_costs += time_offload(backend, spec, row.block_size, getattr(torch, dtype_name),
+                                              spec.num_layers, OFFLOAD_BYTES[backend.name], repeat, seed)
+    elif offload:
+        raise InputError("timing KV offloading needs a device", field="--device", value=device, has_value=True)
     choice, reason = recommend(rows)
 
     console = tables_console(json_path)
@@ -146,6 +169,8 @@ def profile_command(
     if backend is not None and backend.name == "emulated":
         console.print("[dim]kernel times are the CPU emulation's: they show the kernels run, not how fast a GPU "
                       "runs them[/]")
+    if offload_costs:
+        console.print(offload_table(offload_costs, device_name, spec.num_layers))
     if len(rows) == 1:
         for renderable in profile_detail(rows[0]):
             console.print(renderable)
@@ -153,10 +178,24 @@ def profile_command(
     if json_path is not None:
         write_json({"trace": trace.name, "device": device_name, "backend": backend_name,
                     "kv_cache_dtype": spec.kv_cache_dtype, "kv_bytes_per_token": spec.kv_bytes_per_token,
-                    "rows": [r.to_dict() for r in rows],
+                    "rows": [r.to_dict() for r in rows], "offload": [c.to_dict() for c in offload_costs],
                     "recommendation": {"block_size": choice, "reason": reason}}, json_path, stdout)
     if plot is not None:
         from minipaged_cli.cli.plot import plot_block_sizes
 
         plot_block_sizes(rows, Path(plot), title=f"{trace.name}: block-size trade-off ({spec.name})")
         console.print(f"plot: {plot}", markup=False)
+
+
+def offload_table(costs: list[OffloadCost], device: str, num_layers: int) -> Table:
+    """A row per (block size, host layout): copies per block, bytes per copy, store and load GB/s."""
+    on = "this CPU: memory copies, not a PCIe link" if device == "cpu" else device
+    table = Table(title=f"KV offloading per block size, {num_layers} layers, on {on} (store: device -> host, "
+                        "gather included; load: host -> device, scatter included; median GB/s)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("block", "host layout", "blocks", "copies/block", "KiB/copy", "store GB/s", "load GB/s"):
+        table.add_column(column, justify="left" if column == "host layout" else "right")
+    for cost in costs:
+        table.add_row(str(cost.block_size), cost.layout, str(cost.num_blocks), str(cost.copies_per_block),
+                      f"{cost.copy_bytes / 1024:,.0f}", f"{cost.store_gbps:.2f}", f"{cost.load_gbps:.2f}")
+    return table

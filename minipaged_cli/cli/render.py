@@ -171,6 +171,13 @@ def run_table(report: Any) -> Table:
         ("preemptions", f"{report.num_preemptions:,}", "num_preemptions"),
         ("copy-on-write block copies", f"{report.block_copies:,} in {report.copy_s:.3f} s", "block_copies, copy_s"),
     ]
+    if report.offload is not None:  # the host tier's copies (apps/offload_steps.py)
+        moved = report.offload
+        rows += [(f"KV stored to host ({moved.host_blocks:,} blocks)",
+                  f"{format_bytes(moved.stored_bytes)}, {moved.store_gbps:.2f} GB/s",
+                  "offload.stored_bytes, store_gbps"),
+                 ("KV loaded from host", f"{format_bytes(moved.loaded_bytes)}, {moved.load_gbps:.2f} GB/s",
+                  "offload.loaded_bytes, load_gbps")]
     for row in rows:
         table.add_row(*row)
     return table

@@ -36,6 +36,7 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
+from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -79,19 +80,23 @@ def run_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    cpu_kv_memory: CpuKvMemoryOpt = None,
+    offload_policy: OffloadPolicyOpt = "write-through",
+    tier_eviction: TierEvictionOpt = "lru",
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
 ) -> None:
     """Replay a trace with the paged strategy and execute every step on real tensors: the cache write of every
     new token and decode paged attention for every running sequence, in each layer (random Q/K/V from a fixed
-    seed, no weights). Reports throughput, time and bandwidth of both operations, and memory use.
+    seed, no weights). Reports throughput, time and bandwidth of both operations, and memory use. With
+    --cpu-kv-memory, the host tier's stores and loads are copies to and from host memory (pinned on a GPU).
 
     On the CPU the defaults keep a run short: 2 layers, a 4GiB KV capacity and 200 steps."""
     import torch  # the data plane needs torch; simulate does not
 
     from minipaged_cli.apps.run import run_trace
     from minipaged_cli.dataplane.select import select_backend
-    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
+    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks, tier_blocks
 
     check_outputs({"--json": json_path, "--plot": plot})
     backend = select_backend(device)
@@ -115,7 +120,9 @@ def run_command(
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
-                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler)
+                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory"),
+                       offload_policy=offload_policy, tier_eviction=tier_eviction)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:

@@ -1,0 +1,96 @@
+"""``minipaged run`` with a host tier: the simulator's moves of each step (``StepWork.stores``/``loads``,
+``sim/tiers.py``) executed on a ``HostKVPool`` of real host memory, beside the step's cache writes and attention.
+
+When the copies run, relative to the step's compute:
+
+- ``write-through``: the blocks the step computed are stored after its compute (they hold its K/V then);
+- ``on-eviction``: the blocks the step's allocation evicts are stored before its compute overwrites them;
+- loads fill the blocks a hit was allocated before the step's compute reads them (after the on-eviction stores:
+  an evicted block may be the very one a load fills).
+
+The pool holds what the simulator's host tier holds: a hash the host tier has evicted is discarded from the pool
+when its slot is needed (the tier's capacity is the pool's). The disk tier is not executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from minipaged_cli.dataplane.offload import HostKVPool
+from minipaged_cli.memory.allocators import Allocator
+from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.sim.replay import StepWork
+from minipaged_cli.units import rounded
+
+
+@dataclass(frozen=True)
+class OffloadStats:
+    """What the host tier's copies moved and how long the copies took (device <-> host, each way)."""
+
+    host_blocks: int  # the pool's capacity
+    stored_blocks: int
+    loaded_blocks: int
+    stored_bytes: int
+    loaded_bytes: int
+    store_s: float
+    load_s: float
+
+    @property
+    def store_gbps(self) -> float:
+        return self.stored_bytes / self.store_s / 1e9 if self.store_s else 0.0
+
+    @property
+    def load_gbps(self) -> float:
+        return self.loaded_bytes / self.load_s / 1e9 if self.load_s else 0.0
+
+    def to_dict(self) -> dict[str, float | int]:
+        return rounded({**self.__dict__, "store_gbps": self.store_gbps, "load_gbps": self.load_gbps})
+
+
+class StepOffload:
+    """Executes each step's tier moves on ``pool`` (``before_compute``, ``after_compute``: the run's executor
+    calls them around the step's cache writes and attention)."""
+
+    def __init__(self, pool: HostKVPool, write_through: bool) -> None:
+        self.pool = pool
+        self.write_through = write_through
+        self.host_holds: Callable[[Hashable], bool] | None = None  # the simulator's host tier's membership
+        self.stored_blocks = 0
+        self.loaded_blocks = 0
+
+    def before_compute(self, work: StepWork, allocator: Allocator) -> None:
+        if self.host_holds is None:
+            self.host_holds = _host_tier_membership(allocator)
+        if not self.write_through:
+            self._store(work.stores)
+        if work.loads:
+            self.loaded_blocks += self.pool.load(work.loads).num_blocks
+
+    def after_compute(self, work: StepWork) -> None:
+        if self.write_through:
+            self._store(work.stores)
+
+    def stats(self) -> OffloadStats:
+        pool = self.pool
+        pool.synchronize()
+        return OffloadStats(host_blocks=pool.num_slots, stored_blocks=self.stored_blocks,
+                            loaded_blocks=self.loaded_blocks, stored_bytes=pool.bytes_moved["store"],
+                            loaded_bytes=pool.bytes_moved["load"], store_s=pool.link_seconds["store"],
+                            load_s=pool.link_seconds["load"])
+
+    def _store(self, pairs: list[tuple[Hashable, int]]) -> None:
+        if not pairs:
+            return
+        pool = self.pool
+        if len(pairs) > pool.num_free_slots:  # the host tier evicted some to take these: so does the pool
+            assert self.host_holds is not None
+            pool.discard([h for h in list(pool.slots) if not self.host_holds(h)])
+        self.stored_blocks += pool.store(pairs).num_blocks
+
+
+def _host_tier_membership(allocator: Allocator) -> Callable[[Hashable], bool]:
+    """Whether the simulator's host tier holds a hash: the tiers listen to the GPU pool (``sim/tiers.py``)."""
+    assert isinstance(allocator, PagedAllocator), "tiers sit under the paged strategy's prefix cache"
+    tiers = allocator.manager.pool.listener
+    return tiers.tiers[0].store.contains
