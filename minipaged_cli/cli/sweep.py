@@ -140,7 +140,7 @@ def sweep_command(
                         gpu_memory_utilization=options["gpu_memory_utilization"],
                         calibration=str(options["calibration"]) if options["calibration"] else None,
                         engine={k: options[k] for k in ENGINE_FIELDS if options[k] is not None})
-    prefix = options["prefix_caching"] or (settings.engine_prefix_caching(options["models"][0], options["gpus"][0]),)
+    prefix = options["prefix_caching"] or (settings.engine_prefix_caching(),)
     axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
                 prefix_caching=prefix)

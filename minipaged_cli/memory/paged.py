@@ -121,27 +121,37 @@ class PagedAllocator(Allocator):
 
     def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
-        # [n, k] matrix of lengths during each step; the caller keeps n * k small.
-        steps = np.arange(1, num_steps + 1, dtype=np.int64)
-        length_matrix = lengths[:, None] + steps[None, :]
-        allocated_matrix = -(-length_matrix // self.block_size) * self.block_size
-        allocated_per_step = allocated_matrix.sum(axis=0)
-        new_blocks = (allocated_per_step - allocated.sum()) // self.block_size
-        num_ok = int(np.searchsorted(new_blocks, self.manager.num_free_blocks, side="right"))
-        internal = np.maximum(allocated_matrix[:, :num_ok] - finals[:, None], 0).sum(axis=0)
-        return BulkProfile(num_ok, allocated_per_step[:num_ok], internal)
+        # Request i, of length L_i, takes a block in step j (from 1) when (j - 1) % block_size equals its last
+        # block's free slots, (-L_i) % block_size: the blocks each step takes follow from a count per residue, in
+        # n + k work instead of the [n, k] matrix of lengths (the tests keep that matrix as the reference).
+        block_size = self.block_size
+        spare = -lengths % block_size  # [n]
+        new_per_step = np.resize(np.bincount(spare, minlength=block_size), num_steps)  # [k]
+        taken = new_per_step.cumsum()
+        held = int(lengths.sum()) + int(spare.sum())  # Σ ceil(L_i / block_size) * block_size
+        new_blocks = taken + (held - int(allocated.sum())) // block_size
+        num_ok = int(new_blocks.searchsorted(self.manager.num_free_blocks, side="right"))
+        allocated_per_step = held + block_size * taken[:num_ok]
+        # Slots past a final length: only requests whose last block reaches past it by step num_ok have any.
+        rows = (num_blocks_for(lengths + num_ok, block_size) * block_size > finals).nonzero()[0]
+        if not len(rows):
+            return BulkProfile(num_ok, allocated_per_step, 0)
+        length_matrix = lengths[rows, None] + np.arange(1, num_ok + 1, dtype=np.int64)  # [rows, num_ok]
+        allocated_matrix = num_blocks_for(length_matrix, block_size) * block_size
+        internal = np.maximum(allocated_matrix - finals[rows, None], 0).sum(axis=0)
+        return BulkProfile(num_ok, allocated_per_step, internal)
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
         for holding in holdings:
             self.manager.grow(holding.sequence_id, num_steps)
 
     def slot_owners(self, slots: np.ndarray) -> np.ndarray:
-        """A block several sequences share shows the one listed last (forks, prefix hits)."""
-        manager = self.manager
-        block_owner = np.full(manager.num_physical_blocks, -1, dtype=np.int64)
-        for sequence_id, state in manager.sequences.items():
-            block_owner[state.block_table] = sequence_id
-        return block_owner[slots // self.block_size]
+        """A block several sequences share shows the one listed last (forks, prefix hits). Costs the blocks in
+        use and the slots asked, never the pool's size (``--num-blocks`` may be in the millions)."""
+        block_owner = {block: sequence_id for sequence_id, state in self.manager.sequences.items()
+                       for block in state.block_table}
+        return np.array([block_owner.get(block, -1) for block in (slots // self.block_size).tolist()],
+                        dtype=np.int64)
 
     def invariant_violations(self) -> list[str]:
         return self.manager.invariant_violations()
