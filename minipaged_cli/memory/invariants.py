@@ -101,10 +101,13 @@ def _free_queue_violations(manager: BlockTables, holders: list[int]) -> list[str
     if both:
         problems.append(f"blocks {both[:5]} are both allocated and free")
     allocated = sum(1 for h in holders if h)
-    num_free = len(pool.free_blocks)
+    num_free = len(queued) + pool.free_blocks.num_blocks - touched  # its parts, untouched blocks included
     if allocated + num_free != manager.num_physical_blocks:
         problems.append(f"{allocated} allocated + {num_free} free != {manager.num_physical_blocks} blocks: "
                         "a block leaked")
+    if len(pool.free_blocks) != num_free:
+        problems.append(f"the free queue counts {len(pool.free_blocks)} free blocks but holds {num_free}: an "
+                        "update that moved blocks without counting them")
     if any(pool.block_hash[b] is not None for b in front):
         problems.append("a cached block waits at the free queue's front: it would be evicted before empty blocks")
     return problems
