@@ -69,7 +69,8 @@ class FreeBlockQueue:
         """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
         the end of the list, come from the back part: the ones that may hold cached content to evict."""
         front = self._front
-        taken = [front.popleft() for _ in range(min(count, len(front)))]
+        # (with prefix caching every freed block is cached, the front stays empty, and most blocks come from the back)
+        taken = [front.popleft() for _ in range(min(count, len(front)))] if front else []
         if len(taken) < count:
             start = self.num_touched
             self.num_touched = min(self.num_blocks, start + count - len(taken))

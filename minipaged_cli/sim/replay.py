@@ -166,9 +166,9 @@ class Replay:
         lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
         num_steps = min(min(r.output_tokens - r.num_generated for r in running), _MAX_BULK_STEPS,
                         max(1, _MAX_BULK_CELLS // n))
-        steps = _STEPS[:num_steps]
         total_length = int(lengths.sum())
-        contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
+        # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
+        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
         _checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
         if scheduler.next_arrival_s is not None:
