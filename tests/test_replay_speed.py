@@ -14,9 +14,15 @@ import pytest
 
 from minipaged_cli.apps import sweep_points
 from minipaged_cli.apps.sweep_points import Settings
+from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.memory.strategies import STRATEGIES
+from minipaged_cli.sim import replay as replay_module
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.trace import Request, Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,3 +108,21 @@ def test_the_sweeps_prefix_caching_default_is_the_engines_without_reading_preset
     assert Settings().engine_prefix_caching() is True
     assert Settings(engine={"scheduler": "v1"}).engine_prefix_caching() is True
     assert Settings(engine={"scheduler": "v0"}).engine_prefix_caching() is False
+
+
+def test_check_capacity_stops_at_the_first_request_a_strategy_places(
+        monkeypatch: pytest.MonkeyPatch, tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    built = []
+
+    class CountedHolding(Holding):
+        def __init__(self, *args: int) -> None:
+            super().__init__(*args)
+            built.append(self)
+
+    monkeypatch.setattr(replay_module, "Holding", CountedHolding)
+    trace = Trace("many", tuple(Request(str(i), float(i), 10, 5) for i in range(5000)))
+    replay_module.check_capacity(trace, SimConfig(tiny_model, clock_gpu, num_blocks=64), STRATEGIES)
+    assert len(built) == len(STRATEGIES)  # every strategy places the first request: one holding each
+    # The refusal still names the smallest need when none fits: 1,024 slots for max-reserve's max_model_len.
+    with pytest.raises(InputError, match="max-reserve \\(the smallest needs 1024\\)"):
+        replay_module.check_capacity(trace, SimConfig(tiny_model, clock_gpu, num_blocks=32), ("max-reserve",))

@@ -146,7 +146,8 @@ def sweep_command(
                 prefix_caching=prefix)
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
-    work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar
+    points = axes.points()
+    work = prepare(trace, settings, points)  # bad input ends here, before any progress bar
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
     if isinstance(runner, RayRunner) and runner.started:
         stderr.print(f"No Ray cluster was running: {runner.describe()}.", markup=False, highlight=False)
@@ -154,7 +155,7 @@ def sweep_command(
     progress = Progress(TextColumn("replays"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("left"), TimeRemainingColumn(), console=stderr, transient=True)
     with progress:
-        task = progress.add_task("replays", total=len(axes.points()) * settings.seeds)
+        task = progress.add_task("replays", total=len(points) * settings.seeds)
         result = sweep(trace, axes, settings, runner, options["slo"], options["search_steps"],
                        progress=lambda done, total: progress.update(task, completed=done, total=total), work=work)
 

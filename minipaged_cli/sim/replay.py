@@ -246,9 +246,16 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
                          field="--max-model-len", value=config.model_len, has_value=True)
     for name in strategies:
         allocator = config.allocator(name)
-        holdings = [Holding(0, r.prompt_tokens, r.output_tokens) for r in fitting]
-        if all(allocator.rejection_reason(h) is not None for h in holdings):
-            smallest = min(allocator.largest_need(h) for h in holdings)
+        # The first request the strategy can place ends its check (holdings built for a whole trace, per strategy,
+        # cost more than the replay of a short one).
+        needs = []
+        for request in fitting:
+            holding = Holding(0, request.prompt_tokens, request.output_tokens)
+            if allocator.rejection_reason(holding) is None:
+                break
+            needs.append(allocator.largest_need(holding))
+        else:
+            smallest = min(needs)
             hint = " or lower --max-model-len" if name == "max-reserve" else ""
             # (v1 holds the watermark only while something runs: a request alone may use the whole pool)
             watermark = f" above the {config.watermark:g} watermark" \
