@@ -8,37 +8,37 @@ stepping one decode step at a time (``bulk=False``) on the first requests of eac
 the Azure run under 30 s. ``--scheduler v0`` replays with vLLM v0's scheduling (``simulate``'s default before v1),
 ``--strategies`` and ``--skip-mooncake`` shorten the run.
 
+``--baseline-path DIR`` measures instead how this checkout's replay speed compares with another checkout's (a
+``git worktree`` of an older commit): the same paged replays (the first ``--ratio-requests`` Azure conversation
+requests, without and with prefix caching) under each, each replay in a fresh process (``replay_cpu.py``), the two
+checkouts interleaved, best of ``--repeats`` in CPU seconds (``time.process_time``: on a shared, loaded machine
+wall time measures the neighbours), and prints the ratio this / baseline.
+
     python benchmarks/simulate_bench.py [--traces DIR] [--baseline-requests N] [--scheduler v1|v0]
+    python benchmarks/simulate_bench.py --baseline-path DIR [--ratio-requests N] [--repeats N] [--scheduler v1|v0]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+from replay_cpu import default_config
+
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    SCHEDULERS,
-    SimConfig,
-    num_blocks_for_memory,
-)
+from minipaged_cli.sim.config import SCHEDULERS, SimConfig
 from minipaged_cli.sim.replay import replay
-from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace
 
 GOAL_S = 30.0
-
-
-def default_config(max_model_len: int | None = None, prefix_caching: bool = False,
-                   scheduler: str = "v1") -> SimConfig:
-    model, gpu = load_model("qwen3-8b"), load_gpu("h200")
-    kv_memory = int(DEFAULT_GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
-    return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, DEFAULT_BLOCK_SIZE),
-                     max_model_len=max_model_len, prefix_caching=prefix_caching, scheduler=scheduler)
+CHECKOUT = Path(__file__).resolve().parents[1]
+RATIO_GOAL = 1.10  # issue 21: replay speed within 10 % of the replay before v1's scheduling
 
 
 def timed(trace: Trace, config: SimConfig, strategy: str, bulk: bool = True) -> tuple[float, float]:
@@ -51,6 +51,42 @@ def timed(trace: Trace, config: SimConfig, strategy: str, bulk: bool = True) -> 
     return wall, served / wall
 
 
+def cpu_seconds(checkout: Path, trace: Path, num_requests: int, prefix_caching: bool, scheduler: str) -> float:
+    """One paged replay's CPU seconds under ``checkout``'s package, in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    argv = [sys.executable, str(Path(__file__).with_name("replay_cpu.py")), str(trace), str(num_requests), "0",
+            str(int(prefix_caching)), scheduler]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{checkout}: replay_cpu.py failed:\n{done.stderr}")
+    result = json.loads(done.stdout)
+    if Path(result["package"]) != checkout / "minipaged_cli":  # an installed copy shadowed PYTHONPATH
+        raise RuntimeError(f"{checkout}: the replay imported {result['package']}")
+    return result["cpu_s"]
+
+
+def compare(baseline: Path, traces: Path, num_requests: int, repeats: int, scheduler: str) -> None:
+    """Print best-of-``repeats`` CPU seconds of the same replays under ``baseline`` and this checkout."""
+    trace = traces / "AzureLLMInferenceTrace_conv.csv"
+    commit = subprocess.run(["git", "-C", str(baseline), "log", "-1", "--format=%h"], capture_output=True,
+                            text=True).stdout.strip() or "?"
+    print(f"baseline {baseline} ({commit}); this checkout {CHECKOUT}; --scheduler {scheduler} where the checkout "
+          f"has it; best of {repeats}, CPU seconds, interleaved")
+    print(f"{'trace':36} {'strategy':15} {'requests':>8} {'baseline s':>10} {'this s':>8} {'ratio':>7}")
+    for prefix_caching in (False, True):
+        best = {baseline: float("inf"), CHECKOUT: float("inf")}
+        for repeat in range(repeats):
+            # Alternate which runs first, so neither always inherits the other's warm caches or quiet spell.
+            for checkout in (baseline, CHECKOUT) if repeat % 2 == 0 else (CHECKOUT, baseline):
+                seconds = cpu_seconds(checkout, trace, num_requests, prefix_caching, scheduler)
+                best[checkout] = min(best[checkout], seconds)
+        ratio = best[CHECKOUT] / best[baseline]
+        label = "paged" + (" +prefix" if prefix_caching else "")
+        verdict = "within" if ratio <= RATIO_GOAL else "NOT within"
+        print(f"{trace.name:36} {label:15} {num_requests:>8,} {best[baseline]:>10.3f} {best[CHECKOUT]:>8.3f} "
+              f"{ratio:>6.3f}x ({verdict} {RATIO_GOAL:.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "traces")
@@ -58,7 +94,13 @@ def main() -> None:
     parser.add_argument("--scheduler", choices=SCHEDULERS, default="v1")
     parser.add_argument("--strategies", default=",".join(STRATEGIES), help="for the Azure trace")
     parser.add_argument("--skip-mooncake", action="store_true")
+    parser.add_argument("--baseline-path", type=Path, help="another checkout to compare replay speed with")
+    parser.add_argument("--ratio-requests", type=int, default=6000)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if args.baseline_path is not None:
+        compare(args.baseline_path.resolve(), args.traces, args.ratio_requests, args.repeats, args.scheduler)
+        return
 
     runs = [("AzureLLMInferenceTrace_conv.csv", tuple(args.strategies.split(",")), None, False)]
     if not args.skip_mooncake:

@@ -33,6 +33,8 @@ from minipaged_cli.cli.common import (
     handle_errors,
 )
 from minipaged_cli.errors import InputError
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.trace import Trace
 from parity.steps import (
     COMPARED_FIELDS,
     ParityCase,
@@ -57,8 +59,8 @@ class CaseResult:
     seconds: float
 
 
-def run_case(case: ParityCase) -> CaseResult:
-    trace, config = case.load()
+def run_case(case: ParityCase, trace: Trace, config: SimConfig) -> CaseResult:
+    """Both replays of ``case``, whose trace and configuration (``case.load()``) the caller read."""
     # Imported here, not at the top: importing vLLM takes tens of seconds, and bad input should fail at once.
     from parity.vllm_side import vllm_steps
 
@@ -219,18 +221,18 @@ def run(trace: Path | None, table: Path | None, steps: bool, options: dict[str, 
     if (trace is None) == (table is None):
         raise InputError("give a TRACE or --table CASES.yaml, not both", field="TRACE")
     if table is not None:
-        cases = read_cases(table)
-        for case in cases:  # bad input in any case fails before the first replay
-            case.load()
+        # Bad input in any case fails before the first replay; each trace is read once.
+        cases = [(case, *case.load()) for case in read_cases(table)]
         stdout.print(TABLE_HEADER)
         identical = True
-        for case in cases:
-            result = run_case(case)
+        for case, case_trace, config in cases:
+            result = run_case(case, case_trace, config)
             identical &= result.first_difference is None
             stdout.print(table_row(result), soft_wrap=True)
             stdout.print(f"<!-- {verdict(result)} ({result.seconds:.1f} s) -->", soft_wrap=True, markup=False)
         raise typer.Exit(0 if identical else 1)
-    result = run_case(ParityCase(trace=str(trace), **options))
+    case = ParityCase(trace=str(trace), **options)
+    result = run_case(case, *case.load())
     if steps:
         shown = range(max(result.vllm.num_steps, result.minipaged.num_steps))
     elif result.first_difference is not None:

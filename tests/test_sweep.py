@@ -216,7 +216,7 @@ def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
 def test_a_points_configuration_is_the_one_simconfig_builds_for_its_engine(scheduler: str) -> None:
     trace = load_trace(AZURE, limit=20)
     settings = Settings(engine={"scheduler": scheduler, "max_model_len": 8192})
-    caching = settings.engine_prefix_caching("qwen3-8b", "h200")
+    caching = settings.engine_prefix_caching()
     points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",), prefix_caching=(caching,)).points()
     config = prepare(trace, settings, points).configs[points[0].curve]
     # The reference: SimConfig built directly for that engine, everything it resolves (limits, prefix caching,
@@ -327,8 +327,8 @@ def test_a_sweep_file_names_the_axes_and_the_command_line_wins(tmp_path: Path) -
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--rates", ""], "error: --rates: '': name at least one value"),
-    (["--rates", "1,0"], "error: --rates: 0.0: must be > 0"),
-    (["--rates", "1,-2"], "error: --rates: -2.0: must be > 0"),
+    (["--rates", "1,0"], "error: --rates: 0: must be > 0"),
+    (["--rates", "1,-2"], "error: --rates: -2: must be > 0"),
     (["--rates", "1", "--strategies", "paged,buddy"], "error: --strategies: 'buddy': unknown strategy"),
     (["--rates", "1", "--block-sizes", ","], "error: --block-sizes: ',': name at least one value"),
     (["--rates", "1", "--slo", "latency=1"], "error: --slo: 'latency=1': expected NAME=SECONDS"),

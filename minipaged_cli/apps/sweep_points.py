@@ -12,7 +12,13 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, load_calibration
-from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_num_blocks, tier_blocks
+from minipaged_cli.sim.config import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    SimConfig,
+    default_prefix_caching,
+    resolve_num_blocks,
+    tier_blocks,
+)
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import parse_bytes, rounded
 from minipaged_cli.validation import whole_number
@@ -50,10 +56,10 @@ class Settings:
                 "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration,
                 "kv_cache_dtype": self.kv_cache_dtype}
 
-    def engine_prefix_caching(self, model: str, gpu: str) -> bool:
-        """Prefix caching where the sweep leaves it out: the engine's default (v1 on, v0 off) as SimConfig
+    def engine_prefix_caching(self) -> bool:
+        """Prefix caching where the sweep leaves it out: the engine's default (v1 on, v0 off), as SimConfig
         resolves it, so that ``sweep`` and ``simulate`` agree."""
-        return SimConfig(load_model(model), load_gpu(gpu), num_blocks=1, **self.engine).prefix_caching
+        return default_prefix_caching(self.engine.get("scheduler", SimConfig.scheduler))  # (the field's default)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import numpy as np
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, Table
-from minipaged_cli.validation import finite_number, positive_number, whole_number
+from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
 from minipaged_cli.workloads.presets import ModelSpec
 
 VIDUR_GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")  # QKV, O, gate+up, down
@@ -40,7 +40,7 @@ def from_vidur(path: Path, model: ModelSpec, gpu: str) -> Calibration:
             raise InputError(f"expected {len(header)} cells, as the header names", source=source, where=where)
         if row.get("num_tensor_parallel_workers", "1") != "1":
             continue
-        tokens = whole_number(_number(row, "num_tokens", source, where), source=source, where=where,
+        tokens = whole_number(number_from_text(row["num_tokens"]), source=source, where=where,
                               field="num_tokens", minimum=1)
         gemm_s, elementwise_s = (_seconds(row, columns, source, where) for columns in (gemms, elementwise))
         times.setdefault(tokens, []).append((gemm_s, elementwise_s))
@@ -58,15 +58,6 @@ def from_vidur(path: Path, model: ModelSpec, gpu: str) -> Calibration:
 
 def _seconds(row: dict[str, str], columns: list[str], source: str, where: str) -> float:
     """The columns' times (ms, each finite and >= 0) summed, in seconds (> 0)."""
-    total = sum(finite_number(_number(row, column, source, where), source=source, where=where, field=column,
+    total = sum(finite_number(number_from_text(row[column]), source=source, where=where, field=column,
                               minimum=0.0) for column in columns)
     return positive_number(total / 1e3, source=source, where=where, field=" + ".join(columns))
-
-
-def _number(row: dict[str, str], column: str, source: str, where: str) -> float:
-    """A CSV cell as a number (the validation functions then judge it)."""
-    try:
-        return float(row[column])
-    except ValueError:
-        raise InputError("not a number", source=source, where=where, field=column, value=row[column],
-                         has_value=True) from None

@@ -152,14 +152,15 @@ def sweep_command(
                         calibration=str(options["calibration"]) if options["calibration"] else None,
                         kv_cache_dtype=options["kv_cache_dtype"],
                         engine={k: options[k] for k in ENGINE_FIELDS if options[k] is not None})
-    prefix = options["prefix_caching"] or (settings.engine_prefix_caching(options["models"][0], options["gpus"][0]),)
+    prefix = options["prefix_caching"] or (settings.engine_prefix_caching(),)
     axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"])
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
-    work = prepare(trace, settings, axes.points())  # bad input ends here, before any progress bar
+    points = axes.points()
+    work = prepare(trace, settings, points)  # bad input ends here, before any progress bar
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
     if isinstance(runner, RayRunner) and runner.started:
         stderr.print(f"No Ray cluster was running: {runner.describe()}.", markup=False, highlight=False)
@@ -167,7 +168,7 @@ def sweep_command(
     progress = Progress(TextColumn("replays"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("left"), TimeRemainingColumn(), console=stderr, transient=True)
     with progress:
-        task = progress.add_task("replays", total=len(axes.points()) * settings.seeds)
+        task = progress.add_task("replays", total=len(points) * settings.seeds)
         result = sweep(trace, axes, settings, runner, options["slo"], options["search_steps"],
                        progress=lambda done, total: progress.update(task, completed=done, total=total), work=work)
 

@@ -15,7 +15,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS
 from minipaged_cli.units import parse_bytes
-from minipaged_cli.validation import finite_number, positive_number, whole_number
+from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
 from minipaged_cli.workloads.presets import KV_CACHE_DTYPES
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
@@ -54,16 +54,6 @@ def checked(values: dict[str, Any], from_file: set[str], config: str) -> dict[st
         where = {"field": _field_name(key, from_file), "source": config if key in from_file else None}
         out[key] = None if value is None and key in OPTIONAL_KEYS else CHECKS[key](value, where)
     return out
-
-
-def _number(value: Any) -> Any:
-    """A number written on the command line ('2.5') as a number; anything else as it is, for the checks."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _text(value: Any, where: dict[str, Any]) -> str:
@@ -137,12 +127,12 @@ def _slos(value: Any, where: dict[str, Any]) -> tuple[Slo, ...]:
 
 # Each setting's check: (value, where) -> the value to use.
 CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
-    "rates": lambda v, w: _list(v, lambda item, w: positive_number(_number(item), **w), w),
+    "rates": lambda v, w: _list(v, lambda item, w: positive_number(number_from_text(item), **w), w),
     "strategies": lambda v, w: _list(v, _strategy, w),
     "models": lambda v, w: _list(v, _text, w),
     "gpus": lambda v, w: _list(v, _text, w),
     "kv_memory": lambda v, w: _list(v, _kv_memory, w),
-    "block_sizes": lambda v, w: _list(v, lambda item, w: whole_number(_number(item), minimum=1, **w), w),
+    "block_sizes": lambda v, w: _list(v, lambda item, w: whole_number(number_from_text(item), minimum=1, **w), w),
     "prefix_caching": lambda v, w: _list(v, _on_off, w),
     "slo": _slos,
     "search_steps": lambda v, w: whole_number(v, minimum=0, **w),

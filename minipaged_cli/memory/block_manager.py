@@ -90,12 +90,12 @@ class KVBlockManager(CopyOnWrite):
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.pool.free_blocks)
+        return self.pool.free_blocks.num_free
 
     @property
     def num_used_blocks(self) -> int:
         """Distinct blocks held by some sequence: a shared block counts once."""
-        return self.num_physical_blocks - len(self.pool.free_blocks)
+        return self.num_physical_blocks - self.pool.free_blocks.num_free
 
     @property
     def num_shared_references(self) -> int:

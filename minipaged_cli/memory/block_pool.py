@@ -38,11 +38,13 @@ class FreeBlockQueue:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.num_touched = 0  # ids below it have been handed out at least once
+        # len(self), kept as a count: the block manager asks at every allocation and admission check
+        self.num_free = num_blocks
         self._front: deque[int] = deque()
         self._back: OrderedDict[int, None] = OrderedDict()  # an ordered set: least recently freed first
 
     def __len__(self) -> int:
-        return len(self._front) + self.num_blocks - self.num_touched + len(self._back)
+        return self.num_free
 
     def __iter__(self) -> Iterator[int]:
         """In hand-out order (every free block: O(num_blocks) on a fresh pool)."""
@@ -55,18 +57,21 @@ class FreeBlockQueue:
     def prepend(self, blocks: Sequence[int]) -> None:
         """Put ``blocks`` at the front, ``blocks[0]`` first (vLLM's ``prepend_n``)."""
         self._front.extendleft(reversed(blocks))
+        self.num_free += len(blocks)
 
     def append(self, blocks: Sequence[int]) -> None:
         """Put ``blocks`` at the back, ``blocks[-1]`` last (vLLM's ``append_n``)."""
         back = self._back
         for block in blocks:
             back[block] = None  # (OrderedDict.update is several times slower than this loop)
+        self.num_free += len(blocks)
 
     def take(self, count: int) -> tuple[list[int], int]:
         """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
         the end of the list, come from the back part: the ones that may hold cached content to evict."""
         front = self._front
-        taken = [front.popleft() for _ in range(min(count, len(front)))]
+        # (with prefix caching every freed block is cached, the front stays empty, and most blocks come from the back)
+        taken = [front.popleft() for _ in range(min(count, len(front)))] if front else []
         if len(taken) < count:
             start = self.num_touched
             self.num_touched = min(self.num_blocks, start + count - len(taken))
@@ -75,11 +80,13 @@ class FreeBlockQueue:
         if from_back:
             pop = self._back.popitem
             taken.extend([pop(last=False)[0] for _ in range(from_back)])
+        self.num_free -= count
         return taken, from_back
 
     def remove(self, block: int) -> None:
         """Take a cached block out of the queue: a prefix-cache hit holds it again."""
         del self._back[block]
+        self.num_free -= 1
 
 
 class BlockPool:

@@ -26,12 +26,8 @@ def block_manager_violations(manager: BlockTables) -> list[str]:
     """Every broken invariant of ``manager``; empty when all hold."""
     pool = manager.pool
     touched = pool.free_blocks.num_touched
-    problems = _table_violations(manager, touched)
-    holders = [0] * touched
-    for state in manager.sequences.values():
-        for block in state.block_table:
-            if 0 <= block < touched:
-                holders[block] += 1
+    holders = [0] * touched  # per handed-out block: the tables holding it
+    problems = _table_violations(manager, holders)
     if len(pool.ref_counts) != touched or len(pool.block_hash) != touched:
         problems.append(f"the pool keeps state for {len(pool.ref_counts)} blocks but has handed out {touched}")
         return problems
@@ -48,9 +44,11 @@ def block_manager_violations(manager: BlockTables) -> list[str]:
     return problems
 
 
-def _table_violations(manager: BlockTables, touched: int) -> list[str]:
-    """Each sequence's table against its length, its computed tokens and the cache."""
+def _table_violations(manager: BlockTables, holders: list[int]) -> list[str]:
+    """Each sequence's table against its length, its computed tokens and the cache; counts the tables holding
+    each block into ``holders`` on the way (one walk over the tables)."""
     pool = manager.pool
+    touched = len(holders)
     problems = []
     outside: set[int] = set()
     for state in manager.sequences.values():
@@ -70,6 +68,7 @@ def _table_violations(manager: BlockTables, touched: int) -> list[str]:
             if not 0 <= block < touched:
                 outside.add(block)
                 continue
+            holders[block] += 1
             cached = pool.block_hash[block] if block < len(pool.block_hash) else None
             if cached is None:
                 continue
@@ -101,10 +100,13 @@ def _free_queue_violations(manager: BlockTables, holders: list[int]) -> list[str
     if both:
         problems.append(f"blocks {both[:5]} are both allocated and free")
     allocated = sum(1 for h in holders if h)
-    num_free = len(pool.free_blocks)
+    num_free = len(queued) + pool.free_blocks.num_blocks - touched  # its parts, untouched blocks included
     if allocated + num_free != manager.num_physical_blocks:
         problems.append(f"{allocated} allocated + {num_free} free != {manager.num_physical_blocks} blocks: "
                         "a block leaked")
+    if len(pool.free_blocks) != num_free:
+        problems.append(f"the free queue counts {len(pool.free_blocks)} free blocks but holds {num_free}: an "
+                        "update that moved blocks without counting them")
     if any(pool.block_hash[b] is not None for b in front):
         problems.append("a cached block waits at the free queue's front: it would be evicted before empty blocks")
     return problems

@@ -128,13 +128,16 @@ class PagedAllocator(Allocator):
 
     def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
-        # [n, k] matrix of lengths during each step; the caller keeps n * k small.
-        steps = np.arange(1, num_steps + 1, dtype=np.int64)
-        length_matrix = lengths[:, None] + steps[None, :]
-        allocated_matrix = -(-length_matrix // self.block_size) * self.block_size
+        # [n, k] matrix of the slots each request holds during each step, ceil((L + j) / B) * B for j = 1..k; the
+        # caller keeps n * k small. (Written in as few numpy calls as it takes: at a handful of running requests,
+        # each call's fixed cost is the bulk of the time.)
+        block_size = self.block_size
+        rounded_up = np.arange(block_size, num_steps + block_size, dtype=np.int64)  # j + B - 1
+        allocated_matrix = (lengths[:, None] + rounded_up) // block_size * block_size
         allocated_per_step = allocated_matrix.sum(axis=0)
-        new_blocks = (allocated_per_step - allocated.sum()) // self.block_size
-        num_ok = int(np.searchsorted(new_blocks, self.manager.num_free_blocks, side="right"))
+        # Steps whose new blocks, (allocated_per_step - Σ allocated) // B, the free blocks cover.
+        limit = int(allocated.sum()) + block_size * (self.manager.num_free_blocks + 1) - 1
+        num_ok = int(allocated_per_step.searchsorted(limit, side="right"))
         internal = np.maximum(allocated_matrix[:, :num_ok] - finals[:, None], 0).sum(axis=0)
         return BulkProfile(num_ok, allocated_per_step[:num_ok], internal)
 
@@ -143,12 +146,12 @@ class PagedAllocator(Allocator):
             self.manager.grow(holding.sequence_id, num_steps)
 
     def slot_owners(self, slots: np.ndarray) -> np.ndarray:
-        """A block several sequences share shows the one listed last (forks, prefix hits)."""
-        manager = self.manager
-        block_owner = np.full(manager.num_physical_blocks, -1, dtype=np.int64)
-        for sequence_id, state in manager.sequences.items():
-            block_owner[state.block_table] = sequence_id
-        return block_owner[slots // self.block_size]
+        """A block several sequences share shows the one listed last (forks, prefix hits). Costs the blocks in
+        use and the slots asked, never the pool's size (``--num-blocks`` may be in the millions)."""
+        block_owner = {block: sequence_id for sequence_id, state in self.manager.sequences.items()
+                       for block in state.block_table}
+        return np.array([block_owner.get(block, -1) for block in (slots // self.block_size).tolist()],
+                        dtype=np.int64)
 
     def invariant_violations(self) -> list[str]:
         return self.manager.invariant_violations()

@@ -27,6 +27,11 @@ OFFLOAD_POLICIES = ("write-through", "on-eviction")
 TIER_EVICTIONS = ("lru", "arc")
 
 
+def default_prefix_caching(scheduler: str) -> bool:
+    """Prefix caching where it is not set: on in vLLM v1 (``vllm serve``'s default), off in v0."""
+    return scheduler == "v1"
+
+
 def vllm_serve_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) as ``vllm serve`` sets them when not given: vLLM's
     ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py), OPENAI_API_SERVER usage context: 8192 tokens
@@ -87,7 +92,8 @@ class SimConfig:
                              has_value=True)
         v1 = self.scheduler == "v1"
         batched_tokens, num_seqs = vllm_serve_batch_defaults(self.gpu) if v1 else (None, V0_MAX_NUM_SEQS)
-        defaults = {"max_num_seqs": num_seqs, "max_batched_tokens": batched_tokens, "prefix_caching": v1,
+        defaults = {"max_num_seqs": num_seqs, "max_batched_tokens": batched_tokens,
+                    "prefix_caching": default_prefix_caching(self.scheduler),
                     "watermark": V1_WATERMARK if v1 else V0_WATERMARK}
         for name, default in defaults.items():
             if getattr(self, name) is None:

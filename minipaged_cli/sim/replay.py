@@ -182,15 +182,15 @@ class Replay:
         lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
         num_steps = min(min(r.output_tokens - r.num_generated for r in running), _MAX_BULK_STEPS,
                         max(1, _MAX_BULK_CELLS // n))
-        steps = _STEPS[:num_steps]
         total_length = int(lengths.sum())
-        contexts = total_length + n * steps  # tokens the queries of each step attend to (their own included)
+        # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
+        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
         _checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
-            ends = self.now + np.cumsum(durations)
-            num_steps = 1 + int(np.searchsorted(ends[:-1], scheduler.next_arrival_s, side="left"))
+            ends = self.now + durations.cumsum()
+            num_steps = 1 + int(ends[:-1].searchsorted(scheduler.next_arrival_s, side="left"))
         allocated = np.fromiter((self.allocator.allocated(r) for r in running), dtype=np.int64, count=n)
         finals = np.fromiter((r.final_length for r in running), dtype=np.int64, count=n)
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
@@ -203,26 +203,29 @@ class Replay:
         num_free = num_steps
         if scheduler.waiting:
             grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
-            num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
+            num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
         external = scheduler.external_fragmentation()
-        for start, stop, saturated in ((0, num_free, False), (num_free, num_steps, True)):
-            if stop > start:
-                self._record_bulk(profile, durations, total_length, n, external, start, stop, saturated)
+        if 0 < num_free < num_steps:
+            self._record_bulk(profile, durations, total_length, n, external, 0, num_free, False)
+            self._record_bulk(profile, durations, total_length, n, external, num_free, num_steps, True)
+            duration = float(durations[:num_steps].sum())
+        else:  # one run, all saturated or none: its duration is the advance's
+            duration = self._record_bulk(profile, durations, total_length, n, external, 0, num_steps, num_free == 0)
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
-        self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
+        self.now += _checked_seconds(duration)  # (an infinity anywhere shows in the sum)
         if self.tiers is not None:
             self.tiers.flush(self.now)
         scheduler.finish(self.now)
         return True
 
     def _record_bulk(self, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int, external: int,
-                     start: int, stop: int, saturated: bool) -> None:
+                     start: int, stop: int, saturated: bool) -> float:
         """Record steps ``start`` to ``stop`` of a bulk advance: time integrals of the category inputs (the shared
-        slots stay constant: no admission, fork or release until the last step)."""
+        slots stay constant: no admission, fork or release until the last step). Returns their duration."""
         part = durations[start:stop]
         duration = float(part.sum())
         slots = category_slots(
@@ -235,6 +238,7 @@ class Replay:
         )
         began = self.now + float(durations[:start].sum()) if start else self.now
         self.accounting.record(began, duration, slots, saturated, stop - start, n)
+        return duration
 
 
 def _checked_seconds(seconds: float) -> float:
@@ -260,9 +264,16 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
                          field="--max-model-len", value=config.model_len, has_value=True)
     for name in strategies:
         allocator = config.allocator(name)
-        holdings = [Holding(0, r.prompt_tokens, r.output_tokens) for r in fitting]
-        if all(allocator.rejection_reason(h) is not None for h in holdings):
-            smallest = min(allocator.largest_need(h) for h in holdings)
+        # The first request the strategy can place ends its check (holdings built for a whole trace, per strategy,
+        # cost more than the replay of a short one).
+        needs = []
+        for request in fitting:
+            holding = Holding(0, request.prompt_tokens, request.output_tokens)
+            if allocator.rejection_reason(holding) is None:
+                break
+            needs.append(allocator.largest_need(holding))
+        else:
+            smallest = min(needs)
             hint = " or lower --max-model-len" if name == "max-reserve" else ""
             # (v1 holds the watermark only while something runs: a request alone may use the whole pool)
             watermark = f" above the {config.watermark:g} watermark" \

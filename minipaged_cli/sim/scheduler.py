@@ -111,8 +111,8 @@ class Scheduler:
     def can_bulk(self) -> bool:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
         runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
-        return bool(self.running) and all(r.prefill_done for r in self.running) \
-            and len(self.running) < self.config.max_batched_tokens and not self._head_admissible()
+        return bool(self.running) and len(self.running) < self.config.max_batched_tokens \
+            and all(r.prefill_done for r in self.running) and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
@@ -265,11 +265,11 @@ class Scheduler:
         return self.next_sequence_id - 1
 
     def _head_admissible(self) -> bool:
-        """Whether the first waiting request would be admitted now (ignoring this step's decode growth)."""
+        """Whether the first waiting request would be admitted now (ignoring this step's decode growth), asked
+        when every running request decodes: the decodes alone may take the whole budget."""
         if not self.waiting or len(self.running) >= self.config.max_num_seqs:
             return False
-        if self.config.max_batched_tokens is not None and \
-                sum(r.prefill_done for r in self.running) >= self.config.max_batched_tokens:
+        if self.config.max_batched_tokens is not None and len(self.running) >= self.config.max_batched_tokens:
             return False
         head = self.waiting[0]
         return self.allocator.can_admit(head, head.num_prefill_tokens)

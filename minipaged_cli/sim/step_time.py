@@ -99,7 +99,7 @@ class LayerModel:
     def prefill_attention(self, attended: Any, context: Any) -> Any:
         """``attended`` (query, key) pairs over ``context`` tokens of K/V: FLOP- or K/V-read-bound, the longer."""
         flops, reads = attended * self.attention_per_pair, context * self.kv_per_token
-        if np.ndim(flops) == 0 and np.ndim(reads) == 0:  # one step (the replay's hot path): plain floats
+        if not isinstance(flops, np.ndarray) and not isinstance(reads, np.ndarray):  # one step: plain numbers
             return max(flops, reads)
         return np.maximum(flops, reads)
 
@@ -118,6 +118,7 @@ class StepTimeModel:
         # The measured model's, which shapes a calibration's tables past their last points.
         self.measured_layer = self.layer if calibration is None else LayerModel(calibration.model, gpu)
         self.same_shapes = calibration is None or calibration.same_shapes(model)
+        self.kv_ratio = 1.0 if calibration is None else self._kv_ratio(calibration)  # (asked per step)
         self.lm_head_per_sequence = 2.0 * model.lm_head_params / (flops * gpu.gemm_flops_efficiency)
         self.lm_head_weights = model.lm_head_params * model.dtype_bytes / (bandwidth * gpu.gemm_bandwidth_efficiency)
         self.kv_per_token = model.kv_bytes_per_token / (bandwidth * gpu.attention_bandwidth_efficiency)
@@ -199,13 +200,13 @@ class StepTimeModel:
         if self.sliding_share:
             per_layer = (1.0 - self.sliding_share) * per_layer + \
                 self.sliding_share * calibration.decode_attention(decodes, windowed / decodes)
-        return self.model.num_layers * per_layer * self._kv_ratio(calibration)
+        return self.model.num_layers * per_layer * self.kv_ratio
 
     def cache_write_seconds(self, tokens: Any) -> Any:
         calibration = self.calibration
         if calibration is None or calibration.cache_write is None:
             return tokens * self.kv_per_token
-        return self.model.num_layers * calibration.cache_write(tokens) * self._kv_ratio(calibration)
+        return self.model.num_layers * calibration.cache_write(tokens) * self.kv_ratio
 
     def _kv_ratio(self, calibration: Calibration) -> float:
         """This model's K/V bytes per token and layer over the measured model's."""

@@ -1,0 +1,56 @@
+"""One paged replay's CPU seconds, in a process of its own: ``simulate_bench.py --baseline-path`` runs it against two
+checkouts (``PYTHONPATH`` names which) to time the same replay under each.
+
+It imports only what every checkout since 0035b67 (the replay before vLLM v1's scheduling) has, so that it runs
+unchanged against an older commit; a checkout without ``SimConfig.scheduler`` replays its only engine.
+
+    PYTHONPATH=CHECKOUT python benchmarks/replay_cpu.py TRACE REQUESTS MAX_MODEL_LEN|0 PREFIX_CACHING(0|1) SCHEDULER
+
+prints one JSON line: {"cpu_s": the replay's process time, "package": where minipaged_cli was imported from,
+"completed": requests completed}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import minipaged_cli
+from minipaged_cli.sim import config as sim_config
+from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
+from minipaged_cli.sim.replay import replay
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
+
+# simulate's defaults: Qwen3-8B on an H200, KV = 0.9 of its memory minus the weights (checkouts before the
+# constant was named used 0.9 too).
+GPU_MEMORY_UTILIZATION = getattr(sim_config, "DEFAULT_GPU_MEMORY_UTILIZATION", 0.9)
+
+
+def default_config(max_model_len: int | None, prefix_caching: bool, scheduler: str) -> SimConfig:
+    """``minipaged simulate``'s default capacity and engine; ``scheduler`` where the checkout has a choice."""
+    model, gpu = load_model("qwen3-8b"), load_gpu("h200")
+    fields = {field.name: field for field in dataclasses.fields(SimConfig)}
+    block_size = fields["block_size"].default
+    kv_memory = int(GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
+    engine = {"scheduler": scheduler} if "scheduler" in fields else {}
+    return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, block_size),
+                     max_model_len=max_model_len, prefix_caching=prefix_caching, **engine)
+
+
+def main() -> None:
+    trace_path, num_requests, max_model_len, prefix_caching, scheduler = sys.argv[1:6]
+    trace = load_trace(Path(trace_path)).limited(int(num_requests))
+    config = default_config(int(max_model_len) or None, prefix_caching == "1", scheduler)
+    start = time.process_time()
+    metrics = replay(trace, config, "paged")
+    cpu_s = time.process_time() - start
+    print(json.dumps({"cpu_s": cpu_s, "package": str(Path(minipaged_cli.__file__).parent),
+                      "completed": metrics.completed_requests}))
+
+
+if __name__ == "__main__":
+    main()
