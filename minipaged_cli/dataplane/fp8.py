@@ -1,0 +1,71 @@
+"""The fp8 KV cache: the cache write quantizes, attention dequantizes on read, as vLLM's ``--kv-cache-dtype fp8*``.
+
+A stored element is ``fp8(x / scale)``: x divided in fp32 by its kv head's scale, rounded to nearest even and
+saturated to the format's largest finite value (e4m3: +-448, e5m2: +-57344; an infinity saturates too, NaN stays
+NaN), which is CUDA's ``__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)``. Reading multiplies by the scale again.
+Scales are float32 [num_kv_heads] per layer for K and for V: one value repeated (per tensor, vLLM's only mode) or
+one per kv head. Where they come from (``SCALE_MODES``):
+
+- ``tensor``: amax / fmax over the tensor's first write (vLLM's ``calculate_kv_scales`` on the first forward), so
+  that the prompt's values never saturate and the relative rounding error bound (2^-4 for e4m3, 2^-3 for e5m2)
+  holds for all of them; later tokens above the prompt's amax saturate. The default: without it an e4m3 cache
+  with scale 1 clips every |value| above 448 and loses every one below 2^-10, which bounds nothing.
+- ``head``: the same per kv head.
+- ``one``: 1.0, what vLLM uses when a checkpoint carries no calibrated scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minipaged_cli.errors import InputError
+
+FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+SCALE_MODES = ("tensor", "head", "one")
+DEFAULT_SCALE_MODE = "tensor"
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type for ``--kv-cache-dtype`` (``auto``: the model's)."""
+    return model_dtype if kv_cache_dtype == "auto" else FP8_DTYPES[kv_cache_dtype]
+
+
+def check_scale_mode(mode: str, field: str = "--kv-scales") -> str:
+    if mode not in SCALE_MODES:
+        raise InputError(f"expected one of {', '.join(SCALE_MODES)}", field=field, value=mode, has_value=True)
+    return mode
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """The largest relative rounding error of a normal value: 2^-(mantissa bits + 1) (e4m3: 2^-4, e5m2: 2^-3)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def subnormal_error(dtype: torch.dtype) -> float:
+    """The largest absolute rounding error below the normal range, in units of the scale: half the spacing of the
+    subnormals (e4m3: 2^-10, e5m2: 2^-17); a value is off by at most max(unit_roundoff |x|, this x scale)."""
+    return torch.finfo(dtype).smallest_normal * unit_roundoff(dtype)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [..., num_kv_heads, head_dim] / scale [num_kv_heads] -> fp8 of the same shape (saturating, NaN kept)."""
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale[:, None]).clamp(-limit, limit).to(dtype)
+
+
+def dequantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8 [..., num_kv_heads, head_dim] -> float32 x scale [num_kv_heads]."""
+    return x.float() * scale[:, None]
+
+
+def amax_scale(x: torch.Tensor, dtype: torch.dtype, per_head: bool) -> torch.Tensor:
+    """float32 [num_kv_heads]: amax(|x|) / fmax over x [num_tokens, num_kv_heads, head_dim] (per kv head, or one
+    value for all), so that the largest value maps to the format's largest. NaN and inf are left out of the amax
+    (they would make every scale NaN or inf); an all-zero tensor gets 1.0."""
+    finite = torch.where(torch.isfinite(x), x.float().abs(), 0.0)
+    amax = finite.amax(dim=(0, 2)) if per_head else finite.amax().expand(x.shape[1])
+    return torch.where(amax > 0, amax / torch.finfo(dtype).max, 1.0).to(torch.float32).contiguous()
