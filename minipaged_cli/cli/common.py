@@ -166,9 +166,10 @@ def check_dtype(name: str) -> str:
     return name
 
 
-def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, model: str) -> None:
-    """Bad input, not a crash, when the chosen backend cannot run the model's attention shape."""
-    reason = backend.unsupported(num_q_heads, num_kv_heads, head_dim)
+def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, model: str,
+                    kv_cache_dtype: str = "auto") -> None:
+    """Bad input, not a crash, when the chosen backend cannot run the model's attention shape (or KV cache dtype)."""
+    reason = backend.unsupported(num_q_heads, num_kv_heads, head_dim, kv_cache_dtype)
     if reason is not None:
         raise InputError(f"{reason} ({model}); use --device cpu", field="--device", value=backend.name,
                          has_value=True)
@@ -181,3 +182,8 @@ def load_calibration_option(path: Path | None) -> Calibration | None:
 def tables_console(json_path: str | None) -> Console:
     """Tables go to stdout, unless the JSON does (``--json -``): then to stderr."""
     return stderr if json_path == "-" else stdout
+
+
+KvCacheDtypeOption = Annotated[str, typer.Option(
+    "--kv-cache-dtype", help="KV cache element type, as vLLM's --kv-cache-dtype: auto (the model's dtype), fp8 / "
+                             "fp8_e4m3, fp8_e5m2 (1 byte per element: about twice the tokens).")]
