@@ -19,6 +19,9 @@ import torch
 from minipaged_cli.apps.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import append_slots
+from minipaged_cli.dataplane.fp8 import cache_dtype, subnormal_error, unit_roundoff
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 
 FP32_TOLERANCE = 1e-4
@@ -29,6 +32,13 @@ FP32_TOLERANCE = 1e-4
 # random walk through o_proj's sums, so the outputs differ by about one ulp of their own magnitude (measured: 1).
 # Bound: 4 ulps (4 eps) of the largest |output| - well below what one misplaced token does (O(1) errors).
 LOW_PRECISION_ULPS = 4
+# An fp8 cache adds its rounding, which fp8_sigma propagates (first order) from the stored K and V to each output
+# element as a standard deviation; the check allows this many of them beyond the tolerance above. The rounding
+# errors of a layer's thousands of stored elements are independent and enter every output through sums of
+# hundreds of terms, so each output's error is close to normal: 6 sigma is exceeded with probability 2e-9 per
+# element, about 1e-4 over a check's 1e5 elements, while a misplaced token or a wrong scale moves outputs by
+# O(1) of their magnitude (tens of sigma).
+FP8_SIGMAS = 6
 
 
 @dataclass
@@ -54,6 +64,7 @@ class VerifyReport:
     dtype: str
     device: str
     backend: str
+    kv_cache_dtype: str = "auto"
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -62,7 +73,8 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "dtype": self.dtype, "device": self.device, "backend": self.backend,
-                "checks": [c.to_dict() for c in self.checks], "passed": self.passed}
+                "kv_cache_dtype": self.kv_cache_dtype, "checks": [c.to_dict() for c in self.checks],
+                "passed": self.passed}
 
 
 def make_prompts(seq_lens: list[int], vocab_size: int, seed: int) -> list[list[int]]:
@@ -94,6 +106,42 @@ def capture_attention(model: Any, layer: int, token_ids: list[int]) -> tuple[tor
     return captured["input"], captured["output"]
 
 
+def fp8_sigma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, o_proj: torch.Tensor,
+              cache: torch.dtype, k_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
+    """The standard deviation of each attention output (after o_proj) that an fp8 cache's rounding causes, to first
+    order, for one sequence attending causally: query [T, q heads, D], key, value [T, kv heads, D] (what the cache
+    is given), o_proj [hidden, q heads x D], per-kv-head scales -> [T, hidden].
+
+    A stored element x comes back as x (1 + e) + f: e relative, |e| <= u (2^-4 for e4m3: round to nearest with 3
+    mantissa bits), f the subnormals' absolute error, |f| <= eta x scale (eta = 2^-10 for e4m3); as rounding
+    errors they are independent, zero-mean, and at most uniform over their range: variance <= u^2 x^2 / 3 and
+    eta^2 scale^2 / 3. Then, for query q and positions j <= t:
+
+    - a logit l_j = s q.k_j moves by dl_j = s sum_i q_i dk_ji: Var(dl_j) = s^2 sum_i q_i^2 Var(dk_ji);
+    - softmax: dp_j = p_j (dl_j - sum_k p_k dl_k), so the output o = sum_j p_j v_j moves by
+      do = sum_j p_j dl_j (v_j - o) + sum_j p_j dv_j, and Var(do) = sum_j p_j^2 [(v_j - o)^2 Var(dl_j) + Var(dv_j)];
+    - o_proj: dy_r = sum_c W_rc do_c, Var(dy_r) = sum_c W_rc^2 Var(do_c).
+
+    Nothing here is measured: it follows from the format's precision and the magnitudes of q, K, V and W.
+    """
+    u2, eta2 = unit_roundoff(cache) ** 2 / 3, subnormal_error(cache) ** 2 / 3
+    num_tokens, num_q_heads, _ = query.shape
+    group = num_q_heads // key.shape[1]
+    q = query.float().transpose(0, 1)  # [q heads, T, D]
+    k, v = (x.float().repeat_interleave(group, 1).transpose(0, 1) for x in (key, value))  # [q heads, T, D]
+    k_scales, v_scales = (x.repeat_interleave(group)[:, None, None] for x in (k_scale, v_scale))
+    future = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=q.device).triu(1)
+    probs = torch.softmax((scale * q @ k.transpose(1, 2)).masked_fill(future, float("-inf")), dim=-1)  # [h, T, T]
+    logit_var = scale ** 2 * (u2 * (q ** 2) @ (k ** 2).transpose(1, 2)
+                              + eta2 * k_scales ** 2 * (q ** 2).sum(-1, keepdim=True))
+    weights = probs ** 2 * logit_var
+    out = probs @ v  # [h, T, D]
+    out_var = (weights @ v ** 2 - 2 * out * (weights @ v) + out ** 2 * weights.sum(-1, keepdim=True)
+               + probs ** 2 @ (u2 * v ** 2 + eta2 * v_scales ** 2))
+    out_var = out_var.clamp(min=0).transpose(0, 1).reshape(num_tokens, -1)  # [T, q heads x D]
+    return (out_var @ (o_proj.float() ** 2).T).sqrt()
+
+
 def tolerance_for(dtype: torch.dtype, reference: torch.Tensor) -> tuple[float, str]:
     """The check's bound and why (see LOW_PRECISION_ULPS)."""
     if dtype == torch.float32:
@@ -110,9 +158,12 @@ def errors(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
 
 @torch.no_grad()
 def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps: int, backend: Backend,
-                 block_size: int, seed: int, corrupt: str | None = None) -> list[Check]:
+                 block_size: int, seed: int, corrupt: str | None = None, kv_cache_dtype: str = "auto",
+                 scale_mode: str = DEFAULT_SCALE_MODE) -> list[Check]:
     """Prefill and decode checks of one layer. ``corrupt`` ('swap-blocks' or 'offset-slot') breaks the paged
-    path on purpose, to show the checks can fail."""
+    path on purpose, to show the checks can fail. With an fp8 ``kv_cache_dtype`` the layer's scales are
+    calibrated on every K and V it will store (no value saturates), and each check's tolerance grows by
+    FP8_SIGMAS x fp8_sigma."""
     num_layers = len(model.model.layers)
     if not 0 <= layer < num_layers:
         raise InputError(f"the model has layers 0..{num_layers - 1}", field="--layer", value=layer, has_value=True)
@@ -125,8 +176,17 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
     head_dim = attention.module.head_dim
     total_tokens = sum(len(s) for s in sequences)
     num_blocks = 2 * (total_tokens // block_size + len(sequences)) + 8
-    state = PagedAttentionState(1, num_blocks, attention.num_kv_heads, block_size, head_dim, dtype, backend, seed)
+    stored = cache_dtype(kv_cache_dtype, dtype)
+    state = PagedAttentionState(1, num_blocks, attention.num_kv_heads, block_size, head_dim, dtype, backend, seed,
+                                stored, scale_mode)
     device = backend.device
+    sigmas = None  # per sequence: [tokens, hidden], the fp8 rounding's standard deviation of each output
+    if state.cache.quantized:
+        whole = [attention.qkv(hidden, torch.arange(len(hidden), device=device)) for hidden, _ in captured]
+        state.cache.calibrate(0, torch.cat([k for _, k, _ in whole]), torch.cat([v for _, _, v in whole]))
+        k_scale, v_scale = state.cache.scales(0)
+        sigmas = [fp8_sigma(q, k, v, attention.module.scaling, attention.module.o_proj.weight, stored, k_scale,
+                            v_scale) for q, k, v in whole]
 
     def project(index: int, positions: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = captured[index][0][positions.start:positions.stop]
@@ -152,7 +212,8 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
                        attention.module.scaling)
     ours = attention.output(out)
     reference = torch.cat([captured[s][1][: len(prompts[s])] for s in range(len(prompts))])
-    checks = [_check("prefill: every prompt position", ours, reference, dtype)]
+    sigma = None if sigmas is None else max(float(sigmas[s][: len(prompts[s])].max()) for s in range(len(prompts)))
+    checks = [_check("prefill: every prompt position", ours, reference, dtype, sigma)]
 
     # Decode: one new token per sequence per step, appended to the paged cache.
     if decode_steps:
@@ -167,20 +228,27 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
                                attention.module.scaling)
             ours_steps.append(attention.output(out))
             reference_steps.append(torch.stack([captured[s][1][lengths[s] - 1] for s in range(len(prompts))]))
+        sigma = None if sigmas is None else max(float(sigmas[s][len(prompts[s]):].max())
+                                                for s in range(len(prompts)))
         checks.append(_check(f"decode: {decode_steps} tokens, one at a time", torch.cat(ours_steps),
-                             torch.cat(reference_steps), dtype))
+                             torch.cat(reference_steps), dtype, sigma))
     return checks
 
 
-def _check(name: str, ours: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> Check:
+def _check(name: str, ours: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype,
+           fp8_sigma: float | None = None) -> Check:
+    """``fp8_sigma``: the largest standard deviation the fp8 cache's rounding gives an output of the check."""
     max_err, mean_err = errors(ours, reference)
     tolerance, why = tolerance_for(dtype, reference)
+    if fp8_sigma is not None:
+        tolerance += FP8_SIGMAS * fp8_sigma
+        why += f" + {FP8_SIGMAS} x the fp8 rounding's largest sigma ({fp8_sigma:.3g}, fp8_sigma)"
     return Check(name, max_err, mean_err, tolerance, why)
 
 
 @torch.no_grad()
 def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, backend: Backend, block_size: int,
-                      seed: int) -> list[Check]:
+                      seed: int, kv_cache_dtype: str = "auto", scale_mode: str = DEFAULT_SCALE_MODE) -> list[Check]:
     """Greedy generation with every layer paged against Hugging Face ``generate`` (greedy, eager attention).
 
     The paged model is fed Hugging Face's tokens (teacher forcing), so both produce logits for the same context
@@ -192,13 +260,21 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
     device = backend.device
     dtype = next(model.parameters()).dtype
     logit_tolerance = _logit_tolerance(dtype)
+    why = "largest logit difference over every step, same context on both sides"
     total = sum(len(p) for p in prompts) + new_tokens * len(prompts)
-    paged = PagedQwen3(model, backend, block_size, 2 * (total // block_size + len(prompts)) + 8, seed)
+    stored = cache_dtype(kv_cache_dtype, dtype)
+    paged = PagedQwen3(model, backend, block_size, 2 * (total // block_size + len(prompts)) + 8, seed, stored,
+                       scale_mode)
     references = [model.generate(torch.tensor([prompt], device=device), max_new_tokens=new_tokens, do_sample=False,
                                  min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True,
                                  pad_token_id=0) for prompt in prompts]
     reference_tokens = [r.sequences[0, len(p):].tolist() for r, p in zip(references, prompts, strict=True)]
-    logits = paged.step(dict(enumerate(prompts)))
+    logits = paged.step(dict(enumerate(prompts)))  # fixes an fp8 cache's scales (its first write)
+    if paged.state.cache.quantized:
+        sigma = max(float(fp8_logit_sigma(model, prompt + tokens, paged.state.cache, seed)[len(prompt) - 1:].max())
+                    for prompt, tokens in zip(prompts, reference_tokens, strict=True))
+        logit_tolerance += FP8_SIGMAS * sigma
+        why += f"; + {FP8_SIGMAS} x the fp8 rounding's largest logit sigma ({sigma:.3g}, fp8_logit_sigma)"
     mismatches, differences = 0, []
     for step in range(new_tokens):
         for sequence, row in logits.items():
@@ -214,9 +290,73 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
     return [
         Check(f"generate: {new_tokens} greedy tokens x {len(prompts)} prompts, ids differing", float(mismatches),
               mismatches / compared, 0.0, "greedy token ids must be identical (but at Hugging Face's own near-ties)"),
-        Check("generate: logits", float(difference.max()), float(difference.mean()), logit_tolerance,
-              "largest logit difference over every step, same context on both sides"),
+        Check("generate: logits", float(difference.max()), float(difference.mean()), logit_tolerance, why),
     ]
+
+
+FP8_LOGIT_SAMPLES = 8  # noisy forward passes that carry the per-layer error model to the logits
+
+
+@torch.no_grad()
+def fp8_logit_sigma(model: Any, token_ids: list[int], cache: PagedKVCache, seed: int) -> torch.Tensor:
+    """The standard deviation of each logit [T, vocab] that the fp8 cache's rounding causes over one sequence.
+
+    Every layer's attention output carries an error of standard deviation fp8_sigma (from that layer's q, K, V
+    in Hugging Face's forward over the sequence and the cache's scales), independent across layers and nearly
+    normal (each is a sum of hundreds of rounding errors through o_proj). No closed form carries it through the
+    later layers (their MLPs and attention see the perturbed residual stream), so the model itself does: Hugging
+    Face's forward is run FP8_LOGIT_SAMPLES times with normal noise of exactly that deviation added to every
+    attention output, and the logits' root-mean-square deviation from the clean forward estimates the sigma.
+    The noise is the error model's, drawn from a seeded generator; the paged path's own error is not used."""
+    layers = model.model.layers
+    inputs = capture_inputs(model, [layer.self_attn for layer in layers], token_ids)
+    positions = torch.arange(len(token_ids), device=inputs[0].device)
+    theta = rope_theta(model.config)
+    sigmas = []
+    for index, layer in enumerate(layers):
+        attention = LayerAttention(layer.self_attn, theta)
+        q, k, v = attention.qkv(inputs[index], positions)
+        sigmas.append(fp8_sigma(q, k, v, attention.module.scaling, attention.module.o_proj.weight, cache.dtype,
+                                *cache.scales(index)))
+    ids = torch.tensor([token_ids], device=positions.device)
+    clean = model(ids, use_cache=False).logits[0].float()
+    generator = torch.Generator(device=positions.device).manual_seed(seed)
+
+    def add_noise(sigma: torch.Tensor) -> Any:
+        def after(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
+            noise = torch.randn(sigma.shape, generator=generator, device=sigma.device) * sigma
+            return (output[0] + noise[None].to(output[0].dtype), *output[1:])
+        return after
+
+    squares = torch.zeros_like(clean)
+    for _ in range(FP8_LOGIT_SAMPLES):
+        hooks = [layer.self_attn.register_forward_hook(add_noise(sigma), with_kwargs=True)
+                 for layer, sigma in zip(layers, sigmas, strict=True)]
+        try:
+            squares += (model(ids, use_cache=False).logits[0].float() - clean) ** 2
+        finally:
+            for handle in hooks:
+                handle.remove()
+    return (squares / FP8_LOGIT_SAMPLES).sqrt()
+
+
+def capture_inputs(model: Any, modules: list[Any], token_ids: list[int]) -> list[torch.Tensor]:
+    """The hidden states [T, hidden] each of ``modules`` receives in Hugging Face's forward over one sequence."""
+    captured: dict[int, torch.Tensor] = {}
+
+    def hook(index: int) -> Any:
+        def before(module: Any, args: tuple, kwargs: dict) -> None:
+            captured[index] = (args[0] if args else kwargs["hidden_states"])[0].detach().clone()
+        return before
+
+    hooks = [module.register_forward_pre_hook(hook(i), with_kwargs=True) for i, module in enumerate(modules)]
+    try:
+        device = next(model.parameters()).device
+        model(torch.tensor([token_ids], device=device), use_cache=False)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return [captured[i] for i in range(len(modules))]
 
 
 def _logit_tolerance(dtype: torch.dtype) -> float:

@@ -4,25 +4,14 @@ A stored element is ``fp8(x / scale)``: x divided in fp32 by its kv head's scale
 saturated to the format's largest finite value (e4m3: +-448, e5m2: +-57344; an infinity saturates too, NaN stays
 NaN), which is CUDA's ``__nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...)``. Reading multiplies by the scale again.
 Scales are float32 [num_kv_heads] per layer for K and for V: one value repeated (per tensor, vLLM's only mode) or
-one per kv head. Where they come from (``SCALE_MODES``):
-
-- ``tensor``: amax / fmax over the tensor's first write (vLLM's ``calculate_kv_scales`` on the first forward), so
-  that the prompt's values never saturate and the relative rounding error bound (2^-4 for e4m3, 2^-3 for e5m2)
-  holds for all of them; later tokens above the prompt's amax saturate. The default: without it an e4m3 cache
-  with scale 1 clips every |value| above 448 and loses every one below 2^-10, which bounds nothing.
-- ``head``: the same per kv head.
-- ``one``: 1.0, what vLLM uses when a checkpoint carries no calibrated scales.
+one per kv head, from the data or 1.0 (``kv_scales.SCALE_MODES``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from minipaged_cli.errors import InputError
-
 FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-SCALE_MODES = ("tensor", "head", "one")
-DEFAULT_SCALE_MODE = "tensor"
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -32,12 +21,6 @@ def is_fp8(dtype: torch.dtype) -> bool:
 def cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """The cache's element type for ``--kv-cache-dtype`` (``auto``: the model's)."""
     return model_dtype if kv_cache_dtype == "auto" else FP8_DTYPES[kv_cache_dtype]
-
-
-def check_scale_mode(mode: str, field: str = "--kv-scales") -> str:
-    if mode not in SCALE_MODES:
-        raise InputError(f"expected one of {', '.join(SCALE_MODES)}", field=field, value=mode, has_value=True)
-    return mode
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from minipaged_cli.dataplane.fp8 import DEFAULT_SCALE_MODE, amax_scale, check_scale_mode, is_fp8
+from minipaged_cli.dataplane.fp8 import amax_scale, is_fp8
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 
 
 class PagedKVCache:
@@ -50,11 +51,18 @@ class PagedKVCache:
         """The layer's scales for writing key, value [num_tokens, num_kv_heads, head_dim]: from their amax when
         this is the layer's first write (``tensor``, ``head``), the fixed ones after."""
         if self.quantized and not self._calibrated[layer] and key.shape[0]:
+            self.calibrate(layer, key, value)
+        return self.scales(layer)
+
+    def calibrate(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Fix the layer's scales from the amax of key, value [num_tokens, num_kv_heads, head_dim] (per tensor or
+        per head, as ``scale_mode``; ``one`` keeps 1.0), before its first write: calibrated on data that holds
+        every value the layer will store, no stored value saturates."""
+        if self.scale_mode != "one":
             per_head = self.scale_mode == "head"
             self.k_scales[layer] = amax_scale(key, self.dtype, per_head)
             self.v_scales[layer] = amax_scale(value, self.dtype, per_head)
-            self._calibrated[layer] = True
-        return self.scales(layer)
+        self._calibrated[layer] = True
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
