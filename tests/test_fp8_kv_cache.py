@@ -14,7 +14,6 @@ from minipaged_cli.dataplane.kernels import unsupported_reason
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.native import native_attention_available
 from minipaged_cli.dataplane.reference import (
-    cache_write_naive,
     paged_attention_naive,
     paged_attention_online,
     paged_attention_vectorized,
@@ -177,7 +176,7 @@ def test_the_cache_fixes_its_scales_at_the_first_write() -> None:
     cache = PagedKVCache(1, 4, 2, 4, 64, torch.float8_e4m3fn, scale_mode="head")
     key = torch.randn(3, 2, 64) * torch.tensor([10.0, 0.1])[None, :, None]
     key[0, 1, 5] = float("inf")  # left out of the amax
-    k_scale, v_scale = cache.scales_for_write(0, key, key.abs())
+    k_scale, _ = cache.scales_for_write(0, key, key.abs())
     assert torch.allclose(k_scale, torch.stack([key[:, 0].abs().max(), key[:, 1][key[:, 1].isfinite()].abs().max()])
                           / 448)
     assert torch.equal(cache.scales_for_write(0, key * 100, key)[0], k_scale)  # fixed: later writes saturate

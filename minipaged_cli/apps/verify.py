@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from minipaged_cli.apps.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
-from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.backends import Backend, TorchBackend
 from minipaged_cli.dataplane.block_tables import append_slots
 from minipaged_cli.dataplane.fp8 import cache_dtype, subnormal_error, unit_roundoff
-from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 
@@ -115,31 +114,43 @@ def fp8_sigma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale
     A stored element x comes back as x (1 + e) + f: e relative, |e| <= u (2^-4 for e4m3: round to nearest with 3
     mantissa bits), f the subnormals' absolute error, |f| <= eta x scale (eta = 2^-10 for e4m3); as rounding
     errors they are independent, zero-mean, and at most uniform over their range: variance <= u^2 x^2 / 3 and
-    eta^2 scale^2 / 3. Then, for query q and positions j <= t:
+    eta^2 scale^2 / 3. Then, for query q of head h and positions j <= t:
 
-    - a logit l_j = s q.k_j moves by dl_j = s sum_i q_i dk_ji: Var(dl_j) = s^2 sum_i q_i^2 Var(dk_ji);
+    - a logit l_j = s q.k_j moves by dl_j = s sum_i q_i dk_ji;
     - softmax: dp_j = p_j (dl_j - sum_k p_k dl_k), so the output o = sum_j p_j v_j moves by
-      do = sum_j p_j dl_j (v_j - o) + sum_j p_j dv_j, and Var(do) = sum_j p_j^2 [(v_j - o)^2 Var(dl_j) + Var(dv_j)];
-    - o_proj: dy_r = sum_c W_rc do_c, Var(dy_r) = sum_c W_rc^2 Var(do_c).
+      do = sum_j p_j dl_j (v_j - o) + sum_j p_j dv_j;
+    - o_proj: dy_r = sum_(h, d) W_r,hd do_hd = sum_h sum_j p_hj [dl_hj B_r,hj + sum_d W_r,hd dv_jd] with
+      B_r,hj = sum_d W_r,hd (v_jd - o_hd).
 
-    Nothing here is measured: it follows from the format's precision and the magnitudes of q, K, V and W.
+    The query heads of one GQA group read the same dk and dv, so their terms are correlated: the variance sums
+    over pairs (h, h') of the group, Var(dy_r) = sum_(h,h') sum_j p_hj p_h'j [s^2 (sum_i q_hi q_h'i Var(dk_ji))
+    B_r,hj B_r,h'j + sum_d W_r,hd W_r,h'd Var(dv_jd)]. Nothing here is measured: it follows from the format's
+    precision and the magnitudes of q, K, V and W.
     """
     u2, eta2 = unit_roundoff(cache) ** 2 / 3, subnormal_error(cache) ** 2 / 3
-    num_tokens, num_q_heads, _ = query.shape
-    group = num_q_heads // key.shape[1]
-    q = query.float().transpose(0, 1)  # [q heads, T, D]
-    k, v = (x.float().repeat_interleave(group, 1).transpose(0, 1) for x in (key, value))  # [q heads, T, D]
-    k_scales, v_scales = (x.repeat_interleave(group)[:, None, None] for x in (k_scale, v_scale))
+    num_tokens, num_q_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    group = num_q_heads // num_kv_heads
+    q, k, v = query.float(), key.float(), value.float()
+    w = o_proj.float().view(-1, num_q_heads, head_dim)  # [hidden, q heads, D]
     future = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax((scale * q @ k.transpose(1, 2)).masked_fill(future, float("-inf")), dim=-1)  # [h, T, T]
-    logit_var = scale ** 2 * (u2 * (q ** 2) @ (k ** 2).transpose(1, 2)
-                              + eta2 * k_scales ** 2 * (q ** 2).sum(-1, keepdim=True))
-    weights = probs ** 2 * logit_var
-    out = probs @ v  # [h, T, D]
-    out_var = (weights @ v ** 2 - 2 * out * (weights @ v) + out ** 2 * weights.sum(-1, keepdim=True)
-               + probs ** 2 @ (u2 * v ** 2 + eta2 * v_scales ** 2))
-    out_var = out_var.clamp(min=0).transpose(0, 1).reshape(num_tokens, -1)  # [T, q heads x D]
-    return (out_var @ (o_proj.float() ** 2).T).sqrt()
+    variance = torch.zeros(num_tokens, w.shape[0], device=q.device)
+    for kv_head in range(num_kv_heads):
+        keys, values = k[:, kv_head], v[:, kv_head]  # [T, D]
+        key_var = u2 * keys ** 2 + eta2 * float(k_scale[kv_head]) ** 2  # Var(dk_ji)
+        value_var = u2 * values ** 2 + eta2 * float(v_scale[kv_head]) ** 2
+        heads = range(kv_head * group, (kv_head + 1) * group)
+        probs = {h: torch.softmax((scale * q[:, h] @ keys.T).masked_fill(future, float("-inf")), -1) for h in heads}
+        value_w = {h: values @ w[:, h].T for h in heads}  # [T, hidden]: v_j . W_h
+        out_w = {h: (probs[h] @ values) @ w[:, h].T for h in heads}  # [T, hidden]: o_t . W_h
+        for h in heads:
+            for h2 in heads:
+                pairs = probs[h] * probs[h2]  # [T, T]
+                a = scale ** 2 * pairs * ((q[:, h] * q[:, h2]) @ key_var.T)  # logit covariance x p p'
+                variance += (a @ (value_w[h] * value_w[h2]) - out_w[h2] * (a @ value_w[h])
+                             - out_w[h] * (a @ value_w[h2]) + out_w[h] * out_w[h2] * a.sum(-1, keepdim=True))
+                variance += pairs @ (value_var @ (w[:, h] * w[:, h2]).T)
+    return variance.clamp(min=0).sqrt()
 
 
 def tolerance_for(dtype: torch.dtype, reference: torch.Tensor) -> tuple[float, str]:
@@ -261,30 +272,24 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
     dtype = next(model.parameters()).dtype
     logit_tolerance = _logit_tolerance(dtype)
     why = "largest logit difference over every step, same context on both sides"
-    total = sum(len(p) for p in prompts) + new_tokens * len(prompts)
     stored = cache_dtype(kv_cache_dtype, dtype)
-    paged = PagedQwen3(model, backend, block_size, 2 * (total // block_size + len(prompts)) + 8, seed, stored,
-                       scale_mode)
     references = [model.generate(torch.tensor([prompt], device=device), max_new_tokens=new_tokens, do_sample=False,
                                  min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True,
                                  pad_token_id=0) for prompt in prompts]
     reference_tokens = [r.sequences[0, len(p):].tolist() for r, p in zip(references, prompts, strict=True)]
-    logits = paged.step(dict(enumerate(prompts)))  # fixes an fp8 cache's scales (its first write)
-    if paged.state.cache.quantized:
-        sigma = max(float(fp8_logit_sigma(model, prompt + tokens, paged.state.cache, seed)[len(prompt) - 1:].max())
-                    for prompt, tokens in zip(prompts, reference_tokens, strict=True))
+    if stored != dtype:
+        sigma = fp8_logit_sigma(model, prompts, reference_tokens, stored, block_size, device, seed)
         logit_tolerance += FP8_SIGMAS * sigma
         why += f"; + {FP8_SIGMAS} x the fp8 rounding's largest logit sigma ({sigma:.3g}, fp8_logit_sigma)"
+    ours = teacher_forced_logits(model, prompts, reference_tokens, backend, block_size, seed, stored, scale_mode)
     mismatches, differences = 0, []
-    for step in range(new_tokens):
-        for sequence, row in logits.items():
-            reference_row = references[sequence].logits[step][0].float()
-            differences.append((row.float() - reference_row).abs())
-            ours, theirs = int(row.argmax()), reference_tokens[sequence][step]
-            if ours != theirs and float(reference_row[theirs] - reference_row[ours]) > logit_tolerance:
-                mismatches += 1
-        if step + 1 < new_tokens:
-            logits = paged.step({s: [tokens[step]] for s, tokens in enumerate(reference_tokens)})
+    for index, row in enumerate(ours):
+        step, sequence = divmod(index, len(prompts))
+        reference_row = references[sequence].logits[step][0].float()
+        differences.append((row.float() - reference_row).abs())
+        token, theirs = int(row.argmax()), reference_tokens[sequence][step]
+        if token != theirs and float(reference_row[theirs] - reference_row[token]) > logit_tolerance:
+            mismatches += 1
     difference = torch.stack(differences)
     compared = new_tokens * len(prompts)
     return [
@@ -294,69 +299,60 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
     ]
 
 
-FP8_LOGIT_SAMPLES = 8  # noisy forward passes that carry the per-layer error model to the logits
+FP8_LOGIT_SAMPLES = 8  # generations over a cache perturbed by fp8's error model
+
+
+class PerturbedWrites(TorchBackend):
+    """The torch backend over a cache of the model's dtype whose writes carry fp8's error model instead of fp8's
+    rounding: every element x is stored as x (1 + u e), e uniform in [-1, 1] and independent (``unit_roundoff``
+    u; the subnormals' absolute floor, below 1e-5 of the amax, is left out)."""
+
+    def __init__(self, device: torch.device, unit: float, seed: int) -> None:
+        super().__init__(device)
+        self.unit = unit
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor | None,
+                     v_scale: torch.Tensor | None) -> None:
+        key, value = (x * (1 + self.unit * (2 * torch.rand(x.shape, generator=self.generator, device=x.device) - 1))
+                      for x in (key, value))
+        super()._cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
 @torch.no_grad()
-def fp8_logit_sigma(model: Any, token_ids: list[int], cache: PagedKVCache, seed: int) -> torch.Tensor:
-    """The standard deviation of each logit [T, vocab] that the fp8 cache's rounding causes over one sequence.
+def fp8_logit_sigma(model: Any, prompts: list[list[int]], tokens: list[list[int]], cache: torch.dtype,
+                    block_size: int, device: torch.device, seed: int) -> float:
+    """The largest standard deviation of a compared logit that fp8's rounding causes in the teacher-forced
+    generation (same prompts, same tokens): no closed form carries fp8_sigma's per-layer error through the
+    later layers (their MLPs and attention read the perturbed residual stream, and every layer's error is
+    correlated across positions and features), so the paged model itself does. It generates FP8_LOGIT_SAMPLES
+    times over PerturbedWrites (fp8's error model, drawn from a seeded generator), and once unperturbed; the
+    root-mean-square deviation of each logit estimates its sigma. The fp8 run's own error is not used."""
+    def logits(backend: Backend) -> torch.Tensor:
+        return torch.stack(teacher_forced_logits(model, prompts, tokens, backend, block_size, seed))
 
-    Every layer's attention output carries an error of standard deviation fp8_sigma (from that layer's q, K, V
-    in Hugging Face's forward over the sequence and the cache's scales), independent across layers and nearly
-    normal (each is a sum of hundreds of rounding errors through o_proj). No closed form carries it through the
-    later layers (their MLPs and attention see the perturbed residual stream), so the model itself does: Hugging
-    Face's forward is run FP8_LOGIT_SAMPLES times with normal noise of exactly that deviation added to every
-    attention output, and the logits' root-mean-square deviation from the clean forward estimates the sigma.
-    The noise is the error model's, drawn from a seeded generator; the paged path's own error is not used."""
-    layers = model.model.layers
-    inputs = capture_inputs(model, [layer.self_attn for layer in layers], token_ids)
-    positions = torch.arange(len(token_ids), device=inputs[0].device)
-    theta = rope_theta(model.config)
-    sigmas = []
-    for index, layer in enumerate(layers):
-        attention = LayerAttention(layer.self_attn, theta)
-        q, k, v = attention.qkv(inputs[index], positions)
-        sigmas.append(fp8_sigma(q, k, v, attention.module.scaling, attention.module.o_proj.weight, cache.dtype,
-                                *cache.scales(index)))
-    ids = torch.tensor([token_ids], device=positions.device)
-    clean = model(ids, use_cache=False).logits[0].float()
-    generator = torch.Generator(device=positions.device).manual_seed(seed)
-
-    def add_noise(sigma: torch.Tensor) -> Any:
-        def after(module: Any, args: tuple, kwargs: dict, output: Any) -> Any:
-            noise = torch.randn(sigma.shape, generator=generator, device=sigma.device) * sigma
-            return (output[0] + noise[None].to(output[0].dtype), *output[1:])
-        return after
-
-    squares = torch.zeros_like(clean)
-    for _ in range(FP8_LOGIT_SAMPLES):
-        hooks = [layer.self_attn.register_forward_hook(add_noise(sigma), with_kwargs=True)
-                 for layer, sigma in zip(layers, sigmas, strict=True)]
-        try:
-            squares += (model(ids, use_cache=False).logits[0].float() - clean) ** 2
-        finally:
-            for handle in hooks:
-                handle.remove()
-    return (squares / FP8_LOGIT_SAMPLES).sqrt()
+    clean = logits(TorchBackend(device))
+    squares = sum((logits(PerturbedWrites(device, unit_roundoff(cache), seed + sample)) - clean) ** 2
+                  for sample in range(FP8_LOGIT_SAMPLES))
+    return float((squares / FP8_LOGIT_SAMPLES).sqrt().max())
 
 
-def capture_inputs(model: Any, modules: list[Any], token_ids: list[int]) -> list[torch.Tensor]:
-    """The hidden states [T, hidden] each of ``modules`` receives in Hugging Face's forward over one sequence."""
-    captured: dict[int, torch.Tensor] = {}
-
-    def hook(index: int) -> Any:
-        def before(module: Any, args: tuple, kwargs: dict) -> None:
-            captured[index] = (args[0] if args else kwargs["hidden_states"])[0].detach().clone()
-        return before
-
-    hooks = [module.register_forward_pre_hook(hook(i), with_kwargs=True) for i, module in enumerate(modules)]
-    try:
-        device = next(model.parameters()).device
-        model(torch.tensor([token_ids], device=device), use_cache=False)
-    finally:
-        for handle in hooks:
-            handle.remove()
-    return [captured[i] for i in range(len(modules))]
+def teacher_forced_logits(model: Any, prompts: list[list[int]], tokens: list[list[int]], backend: Backend,
+                          block_size: int, seed: int, cache: torch.dtype | None = None,
+                          scale_mode: str = DEFAULT_SCALE_MODE) -> list[torch.Tensor]:
+    """The paged model's logits [vocab] before each of ``tokens`` (fed one step at a time after the prompts),
+    step by step, sequence by sequence."""
+    total = sum(len(p) for p in prompts) + sum(len(t) for t in tokens)
+    paged = PagedQwen3(model, backend, block_size, 2 * (total // block_size + len(prompts)) + 8, seed, cache,
+                       scale_mode)
+    rows = []
+    logits = paged.step(dict(enumerate(prompts)))
+    for step in range(len(tokens[0])):
+        rows.extend(logits[sequence] for sequence in range(len(prompts)))
+        if step + 1 < len(tokens[0]):
+            logits = paged.step({s: [t[step]] for s, t in enumerate(tokens)})
+    return rows
 
 
 def _logit_tolerance(dtype: torch.dtype) -> float:
