@@ -207,3 +207,35 @@ def test_fp8_needs_hardware_conversion() -> None:
     reason = unsupported_reason(128, 4, "fp8_e5m2", (8, 0))
     assert reason is not None and "sm_89" in reason and "sm_80" in reason
     assert EmulatedBackend(capability=(8, 0)).unsupported(16, 4, 128, "fp8") is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", FP8, ids=str)
+def test_gpu_fp8_write_is_bit_exact_and_attention_matches(dtype: torch.dtype) -> None:
+    # The hardware conversion (cvt.rn.satfinite on sm_89+) against torch's cast, every edge value; then both
+    # attention kernels over a scrambled fp8 batch against the naive reference on the CPU.
+    from tests.test_kernels import _cuda_backend
+
+    backend = _cuda_backend()
+    device = backend.device
+    values = hard_values(dtype)
+    num_tokens = -(-len(values) // (NUM_KV_HEADS * 128))
+    key = torch.cat([values, torch.ones(num_tokens * NUM_KV_HEADS * 128 - len(values))]).view(
+        num_tokens, NUM_KV_HEADS, 128).to(torch.bfloat16)
+    scales = torch.tensor([1.0, 0.375])
+    caches = [torch.zeros(num_tokens, NUM_KV_HEADS, 1, 128, dtype=dtype, device=device) for _ in range(2)]
+    backend.cache_write(key.to(device), key.to(device), caches[0], caches[1],
+                        torch.arange(num_tokens, device=device), scales.to(device), scales.to(device))
+    expected = torch_cast(key, scales, dtype)
+    nan = expected.float().isnan()
+    stored = caches[0].cpu()[:, :, 0]
+    assert torch.equal(stored.float().isnan(), nan)
+    assert torch.equal(stored.view(torch.uint8)[~nan], expected.view(torch.uint8)[~nan])
+
+    batch = fp8_batch(dtype, torch.bfloat16, 16, 128, 4, per_head=True)
+    reference = paged_attention_naive(*batch[:5], 128 ** -0.5, *batch[5:])
+    for variant in ("simple", "tensor-core"):
+        backend.attention_variant = variant
+        out = backend.paged_attention(*(t.to(device) for t in batch[:5]), 128 ** -0.5,
+                                      *(t.to(device) for t in batch[5:]))
+        torch.testing.assert_close(out.cpu(), reference, **tolerance(torch.bfloat16), msg=variant)
