@@ -87,8 +87,9 @@ class RunReport:
 class _Executor:
     """Executes each ``StepWork`` on the cache: the ``on_step`` of the simulator's replay."""
 
-    def __init__(self, cache: PagedKVCache, backend: Backend, num_q_heads: int, dtype: torch.dtype,
-                 seed: int) -> None:
+    def __init__(self, cache: PagedKVCache, backend: Backend, num_q_heads: int, seed: int,
+                 dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the queries' and new K/V's (None: the cache's, which must then not be fp8)."""
         self.cache = cache
         self.backend = backend
         _, self.num_kv_heads, self.block_size, self.head_dim = cache.shape
@@ -97,7 +98,7 @@ class _Executor:
         generator = torch.Generator().manual_seed(seed)
         heads = num_q_heads + 2 * self.num_kv_heads
         # [tokens, q heads + 2 kv heads, head_dim], like a fused QKV projection: Q, K, V are strided views.
-        self.qkv = torch.randn(_RANDOM_TOKENS, heads, self.head_dim, generator=generator).to(dtype)
+        self.qkv = torch.randn(_RANDOM_TOKENS, heads, self.head_dim, generator=generator).to(dtype or cache.dtype)
         self.qkv = self.qkv.to(cache.device)
         # K or V of one token in one layer, as stored: 1 byte an element in an fp8 cache.
         self.token_bytes = self.num_kv_heads * self.head_dim * cache.key_cache[0].element_size()
@@ -207,7 +208,7 @@ def run_trace(
     model = config.model
     cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          cache_dtype(model.kv_cache_dtype, dtype), backend.device, scale_mode)
-    executor = _Executor(cache, backend, model.num_q_heads, dtype, seed)
+    executor = _Executor(cache, backend, model.num_q_heads, seed, dtype)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)
     start = time.perf_counter()
