@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from minipaged_cli.apps.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
-from minipaged_cli.dataplane.backends import Backend, TorchBackend
+from minipaged_cli.apps.verify_fp8 import FP8_SIGMAS, fp8_logit_sigma, fp8_sigma
+from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import append_slots
-from minipaged_cli.dataplane.fp8 import cache_dtype, subnormal_error, unit_roundoff
+from minipaged_cli.dataplane.fp8 import cache_dtype
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 
@@ -31,13 +32,6 @@ FP32_TOLERANCE = 1e-4
 # random walk through o_proj's sums, so the outputs differ by about one ulp of their own magnitude (measured: 1).
 # Bound: 4 ulps (4 eps) of the largest |output| - well below what one misplaced token does (O(1) errors).
 LOW_PRECISION_ULPS = 4
-# An fp8 cache adds its rounding, which fp8_sigma propagates (first order) from the stored K and V to each output
-# element as a standard deviation; the check allows this many of them beyond the tolerance above. The rounding
-# errors of a layer's thousands of stored elements are independent and enter every output through sums of
-# hundreds of terms, so each output's error is close to normal: 6 sigma is exceeded with probability 2e-9 per
-# element, about 1e-4 over a check's 1e5 elements, while a misplaced token or a wrong scale moves outputs by
-# O(1) of their magnitude (tens of sigma).
-FP8_SIGMAS = 6
 
 
 @dataclass
@@ -103,54 +97,6 @@ def capture_attention(model: Any, layer: int, token_ids: list[int]) -> tuple[tor
         for hook in hooks:
             hook.remove()
     return captured["input"], captured["output"]
-
-
-def fp8_sigma(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float, o_proj: torch.Tensor,
-              cache: torch.dtype, k_scale: torch.Tensor, v_scale: torch.Tensor) -> torch.Tensor:
-    """The standard deviation of each attention output (after o_proj) that an fp8 cache's rounding causes, to first
-    order, for one sequence attending causally: query [T, q heads, D], key, value [T, kv heads, D] (what the cache
-    is given), o_proj [hidden, q heads x D], per-kv-head scales -> [T, hidden].
-
-    A stored element x comes back as x (1 + e) + f: e relative, |e| <= u (2^-4 for e4m3: round to nearest with 3
-    mantissa bits), f the subnormals' absolute error, |f| <= eta x scale (eta = 2^-10 for e4m3); as rounding
-    errors they are independent, zero-mean, and at most uniform over their range: variance <= u^2 x^2 / 3 and
-    eta^2 scale^2 / 3. Then, for query q of head h and positions j <= t:
-
-    - a logit l_j = s q.k_j moves by dl_j = s sum_i q_i dk_ji;
-    - softmax: dp_j = p_j (dl_j - sum_k p_k dl_k), so the output o = sum_j p_j v_j moves by
-      do = sum_j p_j dl_j (v_j - o) + sum_j p_j dv_j;
-    - o_proj: dy_r = sum_(h, d) W_r,hd do_hd = sum_h sum_j p_hj [dl_hj B_r,hj + sum_d W_r,hd dv_jd] with
-      B_r,hj = sum_d W_r,hd (v_jd - o_hd).
-
-    The query heads of one GQA group read the same dk and dv, so their terms are correlated: the variance sums
-    over pairs (h, h') of the group, Var(dy_r) = sum_(h,h') sum_j p_hj p_h'j [s^2 (sum_i q_hi q_h'i Var(dk_ji))
-    B_r,hj B_r,h'j + sum_d W_r,hd W_r,h'd Var(dv_jd)]. Nothing here is measured: it follows from the format's
-    precision and the magnitudes of q, K, V and W.
-    """
-    u2, eta2 = unit_roundoff(cache) ** 2 / 3, subnormal_error(cache) ** 2 / 3
-    num_tokens, num_q_heads, head_dim = query.shape
-    num_kv_heads = key.shape[1]
-    group = num_q_heads // num_kv_heads
-    q, k, v = query.float(), key.float(), value.float()
-    w = o_proj.float().view(-1, num_q_heads, head_dim)  # [hidden, q heads, D]
-    future = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=q.device).triu(1)
-    variance = torch.zeros(num_tokens, w.shape[0], device=q.device)
-    for kv_head in range(num_kv_heads):
-        keys, values = k[:, kv_head], v[:, kv_head]  # [T, D]
-        key_var = u2 * keys ** 2 + eta2 * float(k_scale[kv_head]) ** 2  # Var(dk_ji)
-        value_var = u2 * values ** 2 + eta2 * float(v_scale[kv_head]) ** 2
-        heads = range(kv_head * group, (kv_head + 1) * group)
-        probs = {h: torch.softmax((scale * q[:, h] @ keys.T).masked_fill(future, float("-inf")), -1) for h in heads}
-        value_w = {h: values @ w[:, h].T for h in heads}  # [T, hidden]: v_j . W_h
-        out_w = {h: (probs[h] @ values) @ w[:, h].T for h in heads}  # [T, hidden]: o_t . W_h
-        for h in heads:
-            for h2 in heads:
-                pairs = probs[h] * probs[h2]  # [T, T]
-                a = scale ** 2 * pairs * ((q[:, h] * q[:, h2]) @ key_var.T)  # logit covariance x p p'
-                variance += (a @ (value_w[h] * value_w[h2]) - out_w[h2] * (a @ value_w[h])
-                             - out_w[h] * (a @ value_w[h2]) + out_w[h] * out_w[h2] * a.sum(-1, keepdim=True))
-                variance += pairs @ (value_var @ (w[:, h] * w[:, h2]).T)
-    return variance.clamp(min=0).sqrt()
 
 
 def tolerance_for(dtype: torch.dtype, reference: torch.Tensor) -> tuple[float, str]:
@@ -278,7 +224,8 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
                                  pad_token_id=0) for prompt in prompts]
     reference_tokens = [r.sequences[0, len(p):].tolist() for r, p in zip(references, prompts, strict=True)]
     if stored != dtype:
-        sigma = fp8_logit_sigma(model, prompts, reference_tokens, stored, block_size, device, seed)
+        sigma = fp8_logit_sigma(lambda run_on: torch.stack(teacher_forced_logits(
+            model, prompts, reference_tokens, run_on, block_size, seed)), stored, device, seed)
         logit_tolerance += FP8_SIGMAS * sigma
         why += f"; + {FP8_SIGMAS} x the fp8 rounding's largest logit sigma ({sigma:.3g}, fp8_logit_sigma)"
     ours = teacher_forced_logits(model, prompts, reference_tokens, backend, block_size, seed, stored, scale_mode)
@@ -297,45 +244,6 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
               mismatches / compared, 0.0, "greedy token ids must be identical (but at Hugging Face's own near-ties)"),
         Check("generate: logits", float(difference.max()), float(difference.mean()), logit_tolerance, why),
     ]
-
-
-FP8_LOGIT_SAMPLES = 8  # generations over a cache perturbed by fp8's error model
-
-
-class PerturbedWrites(TorchBackend):
-    """The torch backend over a cache of the model's dtype whose writes carry fp8's error model instead of fp8's
-    rounding: every element x is stored as x (1 + u e), e uniform in [-1, 1] and independent (``unit_roundoff``
-    u; the subnormals' absolute floor, below 1e-5 of the amax, is left out)."""
-
-    def __init__(self, device: torch.device, unit: float, seed: int) -> None:
-        super().__init__(device)
-        self.unit = unit
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                     value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor | None,
-                     v_scale: torch.Tensor | None) -> None:
-        key, value = (x * (1 + self.unit * (2 * torch.rand(x.shape, generator=self.generator, device=x.device) - 1))
-                      for x in (key, value))
-        super()._cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
-
-
-@torch.no_grad()
-def fp8_logit_sigma(model: Any, prompts: list[list[int]], tokens: list[list[int]], cache: torch.dtype,
-                    block_size: int, device: torch.device, seed: int) -> float:
-    """The largest standard deviation of a compared logit that fp8's rounding causes in the teacher-forced
-    generation (same prompts, same tokens): no closed form carries fp8_sigma's per-layer error through the
-    later layers (their MLPs and attention read the perturbed residual stream, and every layer's error is
-    correlated across positions and features), so the paged model itself does. It generates FP8_LOGIT_SAMPLES
-    times over PerturbedWrites (fp8's error model, drawn from a seeded generator), and once unperturbed; the
-    root-mean-square deviation of each logit estimates its sigma. The fp8 run's own error is not used."""
-    def logits(backend: Backend) -> torch.Tensor:
-        return torch.stack(teacher_forced_logits(model, prompts, tokens, backend, block_size, seed))
-
-    clean = logits(TorchBackend(device))
-    squares = sum((logits(PerturbedWrites(device, unit_roundoff(cache), seed + sample)) - clean) ** 2
-                  for sample in range(FP8_LOGIT_SAMPLES))
-    return float((squares / FP8_LOGIT_SAMPLES).sqrt().max())
 
 
 def teacher_forced_logits(model: Any, prompts: list[list[int]], tokens: list[list[int]], backend: Backend,

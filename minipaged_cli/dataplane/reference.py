@@ -1,5 +1,8 @@
 """The data plane's two operations in PyTorch: the paged cache write and decode paged attention.
 
+Over 300 lines: each operation's argument checks, its naive reference and its fast versions stay together, so
+that the kernels' tests and a reader find the whole contract in one file (fp8's own helpers are in fp8.py).
+
 Each has a deliberately naive version (a Python loop over tokens through the block table, like vLLM's test
 reference) and fast versions; the CUDA kernels are tested against the same naive ones. Layouts:
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from minipaged_cli.dataplane.fp8 import dequantize, is_fp8, quantize
+from minipaged_cli.dataplane.fp8 import check_against_cache, check_scales, is_fp8, read_rows, stored_rows
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -40,7 +43,7 @@ def check_cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     for name, tensor in (("key", key), ("value", value)):
         if tensor.dim() != 3 or tensor.shape[1:] != (num_kv_heads, head_dim):
             raise ValueError(f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}], got {list(tensor.shape)}")
-        _check_against_cache(name, tensor, key_cache)
+        check_against_cache(name, tensor, key_cache)
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name} must have unit stride in head_dim, got strides {tensor.stride()}")
     if key.shape[0] != value.shape[0]:
@@ -100,7 +103,7 @@ def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     batch, num_q_heads, _ = query.shape
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    _check_against_cache("query", query, key_cache)
+    check_against_cache("query", query, key_cache)
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype != torch.int32:
         raise ValueError(f"block_tables must be int32 [{batch}, max_blocks], got {block_tables.dtype} "
                          f"{list(block_tables.shape)}")
@@ -138,39 +141,13 @@ def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> Non
         raise ValueError("key_cache and value_cache must be contiguous")
 
 
-def _check_against_cache(name: str, tensor: torch.Tensor, key_cache: torch.Tensor) -> None:
-    """An fp8 cache takes any of the float dtypes (quantized on write); any other cache only its own."""
-    same = tensor.dtype in _DTYPES if is_fp8(key_cache.dtype) else tensor.dtype == key_cache.dtype
-    if not same or tensor.device != key_cache.device:
-        raise ValueError(f"{name} is {tensor.dtype} on {tensor.device}; the cache is {key_cache.dtype} on "
-                         f"{key_cache.device}")
-
-
-def check_scales(key_cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
-    """An fp8 cache needs k_scale and v_scale, float32 [num_kv_heads] on its device, finite and > 0; any other
-    cache none."""
-    if not is_fp8(key_cache.dtype):
-        if k_scale is not None or v_scale is not None:
-            raise ValueError(f"k_scale and v_scale are for fp8 caches; this one is {key_cache.dtype}")
-        return
-    num_kv_heads = key_cache.shape[1]
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if scale is None or scale.shape != (num_kv_heads,) or scale.dtype != torch.float32 \
-                or scale.device != key_cache.device or not scale.is_contiguous():
-            described = "None" if scale is None else f"{scale.dtype} {list(scale.shape)} on {scale.device}"
-            raise ValueError(f"an fp8 cache needs {name} float32 [{num_kv_heads}] on {key_cache.device}, got "
-                             f"{described}")
-        if not bool((torch.isfinite(scale) & (scale > 0)).all()):
-            raise ValueError(f"{name} must be finite and > 0, got {scale.tolist()}")
-
-
 # -- cache write -------------------------------------------------------------------------------------------
 
 def cache_write_naive(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
                       v_scale: torch.Tensor | None = None) -> None:
     """Token by token: slot -> (block, offset) -> copy that token's heads (quantized into an fp8 cache)."""
-    key, value = _stored(key, value, key_cache, k_scale, v_scale)
+    key, value = stored_rows(key, value, key_cache, k_scale, v_scale)
     block_size = key_cache.shape[2]
     for token, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:
@@ -184,7 +161,7 @@ def cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                 slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
                 v_scale: torch.Tensor | None = None) -> None:
     """All tokens in one indexed copy per cache."""
-    key, value = _stored(key, value, key_cache, k_scale, v_scale)
+    key, value = stored_rows(key, value, key_cache, k_scale, v_scale)
     block_size = key_cache.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -192,20 +169,6 @@ def cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
     # Advanced indices around a slice put the token dimension first: [n, num_kv_heads, head_dim].
     key_cache[blocks, :, offsets, :] = key[keep]
     value_cache[blocks, :, offsets, :] = value[keep]
-
-
-def _stored(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, k_scale: torch.Tensor | None,
-            v_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """key and value as the cache stores them: quantized for an fp8 cache, as they are for any other."""
-    if not is_fp8(key_cache.dtype):
-        return key, value
-    assert k_scale is not None and v_scale is not None, "check_scales lets no fp8 write without scales through"
-    return quantize(key, k_scale, key_cache.dtype), quantize(value, v_scale, key_cache.dtype)
-
-
-def _read(rows: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """Cached rows [..., num_kv_heads, head_dim] in fp32, dequantized when the cache is fp8 (``scale`` given)."""
-    return rows.float() if scale is None else dequantize(rows, scale)
 
 
 # -- decode paged attention --------------------------------------------------------------------------------
@@ -226,8 +189,8 @@ def paged_attention_naive(query: torch.Tensor, key_cache: torch.Tensor, value_ca
             block, offset = table[position // block_size], position % block_size
             keys.append(key_cache[block, :, offset])  # [num_kv_heads, head_dim]
             values.append(value_cache[block, :, offset])
-        k = _read(torch.stack(keys), k_scale)  # [seq_len, num_kv_heads, head_dim] fp32
-        v = _read(torch.stack(values), v_scale)
+        k = read_rows(torch.stack(keys), k_scale)  # [seq_len, num_kv_heads, head_dim] fp32
+        v = read_rows(torch.stack(values), v_scale)
         for head in range(query.shape[1]):
             kv_head = head // group
             probs = torch.softmax(k[:, kv_head] @ query[seq, head].float() * scale, dim=0)  # [seq_len]
