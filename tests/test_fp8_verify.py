@@ -86,3 +86,11 @@ def test_a_backend_without_fp8_refuses_in_one_line(monkeypatch: pytest.MonkeyPat
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "emulated" in lines[0] and "sm_89" in lines[0], result.output
+
+
+def test_a_bfloat16_model_over_an_fp8_cache() -> None:
+    # The error model's perturbed writes stay in the model's dtype (a bf16 cache takes nothing else).
+    model = build_random_qwen3(load_config_file("qwen3-gqa3-hd64"), 0, torch.bfloat16, torch.device("cpu"))
+    prompts = make_prompts([12, 5], model.config.vocab_size, seed=5)
+    checks = verify_generation(model, prompts, 2, TorchBackend(), 16, 5, "fp8_e4m3")
+    assert all(c.passed for c in checks), [(c.name, c.max_abs_err, c.tolerance) for c in checks]

@@ -83,8 +83,8 @@ class PerturbedWrites(TorchBackend):
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                      value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor | None,
                      v_scale: torch.Tensor | None) -> None:
-        key, value = (x * (1 + self.unit * (2 * torch.rand(x.shape, generator=self.generator, device=x.device) - 1))
-                      for x in (key, value))
+        key, value = ((x * (1 + self.unit * (2 * torch.rand(x.shape, generator=self.generator, device=x.device) - 1)))
+                      .to(x.dtype) for x in (key, value))  # in the model's dtype, as the cache holds it
         super()._cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
 
