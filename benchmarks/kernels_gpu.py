@@ -17,6 +17,10 @@ call finds its K/V in L2. The calls are the launchers without their argument che
 to queue one call, the split plan included) is reported on its own line per case; if queuing outlasts the delay,
 the line says so (the figure then includes host gaps). The median of ``--repeat`` such timings counts.
 
+Then the same over an fp8 e4m3 cache (scales 1, issue 23): B=32 x 4,096 and B=1 x 1,024 with both kernels, and
+the cache write that quantizes. An fp8 cache reads half the bytes, so at the same TB/s the kernel takes half the
+time: the line to compare is the kernel's microseconds against its bf16 line above.
+
 Goals (issue 14): attention >= 4.0 TB/s at B=32 x 4,096 on an H200 (about 93 % of the copy) and at least as fast
 as contiguous SDPA; <= 10 us at B=1 x 1,024; cache write >= 70 % of the copy ceiling at 16,384 tokens.
 
@@ -48,6 +52,8 @@ CASES = {  # name: (sequence lengths, query heads)
                                          NUM_Q_HEADS),
 }
 VARIANTS = ("tensor-core", "simple")  # the launcher's bf16 choice first, the simple kernel as the same-run baseline
+FP8_CASES = ("B=32 x 4096", "B=1 x 1024")  # the fp8 section's: the bandwidth case and the latency case
+FP8 = torch.float8_e4m3fn
 L2_DEFEAT_BYTES = 256 * 2**20  # the calls of one timing together read at least this much (> any GPU's L2)
 SLEEP_CYCLES = 100_000_000  # ~50 ms at 2 GHz: longer than queuing any case's calls takes
 
@@ -104,26 +110,27 @@ def copy_calls(num_bytes: int, device: torch.device, clock: Clock) -> list[Calla
 
 def attention_case(name: str, lengths: list[int], num_q_heads: int, backend: KernelBackend,
                    key_cache: torch.Tensor, value_cache: torch.Tensor, generator: torch.Generator, clock: Clock,
-                   variant: str) -> None:
+                   variant: str, scales: tuple[torch.Tensor, torch.Tensor] | tuple[None, None] = (None, None)) -> None:
+    """One decode-attention case; ``scales`` (k_scale, v_scale) with fp8 caches."""
     device, element = backend.device, key_cache.element_size()
     num_blocks, batch, scale = key_cache.shape[0], len(lengths), HEAD_DIM ** -0.5
     kv_bytes = 2 * sum(lengths) * NUM_KV_HEADS * HEAD_DIM * element
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device=device)
-    query = torch.randn(batch, num_q_heads, HEAD_DIM, device=device, dtype=DTYPE)
+    query = torch.randn(batch, num_q_heads, HEAD_DIM, device=device, dtype=DTYPE)  # bf16 over any cache
     tables = [random_block_tables(lengths, num_blocks, BLOCK_SIZE, generator).to(device)
               for _ in range(clock.rotations(kv_bytes))]
     max_len, total = max(lengths), sum(lengths)
     backend.attention_variant = variant
     kernel_s, launch_s, dry = clock.time(
         [lambda table=table: backend.launch_attention(query, key_cache, value_cache, table, seq_lens, scale, max_len,
-                                                      total)
+                                                      total, *scales)
          for table in tables])
     name = f"{name}, {variant}"
-    moved = kv_bytes + 2 * query.numel() * element + tables[0].numel() * 4
+    moved = kv_bytes + 2 * query.numel() * query.element_size() + tables[0].numel() * 4
     copy_s = clock.time(copy_calls(kv_bytes, device, clock))[0]
     copy_tbps = 2 * kv_bytes / copy_s / 1e12  # a copy reads and writes the bytes
     sdpa_text = "-"
-    if len(set(lengths)) == 1:  # SDPA takes equal lengths without padding
+    if len(set(lengths)) == 1 and scales[0] is None:  # SDPA takes equal lengths without padding (and no fp8)
         pairs = [(torch.randn(batch, NUM_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=DTYPE),
                   torch.randn(batch, NUM_KV_HEADS, max_len, HEAD_DIM, device=device, dtype=DTYPE))
                  for _ in range(min(clock.rotations(kv_bytes), 8))]
@@ -138,16 +145,20 @@ def attention_case(name: str, lengths: list[int], num_q_heads: int, backend: Ker
 
 
 def cache_write_case(tokens: int, backend: KernelBackend, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     generator: torch.Generator, clock: Clock) -> None:
-    device, element = backend.device, key_cache.element_size()
+                     generator: torch.Generator, clock: Clock,
+                     scales: tuple[torch.Tensor, torch.Tensor] | tuple[None, None] = (None, None)) -> None:
+    """Bytes moved: bf16 read, the cache's element written."""
+    device = backend.device
     qkv = torch.randn(tokens, NUM_Q_HEADS + 2 * NUM_KV_HEADS, HEAD_DIM, device=device, dtype=DTYPE)
     key, value = qkv[:, NUM_Q_HEADS:NUM_Q_HEADS + NUM_KV_HEADS], qkv[:, NUM_Q_HEADS + NUM_KV_HEADS:]
     num_slots = key_cache.shape[0] * BLOCK_SIZE
-    written = 2 * tokens * NUM_KV_HEADS * HEAD_DIM * element
+    elements = 2 * tokens * NUM_KV_HEADS * HEAD_DIM
+    written = elements * (key.element_size() + key_cache.element_size()) // 2  # (read + write) / 2
     mappings = [torch.randperm(num_slots, generator=generator)[:tokens].to(torch.int64).to(device)
                 for _ in range(clock.rotations(written))]
     write_s, launch_s, dry = clock.time(
-        [lambda slots=slots: backend._cache_write(key, value, key_cache, value_cache, slots) for slots in mappings],
+        [lambda slots=slots: backend._cache_write(key, value, key_cache, value_cache, slots, *scales)
+         for slots in mappings],
     )
     copy_s = clock.time(copy_calls(written, device, clock))[0]
     print(f"{tokens:>6} tokens: {write_s * 1e6:8.1f} us, {2 * written / write_s / 1e9:8.1f} GB/s moved (read + "
@@ -227,6 +238,19 @@ def main() -> None:
         cache_write_case(tokens, backend, key_cache, value_cache, generator, clock)
     del key_cache, value_cache
     offload_case(backend, clock, 2**16 if args.dry_run else 128 * 2**20)
+
+    # The same pool's values in fp8 e4m3 (randn fits its range with scale 1): half the bytes a token.
+    scales = (torch.ones(NUM_KV_HEADS, device=device), torch.ones(NUM_KV_HEADS, device=device))
+    key_cache, value_cache = key_cache.to(FP8), value_cache.to(FP8)
+    print("\nfp8 e4m3 KV cache, same pool, bf16 queries (TB/s of the bytes moved: 1 a K/V element)")
+    for name in FP8_CASES:
+        lengths, num_q_heads = cases[name]
+        for variant in VARIANTS:
+            attention_case(f"{name}, e4m3", lengths, num_q_heads, backend, key_cache, value_cache, generator, clock,
+                           variant, scales)
+    print("\ncache write into fp8 e4m3 (bf16 in, quantized by the scales)")
+    for tokens in cache_write_tokens:
+        cache_write_case(tokens, backend, key_cache, value_cache, generator, clock, scales)
 
 
 if __name__ == "__main__":

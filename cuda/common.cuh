@@ -1,17 +1,23 @@
-// What the kernels share: integer types, and fp32 <-> storage-type conversions for float, __half and
-// __nv_bfloat16. Compiled by nvcc (through PyCUDA) or, with MINIPAGED_EMULATION, by the host compiler against
-// emulation/cuda_emu.h.
+// What the kernels share: integer types, and fp32 <-> storage-type conversions for float, __half,
+// __nv_bfloat16 and the fp8 KV cache's __nv_fp8_e4m3 / __nv_fp8_e5m2 (to fp8: round to nearest even, saturating
+// to the largest finite value, NaN kept: CUDA's __NV_SATFINITE). Compiled by nvcc (through PyCUDA) or, with
+// MINIPAGED_EMULATION, by the host compiler against emulation/cuda_emu.h.
 #pragma once
 
 #ifndef MINIPAGED_EMULATION
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
+
+#include <type_traits>
 #endif
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
@@ -21,6 +27,23 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) { return __nv_fp8_e4m3(x); }
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) { return __nv_fp8_e5m2(x); }
+
+// A cache of element type C holds the query's type T, or fp8 with per-kv-head scales (k_scale, v_scale
+// [num_kv_heads]: stored = fp8(x / scale), read = fp8 * scale). The attention kernels fold the scales in where
+// they cost nothing: k_scale into the query's scale, v_scale into the output.
+template <typename T, typename C>
+inline constexpr bool QUANTIZED = !std::is_same_v<T, C>;
+
+// A kv head's scale; 1 for a cache that is not quantized (its kernels get null pointers).
+template <typename T, typename C>
+__device__ __forceinline__ float kv_scale(const float* scales, int kv_head) {
+    if constexpr (QUANTIZED<T, C>) return scales[kv_head];
+    return 1.0f;
+}
 
 // The end of a decode-attention thread block: combine its `parts` partial softmax states (each over its own tokens:
 // running max m, in base 2 when BASE2, else base e; sum l; unnormalised accumulator acc) for every (query head,

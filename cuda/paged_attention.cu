@@ -15,6 +15,8 @@
 // (stale cache memory may hold NaN: it is selected out, never multiplied by zero). At the end the groups merge
 // their states through shared memory. With num_splits > 1 each split writes its unnormalised (acc, m, l) and
 // paged_attention_merge combines them. The block table is read in chunks staged in shared memory. int64 addresses.
+// An fp8 cache (C an fp8 type): a lane loads the same VEC elements, VEC bytes instead of 16, widens them exactly,
+// and the kv head's scales are folded in: k_scale into the query's scale, v_scale into the accumulators.
 #include "common.cuh"
 
 #define NUM_THREADS 128
@@ -22,19 +24,36 @@
 
 template <typename T>
 struct Vec {
-    static constexpr int SIZE = 16 / sizeof(T);  // elements in one 16-byte load
+    static constexpr int SIZE = 16 / sizeof(T);  // elements of the query's type in one 16-byte load
 };
 
-// VEC consecutive elements at p (16-byte aligned) as floats.
-template <typename T>
-__device__ __forceinline__ void load_vec(const T* p, float (&out)[Vec<T>::SIZE]) {
+// One load instruction of that many bytes.
+template <int BYTES>
+struct Load;
+template <>
+struct Load<16> {
+    using type = uint4;
+};
+template <>
+struct Load<8> {
+    using type = uint2;
+};
+template <>
+struct Load<4> {
+    using type = uint32_t;
+};
+
+// N consecutive elements at p (aligned to their N * sizeof(C) bytes) as floats, in one load.
+template <typename C, int N>
+__device__ __forceinline__ void load_vec(const C* p, float (&out)[N]) {
+    using Raw = typename Load<N * sizeof(C)>::type;
     union {
-        uint4 raw;
-        T values[Vec<T>::SIZE];
+        Raw raw;
+        C values[N];
     } chunk;
-    chunk.raw = *reinterpret_cast<const uint4*>(p);
+    chunk.raw = *reinterpret_cast<const Raw*>(p);
 #pragma unroll
-    for (int i = 0; i < Vec<T>::SIZE; ++i) out[i] = to_float(chunk.values[i]);
+    for (int i = 0; i < N; ++i) out[i] = to_float(chunk.values[i]);
 }
 
 template <int LANES>
@@ -46,14 +65,16 @@ __device__ __forceinline__ float group_sum(float x) {
 
 // MAX_G: query heads per kv head this instantiation holds (1, 2, 4 or 8; `group` <= MAX_G at run time). The
 // online-softmax state lives in registers sized by it, so a small group leaves room for more blocks per SM.
-template <typename T, int HEAD_DIM, int MAX_G>
+template <typename T, typename C, int HEAD_DIM, int MAX_G>
 __device__ void paged_attention(
     T* __restrict__ out,                    // [batch, num_q_heads, HEAD_DIM] (num_splits == 1)
     const T* __restrict__ query,            // [batch, num_q_heads, HEAD_DIM]
-    const T* __restrict__ key_cache,        // [num_blocks, num_kv_heads, block_size, HEAD_DIM]
-    const T* __restrict__ value_cache,      // [num_blocks, num_kv_heads, block_size, HEAD_DIM]
+    const C* __restrict__ key_cache,        // [num_blocks, num_kv_heads, block_size, HEAD_DIM]
+    const C* __restrict__ value_cache,      // [num_blocks, num_kv_heads, block_size, HEAD_DIM]
     const int* __restrict__ block_tables,   // [batch, max_blocks], -1 padded
     const int* __restrict__ seq_lens,       // [batch]
+    const float* __restrict__ k_scale,      // [num_kv_heads] (fp8 caches; null otherwise)
+    const float* __restrict__ v_scale,      // [num_kv_heads] (fp8 caches; null otherwise)
     float* __restrict__ tmp_out,            // [batch, num_q_heads, num_splits, HEAD_DIM] (num_splits > 1)
     float* __restrict__ tmp_max,            // [batch, num_q_heads, num_splits]
     float* __restrict__ tmp_sum,            // [batch, num_q_heads, num_splits]
@@ -81,6 +102,7 @@ __device__ void paged_attention(
     // A split past the sequence's end has nothing to do: the merge reads only the splits that hold tokens (a
     // sequence of length 0 without splits still writes its zeros below).
     if (num_splits > 1 && start >= seq_len) return;
+    const float q_scale = scale * kv_scale<T, C>(k_scale, kv_head);
 
     float q[MAX_G][VEC];
     float m[MAX_G], l[MAX_G], acc[MAX_G][VEC];
@@ -96,7 +118,7 @@ __device__ void paged_attention(
         if (g < group) {
             load_vec(query + (seq * num_q_heads + (int64_t)kv_head * group + g) * HEAD_DIM + lane * VEC, q[g]);
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) q[g][v] *= scale;
+            for (int v = 0; v < VEC; ++v) q[g][v] *= q_scale;
         }
     }
 
@@ -144,6 +166,7 @@ __device__ void paged_attention(
     }
 
     // Merge the token groups' states: each writes its own, then threads combine per (query head, dim).
+    const float out_scale = kv_scale<T, C>(v_scale, kv_head);
 #pragma unroll
     for (int g = 0; g < MAX_G; ++g) {  // constant indices keep q, m, l, acc in registers
         if (g >= group) break;
@@ -152,7 +175,7 @@ __device__ void paged_attention(
             l_s[token_group][g] = l[g];
         }
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) acc_s[token_group][g][lane * VEC + e] = acc[g][e];
+        for (int e = 0; e < VEC; ++e) acc_s[token_group][g][lane * VEC + e] = acc[g][e] * out_scale;
     }
     __syncthreads();
     write_attention_output<T, HEAD_DIM, false>(out, tmp_out, tmp_max, tmp_sum, &m_s[0][0], &l_s[0][0],
@@ -186,21 +209,29 @@ __device__ void paged_attention_merge(
     out[(seq * num_q_heads + blockIdx.x) * HEAD_DIM + d] = from_float<T>(total > 0.0f ? value / total : 0.0f);
 }
 
-#define MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, MAX_G)                                                  \
+#define MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, C, HEAD_DIM, MAX_G)                                               \
     extern "C" __global__ void paged_attention_##SUFFIX##_hd##HEAD_DIM##_g##MAX_G(                               \
-        T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,               \
-        const int* seq_lens, float* tmp_out, float* tmp_max, float* tmp_sum, float scale, int num_kv_heads,     \
-        int group, int block_size, int max_blocks, int tokens_per_split, int num_splits) {                       \
-        paged_attention<T, HEAD_DIM, MAX_G>(out, query, key_cache, value_cache, block_tables, seq_lens,         \
-                                            tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, group, block_size,  \
-                                            max_blocks, tokens_per_split, num_splits);                          \
+        T* out, const T* query, const C* key_cache, const C* value_cache, const int* block_tables,               \
+        const int* seq_lens, const float* k_scale, const float* v_scale, float* tmp_out, float* tmp_max,        \
+        float* tmp_sum, float scale, int num_kv_heads, int group, int block_size, int max_blocks,                \
+        int tokens_per_split, int num_splits) {                                                                  \
+        paged_attention<T, C, HEAD_DIM, MAX_G>(out, query, key_cache, value_cache, block_tables, seq_lens,      \
+                                               k_scale, v_scale, tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, \
+                                               group, block_size, max_blocks, tokens_per_split, num_splits);     \
     }
 
+// Every GQA-group instantiation of one (query type, cache type, head_dim).
+#define MINIPAGED_PAGED_ATTENTION_GROUPS(SUFFIX, T, C, HEAD_DIM)                                                  \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, C, HEAD_DIM, 1)                                                       \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, C, HEAD_DIM, 2)                                                       \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, C, HEAD_DIM, 4)                                                       \
+    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, C, HEAD_DIM, 8)
+
+// The query's own cache type, both fp8 caches, and the merge (which reads only fp32 scratch).
 #define MINIPAGED_PAGED_ATTENTION(SUFFIX, T, HEAD_DIM)                                                           \
-    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 1)                                                          \
-    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 2)                                                          \
-    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 4)                                                          \
-    MINIPAGED_PAGED_ATTENTION_G(SUFFIX, T, HEAD_DIM, 8)                                                          \
+    MINIPAGED_PAGED_ATTENTION_GROUPS(SUFFIX, T, T, HEAD_DIM)                                                     \
+    MINIPAGED_PAGED_ATTENTION_GROUPS(SUFFIX##_e4m3, T, __nv_fp8_e4m3, HEAD_DIM)                                  \
+    MINIPAGED_PAGED_ATTENTION_GROUPS(SUFFIX##_e5m2, T, __nv_fp8_e5m2, HEAD_DIM)                                  \
     extern "C" __global__ void paged_attention_merge_##SUFFIX##_hd##HEAD_DIM(                                    \
         T* out, const float* tmp_out, const float* tmp_max, const float* tmp_sum, const int* seq_lens,          \
         int num_q_heads, int num_splits, int tokens_per_split) {                                                 \

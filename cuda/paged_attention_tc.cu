@@ -20,6 +20,11 @@
 // registers and its V copied into shared memory before the current tile is computed: every warp keeps 8 KB of
 // K/V in flight. At the end the warps merge through shared memory; with num_splits > 1 each split writes its
 // unnormalised (acc, m, l), m in natural-log units, for paged_attention.cu's merge kernel.
+//
+// An fp8 cache (C an fp8 type): every fp8 value is exactly an fp16 and a bf16, so K and V are widened to T and
+// the products stay exact; k_scale goes into S's scale and v_scale into the output. A K chunk is an 8-byte load
+// widened into the same 16-byte B fragment; a V chunk is loaded into registers, widened and stored into the same
+// swizzled v_s (cp.async copies bytes and cannot widen), so V's prefetch is synchronous there.
 #include "common.cuh"
 
 #define TC_WARPS 4
@@ -61,6 +66,28 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 #endif
 
+// Eight consecutive cache elements as eight T (16 bytes, the first in the low half of x): one 16-byte load when
+// the cache holds T, an 8-byte load widened (exactly) when it holds fp8.
+template <typename T, typename C>
+__device__ __forceinline__ uint4 load_chunk(const C* p) {
+    if constexpr (!QUANTIZED<T, C>) {
+        return *reinterpret_cast<const uint4*>(p);
+    } else {
+        union {
+            uint2 raw;
+            C values[8];
+        } in;
+        union {
+            uint4 raw;
+            T values[8];
+        } widened;
+        in.raw = *reinterpret_cast<const uint2*>(p);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) widened.values[i] = from_float<T>(to_float(in.values[i]));
+        return widened.raw;
+    }
+}
+
 // Two storage-type values as the 32 bits an mma fragment register holds (x in the low half).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float x, float y) {
@@ -73,14 +100,16 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
     return pair.bits;
 }
 
-template <typename T, int HEAD_DIM>
+template <typename T, typename C, int HEAD_DIM>
 __device__ void paged_attention_tc(
     T* __restrict__ out,                    // [batch, num_q_heads, HEAD_DIM] (num_splits == 1)
     const T* __restrict__ query,            // [batch, num_q_heads, HEAD_DIM], 16-byte aligned
-    const T* __restrict__ key_cache,        // [num_blocks, num_kv_heads, block_size, HEAD_DIM], 16-byte aligned
-    const T* __restrict__ value_cache,      // [num_blocks, num_kv_heads, block_size, HEAD_DIM], 16-byte aligned
+    const C* __restrict__ key_cache,        // [num_blocks, num_kv_heads, block_size, HEAD_DIM], 16-byte aligned
+    const C* __restrict__ value_cache,      // [num_blocks, num_kv_heads, block_size, HEAD_DIM], 16-byte aligned
     const int* __restrict__ block_tables,   // [batch, max_blocks], -1 padded
     const int* __restrict__ seq_lens,       // [batch]
+    const float* __restrict__ k_scale,      // [num_kv_heads] (fp8 caches; null otherwise)
+    const float* __restrict__ v_scale,      // [num_kv_heads] (fp8 caches; null otherwise)
     float* __restrict__ tmp_out,            // [batch, num_q_heads, num_splits, HEAD_DIM] (num_splits > 1)
     float* __restrict__ tmp_max,            // [batch, num_q_heads, num_splits], natural-log units
     float* __restrict__ tmp_sum,            // [batch, num_q_heads, num_splits]
@@ -110,7 +139,7 @@ __device__ void paged_attention_tc(
     // sequence of length 0 without splits still writes its zeros below).
     if (num_splits > 1 && start >= seq_len) return;
     const int num_tiles = end > start ? (end - start + TC_TILE - 1) / TC_TILE : 0;
-    const float scale_log2 = scale * LOG2E;
+    const float scale_log2 = scale * kv_scale<T, C>(k_scale, kv_head) * LOG2E;
     const int* table = block_tables + seq * max_blocks;
 
     // Q as A fragments, head_dim permuted as K's chunks are: k-step s reads chunk (s / 2) * 4 + t, words
@@ -153,14 +182,18 @@ __device__ void paged_attention_tc(
             const bool valid = first + h * 8 + g < end;
 #pragma unroll
             for (int c = 0; c < K_STEPS / 2; ++c)
-                k_next[h][c] = valid ? *reinterpret_cast<const uint4*>(key_cache + row + (c * 4 + t) * 8)
-                                     : make_uint4(0u, 0u, 0u, 0u);
+                k_next[h][c] = valid ? load_chunk<T>(key_cache + row + (c * 4 + t) * 8) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int pass = 0; pass < TC_TILE / ROWS_PER_PASS; ++pass) {
             const int r = pass * ROWS_PER_PASS + lane / CHUNKS, c = lane % CHUNKS;
             T* dst = &v_s[warp][buffer][r * HEAD_DIM + ((c ^ (r & 7)) * 8)];
-            cp_async_16(dst, value_cache + row_s[warp][buffer][r] + c * 8, first + r < end);
+            if constexpr (QUANTIZED<T, C>) {
+                *reinterpret_cast<uint4*>(dst) = first + r < end ? load_chunk<T>(value_cache + row_s[warp][buffer][r] + c * 8)
+                                                                 : make_uint4(0u, 0u, 0u, 0u);
+            } else {
+                cp_async_16(dst, value_cache + row_s[warp][buffer][r] + c * 8, first + r < end);
+            }
         }
         cp_async_commit();
     };
@@ -245,27 +278,35 @@ __device__ void paged_attention_tc(
     }
     __syncthreads();
     float* acc_s = reinterpret_cast<float*>(&v_s[0][0][0]);  // [TC_WARPS][8][HEAD_DIM] floats fit in v_s
+    const float out_scale = kv_scale<T, C>(v_scale, kv_head);
 #pragma unroll
     for (int j = 0; j < N_TILES; ++j) {
-        acc_s[(warp * 8 + g) * HEAD_DIM + j * 8 + 2 * t] = acc[j][0];
-        acc_s[(warp * 8 + g) * HEAD_DIM + j * 8 + 2 * t + 1] = acc[j][1];
+        acc_s[(warp * 8 + g) * HEAD_DIM + j * 8 + 2 * t] = acc[j][0] * out_scale;
+        acc_s[(warp * 8 + g) * HEAD_DIM + j * 8 + 2 * t + 1] = acc[j][1] * out_scale;
     }
     __syncthreads();
     write_attention_output<T, HEAD_DIM, true>(out, tmp_out, tmp_max, tmp_sum, &m_s[0][0], &l_s[0][0], acc_s,
                                               TC_WARPS, 8, group, seq, kv_head, num_q_heads, split, num_splits);
 }
 
-#define MINIPAGED_PAGED_ATTENTION_TC(SUFFIX, T, HEAD_DIM)                                                        \
+#define MINIPAGED_PAGED_ATTENTION_TC(SUFFIX, T, C, HEAD_DIM)                                                     \
     extern "C" __global__ void __launch_bounds__(32 * TC_WARPS) paged_attention_tc_##SUFFIX##_hd##HEAD_DIM(      \
-        T* out, const T* query, const T* key_cache, const T* value_cache, const int* block_tables,               \
-        const int* seq_lens, float* tmp_out, float* tmp_max, float* tmp_sum, float scale, int num_kv_heads,     \
-        int group, int block_size, int max_blocks, int tokens_per_split, int num_splits) {                       \
-        paged_attention_tc<T, HEAD_DIM>(out, query, key_cache, value_cache, block_tables, seq_lens, tmp_out,     \
-                                        tmp_max, tmp_sum, scale, num_kv_heads, group, block_size, max_blocks,    \
-                                        tokens_per_split, num_splits);                                           \
+        T* out, const T* query, const C* key_cache, const C* value_cache, const int* block_tables,               \
+        const int* seq_lens, const float* k_scale, const float* v_scale, float* tmp_out, float* tmp_max,        \
+        float* tmp_sum, float scale, int num_kv_heads, int group, int block_size, int max_blocks,                \
+        int tokens_per_split, int num_splits) {                                                                  \
+        paged_attention_tc<T, C, HEAD_DIM>(out, query, key_cache, value_cache, block_tables, seq_lens, k_scale,  \
+                                           v_scale, tmp_out, tmp_max, tmp_sum, scale, num_kv_heads, group,       \
+                                           block_size, max_blocks, tokens_per_split, num_splits);                \
     }
 
-MINIPAGED_PAGED_ATTENTION_TC(f16, __half, 64)
-MINIPAGED_PAGED_ATTENTION_TC(f16, __half, 128)
-MINIPAGED_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 64)
-MINIPAGED_PAGED_ATTENTION_TC(bf16, __nv_bfloat16, 128)
+// The query's own cache type and both fp8 caches.
+#define MINIPAGED_PAGED_ATTENTION_TC_CACHES(SUFFIX, T, HEAD_DIM)                                                 \
+    MINIPAGED_PAGED_ATTENTION_TC(SUFFIX, T, T, HEAD_DIM)                                                         \
+    MINIPAGED_PAGED_ATTENTION_TC(SUFFIX##_e4m3, T, __nv_fp8_e4m3, HEAD_DIM)                                      \
+    MINIPAGED_PAGED_ATTENTION_TC(SUFFIX##_e5m2, T, __nv_fp8_e5m2, HEAD_DIM)
+
+MINIPAGED_PAGED_ATTENTION_TC_CACHES(f16, __half, 64)
+MINIPAGED_PAGED_ATTENTION_TC_CACHES(f16, __half, 128)
+MINIPAGED_PAGED_ATTENTION_TC_CACHES(bf16, __nv_bfloat16, 64)
+MINIPAGED_PAGED_ATTENTION_TC_CACHES(bf16, __nv_bfloat16, 128)

@@ -39,13 +39,14 @@ class RecordingBackend(TorchBackend):
         self.writes: list[tuple[torch.Tensor, torch.Tensor]] = []  # layer 0: (key, value) of each call, in order
         self.attention_calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # layer 0: (query, out)
 
-    def _cache_write(self, key, value, key_cache, value_cache, slot_mapping) -> None:
-        super()._cache_write(key, value, key_cache, value_cache, slot_mapping)
+    def _cache_write(self, key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale) -> None:
+        super()._cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
         if key_cache.data_ptr() == self.layer0:
             self.writes.append((key.clone(), value.clone()))
 
-    def _paged_attention(self, query, key_cache, value_cache, block_tables, seq_lens, scale):
-        out = super()._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    def _paged_attention(self, query, key_cache, value_cache, block_tables, seq_lens, scale, k_scale, v_scale):
+        out = super()._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, k_scale,
+                                       v_scale)
         if key_cache.data_ptr() == self.layer0:
             self.attention_calls.append((query.clone(), out))
         return out

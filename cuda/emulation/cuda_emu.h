@@ -1,6 +1,6 @@
 // A CPU emulation of the parts of CUDA that minipaged's kernels use, so that the same .cu source runs on the
 // CPU in CI: grid and block indices, __shared__ memory per block, __syncthreads and __syncwarp, warp shuffles, the
-// fp16 / bf16 types with their conversions, and the warp-level instructions of paged_attention_tc.cu: mma.sync
+// fp16 / bf16 / fp8 types with their conversions, and the warp-level instructions of paged_attention_tc.cu: mma.sync
 // m16n8k16 (fp32 accumulation), ldmatrix .x4 .trans and cp.async. The collective ones gather every lane's operands
 // and give each lane its part by the PTX ISA's fragment layouts.
 //
@@ -48,6 +48,8 @@
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
+
+#include "../host/fp8.h"
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -512,6 +514,24 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     return b;
 }
 
+// fp8 as CUDA's cuda_fp8.h has it: explicit conversions from and to float (to fp8: round to nearest even,
+// saturating: __NV_SATFINITE), bit for bit as ../host/fp8.h converts.
+struct __nv_fp8_e4m3 {
+    uint8_t __x;
+    __nv_fp8_e4m3() = default;
+    explicit __nv_fp8_e4m3(float f) : __x(fp8::from_float(f, fp8::E4M3)) {}
+    explicit operator float() const { return fp8::to_float(__x, fp8::E4M3); }
+};
+struct __nv_fp8_e5m2 {
+    uint8_t __x;
+    __nv_fp8_e5m2() = default;
+    explicit __nv_fp8_e5m2(float f) : __x(fp8::from_float(f, fp8::E5M2)) {}
+    explicit operator float() const { return fp8::to_float(__x, fp8::E5M2); }
+};
+
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };

@@ -18,6 +18,7 @@ import yaml
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import append_slots, block_table_tensor
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.workloads.presets import CONFIG_DIR
@@ -124,19 +125,22 @@ class LayerAttention:
 
 
 class PagedAttentionState:
-    """The block manager and the cache of some layers, with blocks deliberately scrambled."""
+    """The block manager and the cache of some layers, with blocks deliberately scrambled. ``cache_dtype``: the
+    cache's element type when it is not the model's ``dtype`` (fp8, with ``scale_mode``: dataplane/fp8.py)."""
 
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int,
-                 dtype: torch.dtype, backend: Backend, seed: int) -> None:
+                 dtype: torch.dtype, backend: Backend, seed: int, cache_dtype: torch.dtype | None = None,
+                 scale_mode: str = DEFAULT_SCALE_MODE) -> None:
         self.manager = KVBlockManager(num_blocks, block_size)
-        self.cache = PagedKVCache(num_layers, num_blocks, num_kv_heads, block_size, head_dim, dtype, backend.device)
+        self.cache = PagedKVCache(num_layers, num_blocks, num_kv_heads, block_size, head_dim, cache_dtype or dtype,
+                                  backend.device, scale_mode)
         self.backend = backend
         scramble_free_blocks(self.manager, seed)
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slots: list[int]) -> None:
         slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.backend.device)
         self.backend.cache_write(key, value, self.cache.key_cache[layer], self.cache.value_cache[layer],
-                                 slot_mapping)
+                                 slot_mapping, *self.cache.scales_for_write(layer, key, value))
 
     def attend(self, layer: int, query: torch.Tensor, sequence_ids: list[int], seq_lens: list[int],
                scale: float) -> torch.Tensor:
@@ -146,7 +150,7 @@ class PagedAttentionState:
         block_tables = block_table_tensor(self.manager, sequence_ids, as_torch=True).to(device)
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
         return self.backend.paged_attention(query, self.cache.key_cache[layer], self.cache.value_cache[layer],
-                                            block_tables, lens, scale)
+                                            block_tables, lens, scale, *self.cache.scales(layer))
 
 
 def scramble_free_blocks(manager: KVBlockManager, seed: int) -> None:
@@ -164,14 +168,16 @@ def scramble_free_blocks(manager: KVBlockManager, seed: int) -> None:
 class PagedQwen3:
     """A Hugging Face Qwen3 whose every attention layer reads and writes the paged cache: greedy generation."""
 
-    def __init__(self, model: Any, backend: Backend, block_size: int, num_blocks: int, seed: int) -> None:
+    def __init__(self, model: Any, backend: Backend, block_size: int, num_blocks: int, seed: int,
+                 cache_dtype: torch.dtype | None = None, scale_mode: str = DEFAULT_SCALE_MODE) -> None:
         self.model = model
         config = model.config
         theta = rope_theta(config)
         self.layers = [LayerAttention(layer.self_attn, theta) for layer in model.model.layers]
         attention = self.layers[0]
         self.state = PagedAttentionState(len(self.layers), num_blocks, attention.num_kv_heads, block_size,
-                                         attention.module.head_dim, next(model.parameters()).dtype, backend, seed)
+                                         attention.module.head_dim, next(model.parameters()).dtype, backend, seed,
+                                         cache_dtype, scale_mode)
         self.lengths: dict[int, int] = {}
 
     @torch.no_grad()

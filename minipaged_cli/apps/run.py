@@ -22,7 +22,9 @@ import torch
 from minipaged_cli.apps.offload_steps import OffloadStats, StepOffload
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import padded_block_tables, slot_mapping
+from minipaged_cli.dataplane.fp8 import cache_dtype
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.dataplane.offload import HostKVPool
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.config import SimConfig
@@ -90,7 +92,9 @@ class _Executor:
     """Executes each ``StepWork`` on the cache: the ``on_step`` of the simulator's replay."""
 
     def __init__(self, cache: PagedKVCache, backend: Backend, num_q_heads: int, seed: int,
-                 offload: StepOffload | None = None) -> None:
+                 dtype: torch.dtype | None = None, offload: StepOffload | None = None) -> None:
+        """``dtype``: the queries' and new K/V's (None: the cache's, which must then not be fp8); ``offload``: the
+        host tier's moves, when the simulator has one."""
         self.cache = cache
         self.backend = backend
         self.offload = offload
@@ -100,9 +104,10 @@ class _Executor:
         generator = torch.Generator().manual_seed(seed)
         heads = num_q_heads + 2 * self.num_kv_heads
         # [tokens, q heads + 2 kv heads, head_dim], like a fused QKV projection: Q, K, V are strided views.
-        self.qkv = torch.randn(_RANDOM_TOKENS, heads, self.head_dim, generator=generator).to(cache.dtype)
+        self.qkv = torch.randn(_RANDOM_TOKENS, heads, self.head_dim, generator=generator).to(dtype or cache.dtype)
         self.qkv = self.qkv.to(cache.device)
-        self.token_bytes = self.num_kv_heads * self.head_dim * cache.key_cache[0].element_size()  # K or V, 1 layer
+        # K or V of one token in one layer, as stored: 1 byte an element in an fp8 cache.
+        self.token_bytes = self.num_kv_heads * self.head_dim * cache.key_cache[0].element_size()
         self.cursor = 0
         self.steps = 0
         self.prompt_tokens = 0
@@ -165,9 +170,11 @@ class _Executor:
             rows = self._rows(len(slots))
             key, value = rows[:, q:q + kv], rows[:, q + kv:]  # strided views of the fused QKV
             for layer in range(self.cache.num_layers):
-                _, elapsed = self.backend.timed(lambda layer=layer, key=key, value=value, slots=slots:
+                scales = self.cache.scales_for_write(layer, key, value)  # an fp8 cache's: fixed at the first write
+                _, elapsed = self.backend.timed(lambda layer=layer, key=key, value=value, slots=slots, scales=scales:
                                                 self.backend.cache_write(key, value, self.cache.key_cache[layer],
-                                                                         self.cache.value_cache[layer], slots))
+                                                                         self.cache.value_cache[layer], slots,
+                                                                         *scales))
                 seconds += elapsed
         self.cache_write_s += seconds
         self.cache_write_bytes += 2 * len(slot_mapping) * self.token_bytes * self.cache.num_layers
@@ -185,7 +192,7 @@ class _Executor:
         for layer in range(self.cache.num_layers):
             _, elapsed = self.backend.timed(lambda layer=layer: self.backend.paged_attention(
                 query, self.cache.key_cache[layer], self.cache.value_cache[layer], block_tables, seq_lens,
-                self.scale))
+                self.scale, *self.cache.scales(layer)))
             seconds += elapsed
         self.attention_s += seconds
         self.attention_bytes += 2 * int(seq_lens.sum()) * self.token_bytes * self.cache.num_layers
@@ -202,16 +209,18 @@ def run_trace(
     max_steps: int | None = None,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    scale_mode: str = DEFAULT_SCALE_MODE,
 ) -> RunReport:
-    """Replay ``trace`` with the paged strategy and execute every step on a cache of ``num_layers`` layers.
+    """Replay ``trace`` with the paged strategy and execute every step on a cache of ``num_layers`` layers, of
+    ``dtype`` or of the model's ``kv_cache_dtype`` when that is fp8 (its scales as ``scale_mode``).
     Bad input (``check_capacity``, as ``simulate``): no request fits ``max_model_len`` or the pool."""
     check_capacity(trace, config, ("paged",))
     model = config.model
     cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
-                         dtype, backend.device)
+                         cache_dtype(model.kv_cache_dtype, dtype), backend.device, scale_mode)
     offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks),
                           config.offload_policy == "write-through") if config.has_tiers else None
-    executor = _Executor(cache, backend, model.num_q_heads, seed, offload)
+    executor = _Executor(cache, backend, model.num_q_heads, seed, dtype, offload)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)
     start = time.perf_counter()

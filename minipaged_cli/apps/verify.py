@@ -17,8 +17,11 @@ from typing import Any
 import torch
 
 from minipaged_cli.apps.qwen3 import LayerAttention, PagedAttentionState, PagedQwen3, rope_theta
+from minipaged_cli.apps.verify_fp8 import FP8_SIGMAS, fp8_logit_sigma, fp8_sigma
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import append_slots
+from minipaged_cli.dataplane.fp8 import cache_dtype
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 
 FP32_TOLERANCE = 1e-4
@@ -54,6 +57,7 @@ class VerifyReport:
     dtype: str
     device: str
     backend: str
+    kv_cache_dtype: str = "auto"
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -62,7 +66,8 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "dtype": self.dtype, "device": self.device, "backend": self.backend,
-                "checks": [c.to_dict() for c in self.checks], "passed": self.passed}
+                "kv_cache_dtype": self.kv_cache_dtype, "checks": [c.to_dict() for c in self.checks],
+                "passed": self.passed}
 
 
 def make_prompts(seq_lens: list[int], vocab_size: int, seed: int) -> list[list[int]]:
@@ -110,9 +115,12 @@ def errors(ours: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
 
 @torch.no_grad()
 def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps: int, backend: Backend,
-                 block_size: int, seed: int, corrupt: str | None = None) -> list[Check]:
+                 block_size: int, seed: int, corrupt: str | None = None, kv_cache_dtype: str = "auto",
+                 scale_mode: str = DEFAULT_SCALE_MODE) -> list[Check]:
     """Prefill and decode checks of one layer. ``corrupt`` ('swap-blocks' or 'offset-slot') breaks the paged
-    path on purpose, to show the checks can fail."""
+    path on purpose, to show the checks can fail. With an fp8 ``kv_cache_dtype`` the layer's scales are
+    calibrated on every K and V it will store (no value saturates), and each check's tolerance grows by
+    FP8_SIGMAS x fp8_sigma."""
     num_layers = len(model.model.layers)
     if not 0 <= layer < num_layers:
         raise InputError(f"the model has layers 0..{num_layers - 1}", field="--layer", value=layer, has_value=True)
@@ -125,8 +133,17 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
     head_dim = attention.module.head_dim
     total_tokens = sum(len(s) for s in sequences)
     num_blocks = 2 * (total_tokens // block_size + len(sequences)) + 8
-    state = PagedAttentionState(1, num_blocks, attention.num_kv_heads, block_size, head_dim, dtype, backend, seed)
+    stored = cache_dtype(kv_cache_dtype, dtype)
+    state = PagedAttentionState(1, num_blocks, attention.num_kv_heads, block_size, head_dim, dtype, backend, seed,
+                                stored, scale_mode)
     device = backend.device
+    sigmas = None  # per sequence: [tokens, hidden], the fp8 rounding's standard deviation of each output
+    if state.cache.quantized:
+        whole = [attention.qkv(hidden, torch.arange(len(hidden), device=device)) for hidden, _ in captured]
+        state.cache.calibrate(0, torch.cat([k for _, k, _ in whole]), torch.cat([v for _, _, v in whole]))
+        k_scale, v_scale = state.cache.scales(0)
+        sigmas = [fp8_sigma(q, k, v, attention.module.scaling, attention.module.o_proj.weight, stored, k_scale,
+                            v_scale) for q, k, v in whole]
 
     def project(index: int, positions: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = captured[index][0][positions.start:positions.stop]
@@ -152,7 +169,8 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
                        attention.module.scaling)
     ours = attention.output(out)
     reference = torch.cat([captured[s][1][: len(prompts[s])] for s in range(len(prompts))])
-    checks = [_check("prefill: every prompt position", ours, reference, dtype)]
+    sigma = None if sigmas is None else max(float(sigmas[s][: len(prompts[s])].max()) for s in range(len(prompts)))
+    checks = [_check("prefill: every prompt position", ours, reference, dtype, sigma)]
 
     # Decode: one new token per sequence per step, appended to the paged cache.
     if decode_steps:
@@ -167,20 +185,27 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
                                attention.module.scaling)
             ours_steps.append(attention.output(out))
             reference_steps.append(torch.stack([captured[s][1][lengths[s] - 1] for s in range(len(prompts))]))
+        sigma = None if sigmas is None else max(float(sigmas[s][len(prompts[s]):].max())
+                                                for s in range(len(prompts)))
         checks.append(_check(f"decode: {decode_steps} tokens, one at a time", torch.cat(ours_steps),
-                             torch.cat(reference_steps), dtype))
+                             torch.cat(reference_steps), dtype, sigma))
     return checks
 
 
-def _check(name: str, ours: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> Check:
+def _check(name: str, ours: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype,
+           fp8_sigma: float | None = None) -> Check:
+    """``fp8_sigma``: the largest standard deviation the fp8 cache's rounding gives an output of the check."""
     max_err, mean_err = errors(ours, reference)
     tolerance, why = tolerance_for(dtype, reference)
+    if fp8_sigma is not None:
+        tolerance += FP8_SIGMAS * fp8_sigma
+        why += f" + {FP8_SIGMAS} x the fp8 rounding's largest sigma ({fp8_sigma:.3g}, fp8_sigma)"
     return Check(name, max_err, mean_err, tolerance, why)
 
 
 @torch.no_grad()
 def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, backend: Backend, block_size: int,
-                      seed: int) -> list[Check]:
+                      seed: int, kv_cache_dtype: str = "auto", scale_mode: str = DEFAULT_SCALE_MODE) -> list[Check]:
     """Greedy generation with every layer paged against Hugging Face ``generate`` (greedy, eager attention).
 
     The paged model is fed Hugging Face's tokens (teacher forcing), so both produce logits for the same context
@@ -192,31 +217,50 @@ def verify_generation(model: Any, prompts: list[list[int]], new_tokens: int, bac
     device = backend.device
     dtype = next(model.parameters()).dtype
     logit_tolerance = _logit_tolerance(dtype)
-    total = sum(len(p) for p in prompts) + new_tokens * len(prompts)
-    paged = PagedQwen3(model, backend, block_size, 2 * (total // block_size + len(prompts)) + 8, seed)
+    why = "largest logit difference over every step, same context on both sides"
+    stored = cache_dtype(kv_cache_dtype, dtype)
     references = [model.generate(torch.tensor([prompt], device=device), max_new_tokens=new_tokens, do_sample=False,
                                  min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True,
                                  pad_token_id=0) for prompt in prompts]
     reference_tokens = [r.sequences[0, len(p):].tolist() for r, p in zip(references, prompts, strict=True)]
-    logits = paged.step(dict(enumerate(prompts)))
+    if stored != dtype:
+        sigma = fp8_logit_sigma(lambda run_on: torch.stack(teacher_forced_logits(
+            model, prompts, reference_tokens, run_on, block_size, seed)), stored, device, seed)
+        logit_tolerance += FP8_SIGMAS * sigma
+        why += f"; + {FP8_SIGMAS} x the fp8 rounding's largest logit sigma ({sigma:.3g}, fp8_logit_sigma)"
+    ours = teacher_forced_logits(model, prompts, reference_tokens, backend, block_size, seed, stored, scale_mode)
     mismatches, differences = 0, []
-    for step in range(new_tokens):
-        for sequence, row in logits.items():
-            reference_row = references[sequence].logits[step][0].float()
-            differences.append((row.float() - reference_row).abs())
-            ours, theirs = int(row.argmax()), reference_tokens[sequence][step]
-            if ours != theirs and float(reference_row[theirs] - reference_row[ours]) > logit_tolerance:
-                mismatches += 1
-        if step + 1 < new_tokens:
-            logits = paged.step({s: [tokens[step]] for s, tokens in enumerate(reference_tokens)})
+    for index, row in enumerate(ours):
+        step, sequence = divmod(index, len(prompts))
+        reference_row = references[sequence].logits[step][0].float()
+        differences.append((row.float() - reference_row).abs())
+        token, theirs = int(row.argmax()), reference_tokens[sequence][step]
+        if token != theirs and float(reference_row[theirs] - reference_row[token]) > logit_tolerance:
+            mismatches += 1
     difference = torch.stack(differences)
     compared = new_tokens * len(prompts)
     return [
         Check(f"generate: {new_tokens} greedy tokens x {len(prompts)} prompts, ids differing", float(mismatches),
               mismatches / compared, 0.0, "greedy token ids must be identical (but at Hugging Face's own near-ties)"),
-        Check("generate: logits", float(difference.max()), float(difference.mean()), logit_tolerance,
-              "largest logit difference over every step, same context on both sides"),
+        Check("generate: logits", float(difference.max()), float(difference.mean()), logit_tolerance, why),
     ]
+
+
+def teacher_forced_logits(model: Any, prompts: list[list[int]], tokens: list[list[int]], backend: Backend,
+                          block_size: int, seed: int, cache: torch.dtype | None = None,
+                          scale_mode: str = DEFAULT_SCALE_MODE) -> list[torch.Tensor]:
+    """The paged model's logits [vocab] before each of ``tokens`` (fed one step at a time after the prompts),
+    step by step, sequence by sequence."""
+    total = sum(len(p) for p in prompts) + sum(len(t) for t in tokens)
+    paged = PagedQwen3(model, backend, block_size, 2 * (total // block_size + len(prompts)) + 8, seed, cache,
+                       scale_mode)
+    rows = []
+    logits = paged.step(dict(enumerate(prompts)))
+    for step in range(len(tokens[0])):
+        rows.extend(logits[sequence] for sequence in range(len(prompts)))
+        if step + 1 < len(tokens[0]):
+            logits = paged.step({s: [t[step]] for s, t in enumerate(tokens)})
+    return rows
 
 
 def _logit_tolerance(dtype: torch.dtype) -> float:

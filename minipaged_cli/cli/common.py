@@ -167,9 +167,10 @@ def check_dtype(name: str) -> str:
     return name
 
 
-def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, model: str) -> None:
-    """Bad input, not a crash, when the chosen backend cannot run the model's attention shape."""
-    reason = backend.unsupported(num_q_heads, num_kv_heads, head_dim)
+def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, model: str,
+                    kv_cache_dtype: str = "auto") -> None:
+    """Bad input, not a crash, when the chosen backend cannot run the model's attention shape (or KV cache dtype)."""
+    reason = backend.unsupported(num_q_heads, num_kv_heads, head_dim, kv_cache_dtype)
     if reason is not None:
         raise InputError(f"{reason} ({model}); use --device cpu", field="--device", value=backend.name,
                          has_value=True)

@@ -15,6 +15,7 @@ from minipaged_cli.cli.common import (
     GpuOpt,
     GpuUtilOpt,
     JsonOpt,
+    KvCacheDtypeOption,
     KvMemoryOpt,
     LimitOpt,
     MaxBatchedTokensOpt,
@@ -34,19 +35,22 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
 from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
-from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
 Examples:\n\n
   minipaged run traces/mixed.yaml\n\n
   minipaged run traces/azure_conv_1k.yaml --device cpu --kv-memory 2GiB --max-steps 500 --json run.json\n\n
-  minipaged run traces/mixed.yaml --device cuda --dtype bfloat16 --plot steps.png
+  minipaged run traces/mixed.yaml --device cuda --dtype bfloat16 --plot steps.png\n\n
+  minipaged run traces/mixed.yaml --kv-cache-dtype fp8_e4m3
 """
 
 CPU_KV_MEMORY = "4GiB"  # a pool the CPU can read every step: about 29k tokens of Qwen3-8B
@@ -80,6 +84,8 @@ def run_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
+    kv_scales: KvScalesOption = DEFAULT_SCALE_MODE,
     cpu_kv_memory: CpuKvMemoryOpt = None,
     offload_policy: OffloadPolicyOpt = "write-through",
     tier_eviction: TierEvictionOpt = "lru",
@@ -99,10 +105,11 @@ def run_command(
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks, tier_blocks
 
     check_outputs({"--json": json_path, "--plot": plot})
+    check_scale_mode(kv_scales)
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"
-    spec = load_model(model)
-    require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
+    spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype)
+    require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name, kv_cache_dtype)
     gpu_spec = load_gpu(gpu)
     if on_cpu and kv_memory is None and num_blocks is None:
         kv_memory = CPU_KV_MEMORY
@@ -127,8 +134,10 @@ def run_command(
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
         report = run_trace(trace, config, backend, num_layers=num_layers, dtype=getattr(torch, dtype_name),
-                           max_steps=max_steps or None, seed=seed, progress=lambda done: progress("paged", done))
-    header = (f"{bold(trace.name)}: {escape(spec.name)}, {num_layers} of {spec.num_layers} layers, {dtype_name}, "
+                           max_steps=max_steps or None, seed=seed, progress=lambda done: progress("paged", done),
+                           scale_mode=kv_scales)
+    stored = dtype_name if kv_cache_dtype == "auto" else f"{dtype_name} (KV cache {kv_cache_dtype})"
+    header = (f"{bold(trace.name)}: {escape(spec.name)}, {num_layers} of {spec.num_layers} layers, {stored}, "
               f"{config.kv_capacity_tokens:,} token slots ({escape(origin)}), block size {block_size} · "
               f"{report.steps:,} steps" + (f" (stopped at --max-steps {max_steps})" if max_steps and
                                            report.steps >= max_steps else ""))

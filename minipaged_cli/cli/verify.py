@@ -11,6 +11,7 @@ from rich.markup import escape
 from minipaged_cli.cli.common import (
     DeviceOpt,
     JsonOpt,
+    KvCacheDtypeOption,
     SeedOpt,
     check_dtype,
     handle_errors,
@@ -19,16 +20,20 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import verify_table, write_json
+from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE
+from minipaged_cli.workloads.presets import check_kv_cache_dtype
 
 EPILOG = """\
 Examples:\n\n
   minipaged verify --layer 3\n\n
   minipaged verify --layer 0 --dtype bfloat16 --seq-lens 37,5,64 --block-size 1\n\n
-  minipaged verify --model-path ~/models/Qwen3-0.6B --layer 27 --generate 16 --json verify.json
+  minipaged verify --model-path ~/models/Qwen3-0.6B --layer 27 --generate 16 --json verify.json\n\n
+  minipaged verify --kv-cache-dtype fp8_e4m3 --dtype bfloat16
 """
 
 
@@ -79,6 +84,8 @@ def verify_command(
     block_size: Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")] = DEFAULT_BLOCK_SIZE,
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = "float32",
     device: DeviceOpt = "auto",
+    kv_cache_dtype: KvCacheDtypeOption = "auto",
+    kv_scales: KvScalesOption = DEFAULT_SCALE_MODE,
     seed: SeedOpt = 0,
     json_path: JsonOpt = None,
 ) -> None:
@@ -94,6 +101,8 @@ def verify_command(
 
     check_outputs({"--json": json_path})
     check_dtype(dtype)
+    check_kv_cache_dtype(kv_cache_dtype)
+    check_scale_mode(kv_scales)
     if block_size < 1:
         raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
     for option, value in (("--decode-steps", decode_steps), ("--generate", generate)):
@@ -108,16 +117,20 @@ def verify_command(
         model = build_random_qwen3(load_config_file(config), seed, torch_dtype, backend.device)
     source = str(model_path) if model_path is not None else f"random weights from {config} (seed {seed})"
     require_support(backend, model.config.num_attention_heads, model.config.num_key_value_heads,
-                    model.model.layers[0].self_attn.head_dim, source)
+                    model.model.layers[0].self_attn.head_dim, source, kv_cache_dtype)
     prompts = make_prompts(lengths, model.config.vocab_size, seed)
 
-    report = VerifyReport(layer=layer, dtype=dtype, device=str(backend.device), backend=backend.name)
-    report.checks.extend(verify_layer(model, layer, prompts, decode_steps, backend, block_size, seed))
+    report = VerifyReport(layer=layer, dtype=dtype, device=str(backend.device), backend=backend.name,
+                          kv_cache_dtype=kv_cache_dtype)
+    report.checks.extend(verify_layer(model, layer, prompts, decode_steps, backend, block_size, seed,
+                                      kv_cache_dtype=kv_cache_dtype, scale_mode=kv_scales))
     if generate:
-        report.checks.extend(verify_generation(model, prompts, generate, backend, block_size, seed))
+        report.checks.extend(verify_generation(model, prompts, generate, backend, block_size, seed, kv_cache_dtype,
+                                               kv_scales))
 
     console = tables_console(json_path)
-    console.print(f"Qwen3 ({escape(source)}): layer {layer} of {len(model.model.layers)}, {dtype}, prompts of "
+    cache = "" if kv_cache_dtype == "auto" else f", KV cache {kv_cache_dtype} ({kv_scales} scales)"
+    console.print(f"Qwen3 ({escape(source)}): layer {layer} of {len(model.model.layers)}, {dtype}{cache}, prompts of "
                   f"{', '.join(map(str, lengths))} tokens, block size {block_size}, {report.device} "
                   f"({report.backend} backend)")
     console.print(verify_table(report))

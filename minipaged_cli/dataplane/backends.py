@@ -29,18 +29,22 @@ class Backend(ABC):
     device: torch.device
 
     def cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                    value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """key, value [num_tokens, num_kv_heads, head_dim] -> the caches at ``slot_mapping`` [num_tokens] (-1: skip)."""
-        check_cache_write(key, value, key_cache, value_cache, slot_mapping)
-        self._cache_write(key, value, key_cache, value_cache, slot_mapping)
+                    value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                    v_scale: torch.Tensor | None = None) -> None:
+        """key, value [num_tokens, num_kv_heads, head_dim] -> the caches at ``slot_mapping`` [num_tokens] (-1: skip);
+        an fp8 cache stores them quantized by k_scale, v_scale float32 [num_kv_heads] (``dataplane/fp8.py``)."""
+        check_cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
+        self._cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
     def paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                        block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        """query [batch, num_q_heads, head_dim] over the cached K/V -> out [batch, num_q_heads, head_dim]."""
-        check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens)
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                        k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """query [batch, num_q_heads, head_dim] over the cached K/V -> out [batch, num_q_heads, head_dim], the
+        query's dtype; an fp8 cache's K and V are read back multiplied by k_scale, v_scale [num_kv_heads]."""
+        check_paged_attention(query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale)
         if query.shape[0] == 0:  # nothing to launch (a kernel grid cannot be empty)
             return torch.empty_like(query)
-        return self._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale)
+        return self._paged_attention(query, key_cache, value_cache, block_tables, seq_lens, scale, k_scale, v_scale)
 
     def copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
         """Copy whole blocks of one layer's caches: block_mapping int64 [num_pairs, 2] of (src, dst)."""
@@ -53,17 +57,20 @@ class Backend(ABC):
 
     @abstractmethod
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor | None,
+                     v_scale: torch.Tensor | None) -> None: ...
 
     @abstractmethod
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor: ...
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                         k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> torch.Tensor: ...
 
     @abstractmethod
     def synchronize(self) -> None: ...
 
-    def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int) -> str | None:
-        """Why this backend cannot run attention of that shape, or None when it can."""
+    def unsupported(self, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                    kv_cache_dtype: str = "auto") -> str | None:
+        """Why this backend cannot run attention of that shape with that ``--kv-cache-dtype``, or None when it can."""
         return None
 
     def median_seconds(self, call: Callable[[], Any], repeat: int) -> float:
@@ -91,20 +98,24 @@ class TorchBackend(Backend):
         self.native = native  # on a CPU, decode attention through dataplane/native.py when it builds
 
     def _cache_write(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                     value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        cache_write(key, value, key_cache, value_cache, slot_mapping)
+                     value_cache: torch.Tensor, slot_mapping: torch.Tensor, k_scale: torch.Tensor | None,
+                     v_scale: torch.Tensor | None) -> None:
+        cache_write(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale)
 
     def _copy_blocks(self, key_cache: torch.Tensor, value_cache: torch.Tensor, block_mapping: torch.Tensor) -> None:
         copy_blocks(key_cache, value_cache, block_mapping)
 
     def _paged_attention(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                         k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> torch.Tensor:
         if self.device.type == "cpu" and self.native:
             from minipaged_cli.dataplane.native import native_attention_available, paged_attention_native
 
             if native_attention_available():  # one pass over K/V in C++, built once where a compiler is
-                return paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, scale)
-        return paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale)
+                return paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, scale,
+                                              k_scale, v_scale)
+        return paged_attention_vectorized(query, key_cache, value_cache, block_tables, seq_lens, scale, k_scale,
+                                          v_scale)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

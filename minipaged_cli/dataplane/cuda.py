@@ -44,6 +44,7 @@ class CudaBackend(KernelBackend):
 
         properties = torch.cuda.get_device_properties(self.device)
         self.num_sms = properties.multi_processor_count
+        self.capability = (properties.major, properties.minor)
         self.arch = f"sm_{properties.major}{properties.minor}"
         self._source_module = SourceModule
         self._modules: dict[str, Any] = {}

@@ -13,9 +13,8 @@ from minipaged_cli.dataplane import kernels
 from minipaged_cli.dataplane.build import build_library
 from minipaged_cli.dataplane.kernel_backend import Dim3, KernelBackend
 
-_SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "cache_write.cu", "paged_attention.cu",
-            "paged_attention_tc.cu",
-            "copy_blocks.cu", "common.cuh")
+_SOURCES = ("emulation/kernels_emu.cpp", "emulation/cuda_emu.h", "host/fp8.h", "cache_write.cu",
+            "paged_attention.cu", "paged_attention_tc.cu", "copy_blocks.cu", "common.cuh")
 
 
 FLAGS = ["-std=c++20", "-O1", "-pthread", "-DMINIPAGED_EMULATION"]
@@ -38,10 +37,12 @@ class EmulatedBackend(KernelBackend):
     name = "emulated"
 
     def __init__(self, tokens_per_split: int | None = None, num_sms: int = 132,
-                 attention_variant: str = "auto", library: ctypes.CDLL | None = None) -> None:
+                 attention_variant: str = "auto", library: ctypes.CDLL | None = None,
+                 capability: tuple[int, int] = (9, 0)) -> None:
         self.device = torch.device("cpu")
         self.tokens_per_split = tokens_per_split  # None: the GPU's plan for an H200-sized GPU (num_sms)
         self.num_sms = num_sms
+        self.capability = capability  # the GPU emulated (an H200's sm_90) decides what it refuses
         self.attention_variant = attention_variant
         self.library = library or load_library()  # another build of the kernels: the mutation tests'
         self.library.emu_take_error.restype = ctypes.c_char_p

@@ -23,6 +23,8 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 CUDA_DIR = next((d for d in (_PACKAGE_DIR / "cuda", _PACKAGE_DIR.parent / "cuda") if d.is_dir()),
                 _PACKAGE_DIR.parent / "cuda")
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+FP8_SUFFIX = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # an fp8 cache's, after the query's
+FP8_MIN_ARCH = (8, 9)  # sm_89 (Ada) and later convert fp8 in hardware (cvt.rn.satfinite.e4m3x2.f32 and back)
 TENSOR_CORE_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128)
 GROUP_SIZES = (1, 2, 4, 8)  # the MAX_G instantiations of cuda/paged_attention.cu
@@ -38,31 +40,42 @@ MAX_GRID_YZ = 65_535  # CUDA's limit on gridDim.y and gridDim.z
 ATTENTION_VARIANTS = ("auto", "simple", "tensor-core")
 
 
-def attention_kernel(dtype: torch.dtype, head_dim: int, group: int, variant: str = "auto") -> tuple[str, str]:
+def _suffix(dtype: torch.dtype, cache_dtype: torch.dtype | None) -> str:
+    """The query's dtype, and the cache's when it is fp8: ``bf16``, ``bf16_e4m3``."""
+    return SUFFIX[dtype] + (f"_{FP8_SUFFIX[cache_dtype]}" if cache_dtype in FP8_SUFFIX else "")
+
+
+def attention_kernel(dtype: torch.dtype, head_dim: int, group: int, variant: str = "auto",
+                     cache_dtype: torch.dtype | None = None) -> tuple[str, str]:
     """(source, kernel) of decode attention. ``tensor-core`` (``cuda/paged_attention_tc.cu``, fp16 and bf16: ``auto``
     picks it for them) or ``simple`` (``cuda/paged_attention.cu``, every dtype: the instantiation whose register
     state fits ``group`` query heads, the smallest MAX_G >= group). Both write the same split scratch, merged by
-    the simple file's merge kernel."""
+    the simple file's merge kernel. ``cache_dtype``: the caches' when they are fp8 (None: the query's)."""
     if variant not in ATTENTION_VARIANTS:
         raise ValueError(f"attention variant {variant!r}: expected one of {', '.join(ATTENTION_VARIANTS)}")
     if variant == "tensor-core" and dtype not in TENSOR_CORE_DTYPES:
         raise ValueError(f"the tensor-core kernel covers fp16 and bf16, not {dtype}")
     if variant == "tensor-core" or (variant == "auto" and dtype in TENSOR_CORE_DTYPES):
-        return "paged_attention_tc", f"paged_attention_tc_{SUFFIX[dtype]}_hd{head_dim}"
+        return "paged_attention_tc", f"paged_attention_tc_{_suffix(dtype, cache_dtype)}_hd{head_dim}"
     max_g = next(g for g in GROUP_SIZES if g >= group)
-    return "paged_attention", f"paged_attention_{SUFFIX[dtype]}_hd{head_dim}_g{max_g}"
+    return "paged_attention", f"paged_attention_{_suffix(dtype, cache_dtype)}_hd{head_dim}_g{max_g}"
 
 
 def merge_kernel(dtype: torch.dtype, head_dim: int) -> str:
     return f"paged_attention_merge_{SUFFIX[dtype]}_hd{head_dim}"
 
 
-def cache_write_kernel(dtype: torch.dtype) -> str:
-    return f"cache_write_{SUFFIX[dtype]}"
+def cache_write_kernel(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> str:
+    return f"cache_write_{_suffix(dtype, cache_dtype)}"
 
 
-def unsupported_reason(head_dim: int, group: int) -> str | None:
-    """Why the kernels cannot run that shape (they are compiled for head_dim 64 and 128, GQA groups up to 8)."""
+def unsupported_reason(head_dim: int, group: int, kv_cache_dtype: str = "auto",
+                       capability: tuple[int, int] | None = None) -> str | None:
+    """Why the kernels cannot run that shape (they are compiled for head_dim 64 and 128, GQA groups up to 8) or
+    that ``--kv-cache-dtype`` on a GPU of that compute ``capability`` (fp8 needs sm_89 or later)."""
+    if kv_cache_dtype != "auto" and capability is not None and capability < FP8_MIN_ARCH:
+        return (f"--kv-cache-dtype {kv_cache_dtype} needs sm_{FP8_MIN_ARCH[0]}{FP8_MIN_ARCH[1]} or later (hardware "
+                f"fp8 conversion); this GPU is sm_{capability[0]}{capability[1]}")
     if head_dim not in HEAD_DIMS:
         return f"the CUDA kernels cover head_dim {' and '.join(map(str, HEAD_DIMS))}, not {head_dim}"
     if group > MAX_GROUP:
@@ -200,12 +213,12 @@ class Int64:
     value: int
 
 
-KernelArg = torch.Tensor | Int64 | int | float
+KernelArg = torch.Tensor | None | Int64 | int | float  # None: a null pointer (scales of a cache that is not fp8)
 
 
 def argument_types(args: list[KernelArg]) -> str:
     """The C types of ``args`` as PyCUDA's prepared calls spell them: P pointer, q int64, f float, i int."""
-    return "".join("P" if isinstance(arg, torch.Tensor) else "q" if isinstance(arg, Int64)
+    return "".join("P" if arg is None or isinstance(arg, torch.Tensor) else "q" if isinstance(arg, Int64)
                    else "f" if isinstance(arg, float) else "i" for arg in args)
 
 
@@ -213,7 +226,9 @@ def convert_args(args: list[KernelArg], pointer: Any, int64: Any, float32: Any, 
     """Each argument through the launcher's constructor for its C type (tensors become their data pointers)."""
     converted = []
     for arg in args:
-        if isinstance(arg, torch.Tensor):
+        if arg is None:
+            converted.append(pointer(0))
+        elif isinstance(arg, torch.Tensor):
             converted.append(pointer(arg.data_ptr()))
         elif isinstance(arg, Int64):
             converted.append(int64(arg.value))
@@ -225,19 +240,21 @@ def convert_args(args: list[KernelArg], pointer: Any, int64: Any, float32: Any, 
 
 
 def cache_write_args(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                     slot_mapping: torch.Tensor, vectorized: bool) -> list[KernelArg]:
+                     slot_mapping: torch.Tensor, vectorized: bool, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> list[KernelArg]:
     """cache_write_<dtype>'s parameters, in the order cuda/cache_write.cu declares them."""
     _, num_kv_heads, block_size, head_dim = key_cache.shape
-    return [key, value, key_cache, value_cache, slot_mapping, Int64(key.stride(0)), Int64(value.stride(0)),
-            num_kv_heads, head_dim, block_size, int(vectorized)]
+    return [key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale, Int64(key.stride(0)),
+            Int64(value.stride(0)), num_kv_heads, head_dim, block_size, int(vectorized)]
 
 
 def attention_args(plan: AttentionLaunch, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> list[KernelArg]:
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> list[KernelArg]:
     """paged_attention_<dtype>_hd<D>_g<G>'s parameters, in the order cuda/paged_attention.cu declares them."""
-    return [plan.out, query, key_cache, value_cache, block_tables, seq_lens, plan.tmp_out, plan.tmp_max,
-            plan.tmp_sum, float(scale), key_cache.shape[1], plan.group, key_cache.shape[2], block_tables.shape[1],
-            plan.tokens_per_split, plan.num_splits]
+    return [plan.out, query, key_cache, value_cache, block_tables, seq_lens, k_scale, v_scale, plan.tmp_out,
+            plan.tmp_max, plan.tmp_sum, float(scale), key_cache.shape[1], plan.group, key_cache.shape[2],
+            block_tables.shape[1], plan.tokens_per_split, plan.num_splits]
 
 
 def merge_args(plan: AttentionLaunch, seq_lens: torch.Tensor) -> list[KernelArg]:

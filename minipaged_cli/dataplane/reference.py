@@ -1,5 +1,8 @@
 """The data plane's two operations in PyTorch: the paged cache write and decode paged attention.
 
+Over 300 lines: each operation's argument checks, its naive reference and its fast versions stay together, so
+that the kernels' tests and a reader find the whole contract in one file (fp8's own helpers are in fp8.py).
+
 Each has a deliberately naive version (a Python loop over tokens through the block table, like vLLM's test
 reference) and fast versions; the CUDA kernels are tested against the same naive ones. Layouts:
 
@@ -10,6 +13,10 @@ reference) and fast versions; the CUDA kernels are tested against the same naive
     block_tables             [batch, max_blocks] int32, -1 padded
     seq_lens                 [batch] int32, >= 0 (a sequence of length 0 attends to nothing: its output is 0)
 
+fp8 caches (``dataplane/fp8.py``): the write quantizes key/value (any of the float dtypes) with per-kv-head scales
+k_scale, v_scale float32 [num_kv_heads], attention reads K/V back multiplied by them; 16-bit and fp32 caches hold
+the query's dtype and take no scales.
+
 GQA: query head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``. Attention accumulates in fp32 for
 every dtype and returns the query's dtype. Positions at or beyond ``seq_len`` are never read into the result:
 cache memory there may hold anything, NaN included.
@@ -19,22 +26,24 @@ from __future__ import annotations
 
 import torch
 
+from minipaged_cli.dataplane.fp8 import check_against_cache, check_scales, is_fp8, read_rows, stored_rows
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # -- validation --------------------------------------------------------------------------------------------
 
 def check_cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
+                      slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> None:
     """Raise ValueError unless the arguments describe a valid cache write (checked before any memory is touched)."""
     _check_cache_pair(key_cache, value_cache)
+    check_scales(key_cache, k_scale, v_scale)
     num_blocks, num_kv_heads, block_size, head_dim = key_cache.shape
     for name, tensor in (("key", key), ("value", value)):
         if tensor.dim() != 3 or tensor.shape[1:] != (num_kv_heads, head_dim):
             raise ValueError(f"{name} must be [num_tokens, {num_kv_heads}, {head_dim}], got {list(tensor.shape)}")
-        if tensor.dtype != key_cache.dtype or tensor.device != key_cache.device:
-            raise ValueError(f"{name} is {tensor.dtype} on {tensor.device}; the cache is {key_cache.dtype} on "
-                             f"{key_cache.device}")
+        check_against_cache(name, tensor, key_cache)
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name} must have unit stride in head_dim, got strides {tensor.stride()}")
     if key.shape[0] != value.shape[0]:
@@ -83,18 +92,18 @@ def copy_blocks(key_cache: torch.Tensor, value_cache: torch.Tensor, block_mappin
 
 
 def check_paged_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                          block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
+                          block_tables: torch.Tensor, seq_lens: torch.Tensor, k_scale: torch.Tensor | None = None,
+                          v_scale: torch.Tensor | None = None) -> None:
     """Raise ValueError unless the arguments describe a valid decode attention; no block id is read unchecked."""
     _check_cache_pair(key_cache, value_cache)
+    check_scales(key_cache, k_scale, v_scale)
     num_blocks, num_kv_heads, block_size, head_dim = key_cache.shape
     if query.dim() != 3 or query.shape[2] != head_dim:
         raise ValueError(f"query must be [batch, num_q_heads, {head_dim}], got {list(query.shape)}")
     batch, num_q_heads, _ = query.shape
     if num_q_heads % num_kv_heads:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if query.dtype != key_cache.dtype or query.device != key_cache.device:
-        raise ValueError(f"query is {query.dtype} on {query.device}; the cache is {key_cache.dtype} on "
-                         f"{key_cache.device}")
+    check_against_cache("query", query, key_cache)
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.dtype != torch.int32:
         raise ValueError(f"block_tables must be int32 [{batch}, max_blocks], got {block_tables.dtype} "
                          f"{list(block_tables.shape)}")
@@ -125,8 +134,9 @@ def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> Non
     if value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype \
             or value_cache.device != key_cache.device:
         raise ValueError("key_cache and value_cache must have the same shape, dtype and device")
-    if key_cache.dtype not in _DTYPES:
-        raise ValueError(f"cache dtype must be one of {_DTYPES}, got {key_cache.dtype}")
+    if key_cache.dtype not in _DTYPES and not is_fp8(key_cache.dtype):
+        raise ValueError(f"cache dtype must be one of {_DTYPES}, float8_e4m3fn or float8_e5m2, got "
+                         f"{key_cache.dtype}")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ValueError("key_cache and value_cache must be contiguous")
 
@@ -134,8 +144,10 @@ def _check_cache_pair(key_cache: torch.Tensor, value_cache: torch.Tensor) -> Non
 # -- cache write -------------------------------------------------------------------------------------------
 
 def cache_write_naive(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                      slot_mapping: torch.Tensor) -> None:
-    """Token by token: slot -> (block, offset) -> copy that token's heads."""
+                      slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> None:
+    """Token by token: slot -> (block, offset) -> copy that token's heads (quantized into an fp8 cache)."""
+    key, value = stored_rows(key, value, key_cache, k_scale, v_scale)
     block_size = key_cache.shape[2]
     for token, slot in enumerate(slot_mapping.tolist()):
         if slot < 0:
@@ -146,8 +158,10 @@ def cache_write_naive(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 
 
 def cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                slot_mapping: torch.Tensor) -> None:
+                slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> None:
     """All tokens in one indexed copy per cache."""
+    key, value = stored_rows(key, value, key_cache, k_scale, v_scale)
     block_size = key_cache.shape[2]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
@@ -160,7 +174,8 @@ def cache_write(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
 # -- decode paged attention --------------------------------------------------------------------------------
 
 def paged_attention_naive(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                          block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                          k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Token by token through the block table (like vLLM's test reference), then each query head in fp32."""
     _, num_kv_heads, block_size, _ = key_cache.shape
     group = query.shape[1] // num_kv_heads
@@ -174,8 +189,8 @@ def paged_attention_naive(query: torch.Tensor, key_cache: torch.Tensor, value_ca
             block, offset = table[position // block_size], position % block_size
             keys.append(key_cache[block, :, offset])  # [num_kv_heads, head_dim]
             values.append(value_cache[block, :, offset])
-        k = torch.stack(keys).float()  # [seq_len, num_kv_heads, head_dim]
-        v = torch.stack(values).float()
+        k = read_rows(torch.stack(keys), k_scale)  # [seq_len, num_kv_heads, head_dim] fp32
+        v = read_rows(torch.stack(values), v_scale)
         for head in range(query.shape[1]):
             kv_head = head // group
             probs = torch.softmax(k[:, kv_head] @ query[seq, head].float() * scale, dim=0)  # [seq_len]
@@ -184,7 +199,9 @@ def paged_attention_naive(query: torch.Tensor, key_cache: torch.Tensor, value_ca
 
 
 def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                               k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Gather one kv head's blocks for a group of sequences (padded to the group's longest), mask, one softmax.
 
     Memory traffic decides the speed on a CPU: ``index_select`` of one head's blocks lands contiguous as
@@ -218,6 +235,8 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
         tall = num_tokens > _TALL_TOKENS
         for kv_head in range(num_kv_heads):
             _gather_head(key_cache, kv_head, block_ids, gathered, as_float)
+            if k_scale is not None:
+                x.mul_(k_scale[kv_head])
             if tall:
                 logits = torch.bmm(x, q[rows, kv_head].transpose(1, 2))  # [sequences, tokens, group]
                 if padded:
@@ -229,6 +248,8 @@ def paged_attention_vectorized(query: torch.Tensor, key_cache: torch.Tensor, val
                     logits.masked_fill_(invalid[:, None, :], float("-inf"))
                 probs = torch.softmax(logits, dim=-1)
             _gather_head(value_cache, kv_head, block_ids, gathered, as_float)
+            if v_scale is not None:
+                x.mul_(v_scale[kv_head])
             if padded:
                 x[padding] = 0.0  # select, never multiply: stale slots may hold NaN, and 0 * NaN is NaN
             out[rows, kv_head] = torch.bmm(probs, x)
@@ -249,7 +270,8 @@ def _gather_head(cache: torch.Tensor, kv_head: int, block_ids: torch.Tensor, gat
 
 def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           blocks_per_tile: int = 1) -> torch.Tensor:
+                           blocks_per_tile: int = 1, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Single-pass online softmax over tiles of ``blocks_per_tile`` blocks: the CUDA kernel's update rule.
 
     Per (sequence, kv head) it keeps the running max ``m``, the running sum of exp ``l`` and the unnormalised
@@ -275,8 +297,8 @@ def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_c
         live = valid.any(dim=1)
         if not bool(live.any()):
             break
-        keys = _gather(key_cache, tables)  # [batch, num_kv_heads, tile_tokens, head_dim]
-        values = torch.where(valid[:, None, :, None], _gather(value_cache, tables), 0.0)
+        keys = _gather(key_cache, tables, k_scale)  # [batch, num_kv_heads, tile_tokens, head_dim]
+        values = torch.where(valid[:, None, :, None], _gather(value_cache, tables, v_scale), 0.0)
         logits = torch.einsum("bkgd,bktd->bkgt", q, keys).masked_fill(~valid[:, None, None, :], float("-inf"))
         tile_max = logits.amax(dim=-1, keepdim=True)
         new_max = torch.maximum(running_max, tile_max)
@@ -292,9 +314,10 @@ def paged_attention_online(query: torch.Tensor, key_cache: torch.Tensor, value_c
     return out.reshape(batch, num_q_heads, head_dim).to(query.dtype)
 
 
-def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """[batch, n] block ids -> [batch, num_kv_heads, n * block_size, head_dim] in fp32."""
+def _gather(cache: torch.Tensor, tables: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """[batch, n] block ids -> [batch, num_kv_heads, n * block_size, head_dim] in fp32 (dequantized)."""
     blocks = cache[tables]  # [batch, n, num_kv_heads, block_size, head_dim]
     batch, n, num_kv_heads, block_size, head_dim = blocks.shape
-    return blocks.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, n * block_size, head_dim).float()
+    rows = blocks.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, n * block_size, head_dim).float()
+    return rows if scale is None else rows * scale[:, None, None]
 
