@@ -48,8 +48,9 @@ BACKENDS = {"torch": lambda: TorchBackend("cpu"), "emulated": emulated_backend}
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
-@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 64), (torch.float32, 8), (torch.float16, 3)],
-                         ids=["bf16-64", "f32-8", "f16-3 (no 16-byte vectors)"])
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 64), (torch.float32, 8), (torch.float16, 3),
+                                              (torch.float8_e4m3fn, 16)],
+                         ids=["bf16-64", "f32-8", "f16-3 (no 16-byte vectors)", "fp8-16 (--kv-cache-dtype fp8)"])
 def test_store_then_load_into_other_blocks_is_bit_exact(layout: str, backend_name: str, dtype: torch.dtype,
                                                         head_dim: int) -> None:
     cache = filled_cache(dtype, head_dim)

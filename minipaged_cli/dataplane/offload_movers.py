@@ -37,8 +37,13 @@ class TorchMover:
         """staging [n, num_layers, 2, ...] -> the blocks ``block_ids`` (distinct) of every layer."""
         cache = self.cache
         for layer in range(cache.num_layers):
-            cache.key_cache[layer].index_copy_(0, block_ids, staging[:, layer, 0])
-            cache.value_cache[layer].index_copy_(0, block_ids, staging[:, layer, 1])
+            _bits(cache.key_cache[layer]).index_copy_(0, block_ids, _bits(staging[:, layer, 0]))
+            _bits(cache.value_cache[layer]).index_copy_(0, block_ids, _bits(staging[:, layer, 1]))
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """An fp8 cache as its bytes: torch's index_copy_ has no fp8 kernel on the CPU, and a copy moves bits anyway."""
+    return tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor
 
 
 class KernelMover:
