@@ -20,11 +20,9 @@ enter the table as null blocks); the full groups are cut back to the sliding gro
 long the hit is the run from the start. Freed blocks of every group go to the one free queue, so all groups share
 one eviction order; a sequence frees group by group, each tail first (vLLM's coordinator ``free``).
 
-Invariants (``invariant_violations`` checks them): those of ``KVBlockManager`` over all groups' tables (reference
-counts, free queue, cache map, no block held twice), and per group: every table has ``ceil(length / block_size)``
-entries; null blocks only in sliding groups and only as a prefix; a sliding group never lets go of a block its
-window can still reach (``num_null <= skipped(computed)``); a cached held block sits where its group's content has
-that hash, inside the computed tokens.
+Invariants (``hybrid_invariants.py`` checks them): ``KVBlockManager``'s over all groups' tables, and per group:
+``ceil(length / block_size)`` entries; null blocks only in sliding groups, only as a prefix, never one the window
+still reaches; a cached held block sits where its group's content has that hash, inside the computed tokens.
 
 ``grow`` first slides the windows (that happens even when the allocation then fails, as in vLLM, where it makes
 room for the retry after a preemption); the allocation itself is all or nothing.
@@ -36,11 +34,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
-from minipaged_cli.memory.invariants import _cache_violations, _free_queue_violations
-from minipaged_cli.memory.kv_groups import KVCacheGroup
+from minipaged_cli.memory.hybrid_invariants import NULL_BLOCK, hybrid_manager_violations
+from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
 from minipaged_cli.memory.sequence import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError
 
-NULL_BLOCK = -1  # vLLM's null block (its block 0) in our ids, which are vLLM's minus one
 SequenceId = Hashable
 
 
@@ -94,9 +91,8 @@ class HybridBlockManager:
         self.cached_group_ids = [g for g in range(len(self.groups)) if g in self.full_ids or self.hit_run]
         self.admission_cap = None  # most blocks a sliding group counts at the admission gate
         if self.window is not None and max_in_flight_tokens is not None and max_model_len is not None:
-            # +1: the window need not start at a block boundary (vLLM's comment: [XXCD][EF] holds CDEF)
-            self.admission_cap = num_blocks_for(min(self.window - 1 + max_in_flight_tokens, max_model_len),
-                                                block_size) + 1
+            self.admission_cap = sliding_admission_blocks(self.window, block_size, max_in_flight_tokens,
+                                                          max_model_len)
 
     # -- queries -------------------------------------------------------------------------------------------
 
@@ -227,9 +223,6 @@ class HybridBlockManager:
             self.pool.release(table[:nulls - 1 if nulls else None:-1])
         del self.sequences[sequence_id]
 
-    def reset_prefix_cache(self) -> bool:
-        return self.pool.reset_cache()
-
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """No copy-on-write here: vLLM v1 runs parallel samples as separate requests, never forks."""
         return []
@@ -239,67 +232,11 @@ class HybridBlockManager:
     # -- invariants ----------------------------------------------------------------------------------------
 
     def invariant_violations(self) -> list[str]:
-        problems = []
-        pool = self.pool
-        touched = pool.free_blocks.num_touched
-        holders = [0] * touched
-        for state in self.sequences.values():
-            problems += self._sequence_violations(state, touched)
-            for table in state.block_tables:
-                for block in table:
-                    if 0 <= block < touched:
-                        holders[block] += 1
-        if problems:
-            return problems
-        miscounted = [b for b in range(touched) if holders[b] != pool.ref_counts[b]]
-        if miscounted:
-            b = miscounted[0]
-            problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} table entries hold "
-                            f"it: {len(miscounted)} blocks miscounted (a window freed a block twice, or a hit "
-                            "was not referenced)")
-        if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
-            problems.append("the shared-reference count disagrees with the block tables")
-        return problems + _free_queue_violations(self, holders) + _cache_violations(pool, touched)
+        """Every broken invariant, each as a sentence naming the bug it points to; empty when all hold."""
+        return hybrid_manager_violations(self)
 
     def invariants_ok(self) -> bool:
         return not self.invariant_violations()
-
-    def _sequence_violations(self, state: GroupedSequence, touched: int) -> list[str]:
-        sid, problems = state.sequence_id, []
-        expected = num_blocks_for(state.sequence_length, self.block_size)
-        reachable = self.skipped_blocks(state.num_computed_tokens)
-        computed_blocks = state.num_computed_tokens // self.block_size
-        seen: set[int] = set()
-        for g, (table, nulls) in enumerate(zip(state.block_tables, state.num_null, strict=True)):
-            if len(table) != expected:
-                problems.append(f"sequence {sid!r} group {g} holds {len(table)} entries for "
-                                f"{state.sequence_length} tokens, expected {expected}: a group grew alone")
-            null_at = [i for i, block in enumerate(table) if block == NULL_BLOCK]
-            if null_at != list(range(nulls)):
-                problems.append(f"sequence {sid!r} group {g}: null entries at {null_at[:5]}, expected the first "
-                                f"{nulls}: a block freed out of order")
-            if nulls and not self.groups[g].is_sliding:
-                problems.append(f"sequence {sid!r}: full-attention group {g} let go of a block")
-            if nulls > reachable:
-                problems.append(f"sequence {sid!r} group {g} freed {nulls} blocks but its window still reaches "
-                                f"block {reachable}: a block freed while the next token attends to it")
-            held = table[nulls:]
-            if any(not 0 <= block < touched for block in held):
-                problems.append(f"sequence {sid!r} group {g} holds a block outside the {touched} handed out")
-                continue
-            if seen.intersection(held) or len(set(held)) != len(held):
-                problems.append(f"sequence {sid!r} holds a block twice: two tokens (or groups) share a slot")
-            seen.update(held)
-            for index in range(nulls, len(table)):
-                cached = self.pool.block_hash[table[index]]
-                if cached is None:
-                    continue
-                if index >= len(state.block_hashes) or cached != (g, state.block_hashes[index]):
-                    problems.append(f"block {table[index]} of group {g} is cached under a hash that is not its "
-                                    f"content in sequence {sid!r}: a stale prefix-cache entry")
-                elif index >= computed_blocks:
-                    problems.append(f"block {table[index]} is cached but sequence {sid!r} has not computed it")
-        return problems
 
     # -- internals -----------------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from minipaged_cli.memory.block_pool import num_blocks_for
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION, ModelSpec
 
 
@@ -63,3 +64,21 @@ def kv_cache_groups(model: ModelSpec, *, hybrid: bool = True) -> tuple[KVCacheGr
 def block_bytes(model: ModelSpec, groups: tuple[KVCacheGroup, ...], block_size: int) -> int:
     """Bytes of one block of the pool: the largest group's pages (all groups have the same, by construction)."""
     return max(g.num_layers for g in groups) * block_size * model.kv_bytes_per_token_per_layer
+
+
+def sliding_admission_blocks(window: int, block_size: int, max_in_flight_tokens: int, max_model_len: int) -> int:
+    """The most blocks a sliding-window group holds for one request: its last W - 1 computed tokens plus a step's
+    tokens, +1 because the window need not start at a block boundary (vLLM's
+    ``SlidingWindowSpec.max_admission_blocks_per_request``, its admission cap and its pool sizing)."""
+    return num_blocks_for(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
+
+
+def kv_cache_size_tokens(groups: tuple[KVCacheGroup, ...], num_blocks: int, block_size: int, max_model_len: int,
+                         max_in_flight_tokens: int) -> int:
+    """vLLM's "KV cache size: N tokens" (``get_kv_cache_capacity``): max_model_len times the requests of that
+    length the pool holds at once, a request taking ceil(max_model_len / B) blocks in a full group and at most
+    ``sliding_admission_blocks`` in a sliding one."""
+    per_request = sum(
+        sliding_admission_blocks(g.sliding_window, block_size, max_in_flight_tokens, max_model_len)
+        if g.is_sliding else num_blocks_for(max_model_len, block_size) for g in groups)
+    return int(num_blocks / per_request * max_model_len)

@@ -15,11 +15,15 @@ Stepping one decode step at a time costs Python work per token; between events (
 an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
 so ``replay`` advances all those steps at once and integrates the metrics over them (``bulk=False`` steps one
 at a time, the reference the fast path is tested against).
+
+Over 300 lines: the loop, its bulk path, and ``simulate`` with its result document (which, for a model with sliding
+windows, replays the paged strategy once more with every layer as full attention) read best side by side.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,15 +187,15 @@ class Replay:
             return False
 
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
-        # back by memory from the first step whose new blocks eat its headroom on (free space only shrinks here).
-        num_free = num_steps
+        # back in the steps whose new blocks eat its headroom (sliding windows free blocks too: it comes and goes).
+        held_back = np.zeros(num_steps, dtype=bool)
         if scheduler.waiting:
             grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
-            num_free = int(np.searchsorted(grown, scheduler.admission_headroom(), side="right"))
+            held_back = grown > scheduler.admission_headroom()
         external = scheduler.external_fragmentation()
-        for start, stop, saturated in ((0, num_free, False), (num_free, num_steps, True)):
-            if stop > start:
-                self._record_bulk(profile, durations, total_length, n, external, start, stop, saturated)
+        bounds = [0, *(np.flatnonzero(np.diff(held_back)) + 1).tolist(), num_steps]
+        for start, stop in itertools.pairwise(bounds):
+            self._record_bulk(profile, durations, total_length, n, external, start, stop, bool(held_back[start]))
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
@@ -207,8 +211,10 @@ class Replay:
         slots stay constant: no admission, fork or release until the last step)."""
         part = durations[start:stop]
         duration = float(part.sum())
+        tokens = total_length * duration + n * float(part @ _STEPS[start:stop]) if profile.tokens is None \
+            else _integral(profile.tokens, part, duration, start, stop)
         slots = category_slots(
-            total_length * duration + n * float(part @ _STEPS[start:stop]),
+            tokens,
             _integral(profile.allocated, part, duration, start, stop),
             _integral(profile.internal, part, duration, start, stop),
             external * duration,
@@ -261,10 +267,12 @@ class SimulationResult:
     trace: Trace
     config: SimConfig
     strategies: dict[str, StrategyMetrics]
+    # Sliding windows under the hybrid manager: paged again, every layer as full attention, on the same memory
+    all_full_attention: tuple[SimConfig, StrategyMetrics] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config
-        return {
+        document = {
             "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
@@ -278,6 +286,12 @@ class SimulationResult:
                        "calibration": config.calibration.path if config.calibration else None},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
+        if self.all_full_attention is not None:
+            full_config, full = self.all_full_attention
+            document["config"].update(kv_cache_groups=len(config.kv_cache_groups), kv_size_tokens=config.kv_size_tokens)
+            document["paged_all_full_attention"] = {"num_blocks": full_config.num_blocks,
+                                                    "kv_size_tokens": full_config.kv_size_tokens, **full.to_dict()}
+        return document
 
 
 def simulate(
@@ -295,7 +309,11 @@ def simulate(
     for name in strategies:
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
-    return SimulationResult(trace, config, results)
+    all_full = None
+    if "paged" in strategies and config.hybrid_kv and config.model.is_hybrid:
+        full_config = config.all_full_attention()
+        all_full = (full_config, replay(trace, full_config, "paged"))
+    return SimulationResult(trace, config, results, all_full)
 
 
 def replay(

@@ -1,0 +1,95 @@
+"""The ``paged`` strategy for a model with KV cache groups: ``PagedAllocator`` over the ``HybridBlockManager``.
+
+A slot is one token's K/V in one group (``group_size`` layers' pages, ``kv_groups.py``), so a request of L tokens
+holds ceil(L / B) blocks in every full-attention group and, in a sliding-window group, only the blocks its window
+still reaches. The allocation counts what every group holds; the token states count each group's copy of a token
+(``token_slots``), so a sliding group's freed past is neither allocated nor a token state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from minipaged_cli.memory.allocators import BulkProfile, Holding
+from minipaged_cli.memory.block_pool import num_blocks_for
+from minipaged_cli.memory.hybrid import NULL_BLOCK, HybridBlockManager
+from minipaged_cli.memory.kv_groups import KVCacheGroup
+from minipaged_cli.memory.paged import PagedAllocator
+
+
+class HybridPagedAllocator(PagedAllocator):
+    """Blocks on demand in every KV cache group (vLLM v1's hybrid KV cache manager; v1 scheduling only: v0 had
+    none). ``max_in_flight_tokens``: vLLM's ``max_num_batched_tokens``, which caps a sliding group's count at the
+    admission gate."""
+
+    windowed = True
+
+    def __init__(self, num_blocks: int, block_size: int, groups: Sequence[KVCacheGroup], *,
+                 prefix_caching: bool = False, watermark_blocks: int = 0, max_in_flight_tokens: int,
+                 max_model_len: int) -> None:
+        super().__init__(num_blocks, block_size, prefix_caching=prefix_caching, watermark_blocks=watermark_blocks)
+        self.manager = HybridBlockManager(num_blocks, block_size, groups, enable_prefix_caching=prefix_caching,
+                                          max_in_flight_tokens=max_in_flight_tokens, max_model_len=max_model_len)
+        self.num_groups = len(groups)
+        self.num_sliding = len(self.manager.sliding_ids)
+
+    def largest_need(self, holding: Holding) -> int:
+        blocks = num_blocks_for(holding.final_length, self.block_size)
+        sliding = min(blocks, self.manager.admission_cap or blocks)
+        return ((self.num_groups - self.num_sliding) * blocks + self.num_sliding * sliding) * self.block_size
+
+    def allocated(self, holding: Holding) -> int:
+        return self.manager.num_held_blocks(holding.sequence_id) * self.block_size
+
+    def token_slots(self, holding: Holding, num_tokens: int) -> int:
+        return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
+
+    def internal_slots(self, holding: Holding) -> int:
+        state = self.manager.sequences[holding.sequence_id]
+        return self.num_groups * max(len(state.block_tables[0]) * self.block_size - holding.final_length, 0)
+
+    def block_table(self, sequence_id: int) -> list[int]:
+        raise NotImplementedError("a model with KV cache groups has a block table per group; the data plane runs "
+                                  "full-attention models (--no-hybrid-kv)")
+
+    def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+                     num_steps: int) -> BulkProfile:
+        # During step j a request of length L_j (after the step's growth) holds ceil(L_j / B) entries per group; a
+        # sliding group slid with L_j - 1 computed, so max(0, L_j - W) // B of them are null blocks.
+        block_size, window = self.block_size, self.manager.window
+        steps = np.arange(1, num_steps + 1, dtype=np.int64)
+        length_matrix = lengths[:, None] + steps[None, :]  # [n, k]
+        entries = -(-length_matrix // block_size)
+        skipped = np.minimum(np.maximum(length_matrix - window, 0) // block_size, entries)
+        held = self.num_groups * entries - self.num_sliding * skipped  # [n, k] blocks
+        held_now = allocated // block_size  # [n]
+        net = held.sum(axis=0) - held_now.sum()  # [k] blocks taken minus freed by the end of each step
+        # Safe to take in bulk while (1) each step's new blocks fit before any of that step's windows slide, and
+        # (2) ``advance``, which moves one request at a time (its window first), never runs out either.
+        new_entries = self.num_groups * np.diff(entries, axis=1, prepend=-(-lengths[:, None] // block_size))
+        step_fits = np.concatenate(([0], net[:-1])) + new_entries.sum(axis=0) <= self.manager.num_free_blocks
+        advance_fits = np.maximum(held - held_now[:, None], 0).sum(axis=0) <= self.manager.num_free_blocks
+        fits = step_fits & advance_fits
+        num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
+        internal = self.num_groups * np.maximum(entries[:, :num_ok] * block_size - finals[:, None], 0).sum(axis=0)
+        tokens = (self.num_groups * length_matrix[:, :num_ok] - self.num_sliding * skipped[:, :num_ok]
+                  * block_size).sum(axis=0)
+        return BulkProfile(num_ok, held[:, :num_ok].sum(axis=0) * block_size, internal, tokens)
+
+    def advance(self, holdings: list[Holding], num_steps: int) -> None:
+        manager = self.manager
+        for holding in holdings:
+            state = manager.sequences[holding.sequence_id]
+            # the last of the single steps would have slid with num_steps - 1 more tokens computed
+            manager.slide_window(holding.sequence_id, state.num_computed_tokens + num_steps - 1)
+            manager.grow(holding.sequence_id, num_steps)
+
+    def slot_owners(self, slots: np.ndarray) -> np.ndarray:
+        block_owner = np.full(self.manager.num_physical_blocks, -1, dtype=np.int64)
+        for sequence_id, state in self.manager.sequences.items():
+            for table in state.block_tables:
+                held = [block for block in table if block != NULL_BLOCK]
+                block_owner[held] = sequence_id
+        return block_owner[slots // self.block_size]
