@@ -21,7 +21,7 @@ from minipaged_cli.workloads.readers import TRACE_FORMATS
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
-             "calibration")
+             "calibration", "hybrid_kv")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -149,7 +149,8 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "cpu_blocks": lambda v, w: whole_number(v, minimum=0, **w),
     "gpu_memory_utilization": lambda v, w: finite_number(v, minimum=0, maximum=1, exclusive_minimum=True, **w),
     "calibration": _text,
+    "hybrid_kv": _on_off,
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
-                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration")
+                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "hybrid_kv")

@@ -67,9 +67,10 @@ class HybridPagedAllocator(PagedAllocator):
         held_now = allocated // block_size  # [n]
         net = held.sum(axis=0) - held_now.sum()  # [k] blocks taken minus freed by the end of each step
         # Safe to take in bulk while (1) each step's new blocks fit before any of that step's windows slide, and
-        # (2) ``advance``, which moves one request at a time (its window first), never runs out either.
-        new_entries = self.num_groups * np.diff(entries, axis=1, prepend=-(-lengths[:, None] // block_size))
-        step_fits = np.concatenate(([0], net[:-1])) + new_entries.sum(axis=0) <= self.manager.num_free_blocks
+        # (2) ``advance``, which moves one request at a time by its net change, never runs out either.
+        total_entries = np.concatenate(([int((-(-lengths // block_size)).sum())], entries.sum(axis=0)))  # [k + 1]
+        new_entries = self.num_groups * np.diff(total_entries)
+        step_fits = np.concatenate(([0], net[:-1])) + new_entries <= self.manager.num_free_blocks
         advance_fits = np.maximum(held - held_now[:, None], 0).sum(axis=0) <= self.manager.num_free_blocks
         fits = step_fits & advance_fits
         num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
@@ -79,12 +80,8 @@ class HybridPagedAllocator(PagedAllocator):
         return BulkProfile(num_ok, held[:, :num_ok].sum(axis=0) * block_size, internal, tokens)
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
-        manager = self.manager
         for holding in holdings:
-            state = manager.sequences[holding.sequence_id]
-            # the last of the single steps would have slid with num_steps - 1 more tokens computed
-            manager.slide_window(holding.sequence_id, state.num_computed_tokens + num_steps - 1)
-            manager.grow(holding.sequence_id, num_steps)
+            self.manager.decode_steps(holding.sequence_id, num_steps)
 
     def slot_owners(self, slots: np.ndarray) -> np.ndarray:
         block_owner = np.full(self.manager.num_physical_blocks, -1, dtype=np.int64)

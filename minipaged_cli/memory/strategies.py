@@ -36,4 +36,4 @@ def make_allocator(name: str, *, num_blocks: int, block_size: int, max_model_len
         "oracle-reserve": OracleReserveAllocator,
         "dynamic": DynamicAllocator,
     }
-    return contiguous[name](capacity, max_model_len)
+    return contiguous[name](capacity, max_model_len, groups)

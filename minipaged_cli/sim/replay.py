@@ -191,9 +191,16 @@ class Replay:
         held_back = np.zeros(num_steps, dtype=bool)
         if scheduler.waiting:
             grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
-            held_back = grown > scheduler.admission_headroom()
+            headroom = scheduler.admission_headroom()
+            held_back = grown > headroom
+            if self.allocator.windowed and headroom < 0 and not held_back.all():
+                num_steps = int(np.argmin(held_back))  # windows freed enough for the head: that step admits it
+                if num_steps == 0:
+                    return False
+                held_back = held_back[:num_steps]
         external = scheduler.external_fragmentation()
-        bounds = [0, *(np.flatnonzero(np.diff(held_back)) + 1).tolist(), num_steps]
+        changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
+        bounds = [0, *changes, num_steps]
         for start, stop in itertools.pairwise(bounds):
             self._record_bulk(profile, durations, total_length, n, external, start, stop, bool(held_back[start]))
         self.allocator.advance(running, num_steps)
