@@ -195,18 +195,6 @@ class HybridBlockManager:
             self._computed(state, new_length)
         return state
 
-    def decode_steps(self, sequence_id: SequenceId, num_steps: int) -> None:
-        """``num_steps`` decode steps of one token at once, as their net effect: the windows slid as the last of
-        them slides them, and blocks out of the window by then never taken (block ids differ from stepping one at a
-        time; counts do not). For the simulator's bulk path."""
-        state = self.sequence(sequence_id)
-        last_computed = state.num_computed_tokens + num_steps - 1  # what the last step's grow slides with
-        if self.window is not None:
-            self.slide_window(sequence_id, last_computed)
-        new_length = state.sequence_length + num_steps
-        self._take(state, new_length, self.skipped_blocks(last_computed))
-        self._computed(state, new_length)
-
     def slide_window(self, sequence_id: SequenceId, num_computed_tokens: int | None = None) -> None:
         """Free the sliding groups' blocks that the window no longer reaches with ``num_computed_tokens``
         (default: the sequence's) computed, each group's last first (vLLM's ``_remove_blocks_in_range``)."""
@@ -309,24 +297,16 @@ class HybridBlockManager:
             total += sum(1 for block in group_hits[group_skipped:] if block != NULL_BLOCK and not refs[block])
         return total
 
-    def _take(self, state: GroupedSequence, new_length: int, null_below: int = 0) -> None:
-        """Extend every table to ``new_length`` tokens, group by group from the free queue; all or nothing. A
-        sliding group's new entries below ``null_below`` are null blocks, never taken."""
-        end = num_blocks_for(new_length, self.block_size)
-        per_group = end - len(state.block_tables[0])
+    def _take(self, state: GroupedSequence, new_length: int) -> None:
+        """Extend every table to ``new_length`` tokens, group by group from the free queue; all or nothing."""
+        per_group = num_blocks_for(new_length, self.block_size) - len(state.block_tables[0])
         if per_group > 0:
-            nulls = min(max(null_below - len(state.block_tables[0]), 0), per_group)
-            needed = per_group * len(self.groups) - nulls * len(self.sliding_ids)
+            needed = per_group * len(self.groups)
             if needed > self.num_free_blocks:
                 raise OutOfBlocksError(f"{new_length - state.sequence_length} tokens for sequence "
                                        f"{state.sequence_id!r} need {needed} new blocks, {self.num_free_blocks} free")
-            for g, table in enumerate(state.block_tables):
-                if nulls and self.groups[g].is_sliding:
-                    table.extend([NULL_BLOCK] * nulls)
-                    state.num_null[g] = len(table)
-                    self.pool.take(per_group - nulls, table)
-                else:
-                    self.pool.take(per_group, table)
+            for table in state.block_tables:
+                self.pool.take(per_group, table)
         state.sequence_length = max(state.sequence_length, new_length)
 
     def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:

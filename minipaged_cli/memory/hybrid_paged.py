@@ -58,30 +58,49 @@ class HybridPagedAllocator(PagedAllocator):
                      num_steps: int) -> BulkProfile:
         # During step j a request of length L_j (after the step's growth) holds ceil(L_j / B) entries per group; a
         # sliding group slid with L_j - 1 computed, so max(0, L_j - W) // B of them are null blocks.
-        block_size, window = self.block_size, self.manager.window
+        block_size, window, groups, sliding = self.block_size, self.manager.window, self.num_groups, self.num_sliding
+        free = self.manager.num_free_blocks
         steps = np.arange(1, num_steps + 1, dtype=np.int64)
         length_matrix = lengths[:, None] + steps[None, :]  # [n, k]
         entries = -(-length_matrix // block_size)
-        skipped = np.minimum(np.maximum(length_matrix - window, 0) // block_size, entries)
-        held = self.num_groups * entries - self.num_sliding * skipped  # [n, k] blocks
-        held_now = allocated // block_size  # [n]
-        net = held.sum(axis=0) - held_now.sum()  # [k] blocks taken minus freed by the end of each step
-        # Safe to take in bulk while (1) each step's new blocks fit before any of that step's windows slide, and
-        # (2) ``advance``, which moves one request at a time by its net change, never runs out either.
-        total_entries = np.concatenate(([int((-(-lengths // block_size)).sum())], entries.sum(axis=0)))  # [k + 1]
-        new_entries = self.num_groups * np.diff(total_entries)
-        step_fits = np.concatenate(([0], net[:-1])) + new_entries <= self.manager.num_free_blocks
-        advance_fits = np.maximum(held - held_now[:, None], 0).sum(axis=0) <= self.manager.num_free_blocks
-        fits = step_fits & advance_fits
+        skipped = np.maximum((length_matrix - window) // block_size, 0)
+        entries_now = int((-(-lengths // block_size)).sum())
+        entries_sum, skipped_sum = entries.sum(axis=0), skipped.sum(axis=0)  # [k]
+        held_sum = groups * entries_sum - sliding * skipped_sum
+        net = held_sum - int(allocated.sum()) // block_size  # [k] blocks taken minus freed by the end of each step
+        # Safe to take in bulk while each step's new blocks fit before any of that step's windows slide
+        new_entries = groups * np.diff(entries_sum, prepend=entries_now)
+        fits = np.concatenate(([0], net[:-1])) + new_entries <= free
         num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
-        internal = self.num_groups * np.maximum(entries[:, :num_ok] * block_size - finals[:, None], 0).sum(axis=0)
-        tokens = (self.num_groups * length_matrix[:, :num_ok] - self.num_sliding * skipped[:, :num_ok]
-                  * block_size).sum(axis=0)
-        return BulkProfile(num_ok, held[:, :num_ok].sum(axis=0) * block_size, internal, tokens)
+        internal = groups * np.maximum(entries[:, :num_ok] * block_size - finals[:, None], 0).sum(axis=0)
+        tokens = groups * (int(lengths.sum()) + len(lengths) * steps[:num_ok]) - sliding * block_size * \
+            skipped_sum[:num_ok]
+        return BulkProfile(num_ok, held_sum[:num_ok] * block_size, internal, tokens)
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
-        for holding in holdings:
-            self.manager.decode_steps(holding.sequence_id, num_steps)
+        """The decode steps in lockstep, as single steps run them, so that the pool's history (which blocks are
+        taken, cached, freed, evicted, in which order) is the same; but a request is stepped only where it has a
+        block event (a new block, a full block to cache, a block leaving the window): in between only its length
+        changes, which one call catches up."""
+        manager, block_size, window = self.manager, self.block_size, self.manager.window
+        events = []  # (step, position in the running order, sequence id): step j takes the length from L + j - 1
+        done = {}  # sequence id -> steps applied
+        for order, holding in enumerate(holdings):
+            length = manager.sequences[holding.sequence_id].sequence_length
+            steps = {1}  # step 1 slides what the last step left (a prefill just done holds its whole prompt)
+            for offset in (1, 0, window):  # a new block at L + j - 1, a full one at L + j, a skip at L + j - W
+                first = (offset - length) % block_size or block_size
+                steps.update(range(first, num_steps + 1, block_size))
+            events += [(step, order, holding.sequence_id) for step in steps]
+            done[holding.sequence_id] = 0
+        for step, _, sequence_id in sorted(events):
+            if step - 1 > done[sequence_id]:
+                manager.grow(sequence_id, step - 1 - done[sequence_id])
+            manager.grow(sequence_id, 1)
+            done[sequence_id] = step
+        for sequence_id, steps_done in done.items():
+            if steps_done < num_steps:
+                manager.grow(sequence_id, num_steps - steps_done)
 
     def slot_owners(self, slots: np.ndarray) -> np.ndarray:
         block_owner = np.full(self.manager.num_physical_blocks, -1, dtype=np.int64)
