@@ -189,8 +189,8 @@ class Replay:
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
         # back in the steps whose new blocks eat its headroom (sliding windows free blocks too: it comes and goes).
         held_back = np.zeros(num_steps, dtype=bool)
+        grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
         if scheduler.waiting:
-            grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
             headroom = scheduler.admission_headroom()
             held_back = grown > headroom
             if self.allocator.windowed and headroom < 0 and not held_back.all():
@@ -198,6 +198,7 @@ class Replay:
                 if num_steps == 0:
                     return False
                 held_back = held_back[:num_steps]
+        peak_used = self.allocator.used_slots + int(grown[:num_steps].max())  # (windows free: not the last step)
         external = scheduler.external_fragmentation()
         changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
         bounds = [0, *changes, num_steps]
@@ -207,7 +208,7 @@ class Replay:
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
-        self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
+        self.accounting.note_busiest(running, peak_used, total_length + n * num_steps)
         self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
         scheduler.finish(self.now)
         return True
