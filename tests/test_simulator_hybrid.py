@@ -9,6 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.memory import hash_blocks
+from minipaged_cli.memory.allocators import Holding
+from minipaged_cli.memory.hybrid_paged import HybridPagedAllocator
 from minipaged_cli.memory.kv_groups import kv_cache_groups
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
@@ -128,3 +131,26 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, window: int, 
         assert sum(fast[k] for k in CATEGORY_KEYS) == pytest.approx(100.0, abs=0.01)
         assert min(fast[k] for k in CATEGORY_KEYS) >= -1e-9
         assert fast["invariant_violations"] == 0
+
+
+def test_admission_counts_the_first_chunk_where_the_window_cap_counts_less() -> None:
+    # vLLM admits when its gate (the whole prompt, a sliding group capped at ceil((W - 1 + 4) / 1) + 1 = 9 blocks)
+    # and the first chunk's allocation both fit, with the watermark (10 blocks here) on top. Block size 1, window 5,
+    # a step of 4 tokens. "a" (20 tokens, cached in both groups, then released) leaves 40 free cached blocks.
+    # "b" (24 tokens, the first 20 as "a"'s): full attention hits 20, the window's last 4 are cached too, so
+    # 20 tokens hit and max(0, 20 - 5 + 1) = 16 sliding blocks are skipped.
+    #   gate:  full 24 - 20 new + 20 revived; sliding min(24, 9) - max(16, 20) -> 0 new + 4 revived: 28
+    #   chunk (20 + 4 tokens): full 4 + 20; sliding 24 - 20 = 4 new + 4 revived: 32
+    # 32 + 10 > 40 free: refused, although the gate alone (28 + 10) would pass.
+    groups = kv_cache_groups(windowed_model(2, 5))
+    allocator = HybridPagedAllocator(42, 1, groups, prefix_caching=True, watermark_blocks=10, max_in_flight_tokens=4,
+                                     max_model_len=100)
+    hashes = hash_blocks(("doc", i) for i in range(30))
+    allocator.admit(Holding(0, 1, 1), 1)  # keeps a sequence running: v1's watermark holds
+    allocator.admit(Holding(1, 20, 1, hashes[:20]), 20)
+    allocator.release(Holding(1, 20, 1))
+    assert allocator.manager.num_free_blocks == 40
+    head = Holding(2, 24, 1, hashes[:20] + hash_blocks(("own", i) for i in range(4)))
+    assert allocator.manager.blocks_needed(None, 24, head.block_hashes) == 28
+    assert allocator.manager.blocks_to_create(24, head.block_hashes) == 32
+    assert allocator.admission_headroom(head, 24) == 40 - 32 - 10

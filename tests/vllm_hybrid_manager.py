@@ -107,7 +107,7 @@ def run(seed: int, caching: bool) -> tuple[int, int]:
                                                                   expected)
         free = [b.block_id - 1 for b in theirs.block_pool.free_block_queue.get_all_free_blocks()]
         assert list(ours.pool.free_blocks) == free, (seed, step, list(ours.pool.free_blocks), free)
-        assert ours.invariants_ok(), (seed, step, ours.invariant_violations())
+        assert not ours.invariant_violations(), (seed, step, ours.invariant_violations())
     return step + 1, num_hits
 
 

@@ -144,6 +144,12 @@ class HybridBlockManager:
         per_group = num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_tables[0])
         return per_group * len(self.groups)
 
+    def blocks_to_create(self, num_tokens: int, block_hashes: Sequence[Hashable] = ()) -> int:
+        """Blocks the free queue must give to create a sequence of ``num_tokens`` now (no cap: what
+        ``create_sequence`` takes)."""
+        hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
+        return self._blocks_to_allocate(hits, hit_tokens, num_tokens, None)
+
     def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
         return self._find_hits(block_hashes, num_tokens)[1]
 
@@ -234,9 +240,6 @@ class HybridBlockManager:
     def invariant_violations(self) -> list[str]:
         """Every broken invariant, each as a sentence naming the bug it points to; empty when all hold."""
         return hybrid_manager_violations(self)
-
-    def invariants_ok(self) -> bool:
-        return not self.invariant_violations()
 
     # -- internals -----------------------------------------------------------------------------------------
 

@@ -34,6 +34,18 @@ class HybridPagedAllocator(PagedAllocator):
                                           max_in_flight_tokens=max_in_flight_tokens, max_model_len=max_model_len)
         self.num_groups = len(groups)
         self.num_sliding = len(self.manager.sliding_ids)
+        self.max_chunk = max_in_flight_tokens
+
+    def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
+        """vLLM admits when both its gate (the whole prompt, a window capped) and the first chunk's allocation
+        fit; a sliding group's chunk may need more than its capped gate count, so both are counted (the chunk at
+        its largest, the step's token budget past the cached prefix)."""
+        manager = self.manager
+        cached = manager.num_cached_tokens(prompt_length, holding.block_hashes)
+        first_chunk = min(prompt_length, cached + self.max_chunk)
+        chunk = manager.blocks_to_create(first_chunk, holding.block_hashes)
+        return min(super().admission_headroom(holding, prompt_length),
+                   (manager.num_free_blocks - chunk - self._watermark()) * self.block_size)
 
     def largest_need(self, holding: Holding) -> int:
         blocks = num_blocks_for(holding.final_length, self.block_size)
