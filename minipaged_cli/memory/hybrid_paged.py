@@ -90,26 +90,31 @@ class HybridPagedAllocator(PagedAllocator):
         return BulkProfile(num_ok, held_sum[:num_ok] * block_size, internal, tokens)
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
-        """The decode steps in lockstep, as single steps run them, so that the pool's history (which blocks are
-        taken, cached, freed, evicted, in which order) is the same; but a request is stepped only where it has a
-        block event (a new block, a full block to cache, a block leaving the window): in between only its length
-        changes, which one call catches up."""
+        """The decode steps in lockstep where it matters, so that the pool's history (which blocks are taken,
+        freed, evicted, in which order) is what single steps make: at a request's block events, in the running
+        order - a window skip (caught up to L + j - 1, then ``slide_window`` as step j's grow slides; step 1 too,
+        for the slide a just-finished prefill left) and a new block (``grow`` up to L + j). In between a request's
+        length changes and its filled blocks are cached, nothing else."""
         manager, block_size, window = self.manager, self.block_size, self.manager.window
-        events = []  # (step, position in the running order, sequence id): step j takes the length from L + j - 1
-        done = {}  # sequence id -> steps applied
+        events = []  # (step, position in the running order, sequence id, new block)
         for order, holding in enumerate(holdings):
             length = manager.sequences[holding.sequence_id].sequence_length
-            steps = {1}  # step 1 slides what the last step left (a prefill just done holds its whole prompt)
-            for offset in (1, 0, window):  # a new block at L + j - 1, a full one at L + j, a skip at L + j - W
-                first = (offset - length) % block_size or block_size
-                steps.update(range(first, num_steps + 1, block_size))
-            events += [(step, order, holding.sequence_id) for step in steps]
-            done[holding.sequence_id] = 0
-        for step, _, sequence_id in sorted(events):
-            if step - 1 > done[sequence_id]:
+            first_new = (1 - length) % block_size or block_size  # step j takes a block when L + j - 1 = 0 mod B
+            first_skip = (window - length) % block_size or block_size  # and skips one when L + j - W = 0 mod B
+            new = range(first_new, num_steps + 1, block_size)
+            events += [(step, order, holding.sequence_id, True) for step in new]
+            events += [(step, order, holding.sequence_id, False)
+                       for step in {1, *range(first_skip, num_steps + 1, block_size)}]
+        done = {holding.sequence_id: 0 for holding in holdings}
+        for step, _, sequence_id, new_block in sorted(events, key=lambda e: (*e[:2], e[3])):
+            if new_block:  # (after the same step's slide: a step slides, then takes)
+                manager.grow(sequence_id, step - done[sequence_id])
+                done[sequence_id] = step
+                continue
+            if step - 1 > done[sequence_id]:  # the blocks that filled meanwhile are cached before any is freed
                 manager.grow(sequence_id, step - 1 - done[sequence_id])
-            manager.grow(sequence_id, 1)
-            done[sequence_id] = step
+                done[sequence_id] = step - 1
+            manager.slide_window(sequence_id)
         for sequence_id, steps_done in done.items():
             if steps_done < num_steps:
                 manager.grow(sequence_id, num_steps - steps_done)
