@@ -101,8 +101,9 @@ def run_command(
     gpu_spec = load_gpu(gpu)
     if on_cpu and kv_memory is None and num_blocks is None:
         kv_memory = CPU_KV_MEMORY
+    # the data plane keeps one block table for every layer: a sliding-window model runs as all full attention
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
-                                        gpu_memory_utilization)
+                                        gpu_memory_utilization, hybrid=False)
     num_layers = layers if layers is not None else (CPU_LAYERS if on_cpu else spec.num_layers)
     if not 1 <= num_layers <= spec.num_layers:
         raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--layers", value=num_layers,
@@ -115,7 +116,8 @@ def run_command(
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
-                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler)
+                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                       hybrid_kv=False)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
