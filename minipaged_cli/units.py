@@ -22,8 +22,9 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str, *, field: str = "--kv-memory") -> int:
-    """``"12GiB"`` -> 12884901888. Decimal (GB) and binary (GiB) units; a bare number is bytes."""
+def parse_bytes(text: str, *, field: str = "--kv-memory", allow_zero: bool = False) -> int:
+    """``"12GiB"`` -> 12884901888. Decimal (GB) and binary (GiB) units; a bare number is bytes. ``allow_zero``:
+    0 is a size (a tier turned off)."""
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
@@ -31,7 +32,7 @@ def parse_bytes(text: str, *, field: str = "--kv-memory") -> int:
             "expected a size such as 12GiB, 500MB or 1073741824", field=field, value=text, has_value=True
         )
     size = int(float(match.group(1)) * _UNITS[unit])
-    if size <= 0:
+    if size < 0 or (size == 0 and not allow_zero):
         raise InputError("must be positive", field=field, value=text, has_value=True)
     return size
 

@@ -27,7 +27,8 @@ from tests.test_paged_ops import (
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("source", ["cache_write.cu", "paged_attention.cu", "paged_attention_tc.cu", "copy_blocks.cu"])
+@pytest.mark.parametrize("source", ["cache_write.cu", "paged_attention.cu", "paged_attention_tc.cu", "copy_blocks.cu",
+                                    "mla_decode.cu"])
 def test_kernels_compile_with_nvcc(source: str, arch: str, tmp_path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:

@@ -1,4 +1,7 @@
-"""The one place that formats results: Rich tables, JSON documents, progress bars. The library only returns data."""
+"""The one place that formats results: Rich tables, JSON documents, progress bars. The library only returns data.
+
+Over 300 lines: every command's tables (simulate's with its tiers and KV cache groups) read best beside each other.
+"""
 
 from __future__ import annotations
 
@@ -89,6 +92,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
     if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))
+    if result.without_tiers:
+        tables += [_tiers_table(result), _tiers_gain_table(result)]
     return tables
 
 
@@ -119,6 +124,38 @@ def _hybrid_table(result: SimulationResult) -> Table:
         table.add_row(label, f"{config.num_blocks:,}", f"{config.kv_size_tokens:,}", _pct(m.token_state_pct),
                       _pct(m.free_pct), f"{m.completed_requests:,}", f"{m.num_preemptions:,}",
                       f"{m.mean_batch_size:.1f}", f"{m.throughput_tokens_per_s:,.0f}")
+    return table
+
+
+def _tiers_table(result: SimulationResult) -> Table:
+    """Per strategy and tier below the GPU: hits, what moved over its links, evictions."""
+    config = result.config
+    title = (f"Prefix-cache tiers below the GPU ({config.offload_policy} stores, {config.tier_eviction} eviction, "
+             f"{'layer-by-layer' if config.layerwise_loads else 'whole'} loads)")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("strategy", "tier", "capacity", "hit tokens", "hit %", "recomputed", "stored", "loaded",
+                 "dropped stores", "evictions", "link busy write/read %"):
+        table.add_column(name, justify="left" if name in ("strategy", "tier") else "right")
+    block_bytes = config.block_size * config.model.kv_bytes_per_token
+    for name, m in result.strategies.items():
+        for tier in m.tiers.values():
+            table.add_row(name, tier.name, format_bytes(tier.capacity_blocks * block_bytes), f"{tier.hit_tokens:,}",
+                          _pct(tier.hit_pct), f"{tier.recomputed_tokens:,}", format_bytes(tier.stored_bytes),
+                          format_bytes(tier.loaded_bytes), f"{tier.dropped_stores:,}", f"{tier.evictions:,}",
+                          f"{_pct(tier.write_busy_pct)}/{_pct(tier.read_busy_pct)}")
+    return table
+
+
+def _tiers_gain_table(result: SimulationResult) -> Table:
+    """What the tiers buy: prefix hits, TTFT and throughput with them and without them."""
+    table = Table(title="With and without the tiers", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("strategy", "tiers", "hit % (GPU + tiers)", "TTFT mean/p99 s", "output tok/s", "makespan s"):
+        table.add_column(name, justify="left" if name in ("strategy", "tiers") else "right")
+    for name, without in result.without_tiers.items():
+        for label, m in (("without", without), ("with", result.strategies[name])):
+            hit = m.prefix_cache_hit_pct + sum(t.hit_pct for t in m.tiers.values())
+            table.add_row(name, label, _pct(hit), f"{_maybe(m.mean_ttft_s, '{:.2f}')}/{_maybe(m.p99_ttft_s, '{:.2f}')}",
+                          f"{m.throughput_tokens_per_s:,.0f}", f"{m.makespan_s:,.1f}")
     return table
 
 

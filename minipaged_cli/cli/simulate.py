@@ -40,6 +40,13 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
+from minipaged_cli.cli.tier_options import (
+    CpuKvMemoryOpt,
+    DiskKvMemoryOpt,
+    LayerwiseLoadsOpt,
+    OffloadPolicyOpt,
+    TierEvictionOpt,
+)
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import (
@@ -48,6 +55,7 @@ from minipaged_cli.sim.config import (
     SimConfig,
     resolve_hybrid_kv,
     resolve_num_blocks,
+    tier_blocks,
 )
 from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -63,6 +71,8 @@ Examples:\n\n
   minipaged simulate traces/holes.yaml --plot-layout layout.png\n\n
   minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --prefix-caching
   --max-model-len 131072\n\n
+  minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
+  --cpu-kv-memory 256GiB --disk-kv-memory 2TiB\n\n
   minipaged simulate traces/mixed.yaml --scheduler v0 --preemption swap --cpu-blocks 20000 --watermark 0\n\n
   minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
   configs/calibrations/h100-llama-2-7b.yaml
@@ -95,6 +105,11 @@ def simulate_command(
     cpu_blocks: Annotated[int, typer.Option(
         "--cpu-blocks", help="Swap space, in blocks of --block-size tokens.")] = 0,
     watermark: WatermarkOpt = None,
+    cpu_kv_memory: CpuKvMemoryOpt = None,
+    disk_kv_memory: DiskKvMemoryOpt = None,
+    offload_policy: OffloadPolicyOpt = "write-through",
+    tier_eviction: TierEvictionOpt = "lru",
+    layerwise_loads: LayerwiseLoadsOpt = False,
     calibration: CalibrationOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
@@ -130,6 +145,9 @@ def simulate_command(
                        hybrid_kv=hybrid,
                        long_prefill_token_threshold=long_prefill_threshold,
                        calibration=load_calibration_option(calibration),
+                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory"),
+                       disk_kv_blocks=tier_blocks(disk_kv_memory, spec, block_size, "--disk-kv-memory"),
+                       offload_policy=offload_policy, tier_eviction=tier_eviction, layerwise_loads=layerwise_loads,
                        check_invariants=check_invariants,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 

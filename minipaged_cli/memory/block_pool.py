@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -105,6 +106,9 @@ class BlockPool:
         self.num_shared_references = 0  # table entries that cost no memory
         # (the looked-up hashes, hits) of the last lookup; None once the cache map changes
         self._lookup_memo: tuple[list[Hashable], list[int]] | None = None
+        # Told what is cached (``cached(hashes, blocks)``) and evicted (``evicted([(hash, block)])``): the tiers
+        # below the GPU (sim/tiers.py), which copy blocks down.
+        self.listener: Any = None
 
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
@@ -174,6 +178,8 @@ class BlockPool:
         content already cached elsewhere is cached again (vLLM keeps block tables append-only rather than swap in
         the older copy), and hits keep going to the older block. (One call for a run: a long prompt has hundreds.)"""
         cached, hashes = self.cached_blocks, self.block_hash
+        if self.listener is not None:
+            self.listener.cached(block_hashes, blocks)
         for block_hash, block in zip(block_hashes, blocks, strict=True):
             if hashes[block] is not None:
                 continue
@@ -203,6 +209,8 @@ class BlockPool:
         """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
         The oldest duplicate of an evicted entry, if any, takes over its hits."""
         cached, duplicates, hashes = self.cached_blocks, self.duplicate_blocks, self.block_hash
+        if self.listener is not None:
+            self.listener.evicted([(hashes[block], block) for block in blocks if hashes[block] is not None])
         num_entries = len(cached) + len(duplicates)
         if not duplicates:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
             for block in blocks:

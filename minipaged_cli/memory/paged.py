@@ -77,6 +77,13 @@ class PagedAllocator(Allocator):
                                              num_computed_tokens=num_computed)
         return state.num_cached_tokens
 
+    def admit_loading(self, holding: Holding, num_cached: int, num_loaded: int) -> None:
+        """Admit with blocks for its ``num_cached`` prefix-cache hits and the ``num_loaded`` tokens after them,
+        which a tier below the GPU loads (``sim/tiers.py``): those blocks join the cache once loaded
+        (``mark_computed``), as vLLM's ``allocate_slots`` with ``delay_cache_blocks``."""
+        self.manager.create_sequence(holding.sequence_id, num_cached + num_loaded, block_hashes=holding.block_hashes,
+                                     num_computed_tokens=num_cached)
+
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
         self.manager.fork(parent.sequence_id, child.sequence_id, block_hashes=child.block_hashes)
         return 0  # shared until one of them writes into the partly filled last block

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from minipaged_cli.errors import InputError
+from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes, kv_cache_groups, kv_cache_size_tokens
 from minipaged_cli.memory.strategies import make_allocator
 from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.units import format_bytes, parse_bytes
+from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -22,6 +23,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization
 V1_WATERMARK = 0.0  # vLLM v1: SchedulerConfig.watermark (vllm/config/scheduler.py)
 V0_WATERMARK = 0.01  # vLLM v0: BlockSpaceManager's watermark
 V0_MAX_NUM_SEQS = 256
+# The prefix cache's tiers below the GPU (sim/tiers.py): when a block goes down, and how a tier evicts.
+OFFLOAD_POLICIES = ("write-through", "on-eviction")
+TIER_EVICTIONS = ("lru", "arc")
 
 
 def resolve_hybrid_kv(hybrid_kv: bool | None, scheduler: str) -> bool:
@@ -51,6 +55,13 @@ class SimConfig:
     | max_batched_tokens | ``vllm_serve_batch_defaults``: 8192 or 2048  | None: whole prompts|
     | prefix_caching     | True                                         | False              |
     | watermark          | 0.0                                          | 0.01               |
+
+    Tiers below the GPU's prefix cache (``sim/tiers.py``; paged with prefix caching, v1 scheduling):
+    ``cpu_kv_blocks`` of host memory and ``disk_kv_blocks`` of local disk under it, in blocks of ``block_size``
+    tokens; ``offload_policy`` says when a block goes down (``write-through``: every computed full block, as vLLM's
+    OffloadingConnector and LMCache store; ``on-eviction``: when the tier above evicts it), ``tier_eviction`` how
+    each tier evicts (``lru``, or ``arc`` as vLLM's ARC policy), ``layerwise_loads`` whether a load overlaps the
+    request's prefill layer by layer (LMCache's layerwise mode) instead of finishing first (vLLM's connector).
     """
 
     model: ModelSpec
@@ -73,6 +84,11 @@ class SimConfig:
     check_invariants: bool = False
     record_timeline: bool = False
     record_layout: bool = False  # samples of which sequence owns each slot (sim/layout.py)
+    cpu_kv_blocks: int = 0  # host-memory tier of the prefix cache
+    disk_kv_blocks: int = 0  # local-disk tier under it
+    offload_policy: str = "write-through"
+    tier_eviction: str = "lru"
+    layerwise_loads: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -114,6 +130,42 @@ class SimConfig:
             raise InputError("the hybrid KV cache manager is vLLM v1's (v0 kept every layer's tokens); pass "
                              "--no-hybrid-kv with --scheduler v0", field="--hybrid-kv", value=self.model.name,
                              has_value=True)
+        self._check_tiers()
+        if self.has_tiers and self.hybrid_kv and self.model.is_hybrid:
+            raise InputError("tiers below the KV cache groups of a sliding-window model are not modelled; pass "
+                             "--no-hybrid-kv", field="--cpu-kv-memory")
+
+    def _check_tiers(self) -> None:
+        whole_number(self.cpu_kv_blocks, field="--cpu-kv-memory (blocks)", minimum=0)
+        whole_number(self.disk_kv_blocks, field="--disk-kv-memory (blocks)", minimum=0)
+        for option, value, names in (("--offload-policy", self.offload_policy, OFFLOAD_POLICIES),
+                                     ("--tier-eviction", self.tier_eviction, TIER_EVICTIONS)):
+            if value not in names:
+                raise InputError(f"expected one of {', '.join(names)}{did_you_mean(str(value), names)}",
+                                 field=option, value=value, has_value=True)
+        if self.disk_kv_blocks and not self.cpu_kv_blocks:
+            raise InputError("a disk tier needs a host tier above it (its blocks pass through host memory); set "
+                             "--cpu-kv-memory", field="--disk-kv-memory")
+        if self.has_tiers and not self.prefix_caching:
+            raise InputError("the host tier holds prefix-cache blocks: it needs --prefix-caching",
+                             field="--cpu-kv-memory")
+        if self.has_tiers and self.scheduler != "v1":
+            raise InputError("tiers plug into vLLM v1's scheduling (its KV connector); use --scheduler v1",
+                             field="--cpu-kv-memory")
+
+    @property
+    def has_tiers(self) -> bool:
+        """Whether the prefix cache has a tier below the GPU."""
+        return self.cpu_kv_blocks > 0
+
+    @property
+    def tier_settings(self) -> dict[str, int | str | bool]:
+        names = ("cpu_kv_blocks", "disk_kv_blocks", "offload_policy", "tier_eviction", "layerwise_loads")
+        return {name: getattr(self, name) for name in names}
+
+    def without_tiers(self) -> SimConfig:
+        """The same engine with nothing below the GPU's prefix cache (what the tiers buy is the difference)."""
+        return replace(self, cpu_kv_blocks=0, disk_kv_blocks=0)
 
     @property
     def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
@@ -199,3 +251,17 @@ def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: in
         raise InputError(f"holds no block of {block_size} tokens ({one_block})", field="--kv-memory",
                          value=kv_memory, has_value=True)
     return blocks, origin
+
+
+def tier_blocks(size: str | None, model: ModelSpec, block_size: int, option: str) -> int:
+    """A tier's capacity written as a size (``64GiB``; ``0`` or None: no tier) in blocks of ``block_size`` tokens
+    of ``model``'s KV."""
+    if size is None:
+        return 0
+    memory = parse_bytes(size, field=option, allow_zero=True)
+    blocks = num_blocks_for_memory(memory, model, block_size)
+    if memory and not blocks:
+        block_bytes = format_bytes(block_size * model.kv_bytes_per_token)
+        raise InputError(f"holds no block of {block_size} tokens ({block_bytes})", field=option, value=size,
+                         has_value=True)
+    return blocks

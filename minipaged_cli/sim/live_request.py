@@ -24,6 +24,10 @@ class LiveRequest(Holding):
     queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
     forked: bool = False  # its other samples exist (v0: forked after its prefill, or it is one of them; v1: always)
     swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out
+    # Tokens after its computed ones that a tier below the GPU is loading (sim/tiers.py); it computes nothing
+    # before ``ready_s``.
+    loading_tokens: int = 0
+    ready_s: float = 0.0
 
     @property
     def prefill_done(self) -> bool:

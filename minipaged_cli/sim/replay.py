@@ -1,6 +1,7 @@
 """Continuous-batching replay of a trace under one allocation strategy, and where the KV memory goes.
 
-This module is the loop; the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
+This module is the loop (Over 300 lines: the single step, the bulk fast path and what each hands a data plane or the
+report read best side by side); the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
 times it, and the accounting (``accounting``, ``categories``) measures it.
 
 Each step the scheduler decides what runs (vLLM v1's policy or v0's, ``SimConfig.scheduler``); every decoding
@@ -14,10 +15,8 @@ sums count ``allocator.shared_slots`` too many; that is taken off the token stat
 Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
 an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
 so ``replay`` advances all those steps at once and integrates the metrics over them (``bulk=False`` steps one
-at a time, the reference the fast path is tested against).
-
-Over 300 lines: the loop, its bulk path, and ``simulate`` with its result document (which, for a model with sliding
-windows, replays the paged strategy once more with every layer as full attention) read best side by side.
+at a time, the reference the fast path is tested against). For a model with sliding windows ``simulate`` replays
+the paged strategy once more with every layer as full attention (what the hybrid KV cache manager saves).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +40,7 @@ from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
@@ -61,6 +61,10 @@ class StepWork:
     ``copies``: (src, dst) blocks that copy-on-write needs copied before any token is written.
     ``forks``: (parent, child) sequences forked after the step's prefill (the child attends to the parent's
     prompt until it writes its own tokens).
+    ``loads``: (block hash, GPU block id) filled from a tier below the GPU (host memory, disk) before this step's
+    compute; ``stores``: (block hash, GPU block id) copied down to the host tier after this step's compute
+    (``sim/tiers.py``). Under ``--offload-policy on-eviction`` the stored blocks are the ones this step's
+    allocation evicts: their old content must be copied before the step's compute overwrites it.
     """
 
     prefills: list[tuple[int, int, int]]
@@ -68,6 +72,8 @@ class StepWork:
     live_tokens: int
     copies: list[tuple[int, int]] = field(default_factory=list)
     forks: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[Hashable, int]] = field(default_factory=list)
+    stores: list[tuple[Hashable, int]] = field(default_factory=list)
 
 
 class Replay:
@@ -89,6 +95,7 @@ class Replay:
                                      config.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
+        self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
                                      / 400 or 0.01) if config.record_layout else None
@@ -106,29 +113,36 @@ class Replay:
             if not (self.bulk and self._bulk_step()):
                 self._single_step()
             if self.config.check_invariants:
-                accounting.invariant_violations += bool(self.allocator.invariant_violations())
+                accounting.invariant_violations += bool(self.allocator.invariant_violations()
+                                                        or (self.tiers is not None and self.tiers.violations()))
             if self.layout is not None:
                 self.layout.maybe_record(self.now, self.allocator)
             if self.progress is not None:
                 self.progress(accounting.num_done)
         metrics = accounting.metrics(self.allocator, self.first_arrival_s)
+        if self.tiers is not None:
+            metrics.tiers = self.tiers.metrics(accounting.prefix_cache_queries, metrics.makespan_s)
         if self.layout is not None:
             metrics.layout = self.layout.result()
         return metrics
 
     def _single_step(self) -> None:
-        decision = self.scheduler.schedule()
+        scheduler = self.scheduler
+        decision = scheduler.schedule()
         if decision is None:
+            self.now = scheduler.idle_until(self.now)
             return
         decoders, chunks = decision.decoders, decision.chunks
         duration = self._duration(decision)
-        running = self.scheduler.running
+        running = scheduler.running
+        stores = [] if self.tiers is None else self.tiers.flush(self.now + duration)
+        loads, scheduler.loads = scheduler.loads, []
         if self.on_step is not None:
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
                             live_tokens=sum(r.num_computed for r in running) + decision.num_new_tokens
                             - self.allocator.shared_slots,
-                            copies=decision.copies, forks=decision.forks)
+                            copies=decision.copies, forks=decision.forks, loads=loads, stores=stores)
             self.on_step(work, self.allocator)
         for live in decoders:
             live.num_computed += 1
@@ -210,6 +224,8 @@ class Replay:
             live.num_generated += num_steps
         self.accounting.note_busiest(running, peak_used, total_length + n * num_steps)
         self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
+        if self.tiers is not None:
+            self.tiers.flush(self.now)
         scheduler.finish(self.now)
         return True
 
@@ -275,6 +291,8 @@ class SimulationResult:
     trace: Trace
     config: SimConfig
     strategies: dict[str, StrategyMetrics]
+    # With tiers below the GPU: the strategies they apply to, replayed again without them (what they buy)
+    without_tiers: dict[str, StrategyMetrics] = field(default_factory=dict)
     # Sliding windows under the hybrid manager: paged again, every layer as full attention, on the same memory
     all_full_attention: tuple[SimConfig, StrategyMetrics] | None = None
 
@@ -291,7 +309,8 @@ class SimulationResult:
                        "long_prefill_token_threshold": config.long_prefill_token_threshold,
                        "prefix_caching": config.prefix_caching, "preemption": config.preemption,
                        "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
-                       "calibration": config.calibration.path if config.calibration else None},
+                       "calibration": config.calibration.path if config.calibration else None,
+                       **(config.tier_settings if config.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
         if self.all_full_attention is not None:
@@ -299,6 +318,8 @@ class SimulationResult:
             document["config"].update(kv_cache_groups=len(config.kv_cache_groups), kv_size_tokens=config.kv_size_tokens)
             document["paged_all_full_attention"] = {"num_blocks": full_config.num_blocks,
                                                     "kv_size_tokens": full_config.kv_size_tokens, **full.to_dict()}
+        if self.without_tiers:  # (the documents of replays without tiers keep their keys)
+            document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
         return document
 
 
@@ -317,11 +338,12 @@ def simulate(
     for name in strategies:
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
+    without = {name: replay(trace, config.without_tiers(), name) for name, metrics in results.items() if metrics.tiers}
     all_full = None
     if "paged" in strategies and config.hybrid_kv and config.model.is_hybrid:
         full_config = config.all_full_attention()
         all_full = (full_config, replay(trace, full_config, "paged"))
-    return SimulationResult(trace, config, results, all_full)
+    return SimulationResult(trace, config, results, without, all_full)
 
 
 def replay(

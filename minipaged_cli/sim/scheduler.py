@@ -37,6 +37,7 @@ from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.trace import Request, Trace
 
 
@@ -83,12 +84,24 @@ class Scheduler:
         self.running: list[LiveRequest] = []
         self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
         self.prefill_cap = 0  # this step's long-prefill threshold
+        self.now = 0.0  # the replay's clock at the last arrive()
+        self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
+        self.loads: list[tuple[Hashable, int]] = []  # (hash, GPU block) loaded for the step being scheduled
 
     # -- state -------------------------------------------------------------------------------------------------
 
     @property
     def has_work(self) -> bool:
         return self.next_arrival < len(self.requests) or bool(self.waiting) or bool(self.running)
+
+    def idle_until(self, now: float) -> float:
+        """Where the clock goes when no step could run at ``now``: while only loads from a tier below the GPU are
+        in flight, to the first one's end (or to an arrival before it); else it stays."""
+        ready = min((r.ready_s for r in self.running if r.loading_tokens), default=None)
+        arrival = self.next_arrival_s
+        if ready is None:
+            return now
+        return max(now, ready if arrival is None else min(ready, arrival))
 
     @property
     def next_arrival_s(self) -> float | None:
@@ -123,6 +136,7 @@ class Scheduler:
 
     def arrive(self, now: float) -> None:
         """Queue the requests that have arrived by ``now`` (rejecting those that can never run)."""
+        self.now = now
         while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
             request = self.requests[self.next_arrival]
             self.accounting.arrived(self.next_arrival, request.n)
@@ -154,6 +168,11 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             live = self.running[index]
+            if live.loading_tokens:
+                if live.ready_s > self.now:  # vLLM's WAITING_FOR_REMOTE_KVS: nothing to compute yet
+                    index += 1
+                    continue
+                self._loaded(live)
             tokens = 1 if live.prefill_done else self._chunk(live.num_prefill_tokens - live.num_computed, budget)
             while True:
                 moved = self.allocator.try_grow(live, live.num_computed, live.num_computed + tokens)
@@ -196,17 +215,37 @@ class Scheduler:
             if not self.allocator.can_admit(head, head.num_prefill_tokens):
                 break
             cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
-            tokens = self._chunk(head.num_prefill_tokens - cached, budget)
-            self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
+            loaded = 0
+            if self.tiers is not None:
+                loaded, head.ready_s = self.tiers.load(head.block_hashes, cached, head.num_prefill_tokens, self.now,
+                                                       count_hits=not head.queried)
+            if loaded:  # blocks now, compute once loaded (the running loop picks it up then)
+                self.allocator.admit_loading(head, cached, loaded)
+                head.loading_tokens = loaded
+            else:
+                tokens = self._chunk(head.num_prefill_tokens - cached, budget)
+                self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
             self.running.append(self._dequeue())
             head.num_computed = cached
             if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
                 head.queried = True
                 accounting.prefix_cache_queries += head.num_prefill_tokens
                 accounting.prefix_cache_hits += cached
-            scheduled.append((head, tokens))
-            budget -= tokens
+            if not loaded:
+                scheduled.append((head, tokens))
+                budget -= tokens
         return budget
+
+    def _loaded(self, live: LiveRequest) -> None:
+        """A load from a tier below the GPU has finished: its tokens count as computed, its blocks join the
+        GPU's prefix cache, and the step's data plane fills them first (``loads``)."""
+        first = live.num_computed // self.config.block_size
+        live.num_computed += live.loading_tokens
+        live.loading_tokens = 0
+        self.allocator.mark_computed(live, live.num_computed)
+        stop = live.num_computed // self.config.block_size
+        self.loads.extend(zip(live.block_hashes[first:stop], self.allocator.block_table(live.sequence_id)[first:stop],
+                              strict=True))
 
     def prefilled(self, live: LiveRequest, now: float) -> None:
         """The request's prefill has just run (``V0Scheduler`` forks its samples then)."""
@@ -255,6 +294,7 @@ class Scheduler:
         front of the queue."""
         self._drop(victim)
         victim.num_computed = 0
+        victim.loading_tokens = 0  # a load in flight is wasted: its link time stays spent
         victim.num_prefill_tokens = victim.prompt_tokens + victim.num_generated
         self._enqueue(victim, front=True)
 

@@ -150,6 +150,12 @@ DEFAULT_EFFICIENCIES = {
     "attention_flops_efficiency": 0.60,
     "attention_bandwidth_efficiency": 0.80,
 }
+# vLLM's KV offloading blog (quoted in issue 24): ~50 GB/s one way on an H100's PCIe Gen5 x16 (64 GB/s).
+DEFAULT_HOST_BANDWIDTH_EFFICIENCY = 0.78
+# A PCIe Gen4 NVMe SSD (Samsung 990 PRO datasheet: 7,450 MB/s sequential read, 6,900 MB/s sequential write).
+DEFAULT_DISK_READ_BYTES_PER_S = 7.45e9
+DEFAULT_DISK_WRITE_BYTES_PER_S = 6.9e9
+LINK_FIELDS = ("host_bandwidth_bytes_per_s", "disk_read_bytes_per_s", "disk_write_bytes_per_s")
 
 
 @dataclass(frozen=True)
@@ -163,6 +169,11 @@ class GpuSpec:
     peak_flops: float
     step_overhead_s: float
     host_bandwidth_bytes_per_s: float = 64.0e9  # GPU <-> CPU memory, one direction: what swapping costs
+    # The share of it host <-> GPU copies of KV blocks achieve (the host tier's link, sim/tiers.py), and the local
+    # disk under the host tier (its read and write bandwidth): defaults cited in configs/gpus/h200.yaml.
+    host_bandwidth_efficiency: float = DEFAULT_HOST_BANDWIDTH_EFFICIENCY
+    disk_read_bytes_per_s: float = DEFAULT_DISK_READ_BYTES_PER_S
+    disk_write_bytes_per_s: float = DEFAULT_DISK_WRITE_BYTES_PER_S
     gemm_flops_efficiency: float = DEFAULT_EFFICIENCIES["gemm_flops_efficiency"]
     gemm_bandwidth_efficiency: float = DEFAULT_EFFICIENCIES["gemm_bandwidth_efficiency"]
     attention_flops_efficiency: float = DEFAULT_EFFICIENCIES["attention_flops_efficiency"]
@@ -171,14 +182,19 @@ class GpuSpec:
     def __post_init__(self) -> None:
         check_gpu_fields(vars(self), source=self.name)
 
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """What host <-> GPU copies of KV achieve, one direction."""
+        return self.host_bandwidth_bytes_per_s * self.host_bandwidth_efficiency
+
 
 def check_gpu_fields(fields: dict[str, Any], *, source: str) -> None:
     """A GPU's numbers, from a preset file or a constructor: finite, the peaks positive, the overhead >= 0, the
     efficiencies fractions of a peak."""
-    for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "host_bandwidth_bytes_per_s"):
+    for name in ("memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", *LINK_FIELDS):
         if name in fields:
             positive_number(fields[name], source=source, field=name)
-    for name in DEFAULT_EFFICIENCIES:
+    for name in (*DEFAULT_EFFICIENCIES, "host_bandwidth_efficiency"):
         if name in fields:
             finite_number(fields[name], source=source, field=name, minimum=0.0, exclusive_minimum=True, maximum=1.0)
     if "step_overhead_s" in fields:
@@ -235,7 +251,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_gpu(name_or_path: str) -> GpuSpec:
     source, config = _load_config("gpus", name_or_path, "--gpu")
-    optional = {"host_bandwidth_bytes_per_s", *DEFAULT_EFFICIENCIES}
+    optional = {*LINK_FIELDS, "host_bandwidth_efficiency", *DEFAULT_EFFICIENCIES}
     fields = {"name", "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "step_overhead_s"}
     unknown = sorted(set(config) - fields - optional)
     if unknown:

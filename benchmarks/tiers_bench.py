@@ -1,0 +1,62 @@
+"""What host and disk tiers under the prefix cache cost the simulator, and what they buy on the Mooncake trace.
+
+Replays the Mooncake conversation trace under ``paged`` with prefix caching (Qwen3-8B on one H200, its default KV,
+``minipaged simulate``'s defaults), without tiers and with each host tier of ``--cpu`` (the last one also with the
+disk tier of ``--disk``), and prints per run the wall time, its ratio to the run without tiers (goal: within 2x),
+the prefix hits (GPU, host, disk, as % of prompt tokens), mean TTFT and output throughput. CPU seconds are
+printed beside wall seconds: on a shared machine they are the steadier measure.
+
+    python -m benchmarks.tiers_bench [--traces DIR] [--limit N] [--cpu 64GiB,256GiB,1TiB] [--disk 4TiB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from benchmarks.simulate_bench import default_config
+from minipaged_cli.sim.config import tier_blocks
+from minipaged_cli.sim.replay import replay
+from minipaged_cli.workloads.readers import load_trace
+
+GOAL_RATIO = 2.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "traces")
+    parser.add_argument("--trace", default="mooncake_conversation_trace.jsonl")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--cpu", default="64GiB,256GiB,1TiB")
+    parser.add_argument("--disk", default="4TiB")
+    args = parser.parse_args()
+
+    trace = load_trace(args.traces / args.trace).limited(args.limit)
+    base = default_config(131072, prefix_caching=True)  # prompts up to 126k tokens
+    sizes = [size for size in args.cpu.split(",") if size]
+    runs = [("none", "none", base)]
+    for index, size in enumerate(sizes):
+        disk = args.disk if index == len(sizes) - 1 else "0"
+        runs.append((size, disk, dataclasses.replace(
+            base, cpu_kv_blocks=tier_blocks(size, base.model, base.block_size, "--cpu"),
+            disk_kv_blocks=tier_blocks(disk, base.model, base.block_size, "--disk"))))
+    print(f"{trace.name}: {trace.num_requests:,} requests, KV {base.num_blocks:,} blocks of {base.block_size}")
+    print(f"{'host':>8} {'disk':>6} {'wall s':>8} {'cpu s':>8} {'ratio':>6} {'GPU hit %':>9} {'host %':>7} "
+          f"{'disk %':>7} {'TTFT s':>9} {'out tok/s':>9}")
+    reference = None
+    for host, disk, config in runs:
+        wall, cpu = time.perf_counter(), time.process_time()
+        metrics = replay(trace, config, "paged")
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        reference = reference or cpu
+        tiers = {name: tier.hit_pct for name, tier in metrics.tiers.items()}
+        print(f"{host:>8} {disk:>6} {wall:>8.1f} {cpu:>8.1f} {cpu / reference:>5.2f}x "
+              f"{metrics.prefix_cache_hit_pct:>9.1f} {tiers.get('cpu', 0.0):>7.1f} {tiers.get('disk', 0.0):>7.1f} "
+              f"{metrics.mean_ttft_s:>9.1f} {metrics.throughput_tokens_per_s:>9.0f}")
+    print(f"goal: every run within {GOAL_RATIO:g}x of the run without tiers (CPU seconds)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Which blocks one tier below the GPU holds, and which it gives up for a new one (vLLM's offloading
+``CachePolicy``: ``vllm/v1/kv_offload/cpu/policies/``, LRU and ARC).
+
+A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
+``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
+that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
+blocks at once: a replay stores millions.
+
+Invariants (``violations`` checks them): at most ``capacity`` entries, each hash held once; ARC's ghost lists
+hold no entry that is stored and at most ``capacity`` hashes each.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+
+
+class TierStore(ABC):
+    """The hashes one tier holds, at most ``capacity`` (> 0)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a tier holds at least one block, got capacity {capacity}")
+        self.capacity = capacity
+        self.num_evictions = 0
+
+    def __contains__(self, block_hash: Hashable) -> bool:
+        return self.contains(block_hash)
+
+    @abstractmethod
+    def contains(self, block_hash: Hashable) -> bool:
+        """Whether ``block_hash`` is stored (an attribute where a dict's own method answers: the hot call)."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    @abstractmethod
+    def hashes(self) -> list[Hashable]:
+        """Every stored hash (the invariant checks and the tests read it)."""
+
+    @abstractmethod
+    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+        """Store ``block_hashes`` in order (one already stored only counts as recently stored); returns the hashes
+        evicted to make room."""
+
+    @abstractmethod
+    def hit(self, block_hashes: Iterable[Hashable]) -> None:
+        """A request reused those of ``block_hashes`` that are stored, in order (the last most recently)."""
+
+    def violations(self) -> list[str]:
+        hashes = self.hashes()
+        found = []
+        if len(hashes) > self.capacity:
+            found.append(f"tier holds {len(hashes)} blocks, over its capacity of {self.capacity}: eviction skipped")
+        if len(set(hashes)) != len(hashes):
+            found.append("a hash is stored twice in one tier: insert did not check for it")
+        return found
+
+
+class LRUStore(TierStore):
+    """Least recently stored or reused goes first (vLLM's ``LRUCachePolicy``, LMCache's default)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._entries: OrderedDict[Hashable, None] = OrderedDict()  # least recently used first
+        self.contains = self._entries.__contains__  # type: ignore[method-assign]
+
+    def contains(self, block_hash: Hashable) -> bool:  # replaced by the dict's in __init__
+        return block_hash in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def hashes(self) -> list[Hashable]:
+        return list(self._entries)
+
+    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+        entries, capacity = self._entries, self.capacity
+        move, pop = entries.move_to_end, entries.popitem
+        evicted = []
+        for block_hash in block_hashes:
+            if block_hash in entries:
+                move(block_hash)
+                continue
+            if len(entries) >= capacity:
+                evicted.append(pop(last=False)[0])
+            entries[block_hash] = None
+        self.num_evictions += len(evicted)
+        return evicted
+
+    def hit(self, block_hashes: Iterable[Hashable]) -> None:
+        entries = self._entries
+        move = entries.move_to_end
+        for block_hash in block_hashes:
+            if block_hash in entries:
+                move(block_hash)
+
+
+class ARCStore(TierStore):
+    """Adaptive replacement (Megiddo and Modha, FAST'03), as vLLM's ``ARCCachePolicy``: blocks stored once wait
+    in T1, blocks reused move to T2; eviction takes T1's oldest while T1 is at least its adaptive target, else
+    T2's; an evicted hash is remembered in a ghost list (B1, B2), and storing it again moves the target towards
+    the list it came from (a B1 hit: recency pays, T1 grows; a B2 hit: frequency pays, T1 shrinks)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.target_t1 = 0.0
+        self.t1: OrderedDict[Hashable, None] = OrderedDict()  # stored, not reused since; oldest first
+        self.t2: OrderedDict[Hashable, None] = OrderedDict()  # reused; least recently first
+        self.b1: OrderedDict[Hashable, None] = OrderedDict()  # ghosts evicted from T1
+        self.b2: OrderedDict[Hashable, None] = OrderedDict()  # ghosts evicted from T2
+
+    def contains(self, block_hash: Hashable) -> bool:
+        return block_hash in self.t1 or block_hash in self.t2
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def hashes(self) -> list[Hashable]:
+        return [*self.t1, *self.t2]
+
+    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+        evicted = []
+        for block_hash in block_hashes:
+            if block_hash in self.t1:
+                self.t1.move_to_end(block_hash)  # a store is not a reuse: it keeps its list
+            elif block_hash in self.t2:
+                self.t2.move_to_end(block_hash)
+            else:
+                self._adapt(block_hash)
+                if len(self) >= self.capacity:
+                    evicted.append(self._evict_one())
+                self.t1[block_hash] = None
+        return evicted
+
+    def _adapt(self, block_hash: Hashable) -> None:
+        """A ghost stored again moves T1's target towards the list it was evicted from."""
+        if block_hash in self.b1:
+            self.target_t1 = min(self.target_t1 + max(1.0, len(self.b2) / len(self.b1)), self.capacity)
+            del self.b1[block_hash]
+        elif block_hash in self.b2:
+            self.target_t1 = max(self.target_t1 - max(1.0, len(self.b1) / len(self.b2)), 0.0)
+            del self.b2[block_hash]
+
+    def hit(self, block_hashes: Iterable[Hashable]) -> None:
+        for block_hash in block_hashes:
+            if block_hash in self.t1:
+                del self.t1[block_hash]
+                self.t2[block_hash] = None
+            elif block_hash in self.t2:
+                self.t2.move_to_end(block_hash)
+
+    def _evict_one(self) -> Hashable:
+        from_t1 = bool(self.t1) and (len(self.t1) >= int(self.target_t1) or not self.t2)
+        source, ghosts = (self.t1, self.b1) if from_t1 else (self.t2, self.b2)
+        block_hash = source.popitem(last=False)[0]
+        ghosts[block_hash] = None
+        if len(ghosts) > self.capacity:
+            ghosts.popitem(last=False)
+        self.num_evictions += 1
+        return block_hash
+
+    def violations(self) -> list[str]:
+        found = super().violations()
+        stored = set(self.hashes())
+        if stored & (set(self.b1) | set(self.b2)):
+            found.append("an ARC ghost list names a stored hash: insert did not take it out")
+        if len(self.b1) > self.capacity or len(self.b2) > self.capacity:
+            found.append("an ARC ghost list outgrew the capacity: eviction did not trim it")
+        return found
+
+
+TIER_STORES: dict[str, type[TierStore]] = {"lru": LRUStore, "arc": ARCStore}

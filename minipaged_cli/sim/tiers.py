@@ -1,0 +1,266 @@
+"""The prefix cache's tiers below the GPU: host memory, and local disk under it, each a capacity and a link.
+
+What it models, after vLLM 0.33.0's OffloadingConnector (``distributed/kv_transfer/kv_connector/v1/offloading``)
+and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake Store):
+
+- **Stores.** ``write-through``: every full block the GPU computes is copied to the host tier after the step that
+  computed it (vLLM's connector and LMCache store all of them), and from there to the disk tier; ``on-eviction``:
+  a block goes one tier down when the tier above evicts it (HiCache's write-back, KVBM's G1 -> G2 -> G3). A
+  step's stores are one copy over the link; when the link is still busy with earlier copies at the step's end the
+  copy is dropped (counted), not queued: stores never slow the GPU, but they are not free either.
+- **Loads.** At admission, after the GPU's prefix-cache hit, the prompt's next full blocks are looked up block by
+  block in the host tier, then the disk tier, up to the first miss (``get_num_new_matched_tokens``); the last
+  prompt token is always computed. The run is loaded when the load would finish sooner than the GPU would
+  recompute those tokens (the step-time model's prefill of them: Mooncake's rule, FAST'25 §4), else recomputed.
+  A loading request holds its GPU blocks from admission and computes nothing until the load is done (vLLM's
+  WAITING_FOR_REMOTE_KVS; with ``layerwise_loads`` it starts as soon as the layers still to come would arrive
+  before its compute needs them); its blocks join the GPU's prefix cache when loaded. Loads queue on the link
+  (a disk load crosses the disk's read link, then the host link); they are never dropped.
+- **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load.
+
+Where it differs from vLLM: one block per offloaded chunk (vLLM can group several GPU blocks into one chunk);
+a finished load re-enters the running list, not the waiting queue; a loading request can be preempted (vLLM's
+waits outside the running list); a block being loaded may be evicted from its tier meanwhile (vLLM pins it);
+loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
+
+Invariants (``violations``): each tier within its capacity, each hash once per tier; bytes moved = blocks moved x
+bytes per block.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from minipaged_cli.memory.allocators import Allocator
+from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.memory.tier_store import TIER_STORES, TierStore
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.units import rounded
+
+
+class Link:
+    """One direction of a link: a clock of when it is next free, and the seconds it was busy."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.busy_until = 0.0
+        self.busy_s = 0.0
+        self.num_bytes = 0
+
+    def finish(self, earliest: float, num_bytes: int) -> float:
+        """When a copy of ``num_bytes`` queued at ``earliest`` would end (nothing reserved)."""
+        return max(earliest, self.busy_until) + num_bytes / self.bytes_per_s
+
+    def reserve(self, earliest: float, num_bytes: int) -> float:
+        """Queue a copy of ``num_bytes`` behind the ones before it, no earlier than ``earliest``; when it ends."""
+        self.busy_until = self.finish(earliest, num_bytes)
+        self.busy_s += num_bytes / self.bytes_per_s
+        self.num_bytes += num_bytes
+        return self.busy_until
+
+
+class Tier:
+    """One tier: its store, its write (down) and read (up) links, and what happened in it."""
+
+    def __init__(self, name: str, store: TierStore, write: Link, read: Link) -> None:
+        self.name, self.store, self.write, self.read = name, store, write, read
+        self.hit_tokens = 0  # prompt tokens loaded from here, at a request's first admission (its query)
+        self.recomputed_tokens = 0  # found here, but recomputing them was faster
+        self.stored_blocks = 0
+        self.loaded_blocks = 0
+        self.dropped_blocks = 0  # stores the write link was too busy for
+
+
+@dataclass(frozen=True)
+class TierMetrics:
+    """What one tier did over a replay. Percentages: hits of the prompt tokens looked up, busy of the makespan."""
+
+    name: str
+    capacity_blocks: int
+    hit_tokens: int
+    hit_pct: float
+    recomputed_tokens: int
+    stored_bytes: int  # written into the tier
+    loaded_bytes: int  # read out of it towards the GPU
+    dropped_stores: int  # blocks
+    evictions: int
+    write_busy_pct: float
+    read_busy_pct: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return rounded(self.__dict__)
+
+
+class TieredCache:
+    """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts)."""
+
+    @classmethod
+    def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
+        """The tiers ``config`` asks for under ``allocator``'s pool; None without them (or without blocks)."""
+        if not config.has_tiers or not isinstance(allocator, PagedAllocator):
+            return None
+        return cls(config, allocator.manager.pool, step_time)
+
+    def __init__(self, config: SimConfig, pool: BlockPool, step_time: StepTimeModel) -> None:
+        gpu, store = config.gpu, TIER_STORES[config.tier_eviction]
+        self.block_size = config.block_size
+        self.bytes_per_block = config.block_size * config.model.kv_bytes_per_token
+        self.write_through = config.offload_policy == "write-through"
+        self.layerwise = config.layerwise_loads
+        self.num_layers = config.model.num_layers
+        self.step_time = step_time
+        self.pool = pool
+        host = gpu.host_link_bytes_per_s
+        self.tiers = [Tier("cpu", store(config.cpu_kv_blocks), Link(host), Link(host))]
+        if config.disk_kv_blocks:
+            self.tiers.append(Tier("disk", store(config.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
+                                   Link(gpu.disk_read_bytes_per_s)))
+        self.pending: list[tuple[Hashable, int]] = []  # (hash, GPU block) to store at the step's end
+        pool.listener = self
+
+    # -- the pool's reports ------------------------------------------------------------------------------------
+
+    def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """The GPU computed (or loaded) these blocks: write-through stores them after the step."""
+        if self.write_through:
+            self.pending.extend(zip(block_hashes, blocks, strict=True))
+
+    def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
+        """The GPU is about to overwrite these cached blocks: on-eviction stores them."""
+        if not self.write_through:
+            self.pending.extend(pairs)
+
+    # -- stores ------------------------------------------------------------------------------------------------
+
+    def flush(self, now: float) -> list[tuple[Hashable, int]]:
+        """Issue the stores gathered since the last flush at ``now`` (a step's end); the (hash, GPU block) pairs
+        copied to the host tier."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return []
+        host = self.tiers[0]
+        if not self.write_through:  # a block cached on the GPU again meanwhile needs no copy
+            on_gpu = self.pool.cached_blocks
+            pending = [pair for pair in pending if pair[0] not in on_gpu]
+        stored = host.store.contains
+        # (two requests may compute the same content in one step: one copy)
+        new = list({h: (h, block) for h, block in pending if not stored(h)}.values())
+        if len(new) < len(pending):  # stored again: recently used
+            host.store.insert([h for h, _ in pending if stored(h)])
+        if not new or not self._copy(host, len(new), now):
+            return []
+        hashes = [h for h, _ in new]
+        evicted = host.store.insert(hashes)
+        if len(self.tiers) > 1:
+            disk = self.tiers[1]
+            stored = disk.store.contains
+            down = [h for h in (hashes if self.write_through else evicted) if not stored(h)]
+            if down and self._copy(disk, len(down), now):
+                disk.store.insert(down)
+        return new
+
+    def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
+        """One store of ``num_blocks`` into ``tier``, or none (counted dropped) while its link is busy."""
+        if tier.write.busy_until > now:
+            tier.dropped_blocks += num_blocks
+            return False
+        tier.write.reserve(now, num_blocks * self.bytes_per_block)
+        tier.stored_blocks += num_blocks
+        return True
+
+    # -- loads -------------------------------------------------------------------------------------------------
+
+    def lookup(self, block_hashes: Sequence[Hashable], first: int, stop: int) -> list[Tier]:
+        """The tier holding each of ``block_hashes[first:stop]``, up to the first block no tier holds."""
+        found = []
+        for block_hash in block_hashes[first:stop]:
+            tier = next((t for t in self.tiers if t.store.contains(block_hash)), None)
+            if tier is None:
+                break
+            found.append(tier)
+        return found
+
+    def load(self, block_hashes: Sequence[Hashable], num_cached: int, num_prompt: int, now: float,
+             count_hits: bool) -> tuple[int, float]:
+        """After a GPU hit of ``num_cached`` tokens, the prompt tokens to load from the tiers and when the request
+        may start computing; (0, now) when nothing is found or recomputing is faster. ``count_hits``: the
+        request's first admission (its prompt is a query). Every prompt block a tier holds counts as reused there,
+        the GPU's hits too (vLLM offers a request's every block for storing again: those stored are reuses),
+        the first block last, the most recent."""
+        first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
+        prompt = block_hashes[:num_prompt // self.block_size]
+        for tier in self.tiers:
+            tier.store.hit(reversed(prompt))
+        found = self.lookup(block_hashes, first, stop)
+        if not found:
+            return 0, now
+        counts = [sum(1 for t in found if t is tier) for tier in self.tiers]
+        tokens = len(found) * self.block_size
+        start, done = self._load_times(counts, now, commit=False)
+        if done - now >= self.recompute_seconds(num_cached, tokens):
+            if count_hits:
+                for tier, count in zip(self.tiers, counts, strict=False):
+                    tier.recomputed_tokens += count * self.block_size
+            return 0, now
+        start, done = self._load_times(counts, now, commit=True)
+        for tier, count in zip(self.tiers, counts, strict=False):
+            tier.loaded_blocks += count
+            if count_hits:
+                tier.hit_tokens += count * self.block_size
+        if self.layerwise:  # the first layer must arrive; after it, compute waits only for what it outruns
+            done = max(start + (done - start) / self.num_layers,
+                       done - self.recompute_seconds(num_cached + tokens, num_prompt - num_cached - tokens))
+        return tokens, done
+
+    def recompute_seconds(self, context: int, tokens: int) -> float:
+        """The GPU's time to prefill ``tokens`` after ``context`` cached ones, less what a step costs anyway
+        (weights read, launches): Mooncake's side of the load-or-recompute comparison."""
+        model = self.step_time
+        busy = model.step_seconds(new_tokens=tokens, sequences=1, prefill_tokens=tokens,
+                                  prefill_attended=tokens * context + tokens * (tokens + 1) / 2,
+                                  prefill_context=context + tokens)
+        return float(busy - model.step_seconds(new_tokens=0, sequences=0))
+
+    def _load_times(self, counts: list[int], now: float, *, commit: bool) -> tuple[float, float]:
+        """(first byte, last byte) of a load of ``counts[i]`` blocks from tier ``i``: host blocks over the host
+        link, disk blocks over the disk's read link and then the host link. Without ``commit`` the links' clocks
+        stay as they are (the load is only priced)."""
+        links = [tier.read if commit else copy.copy(tier.read) for tier in self.tiers]
+        size = self.bytes_per_block
+        host = links[0]
+        start = done = max(now, host.busy_until)
+        if counts[0]:
+            done = host.reserve(now, counts[0] * size)
+        if len(counts) > 1 and counts[1]:
+            if not counts[0]:
+                start = max(now, links[1].busy_until)
+            from_disk = links[1].reserve(now, counts[1] * size)
+            done = host.reserve(from_disk, counts[1] * size)
+        return start, done
+
+    # -- the result --------------------------------------------------------------------------------------------
+
+    def metrics(self, prompt_tokens: int, makespan_s: float) -> dict[str, TierMetrics]:
+        """Per tier, over a replay whose first admissions looked up ``prompt_tokens`` and lasted ``makespan_s``."""
+        def pct(part: float, whole: float) -> float:
+            return 100.0 * part / whole if whole else 0.0
+
+        return {tier.name: TierMetrics(
+            name=tier.name, capacity_blocks=tier.store.capacity, hit_tokens=tier.hit_tokens,
+            hit_pct=pct(tier.hit_tokens, prompt_tokens), recomputed_tokens=tier.recomputed_tokens,
+            stored_bytes=tier.write.num_bytes, loaded_bytes=tier.loaded_blocks * self.bytes_per_block,
+            dropped_stores=tier.dropped_blocks,
+            evictions=tier.store.num_evictions, write_busy_pct=pct(tier.write.busy_s, makespan_s),
+            read_busy_pct=pct(tier.read.busy_s, makespan_s)) for tier in self.tiers}
+
+    def violations(self) -> list[str]:
+        found = [f"{tier.name}: {v}" for tier in self.tiers for v in tier.store.violations()]
+        for tier in self.tiers:
+            if tier.write.num_bytes != tier.stored_blocks * self.bytes_per_block:
+                found.append(f"{tier.name}: bytes stored differ from blocks stored x bytes per block")
+        return found
