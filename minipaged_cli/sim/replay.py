@@ -203,7 +203,7 @@ class Replay:
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
         # back in the steps whose new blocks eat its headroom (sliding windows free blocks too: it comes and goes).
         held_back = np.zeros(num_steps, dtype=bool)
-        grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
+        grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())  # slots taken since the start
         if scheduler.waiting:
             headroom = scheduler.admission_headroom()
             held_back = grown > headroom
@@ -212,7 +212,8 @@ class Replay:
                 if num_steps == 0:
                     return False
                 held_back = held_back[:num_steps]
-        peak_used = self.allocator.used_slots + int(grown[:num_steps].max())  # (windows free: not the last step)
+        # (where windows free blocks the peak may come before the last step; elsewhere it is the end's)
+        peak_used = self.allocator.used_slots + int(grown[:num_steps].max()) if self.allocator.windowed else None
         external = scheduler.external_fragmentation()
         changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
         bounds = [0, *changes, num_steps]
@@ -222,7 +223,8 @@ class Replay:
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
-        self.accounting.note_busiest(running, peak_used, total_length + n * num_steps)
+        self.accounting.note_busiest(running, peak_used if peak_used is not None else self.allocator.used_slots,
+                                     total_length + n * num_steps)
         self.now += _checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
         if self.tiers is not None:
             self.tiers.flush(self.now)
