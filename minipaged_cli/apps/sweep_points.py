@@ -16,6 +16,7 @@ from minipaged_cli.sim.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     SimConfig,
     default_prefix_caching,
+    resolve_hybrid_kv,
     resolve_num_blocks,
     tier_blocks,
 )
@@ -28,7 +29,7 @@ from minipaged_cli.workloads.trace import Trace
 # The SimConfig fields a sweep's settings may give, every point the same; the rest are a point's own (model, GPU,
 # capacity, block size, prefix caching), the calibration's (read once), or diagnostics.
 ENGINE_FIELDS = ("scheduler", "max_model_len", "max_num_seqs", "max_batched_tokens", "watermark", "preemption",
-                 "cpu_blocks")
+                 "cpu_blocks", "hybrid_kv")
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,9 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
 
 def _config(point: Point, settings: Settings, calibration: Calibration | None) -> SimConfig:
     model, gpu = with_kv_cache_dtype(load_model(point.model), settings.kv_cache_dtype), load_gpu(point.gpu)
+    hybrid = resolve_hybrid_kv(settings.engine.get("hybrid_kv"), settings.engine.get("scheduler", "v1"))
     num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
-                                       settings.gpu_memory_utilization)
+                                       settings.gpu_memory_utilization, hybrid=hybrid)
     return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
                      prefix_caching=point.prefix_caching, calibration=calibration,
                      cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory"),

@@ -114,6 +114,11 @@ PrefixCachingOpt = Annotated[bool | None, flag(
     "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML 'prefix', "
                            "Mooncake hash_ids); reports prefix_cache_hits / queries. Default: on in v1 (vllm "
                            "serve's), off in v0.")]
+HybridKvOpt = Annotated[bool | None, flag(
+    "hybrid-kv", help="Models with sliding-window layers: vLLM v1's hybrid KV cache manager (a KV cache group per "
+                      "attention type; windows free the blocks they no longer see), shown against every layer as "
+                      "full attention on the same memory. --no-hybrid-kv: vLLM's --disable-hybrid-kv-cache-manager. "
+                      "Default: on in v1, off in v0.")]
 LongPrefillOpt = Annotated[int, typer.Option(
     "--long-prefill-threshold", help="v1: most prompt tokens one request prefills a step (vLLM's "
                                      "long_prefill_token_threshold); 0, vllm serve's default: no limit.")]

@@ -103,7 +103,8 @@ def profile_command(
         time_kernels,
         time_offload,
     )
-    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
+    from minipaged_cli.memory.kv_groups import block_bytes, kv_cache_groups
+    from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv, resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
 
     check_outputs({"--json": json_path, "--plot": plot})
@@ -115,9 +116,11 @@ def profile_command(
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
     spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)
+    hybrid = resolve_hybrid_kv(None, scheduler)
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
-                                        gpu_memory_utilization)
-    kv_bytes = blocks * sizes[0] * spec.kv_bytes_per_token  # every block size gets these bytes
+                                        gpu_memory_utilization, hybrid=hybrid)
+    # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
+    kv_bytes = blocks * block_bytes(spec, kv_cache_groups(spec, hybrid=hybrid), sizes[0])
     backend = None
     if device != "none":  # the kernel timings need torch (the [torch] extra); the replays do not
         from minipaged_cli.dataplane.select import select_backend

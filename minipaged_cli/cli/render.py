@@ -1,4 +1,7 @@
-"""The one place that formats results: Rich tables, JSON documents, progress bars. The library only returns data."""
+"""The one place that formats results: Rich tables, JSON documents, progress bars. The library only returns data.
+
+Over 300 lines: every command's tables (simulate's with its tiers and KV cache groups) read best beside each other.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
         f"{bold(trace.name)}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
         f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
         f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
-        f"({format_bytes(config.kv_capacity_tokens * config.model.kv_bytes_per_token)}, {escape(capacity_origin)}) · "
+        f"({format_bytes(config.kv_memory_bytes)}, {escape(capacity_origin)}) · {kv_groups_phrase(config)}"
         f"max model len {config.model_len:,} · step times: {escape(step_times(config))}"
     )
     rows = result.strategies
@@ -91,12 +94,44 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
                  f"{_maybe(m.mean_e2e_s, '{:.2f}')}/{_maybe(m.p99_e2e_s, '{:.2f}')}"]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 9 else []))
     tables = [header, f"{kv_format(config.model)} · {scheduling(config)}", memory, service]
+    if result.all_full_attention is not None:
+        tables.append(_hybrid_table(result))
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
     if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))
     if result.without_tiers:
         tables += [_tiers_table(result), _tiers_gain_table(result)]
     return tables
+
+
+def kv_groups_phrase(config: SimConfig) -> str:
+    """The KV cache groups, where a model has sliding windows (empty otherwise)."""
+    if not config.model.is_hybrid:
+        return ""
+    groups = config.kv_cache_groups
+    if not config.hybrid_kv:
+        return "every layer full attention (--no-hybrid-kv) · "
+    sliding = sum(g.is_sliding for g in groups)
+    return (f"{len(groups)} KV cache groups of {groups[0].num_layers} layers ({sliding} sliding window "
+            f"{config.model.sliding_window:,}): slots are per group, vLLM's KV size {config.kv_size_tokens:,} "
+            "tokens · ")
+
+
+def _hybrid_table(result: SimulationResult) -> Table:
+    """The paged strategy with the hybrid manager against every layer as full attention, on the same memory."""
+    assert result.all_full_attention is not None
+    full_config, full = result.all_full_attention
+    table = Table(title="Hybrid KV cache manager vs every layer full attention (paged, same KV memory)",
+                  title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("KV cache", "blocks", "vLLM KV size (tokens)", "token states %", "free %", "done", "preempted",
+                 "batch mean", "output tok/s"):
+        table.add_column(name, justify="left" if name == "KV cache" else "right")
+    for label, config, m in (("hybrid groups", result.config, result.strategies["paged"]),
+                             ("all full attention", full_config, full)):
+        table.add_row(label, f"{config.num_blocks:,}", f"{config.kv_size_tokens:,}", _pct(m.token_state_pct),
+                      _pct(m.free_pct), f"{m.completed_requests:,}", f"{m.num_preemptions:,}",
+                      f"{m.mean_batch_size:.1f}", f"{m.throughput_tokens_per_s:,.0f}")
+    return table
 
 
 def _tiers_table(result: SimulationResult) -> Table:

@@ -113,8 +113,9 @@ def run_command(
     gpu_spec = load_gpu(gpu)
     if on_cpu and kv_memory is None and num_blocks is None:
         kv_memory = CPU_KV_MEMORY
+    # the data plane keeps one block table for every layer: a sliding-window model runs as all full attention
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
-                                        gpu_memory_utilization)
+                                        gpu_memory_utilization, hybrid=False)
     num_layers = layers if layers is not None else (CPU_LAYERS if on_cpu else spec.num_layers)
     if not 1 <= num_layers <= spec.num_layers:
         raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--layers", value=num_layers,
@@ -129,7 +130,7 @@ def run_command(
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory"),
-                       offload_policy=offload_policy, tier_eviction=tier_eviction)
+                       offload_policy=offload_policy, tier_eviction=tier_eviction, hybrid_kv=False)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:

@@ -13,6 +13,7 @@ from minipaged_cli.cli.common import (
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
+    HybridKvOpt,
     JsonOpt,
     KvCacheDtypeOption,
     KvMemoryOpt,
@@ -53,6 +54,7 @@ from minipaged_cli.sim.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     SimConfig,
+    resolve_hybrid_kv,
     resolve_num_blocks,
     tier_blocks,
 )
@@ -98,6 +100,7 @@ def simulate_command(
     max_batched_tokens: MaxBatchedTokensOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     prefix_caching: PrefixCachingOpt = None,
+    hybrid_kv: HybridKvOpt = None,
     long_prefill_threshold: LongPrefillOpt = 0,
     preemption: Annotated[str, typer.Option(
         "--preemption", help="What happens to the latest admitted request when memory runs out: recompute "
@@ -135,13 +138,15 @@ def simulate_command(
         raise InputError("name at least one strategy", field="--strategies", value=strategies, has_value=True)
     spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype)
     gpu_spec = load_gpu(gpu)
+    hybrid = resolve_hybrid_kv(hybrid_kv, scheduler)
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
-                                        gpu_memory_utilization)
+                                        gpu_memory_utilization, hybrid=hybrid)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
                        preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark, scheduler=scheduler,
+                       hybrid_kv=hybrid,
                        long_prefill_token_threshold=long_prefill_threshold,
                        calibration=load_calibration_option(calibration),
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory"),

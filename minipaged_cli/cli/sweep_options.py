@@ -23,7 +23,7 @@ from minipaged_cli.workloads.readers import TRACE_FORMATS
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
-             "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction")
+             "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction", "hybrid_kv")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -154,7 +154,9 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "cpu_kv_memory": lambda v, w: _list(v, _size, w),
     "offload_policy": lambda v, w: _list(v, _choice(OFFLOAD_POLICIES), w),
     "tier_eviction": lambda v, w: _list(v, _choice(TIER_EVICTIONS), w),
+    "hybrid_kv": _on_off,
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
-                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "cpu_kv_memory")
+                 "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "cpu_kv_memory",
+                 "hybrid_kv")

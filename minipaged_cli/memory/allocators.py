@@ -58,6 +58,7 @@ class BulkProfile:
     num_steps: int
     allocated: np.ndarray | int  # [num_steps] int64
     internal: np.ndarray | int  # [num_steps] int64
+    tokens: np.ndarray | None = None  # [num_steps] token-state slots (``Allocator.token_slots``); None: the lengths
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class BlockCounters:
 class Allocator(ABC):
     name: str
     has_external_fragmentation = False
+    windowed = False  # some layers let go of tokens outside their window: token states are not the lengths
 
     def __init__(self, capacity_tokens: int) -> None:
         self.capacity_tokens = capacity_tokens
@@ -146,6 +148,14 @@ class Allocator(ABC):
     @abstractmethod
     def allocated(self, holding: Holding) -> int:
         """Slots the request holds now."""
+
+    def token_slots(self, holding: Holding, num_tokens: int) -> int:
+        """Slots holding the K/V of the request's first ``num_tokens`` tokens (read only when ``windowed``)."""
+        raise NotImplementedError(f"{self.name} keeps every token: its token states are the lengths")
+
+    def internal_slots(self, holding: Holding) -> int:
+        """Slots the request holds past its final length (read only when ``windowed``)."""
+        raise NotImplementedError(f"{self.name} holds one extent: its internal fragmentation is A - F")
 
     def counters(self) -> BlockCounters:
         return BlockCounters()

@@ -9,6 +9,7 @@ from abc import abstractmethod
 import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
+from minipaged_cli.memory.kv_groups import KVCacheGroup
 
 
 class ContiguousArena:
@@ -100,39 +101,69 @@ class ContiguousArena:
 
 
 class ContiguousAllocator(Allocator):
-    """One contiguous extent per request; subclasses choose its size."""
+    """One contiguous extent per request; subclasses choose how many tokens it reserves.
+
+    With KV cache groups (``kv_groups.py``; a slot is then one token in one group) a reservation of R tokens
+    takes R slots in each full-attention group and min(R, W) in each sliding-window one: a sliding layer's
+    contiguous buffer is its window (a ring), never the full length.
+    """
 
     has_external_fragmentation = True
 
-    def __init__(self, capacity_tokens: int, max_model_len: int) -> None:
+    def __init__(self, capacity_tokens: int, max_model_len: int, groups: tuple[KVCacheGroup, ...] = ()) -> None:
         super().__init__(capacity_tokens)
         self.max_model_len = max_model_len
         self.arena = ContiguousArena(capacity_tokens)
+        self.num_sliding = sum(g.is_sliding for g in groups)
+        self.num_full = len(groups) - self.num_sliding if groups else 1
+        self.window = next((g.sliding_window for g in groups if g.is_sliding), 0)
+        self.windowed = self.num_sliding > 0
 
     @abstractmethod
     def extent_size(self, holding: Holding, prompt_length: int) -> int:
-        """Slots reserved at admission."""
+        """Tokens reserved at admission."""
+
+    def slots(self, tokens: int) -> int:
+        """Slots a reservation of ``tokens`` takes in every group."""
+        return self.num_full * tokens + self.num_sliding * min(tokens, self.window) if self.windowed else tokens
+
+    def tokens_held(self, slots: np.ndarray) -> np.ndarray:
+        """The tokens extents of ``slots`` hold (``slots`` inverted; without a full group a full window holds any
+        length: its ring)."""
+        if not self.windowed:
+            return slots
+        ring = self.num_sliding * self.window
+        if not self.num_full:
+            return np.where(slots >= ring, self.max_model_len, slots // self.num_sliding)
+        return np.where(slots <= (self.num_full + self.num_sliding) * self.window,
+                        slots // (self.num_full + self.num_sliding), (slots - ring) // self.num_full)
 
     def largest_need(self, holding: Holding) -> int:
-        return self.extent_size(holding, holding.prompt_tokens)
+        return self.slots(self.extent_size(holding, holding.prompt_tokens))
 
     def admission_need(self, holding: Holding, prompt_length: int) -> int:
-        return self.extent_size(holding, prompt_length)
+        return self.slots(self.extent_size(holding, prompt_length))
 
     def can_admit(self, holding: Holding, prompt_length: int) -> bool:
-        return self.arena.first_fit(self.extent_size(holding, prompt_length)) is not None
+        return self.arena.first_fit(self.admission_need(holding, prompt_length)) is not None
 
     def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
-        if not self.arena.allocate(holding.sequence_id, self.extent_size(holding, prompt_length)):
+        if not self.arena.allocate(holding.sequence_id, self.admission_need(holding, prompt_length)):
             raise RuntimeError(f"{self.name}: admit without room; call can_admit first")
         return 0
+
+    def token_slots(self, holding: Holding, num_tokens: int) -> int:
+        return self.slots(num_tokens)
+
+    def internal_slots(self, holding: Holding) -> int:
+        return max(self.allocated(holding) - self.slots(holding.final_length), 0)
 
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
         """An extent of the parent's size for the child, with the prompt's KV copied into it."""
         return length if self.arena.allocate(child.sequence_id, self.allocated(parent)) else None
 
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
-        return 0 if new_length <= self.allocated(holding) else None
+        return 0 if new_length <= int(self.tokens_held(self.allocated(holding))) else None
 
     def release(self, holding: Holding) -> None:
         self.arena.free(holding.sequence_id)
@@ -147,8 +178,15 @@ class ContiguousAllocator(Allocator):
     def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
         # Extents stay put until some request fills its own; then that step needs try_grow.
-        num_ok = max(0, min(num_steps, int((allocated - lengths).min())))
-        return BulkProfile(num_ok, int(allocated.sum()), int(np.maximum(allocated - finals, 0).sum()))
+        num_ok = max(0, min(num_steps, int((self.tokens_held(allocated) - lengths).min())))
+        if not self.windowed:
+            return BulkProfile(num_ok, int(allocated.sum()), int(np.maximum(allocated - finals, 0).sum()))
+        steps = np.arange(1, num_ok + 1, dtype=np.int64)
+        tokens = self.num_full * (lengths.sum() + len(lengths) * steps) + self.num_sliding * np.minimum(
+            lengths[:, None] + steps[None, :], self.window).sum(axis=0)  # [num_ok]
+        internal = np.maximum(allocated - self.num_full * finals - self.num_sliding * np.minimum(finals, self.window),
+                              0).sum()
+        return BulkProfile(num_ok, int(allocated.sum()), int(internal), tokens)
 
     def slot_owners(self, slots: np.ndarray) -> np.ndarray:
         extents = self.arena.extents
@@ -201,17 +239,17 @@ class DynamicAllocator(ContiguousAllocator):
 
     def largest_need(self, holding: Holding) -> int:
         """The extent that holds the final length; never past max_model_len, where a request is stopped."""
-        return self._doubled(self.extent_size(holding, holding.prompt_tokens),
-                             min(holding.final_length, self.max_model_len))
+        return self.slots(self._doubled(self.extent_size(holding, holding.prompt_tokens),
+                                        min(holding.final_length, self.max_model_len)))
 
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
         """None (nothing changed) also past max_model_len: no extent grows beyond it."""
-        size = self.allocated(holding)
+        size = int(self.tokens_held(self.allocated(holding)))
         if new_length <= size:
             return 0
         if new_length > self.max_model_len:
             return None
-        new_size = self._doubled(size, new_length)
+        new_size = self.slots(self._doubled(size, new_length))
         if self.arena.extend_in_place(holding.sequence_id, new_size):
             return 0
         # Move: the new extent is taken while the old one still holds the KV being copied.

@@ -123,9 +123,14 @@ class MemoryIntegrator:
 def current_categories(running: Sequence[LiveRequest], allocator: Allocator, external: int) -> np.ndarray:
     """The memory categories now, in slots, for the running requests (``category_slots``'s layout)."""
     allocated = [allocator.allocated(r) for r in running]
-    internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, running, strict=True))
-    return category_slots(sum(r.num_computed for r in running), sum(allocated), internal, external,
-                          allocator.capacity_tokens, allocator.shared_slots)
+    if allocator.windowed:  # a token's K/V in each group that holds it; the tail past F in each group
+        tokens = sum(allocator.token_slots(r, r.num_computed) for r in running)
+        internal = sum(allocator.internal_slots(r) for r in running)
+    else:
+        tokens = sum(r.num_computed for r in running)
+        internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, running, strict=True))
+    return category_slots(tokens, sum(allocated), internal, external, allocator.capacity_tokens,
+                          allocator.shared_slots)
 
 
 class Accounting:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator
+from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes, kv_cache_groups, kv_cache_size_tokens
 from minipaged_cli.memory.strategies import make_allocator
 from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.units import format_bytes, parse_bytes
@@ -30,6 +31,11 @@ TIER_EVICTIONS = ("lru", "arc")
 def default_prefix_caching(scheduler: str) -> bool:
     """Prefix caching where it is not set: on in vLLM v1 (``vllm serve``'s default), off in v0."""
     return scheduler == "v1"
+
+
+def resolve_hybrid_kv(hybrid_kv: bool | None, scheduler: str) -> bool:
+    """Whether the hybrid KV cache manager runs: as asked, else vLLM v1's default (on); v0 had none."""
+    return scheduler == "v1" if hybrid_kv is None else hybrid_kv
 
 
 def vllm_serve_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
@@ -75,6 +81,9 @@ class SimConfig:
     cpu_blocks: int = 0  # swap space, in blocks of block_size tokens
     watermark: float | None = None  # paged admission keeps this fraction of the blocks free
     scheduler: str = "v1"
+    # vLLM v1's hybrid KV cache manager: a group per attention type, sliding windows free what they no longer see
+    # (``memory/kv_groups.py``); False treats every layer as full attention (--disable-hybrid-kv-cache-manager).
+    hybrid_kv: bool | None = None  # None: on under v1 (``resolve_hybrid_kv``)
     long_prefill_token_threshold: int = 0  # v1: most prompt tokens one request prefills a step; 0: no limit
     calibration: Calibration | None = None  # measured step times; None: the GPU preset's efficiency model
     check_invariants: bool = False
@@ -95,6 +104,7 @@ class SimConfig:
         defaults = {"max_num_seqs": num_seqs, "max_batched_tokens": batched_tokens,
                     "prefix_caching": default_prefix_caching(self.scheduler),
                     "watermark": V1_WATERMARK if v1 else V0_WATERMARK}
+        defaults["hybrid_kv"] = resolve_hybrid_kv(None, self.scheduler)
         for name, default in defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)  # frozen: resolved once, here
@@ -122,7 +132,14 @@ class SimConfig:
             raise InputError("must be in [0, 1)", field="--watermark", value=self.watermark, has_value=True)
         if self.calibration is not None:
             self.calibration.check_gpu(self.gpu.name)
+        if self.hybrid_kv and self.model.is_hybrid and not v1:
+            raise InputError("the hybrid KV cache manager is vLLM v1's (v0 kept every layer's tokens); pass "
+                             "--no-hybrid-kv with --scheduler v0", field="--hybrid-kv", value=self.model.name,
+                             has_value=True)
         self._check_tiers()
+        if self.has_tiers and self.hybrid_kv and self.model.is_hybrid:
+            raise InputError("tiers below the KV cache groups of a sliding-window model are not modelled; pass "
+                             "--no-hybrid-kv", field="--cpu-kv-memory")
 
     def _check_tiers(self) -> None:
         whole_number(self.cpu_kv_blocks, field="--cpu-kv-memory (blocks)", minimum=0)
@@ -157,12 +174,33 @@ class SimConfig:
         return replace(self, cpu_kv_blocks=0, disk_kv_blocks=0)
 
     @property
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        return kv_cache_groups(self.model, hybrid=self.hybrid_kv)
+
+    @property
     def watermark_blocks(self) -> int:
         return int(self.watermark * self.num_blocks)
 
     @property
     def kv_capacity_tokens(self) -> int:
+        """Slots: a token's K/V in one KV cache group (in every layer, for a model without sliding windows)."""
         return self.num_blocks * self.block_size
+
+    @property
+    def kv_memory_bytes(self) -> int:
+        return self.num_blocks * block_bytes(self.model, self.kv_cache_groups, self.block_size)
+
+    @property
+    def kv_size_tokens(self) -> int:
+        """vLLM's "KV cache size: N tokens" for this pool (``kv_groups.kv_cache_size_tokens``)."""
+        return kv_cache_size_tokens(self.kv_cache_groups, self.num_blocks, self.block_size, self.model_len,
+                                    self.max_batched_tokens or self.model_len)
+
+    def all_full_attention(self) -> SimConfig:
+        """The same KV memory with every layer treated as full attention (vLLM's
+        --disable-hybrid-kv-cache-manager): fewer, larger blocks."""
+        num_blocks = num_blocks_for_memory(self.kv_memory_bytes, self.model, self.block_size, hybrid=False)
+        return replace(self, hybrid_kv=False, num_blocks=num_blocks)
 
     @property
     def model_len(self) -> int:
@@ -177,16 +215,20 @@ class SimConfig:
         """A fresh allocator of ``strategy`` on this capacity."""
         return make_allocator(strategy, num_blocks=self.num_blocks, block_size=self.block_size,
                               max_model_len=self.model_len, prefix_caching=self.prefix_caching,
-                              watermark_blocks=self.watermark_blocks, scheduler=self.scheduler)
+                              watermark_blocks=self.watermark_blocks, scheduler=self.scheduler,
+                              groups=self.kv_cache_groups, max_batched_tokens=self.max_batched_tokens)
 
 
-def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int) -> int:
-    """Blocks of ``block_size`` tokens that fit in ``kv_memory_bytes`` of KV for ``model``."""
-    return math.floor(kv_memory_bytes / (block_size * model.kv_bytes_per_token))
+def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: int, *, hybrid: bool = True) -> int:
+    """Blocks of ``block_size`` tokens that fit in ``kv_memory_bytes`` of KV for ``model``: vLLM's
+    available memory // the bytes of one block (``kv_groups.block_bytes``: every layer's page for a uniform
+    model or without the hybrid manager, one group's pages with it)."""
+    return math.floor(kv_memory_bytes / block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
 
 
 def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: int, num_blocks: int | None,
-                       kv_memory: str | None, gpu_memory_utilization: float) -> tuple[int, str]:
+                       kv_memory: str | None, gpu_memory_utilization: float, *,
+                       hybrid: bool = True) -> tuple[int, str]:
     """The KV capacity in blocks, and a phrase saying where it came from."""
     if block_size < 1:
         raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
@@ -209,10 +251,10 @@ def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: in
         if memory <= 0:
             raise InputError(f"the model's weights ({format_bytes(model.weight_bytes)}) leave no KV memory on this "
                              "GPU; pass --kv-memory", field="--gpu")
-    blocks = num_blocks_for_memory(memory, model, block_size)
+    blocks = num_blocks_for_memory(memory, model, block_size, hybrid=hybrid)
     if blocks < 1:
-        block_bytes = format_bytes(block_size * model.kv_bytes_per_token)
-        raise InputError(f"holds no block of {block_size} tokens ({block_bytes})", field="--kv-memory",
+        one_block = format_bytes(block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
+        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field="--kv-memory",
                          value=kv_memory, has_value=True)
     return blocks, origin
 

@@ -15,12 +15,14 @@ sums count ``allocator.shared_slots`` too many; that is taken off the token stat
 Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
 an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
 so ``replay`` advances all those steps at once and integrates the metrics over them (``bulk=False`` steps one
-at a time, the reference the fast path is tested against).
+at a time, the reference the fast path is tested against). For a model with sliding windows ``simulate`` replays
+the paged strategy once more with every layer as full attention (what the hybrid KV cache manager saves).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -199,23 +201,44 @@ class Replay:
             return False
 
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
-        # back by memory from the first step whose new blocks eat its headroom on (free space only shrinks here).
-        num_free = num_steps
-        if scheduler.waiting:
-            grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
-            num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
+        # back in the steps whose new blocks eat its headroom. Without sliding windows free space only shrinks
+        # here, so that is one run from the first held step on; windows free blocks too, so it comes and goes.
         external = scheduler.external_fragmentation()
-        if 0 < num_free < num_steps:
-            self._record_bulk(profile, durations, total_length, n, external, 0, num_free, False)
-            self._record_bulk(profile, durations, total_length, n, external, num_free, num_steps, True)
+        peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
+        if self.allocator.windowed:
+            grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())  # slots taken since start
+            held_back = np.zeros(num_steps, dtype=bool)
+            if scheduler.waiting:
+                headroom = scheduler.admission_headroom()
+                held_back = grown > headroom
+                if headroom < 0 and not held_back.all():
+                    num_steps = int(np.argmin(held_back))  # windows freed enough for the head: that step admits it
+                    if num_steps == 0:
+                        return False
+                    held_back = held_back[:num_steps]
+            peak_used = self.allocator.used_slots + int(grown[:num_steps].max())
+            changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
+            for start, stop in itertools.pairwise([0, *changes, num_steps]):
+                self._record_bulk(profile, durations, total_length, n, external, start, stop, bool(held_back[start]))
             duration = float(durations[:num_steps].sum())
-        else:  # one run, all saturated or none: its duration is the advance's
-            duration = self._record_bulk(profile, durations, total_length, n, external, 0, num_steps, num_free == 0)
+        else:
+            num_free = num_steps
+            if scheduler.waiting:
+                grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
+                num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
+            if 0 < num_free < num_steps:
+                self._record_bulk(profile, durations, total_length, n, external, 0, num_free, False)
+                self._record_bulk(profile, durations, total_length, n, external, num_free, num_steps, True)
+                duration = float(durations[:num_steps].sum())
+            else:  # one run, all saturated or none: its duration is the advance's
+                duration = self._record_bulk(profile, durations, total_length, n, external, 0, num_steps,
+                                             num_free == 0)
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
-        self.accounting.note_busiest(running, self.allocator.used_slots, total_length + n * num_steps)
+        self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
+                                     total_length + n * num_steps)
         self.now += _checked_seconds(duration)  # (an infinity anywhere shows in the sum)
         if self.tiers is not None:
             self.tiers.flush(self.now)
@@ -228,8 +251,10 @@ class Replay:
         slots stay constant: no admission, fork or release until the last step). Returns their duration."""
         part = durations[start:stop]
         duration = float(part.sum())
+        tokens = total_length * duration + n * float(part @ _STEPS[start:stop]) if profile.tokens is None \
+            else _integral(profile.tokens, part, duration, start, stop)
         slots = category_slots(
-            total_length * duration + n * float(part @ _STEPS[start:stop]),
+            tokens,
             _integral(profile.allocated, part, duration, start, stop),
             _integral(profile.internal, part, duration, start, stop),
             external * duration,
@@ -292,6 +317,8 @@ class SimulationResult:
     strategies: dict[str, StrategyMetrics]
     # With tiers below the GPU: the strategies they apply to, replayed again without them (what they buy)
     without_tiers: dict[str, StrategyMetrics] = field(default_factory=dict)
+    # Sliding windows under the hybrid manager: paged again, every layer as full attention, on the same memory
+    all_full_attention: tuple[SimConfig, StrategyMetrics] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         config = self.config
@@ -311,6 +338,11 @@ class SimulationResult:
                        **(config.tier_settings if config.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
+        if self.all_full_attention is not None:
+            full_config, full = self.all_full_attention
+            document["config"].update(kv_cache_groups=len(config.kv_cache_groups), kv_size_tokens=config.kv_size_tokens)
+            document["paged_all_full_attention"] = {"num_blocks": full_config.num_blocks,
+                                                    "kv_size_tokens": full_config.kv_size_tokens, **full.to_dict()}
         if self.without_tiers:  # (the documents of replays without tiers keep their keys)
             document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
         return document
@@ -332,7 +364,11 @@ def simulate(
         report = functools.partial(progress, name) if progress is not None else None
         results[name] = replay(trace, config, name, progress=report)
     without = {name: replay(trace, config.without_tiers(), name) for name, metrics in results.items() if metrics.tiers}
-    return SimulationResult(trace, config, results, without)
+    all_full = None
+    if "paged" in strategies and config.hybrid_kv and config.model.is_hybrid:
+        full_config = config.all_full_attention()
+        all_full = (full_config, replay(trace, full_config, "paged"))
+    return SimulationResult(trace, config, results, without, all_full)
 
 
 def replay(

@@ -1,0 +1,330 @@
+"""The block manager for KV cache groups (vLLM v1's hybrid KV cache manager: ``HybridKVCacheCoordinator`` over one
+``SingleTypeKVCacheManager`` per group).
+
+One pool of blocks of one size serves every group (``kv_groups.py`` makes the pages equal); each sequence keeps
+one block table per group, all of the same length, ``ceil(sequence_length / block_size)``. A full-attention group
+holds every block until the sequence ends. A sliding-window group of window W lets go of the blocks its next
+token can no longer see: before each allocation (vLLM's ``remove_skipped_blocks``, run from ``allocate_slots``),
+with C tokens computed, the first ``max(0, C - W + 1) // block_size`` entries are freed, last first, and replaced
+by ``NULL_BLOCK`` - vLLM's null block, a placeholder that keeps logical positions in place::
+
+    block_size 4, W 8, C 14 (tokens 0..13 computed, token 14 next; it sees tokens 7..14)
+    skipped = (14 - 8 + 1) // 4 = 1 block       full:    [ 5, 2, 9, 1]
+                                                sliding: [ø, 3, 7, 4]   (block 0 held tokens 0..3: freed)
+
+Prefix caching keys a block by (group, content hash): each group caches its own copy of a prefix. A new prompt's
+hit is found as vLLM's hybrid coordinator finds it: full attention from the left (the longest run of cached
+blocks, every full group hit), then, within that length, sliding window from the right (the last run of
+``ceil((W - 1) / block_size)`` blocks cached in every sliding group; the blocks before it are not needed, so they
+enter the table as null blocks); the full groups are cut back to the sliding groups' length. With no run that
+long the hit is the run from the start. Freed blocks of every group go to the one free queue, so all groups share
+one eviction order; a sequence frees group by group, each tail first (vLLM's coordinator ``free``).
+
+Invariants (``hybrid_invariants.py`` checks them): ``KVBlockManager``'s over all groups' tables, and per group:
+``ceil(length / block_size)`` entries; null blocks only in sliding groups, only as a prefix, never one the window
+still reaches; a cached held block sits where its group's content has that hash, inside the computed tokens.
+
+``grow`` first slides the windows (that happens even when the allocation then fails, as in vLLM, where it makes
+room for the retry after a preemption); the allocation itself is all or nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.hybrid_invariants import NULL_BLOCK, hybrid_manager_violations
+from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
+from minipaged_cli.memory.sequence import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError
+
+SequenceId = Hashable
+
+
+@dataclass
+class GroupedSequence:
+    """One live sequence under KV cache groups: ``block_tables[g]`` is group g's table (``NULL_BLOCK`` where a
+    sliding window let go), ``num_null[g]`` its leading null entries, ``num_cached_blocks[g]`` the entries already
+    offered to the prefix cache (vLLM's ``num_cached_block``)."""
+
+    sequence_id: SequenceId
+    sequence_length: int
+    block_tables: list[list[int]]
+    num_null: list[int]
+    num_cached_blocks: list[int]
+    block_hashes: list[Hashable] = field(default_factory=list, repr=False)
+    num_cached_tokens: int = 0
+    num_computed_tokens: int = 0
+
+
+class HybridBlockManager:
+    """Blocks for sequences under several KV cache groups from one pool (module docstring: the rules).
+
+    ``max_in_flight_tokens`` (vLLM: ``max_num_batched_tokens``) and ``max_model_len`` cap what the admission gate
+    counts for a sliding group (vLLM's ``SlidingWindowSpec.max_admission_blocks_per_request``); None: no cap.
+    """
+
+    def __init__(self, num_physical_blocks: int, block_size: int, groups: Sequence[KVCacheGroup], *,
+                 enable_prefix_caching: bool = False, max_in_flight_tokens: int | None = None,
+                 max_model_len: int | None = None) -> None:
+        if num_physical_blocks < 1:
+            raise ValueError(f"num_physical_blocks must be >= 1, got {num_physical_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if not groups:
+            raise ValueError("at least one KV cache group")
+        self.num_physical_blocks = num_physical_blocks
+        self.block_size = block_size
+        self.groups = tuple(groups)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_physical_blocks, enable_caching=enable_prefix_caching)
+        self.sequences: dict[SequenceId, GroupedSequence] = {}
+        self.full_ids = [g for g, group in enumerate(self.groups) if not group.is_sliding]
+        self.sliding_ids = [g for g, group in enumerate(self.groups) if group.is_sliding]
+        windows = {self.groups[g].sliding_window for g in self.sliding_ids}
+        if len(windows) > 1 or None in windows:
+            raise ValueError(f"sliding groups need one window, got {sorted(windows, key=str)}")
+        self.window = windows.pop() if windows else None
+        # A hit needs the last ceil((W - 1) / block_size) blocks of a sliding group; with W = 1 that is none, and
+        # vLLM's cache_blocks then caches no block of the group (its reachable_block_mask keeps none).
+        self.hit_run = num_blocks_for(self.window - 1, block_size) if self.window else 0
+        self.cached_group_ids = [g for g in range(len(self.groups)) if g in self.full_ids or self.hit_run]
+        self.admission_cap = None  # most blocks a sliding group counts at the admission gate
+        if self.window is not None and max_in_flight_tokens is not None and max_model_len is not None:
+            self.admission_cap = sliding_admission_blocks(self.window, block_size, max_in_flight_tokens,
+                                                          max_model_len)
+
+    # -- queries -------------------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.pool.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_physical_blocks - len(self.pool.free_blocks)
+
+    @property
+    def num_shared_references(self) -> int:
+        return self.pool.num_shared_references
+
+    def sequence(self, sequence_id: SequenceId) -> GroupedSequence:
+        try:
+            return self.sequences[sequence_id]
+        except KeyError:
+            raise UnknownSequenceError(f"unknown sequence {sequence_id!r}") from None
+
+    def num_held_blocks(self, sequence_id: SequenceId) -> int:
+        """Blocks the sequence holds over all groups (null entries cost nothing)."""
+        state = self.sequences[sequence_id]
+        return len(state.block_tables[0]) * len(self.groups) - sum(state.num_null)
+
+    def num_held_tokens(self, sequence_id: SequenceId, num_tokens: int) -> int:
+        """Of the sequence's first ``num_tokens``, the K/V entries its groups hold: a token counts once per
+        group whose table still has its block."""
+        state = self.sequences[sequence_id]
+        return sum(max(0, num_tokens - nulls * self.block_size) for nulls in state.num_null)
+
+    def skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading blocks a sliding group no longer needs once ``num_computed_tokens`` are computed: the next
+        token sees only the last W - 1 of them (vLLM's ``get_num_skipped_tokens`` // block_size)."""
+        return max(0, num_computed_tokens - self.window + 1) // self.block_size if self.window else 0
+
+    def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int,
+                      block_hashes: Sequence[Hashable] = ()) -> int:
+        """Blocks the free queue must give to append ``num_tokens`` to the sequence (after its windows slide),
+        or (None) the admission gate's count for a prompt of ``num_tokens`` (vLLM's ``full_sequence_must_fit``:
+        hits on free cached blocks count, a sliding group at most ``admission_cap``)."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        if sequence_id is None:
+            hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
+            return self._blocks_to_allocate(hits, hit_tokens, num_tokens, self.admission_cap)
+        state = self.sequence(sequence_id)
+        per_group = num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_tables[0])
+        return per_group * len(self.groups)
+
+    def blocks_to_create(self, num_tokens: int, block_hashes: Sequence[Hashable] = ()) -> int:
+        """Blocks the free queue must give to create a sequence of ``num_tokens`` now (no cap: what
+        ``create_sequence`` takes)."""
+        hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
+        return self._blocks_to_allocate(hits, hit_tokens, num_tokens, None)
+
+    def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
+        return self._find_hits(block_hashes, num_tokens)[1]
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def create_sequence(self, sequence_id: SequenceId, num_prompt_tokens: int = 0, *,
+                        block_hashes: Sequence[Hashable] = (),
+                        num_computed_tokens: int | None = None) -> GroupedSequence:
+        """Start a sequence holding a prompt of ``num_prompt_tokens`` (all of its blocks in every group, or
+        none), sharing the hybrid prefix hit; ``num_computed_tokens`` as ``KVBlockManager.create_sequence``."""
+        if sequence_id in self.sequences:
+            raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
+        if num_computed_tokens is None:
+            num_computed_tokens = num_prompt_tokens
+        elif not 0 <= num_computed_tokens <= num_prompt_tokens:
+            raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
+        hits, hit_tokens = self._find_hits(block_hashes, num_prompt_tokens)
+        needed = self._blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
+        if needed > self.num_free_blocks:
+            raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
+                                   f"{needed} new blocks, {self.num_free_blocks} free")
+        skipped = self.skipped_blocks(hit_tokens)
+        tables, nulls = [], []
+        for g, group_hits in enumerate(hits):
+            num_null = skipped if self.groups[g].is_sliding else 0
+            kept = group_hits[num_null:]
+            for block in kept:
+                self.pool.reference(block)
+            tables.append([NULL_BLOCK] * num_null + kept)
+            nulls.append(num_null)
+        state = GroupedSequence(sequence_id, hit_tokens, tables, nulls, [len(t) for t in tables],
+                                list(block_hashes), hit_tokens, hit_tokens)
+        self.sequences[sequence_id] = state
+        self._take(state, num_prompt_tokens)
+        self._computed(state, num_computed_tokens)
+        return state
+
+    def grow(self, sequence_id: SequenceId, num_tokens: int, *, computed: bool = True) -> GroupedSequence:
+        """Slide the windows, then give the next ``num_tokens`` tokens their slots in every group (all or
+        nothing); ``computed`` as in ``KVBlockManager.grow``."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        state = self.sequence(sequence_id)
+        if self.window is not None:
+            self.slide_window(sequence_id)
+        new_length = state.sequence_length + num_tokens
+        self._take(state, new_length)
+        if computed:
+            self._computed(state, new_length)
+        return state
+
+    def slide_window(self, sequence_id: SequenceId, num_computed_tokens: int | None = None) -> None:
+        """Free the sliding groups' blocks that the window no longer reaches with ``num_computed_tokens``
+        (default: the sequence's) computed, each group's last first (vLLM's ``_remove_blocks_in_range``)."""
+        state = self.sequences[sequence_id]
+        computed = state.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+        skipped = min(self.skipped_blocks(computed), len(state.block_tables[0]))
+        for g in self.sliding_ids:
+            first = state.num_null[g]
+            if skipped > first:
+                table = state.block_tables[g]
+                self.pool.release(table[skipped - 1:first - 1 if first else None:-1])
+                table[first:skipped] = [NULL_BLOCK] * (skipped - first)
+                state.num_null[g] = skipped
+
+    def mark_computed(self, sequence_id: SequenceId, num_computed_tokens: int) -> None:
+        state = self.sequence(sequence_id)
+        if not 0 <= num_computed_tokens <= state.sequence_length:
+            raise ValueError(f"num_computed_tokens must be in [0, {state.sequence_length}] for sequence "
+                             f"{sequence_id!r}, got {num_computed_tokens}")
+        self._computed(state, num_computed_tokens)
+
+    def release_sequence(self, sequence_id: SequenceId) -> None:
+        """Drop the sequence's blocks group by group, each table tail first (vLLM's coordinator ``free``)."""
+        state = self.sequence(sequence_id)
+        for table, nulls in zip(state.block_tables, state.num_null, strict=True):
+            self.pool.release(table[:nulls - 1 if nulls else None:-1])
+        del self.sequences[sequence_id]
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """No copy-on-write here: vLLM v1 runs parallel samples as separate requests, never forks."""
+        return []
+
+    num_copy_on_writes = 0
+
+    # -- invariants ----------------------------------------------------------------------------------------
+
+    def invariant_violations(self) -> list[str]:
+        """Every broken invariant, each as a sentence naming the bug it points to; empty when all hold."""
+        return hybrid_manager_violations(self)
+
+    # -- internals -----------------------------------------------------------------------------------------
+
+    def _find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
+        """Per group, the blocks a prompt of ``num_tokens`` would share (``NULL_BLOCK`` where a sliding group
+        needs none), and the hit's length in tokens: vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``
+        for full attention plus one window (one pass suffices, as vLLM's "simple hybrid")."""
+        hits: list[list[int]] = [[] for _ in self.groups]
+        if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
+            return hits, 0
+        get = self.pool.cached_blocks.get
+        candidates = block_hashes[:(num_tokens - 1) // self.block_size]  # the last token is always computed
+        num_hit = len(candidates)
+        if self.full_ids:
+            num_hit = 0
+            for block_hash in candidates:
+                found = [get((g, block_hash)) for g in self.full_ids]
+                if None in found:
+                    break
+                for g, block in zip(self.full_ids, found, strict=True):
+                    hits[g].append(block)
+                num_hit += 1
+        if self.sliding_ids:
+            run, matched = 0, False
+            found_at: dict[int, list[int]] = {}
+            for i in range(num_hit - 1, -1, -1):
+                found = [get((g, candidates[i])) for g in self.sliding_ids]
+                if None in found:
+                    run = 0
+                    continue
+                found_at[i] = found
+                run += 1
+                if run >= self.hit_run:
+                    num_hit, matched = i + run, True
+                    break
+            if not matched:
+                num_hit = run
+            for k, g in enumerate(self.sliding_ids):
+                hits[g] = [found_at[i][k] if i in found_at else NULL_BLOCK for i in range(num_hit)]
+            for g in self.full_ids:
+                del hits[g][num_hit:]
+        return hits, num_hit * self.block_size
+
+    def _blocks_to_allocate(self, hits: list[list[int]], hit_tokens: int, num_tokens: int,
+                            cap: int | None) -> int:
+        """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes: vLLM's per-group
+        ``get_num_blocks_to_allocate`` (new blocks past the hit or the skipped blocks, plus hits that revive a
+        free cached block)."""
+        required = num_blocks_for(num_tokens, self.block_size)
+        skipped = self.skipped_blocks(hit_tokens)
+        refs = self.pool.ref_counts
+        total = 0
+        for g, group_hits in enumerate(hits):
+            sliding = self.groups[g].is_sliding
+            group_required = min(required, cap) if sliding and cap is not None else required
+            group_skipped = skipped if sliding else 0
+            total += max(group_required - max(group_skipped, len(group_hits)), 0)
+            total += sum(1 for block in group_hits[group_skipped:] if block != NULL_BLOCK and not refs[block])
+        return total
+
+    def _take(self, state: GroupedSequence, new_length: int) -> None:
+        """Extend every table to ``new_length`` tokens, group by group from the free queue; all or nothing."""
+        per_group = num_blocks_for(new_length, self.block_size) - len(state.block_tables[0])
+        if per_group > 0:
+            needed = per_group * len(self.groups)
+            if needed > self.num_free_blocks:
+                raise OutOfBlocksError(f"{new_length - state.sequence_length} tokens for sequence "
+                                       f"{state.sequence_id!r} need {needed} new blocks, {self.num_free_blocks} free")
+            for table in state.block_tables:
+                self.pool.take(per_group, table)
+        state.sequence_length = max(state.sequence_length, new_length)
+
+    def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:
+        """Advance the computed tokens; each group caches its blocks that became full and computed under
+        (group, hash), skipping null entries (vLLM's ``cache_full_blocks``)."""
+        if num_computed_tokens <= state.num_computed_tokens:
+            return
+        state.num_computed_tokens = num_computed_tokens
+        if not self.enable_prefix_caching:
+            return
+        stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
+        hashes = state.block_hashes
+        for g in self.cached_group_ids:
+            first = max(state.num_cached_blocks[g], state.num_null[g])  # null entries are a prefix: never cached
+            if stop > first:
+                self.pool.cache([(g, block_hash) for block_hash in hashes[first:stop]],
+                                state.block_tables[g][first:stop])
+            state.num_cached_blocks[g] = max(state.num_cached_blocks[g], stop)

@@ -1,0 +1,75 @@
+"""The KV cache groups' invariant checker: the invariants ``HybridBlockManager``'s docstring states, each broken one
+as a sentence naming the bug it points to. Pool-wide rules (free queue, cache map) are ``invariants.py``'s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from minipaged_cli.memory.block_pool import num_blocks_for
+from minipaged_cli.memory.invariants import _cache_violations, _free_queue_violations
+
+NULL_BLOCK = -1  # vLLM's null block (its block 0) in our ids, which are vLLM's minus one
+
+
+def hybrid_manager_violations(manager: Any) -> list[str]:
+    """Every broken invariant of a ``HybridBlockManager``; empty when all hold."""
+    pool = manager.pool
+    touched = pool.free_blocks.num_touched
+    problems: list[str] = []
+    holders = [0] * touched
+    for state in manager.sequences.values():
+        problems += _sequence_violations(manager, state, touched)
+        for table in state.block_tables:
+            for block in table:
+                if 0 <= block < touched:
+                    holders[block] += 1
+    if problems:
+        return problems
+    miscounted = [b for b in range(touched) if holders[b] != pool.ref_counts[b]]
+    if miscounted:
+        b = miscounted[0]
+        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} table entries hold it: "
+                        f"{len(miscounted)} blocks miscounted (a window freed a block twice, or a hit was not "
+                        "referenced)")
+    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
+        problems.append("the shared-reference count disagrees with the block tables")
+    return problems + _free_queue_violations(manager, holders) + _cache_violations(pool, touched)
+
+
+def _sequence_violations(manager: Any, state: Any, touched: int) -> list[str]:
+    """One sequence's tables: lengths, null prefixes, the window, blocks held once, cached content."""
+    sid, problems = state.sequence_id, []
+    expected = num_blocks_for(state.sequence_length, manager.block_size)
+    reachable = manager.skipped_blocks(state.num_computed_tokens)
+    computed_blocks = state.num_computed_tokens // manager.block_size
+    seen: set[int] = set()
+    for g, (table, nulls) in enumerate(zip(state.block_tables, state.num_null, strict=True)):
+        if len(table) != expected:
+            problems.append(f"sequence {sid!r} group {g} holds {len(table)} entries for {state.sequence_length} "
+                            f"tokens, expected {expected}: a group grew alone")
+        null_at = [i for i, block in enumerate(table) if block == NULL_BLOCK]
+        if null_at != list(range(nulls)):
+            problems.append(f"sequence {sid!r} group {g}: null entries at {null_at[:5]}, expected the first "
+                            f"{nulls}: a block freed out of order")
+        if nulls and not manager.groups[g].is_sliding:
+            problems.append(f"sequence {sid!r}: full-attention group {g} let go of a block")
+        if nulls > reachable:
+            problems.append(f"sequence {sid!r} group {g} freed {nulls} blocks but its window still reaches block "
+                            f"{reachable}: a block freed while the next token attends to it")
+        held = table[nulls:]
+        if any(not 0 <= block < touched for block in held):
+            problems.append(f"sequence {sid!r} group {g} holds a block outside the {touched} handed out")
+            continue
+        if seen.intersection(held) or len(set(held)) != len(held):
+            problems.append(f"sequence {sid!r} holds a block twice: two tokens (or groups) share a slot")
+        seen.update(held)
+        for index in range(nulls, len(table)):
+            cached = manager.pool.block_hash[table[index]]
+            if cached is None:
+                continue
+            if index >= len(state.block_hashes) or cached != (g, state.block_hashes[index]):
+                problems.append(f"block {table[index]} of group {g} is cached under a hash that is not its content "
+                                f"in sequence {sid!r}: a stale prefix-cache entry")
+            elif index >= computed_blocks:
+                problems.append(f"block {table[index]} is cached but sequence {sid!r} has not computed it")
+    return problems

@@ -1,0 +1,128 @@
+"""The ``paged`` strategy for a model with KV cache groups: ``PagedAllocator`` over the ``HybridBlockManager``.
+
+A slot is one token's K/V in one group (``group_size`` layers' pages, ``kv_groups.py``), so a request of L tokens
+holds ceil(L / B) blocks in every full-attention group and, in a sliding-window group, only the blocks its window
+still reaches. The allocation counts what every group holds; the token states count each group's copy of a token
+(``token_slots``), so a sliding group's freed past is neither allocated nor a token state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from minipaged_cli.memory.allocators import BulkProfile, Holding
+from minipaged_cli.memory.block_pool import num_blocks_for
+from minipaged_cli.memory.hybrid import NULL_BLOCK, HybridBlockManager
+from minipaged_cli.memory.kv_groups import KVCacheGroup
+from minipaged_cli.memory.paged import PagedAllocator
+
+
+class HybridPagedAllocator(PagedAllocator):
+    """Blocks on demand in every KV cache group (vLLM v1's hybrid KV cache manager; v1 scheduling only: v0 had
+    none). ``max_in_flight_tokens``: vLLM's ``max_num_batched_tokens``, which caps a sliding group's count at the
+    admission gate."""
+
+    windowed = True
+
+    def __init__(self, num_blocks: int, block_size: int, groups: Sequence[KVCacheGroup], *,
+                 prefix_caching: bool = False, watermark_blocks: int = 0, max_in_flight_tokens: int,
+                 max_model_len: int) -> None:
+        super().__init__(num_blocks, block_size, prefix_caching=prefix_caching, watermark_blocks=watermark_blocks)
+        self.manager = HybridBlockManager(num_blocks, block_size, groups, enable_prefix_caching=prefix_caching,
+                                          max_in_flight_tokens=max_in_flight_tokens, max_model_len=max_model_len)
+        self.num_groups = len(groups)
+        self.num_sliding = len(self.manager.sliding_ids)
+        self.max_chunk = max_in_flight_tokens
+
+    def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
+        """vLLM admits when both its gate (the whole prompt, a window capped) and the first chunk's allocation
+        fit; a sliding group's chunk may need more than its capped gate count, so both are counted (the chunk at
+        its largest, the step's token budget past the cached prefix)."""
+        manager = self.manager
+        cached = manager.num_cached_tokens(prompt_length, holding.block_hashes)
+        first_chunk = min(prompt_length, cached + self.max_chunk)
+        chunk = manager.blocks_to_create(first_chunk, holding.block_hashes)
+        return min(super().admission_headroom(holding, prompt_length),
+                   (manager.num_free_blocks - chunk - self._watermark()) * self.block_size)
+
+    def largest_need(self, holding: Holding) -> int:
+        blocks = num_blocks_for(holding.final_length, self.block_size)
+        sliding = min(blocks, self.manager.admission_cap or blocks)
+        return ((self.num_groups - self.num_sliding) * blocks + self.num_sliding * sliding) * self.block_size
+
+    def allocated(self, holding: Holding) -> int:
+        return self.manager.num_held_blocks(holding.sequence_id) * self.block_size
+
+    def token_slots(self, holding: Holding, num_tokens: int) -> int:
+        return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
+
+    def internal_slots(self, holding: Holding) -> int:
+        state = self.manager.sequences[holding.sequence_id]
+        return self.num_groups * max(len(state.block_tables[0]) * self.block_size - holding.final_length, 0)
+
+    def block_table(self, sequence_id: int) -> list[int]:
+        raise NotImplementedError("a model with KV cache groups has a block table per group; the data plane runs "
+                                  "full-attention models (--no-hybrid-kv)")
+
+    def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+                     num_steps: int) -> BulkProfile:
+        # During step j a request of length L_j (after the step's growth) holds ceil(L_j / B) entries per group; a
+        # sliding group slid with L_j - 1 computed, so max(0, L_j - W) // B of them are null blocks.
+        block_size, window, groups, sliding = self.block_size, self.manager.window, self.num_groups, self.num_sliding
+        free = self.manager.num_free_blocks
+        steps = np.arange(1, num_steps + 1, dtype=np.int64)
+        length_matrix = lengths[:, None] + steps[None, :]  # [n, k]
+        entries = -(-length_matrix // block_size)
+        skipped = np.maximum((length_matrix - window) // block_size, 0)
+        entries_now = int((-(-lengths // block_size)).sum())
+        entries_sum, skipped_sum = entries.sum(axis=0), skipped.sum(axis=0)  # [k]
+        held_sum = groups * entries_sum - sliding * skipped_sum
+        net = held_sum - int(allocated.sum()) // block_size  # [k] blocks taken minus freed by the end of each step
+        # Safe to take in bulk while each step's new blocks fit before any of that step's windows slide
+        new_entries = groups * np.diff(entries_sum, prepend=entries_now)
+        fits = np.concatenate(([0], net[:-1])) + new_entries <= free
+        num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
+        internal = groups * np.maximum(entries[:, :num_ok] * block_size - finals[:, None], 0).sum(axis=0)
+        tokens = groups * (int(lengths.sum()) + len(lengths) * steps[:num_ok]) - sliding * block_size * \
+            skipped_sum[:num_ok]
+        return BulkProfile(num_ok, held_sum[:num_ok] * block_size, internal, tokens)
+
+    def advance(self, holdings: list[Holding], num_steps: int) -> None:
+        """The decode steps in lockstep where it matters, so that the pool's history (which blocks are taken,
+        freed, evicted, in which order) is what single steps make: at a request's block events, in the running
+        order - a window skip (caught up to L + j - 1, then ``slide_window`` as step j's grow slides; step 1 too,
+        for the slide a just-finished prefill left) and a new block (``grow`` up to L + j). In between a request's
+        length changes and its filled blocks are cached, nothing else."""
+        manager, block_size, window = self.manager, self.block_size, self.manager.window
+        events = []  # (step, position in the running order, sequence id, new block)
+        for order, holding in enumerate(holdings):
+            length = manager.sequences[holding.sequence_id].sequence_length
+            first_new = (1 - length) % block_size or block_size  # step j takes a block when L + j - 1 = 0 mod B
+            first_skip = (window - length) % block_size or block_size  # and skips one when L + j - W = 0 mod B
+            new = range(first_new, num_steps + 1, block_size)
+            events += [(step, order, holding.sequence_id, True) for step in new]
+            events += [(step, order, holding.sequence_id, False)
+                       for step in {1, *range(first_skip, num_steps + 1, block_size)}]
+        done = {holding.sequence_id: 0 for holding in holdings}
+        for step, _, sequence_id, new_block in sorted(events, key=lambda e: (*e[:2], e[3])):
+            if new_block:  # (after the same step's slide: a step slides, then takes)
+                manager.grow(sequence_id, step - done[sequence_id])
+                done[sequence_id] = step
+                continue
+            if step - 1 > done[sequence_id]:  # the blocks that filled meanwhile are cached before any is freed
+                manager.grow(sequence_id, step - 1 - done[sequence_id])
+                done[sequence_id] = step - 1
+            manager.slide_window(sequence_id)
+        for sequence_id, steps_done in done.items():
+            if steps_done < num_steps:
+                manager.grow(sequence_id, num_steps - steps_done)
+
+    def slot_owners(self, slots: np.ndarray) -> np.ndarray:
+        block_owner = np.full(self.manager.num_physical_blocks, -1, dtype=np.int64)
+        for sequence_id, state in self.manager.sequences.items():
+            for table in state.block_tables:
+                held = [block for block in table if block != NULL_BLOCK]
+                block_owner[held] = sequence_id
+        return block_owner[slots // self.block_size]
