@@ -18,8 +18,8 @@
 #else
 #define EMU_ATTENTION(NAME)                                                                                      \
     extern "C" void NAME(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, uint16_t*, const uint16_t*,  \
-                         const uint16_t*, const uint16_t*, const int*, const int*, float*, float*, float*, float,  \
-                         int, int, int, int, int, int);
+                         const uint16_t*, const uint16_t*, const int*, const int*, const float*, const float*,   \
+                         float*, float*, float*, float, int, int, int, int, int, int);
 EMU_ATTENTION(emu_paged_attention_tc_bf16_hd128)
 EMU_ATTENTION(emu_paged_attention_bf16_hd128_g8)
 extern "C" void emu_paged_attention_merge_bf16_hd128(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -101,8 +101,9 @@ int run(const Case& c, const char* kernel) {
     const std::vector<float> expected = naive(query, key, value, tables, c, max_blocks, scale);
     std::vector<float> out(expected.size());
 #ifdef NATIVE
-    paged_attention_cpu(query.data(), key.data(), value.data(), tables.data(), c.seq_lens.data(), out.data(), batch,
-                        NUM_KV_HEADS, c.group, c.block_size, HEAD_DIM, max_blocks, scale, 4, 2);
+    paged_attention_cpu(query.data(), key.data(), value.data(), tables.data(), c.seq_lens.data(), nullptr, nullptr,
+                        out.data(), batch, NUM_KV_HEADS, c.group, c.block_size, HEAD_DIM, max_blocks, scale, 4,
+                        BF16, BF16);  // (no k/v scales: a 16-bit cache)
     const float tolerance = 1e-4f;
 #else
     const int longest = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
@@ -115,12 +116,14 @@ int run(const Case& c, const char* kernel) {
     const unsigned b = static_cast<unsigned>(batch), s = static_cast<unsigned>(splits);
     if (std::strcmp(kernel, "tensor-core") == 0)
         emu_paged_attention_tc_bf16_hd128(NUM_KV_HEADS, b, s, 128, 1, 1, result.data(), q, k, v, tables.data(),
-                                          c.seq_lens.data(), tmp_out.data(), tmp_max.data(), tmp_sum.data(), scale,
-                                          NUM_KV_HEADS, c.group, c.block_size, max_blocks, per_split, splits);
+                                          c.seq_lens.data(), nullptr, nullptr, tmp_out.data(), tmp_max.data(),
+                                          tmp_sum.data(), scale, NUM_KV_HEADS, c.group, c.block_size, max_blocks,
+                                          per_split, splits);
     else
         emu_paged_attention_bf16_hd128_g8(NUM_KV_HEADS, b, s, 128, 1, 1, result.data(), q, k, v, tables.data(),
-                                          c.seq_lens.data(), tmp_out.data(), tmp_max.data(), tmp_sum.data(), scale,
-                                          NUM_KV_HEADS, c.group, c.block_size, max_blocks, per_split, splits);
+                                          c.seq_lens.data(), nullptr, nullptr, tmp_out.data(), tmp_max.data(),
+                                          tmp_sum.data(), scale, NUM_KV_HEADS, c.group, c.block_size, max_blocks,
+                                          per_split, splits);
     if (splits > 1)
         emu_paged_attention_merge_bf16_hd128(num_q_heads, b, 1, HEAD_DIM, 1, 1, result.data(), tmp_out.data(),
                                              tmp_max.data(), tmp_sum.data(), c.seq_lens.data(), num_q_heads, splits,

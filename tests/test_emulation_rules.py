@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 import subprocess
 
 import pytest
@@ -154,9 +155,6 @@ def line_of(text: str) -> int:
 @pytest.mark.parametrize(("entry", "message"), [
     ("run_copy_left_in_flight", "exits with 1 cp.async copies in flight (the first issued at rules.cpp:"
                                 f"{line_of('cp_async_16(&s[threadIdx.x * 4]')})"),
-    ("run_diverged_shuffle", f"reach different collectives: lane 0 __shfl_xor_sync at rules.cpp:"
-                             f"{line_of('value = __shfl_xor_sync(0xffffffffu, value, 1)')}, lane 16 __shfl_xor_sync "
-                             f"at rules.cpp:{line_of('value = __shfl_xor_sync(0xffffffffu, value, 2)')}"),
     ("run_misaligned_copy", f"cp.async at rules.cpp:{line_of('cp_async_16(&s[1]')}: shared address not 16-byte "
                             "aligned"),
 ])
@@ -165,3 +163,19 @@ def test_broken_rules_stop_the_launch_with_their_name(rules: ctypes.CDLL, entry:
     getattr(rules, entry)(buffer)
     assert message in rules.emu_take_error().decode()
     assert rules.emu_take_error() == b""  # taken once
+
+
+def test_diverged_lanes_are_named_with_the_collective_each_reached(rules: ctypes.CDLL) -> None:
+    # Which lane arrives first is the threads' scheduling: the error names it and the first lane that differs,
+    # each at the call its branch makes (lanes 0-15 the first shuffle, 16-31 the second).
+    rules.run_diverged_shuffle(floats(32 * 4))
+    error = rules.emu_take_error().decode()
+    found = re.search(r"reach different collectives: lane (\d+) __shfl_xor_sync at rules\.cpp:(\d+), "
+                      r"lane (\d+) __shfl_xor_sync at rules\.cpp:(\d+)", error)
+    assert found, error
+    first, second = (int(found[1]), int(found[2])), (int(found[3]), int(found[4]))
+    branch = {True: line_of("value = __shfl_xor_sync(0xffffffffu, value, 1)"),
+              False: line_of("value = __shfl_xor_sync(0xffffffffu, value, 2)")}
+    for lane, line in (first, second):
+        assert line == branch[lane < 16], error
+    assert (first[0] < 16) != (second[0] < 16), error

@@ -87,7 +87,7 @@ def test_verify_a_saved_checkpoint(tmp_path: Path) -> None:
                                  "--decode-steps", "2", "--generate", "3", "--json", "-"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert set(document) == {"layer", "dtype", "device", "backend", "checks", "passed"}
+    assert set(document) == {"layer", "dtype", "device", "backend", "kv_cache_dtype", "checks", "passed"}
     assert document["passed"] and document["layer"] == 1 and document["dtype"] == "float32"
     assert all(set(c) == {"name", "max_abs_err", "mean_abs_err", "tolerance", "passed"} for c in document["checks"])
     assert len(document["checks"]) == 4
