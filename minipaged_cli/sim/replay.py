@@ -179,6 +179,8 @@ class Replay:
         scheduler = self.scheduler
         if not scheduler.can_bulk:
             return False  # (nothing running and a head that does not fit: the single step rejects it)
+        if self.allocator.windowed and self.allocator.shared_slots:
+            return False  # a shared block leaving a window changes the shared slots, which a bulk advance holds
         running = scheduler.running
         n = len(running)
         lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
