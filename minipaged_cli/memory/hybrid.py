@@ -215,6 +215,76 @@ class HybridBlockManager:
                 table[first:skipped] = [NULL_BLOCK] * (skipped - first)
                 state.num_null[g] = skipped
 
+    def decode_in_bulk(self, sequence_ids: Sequence[SequenceId], num_steps: int) -> bool:
+        """``num_steps`` decode steps (one computed token each) of every sequence at once, leaving the pool as
+        the steps one at a time leave it, where that does not depend on how their takes and frees interleave:
+        every block a window frees carries a hash (prefix caching: it joins the back of the free queue) and the
+        steps take at most the blocks free now, so the takes are the queue's first blocks in step order, never
+        a block freed meanwhile, and the frees join the back in step order. False, nothing changed, otherwise
+        (the caller steps in lockstep). Takes then caching then frees: a block is cached before it is freed, as
+        one step at a time caches a block once full, W - 1 tokens before its window lets go of it. Not with a
+        listener on the pool (the tiers want the caching order of single steps)."""
+        pool, block_size, window = self.pool, self.block_size, self.window
+        if window is None or not self.enable_prefix_caching or not self.hit_run or pool.listener is not None:
+            return False
+        states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
+        lengths = [state.sequence_length for state in states]
+        takes, slides = [], []  # (step, position in the running order)
+        for order, (state, length) in enumerate(zip(states, lengths, strict=True)):
+            if state.num_computed_tokens != length or \
+                    self.skipped_blocks(length + num_steps - 1) > len(state.block_hashes):
+                return False  # (a block past the hashes is never cached: freed, it would go to the front)
+            # step j takes a block when L + j - 1 = 0 mod B, and skips one when L + j - W = 0 mod B (step 1 too,
+            # for the slide a just-finished prefill left)
+            takes += [(step, order) for step in range((1 - length) % block_size or block_size, num_steps + 1,
+                                                      block_size)]
+            first_skip = (window - length) % block_size or block_size
+            slides += [(step, order) for step in (1, *range(first_skip, num_steps + 1, block_size))]
+        num_taken = len(takes) * len(self.groups)
+        if num_taken > self.num_free_blocks:
+            return False
+        # What the steps cache: content cached already, or twice, would make the cached copy depend on the order
+        # of caching and evictions (a sequence recomputing its own blocks); then lockstep.
+        caching = []  # (sequence, group, first, stop, keys)
+        for state, length in zip(states, lengths, strict=True):
+            hashes = state.block_hashes
+            caching += [(state, g, first, stop, [(g, block_hash) for block_hash in hashes[first:stop]])
+                        for g, first, stop in self._cache_ranges(state, length + num_steps)]
+        keys = [key for *_, part in caching for key in part]
+        if len(set(keys)) != len(keys) or not pool.cached_blocks.keys().isdisjoint(keys):
+            return False
+        taken: list[int] = []
+        pool.take(num_taken, taken)
+        takes.sort()
+        position = 0
+        for _, order in takes:
+            for table in states[order].block_tables:  # group by group, as ``_take``
+                table.append(taken[position])
+                position += 1
+        for state, length in zip(states, lengths, strict=True):
+            state.sequence_length = state.num_computed_tokens = length + num_steps
+            self._advance_cached(state, length + num_steps)
+        for state, g, first, stop, part in caching:
+            pool.cache(part, state.block_tables[g][first:stop])
+        freed: list[list[int]] = []  # each slide's blocks, each group's last first (``slide_window``)
+        for step, order in sorted(set(slides)):
+            state = states[order]
+            skipped = self.skipped_blocks(lengths[order] + step - 1)
+            for g in self.sliding_ids:
+                first = state.num_null[g]
+                if skipped > first:
+                    table = state.block_tables[g]
+                    freed.append(table[skipped - 1:first - 1 if first else None:-1])
+                    table[first:skipped] = [NULL_BLOCK] * (skipped - first)
+                    state.num_null[g] = skipped
+        blocks = [block for part in freed for block in part]
+        if len(set(blocks)) == len(blocks):
+            pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
+        else:  # a block that two sequences share: the later release frees it
+            for part in freed:
+                pool.release(part)
+        return True
+
     def mark_computed(self, sequence_id: SequenceId, num_computed_tokens: int) -> None:
         state = self.sequence(sequence_id)
         if not 0 <= num_computed_tokens <= state.sequence_length:
@@ -320,11 +390,19 @@ class HybridBlockManager:
         state.num_computed_tokens = num_computed_tokens
         if not self.enable_prefix_caching:
             return
+        for g, first, stop in self._cache_ranges(state, num_computed_tokens):
+            self.pool.cache([(g, block_hash) for block_hash in state.block_hashes[first:stop]],
+                            state.block_tables[g][first:stop])
+        self._advance_cached(state, num_computed_tokens)
+
+    def _cache_ranges(self, state: GroupedSequence, num_computed_tokens: int) -> list[tuple[int, int, int]]:
+        """(group, first, stop): the table entries that ``num_computed_tokens`` computed makes cached."""
         stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
-        hashes = state.block_hashes
+        firsts = [(g, max(state.num_cached_blocks[g], state.num_null[g])) for g in self.cached_group_ids]
+        return [(g, first, stop) for g, first in firsts if stop > first]  # (null entries, a prefix, are never cached)
+
+    def _advance_cached(self, state: GroupedSequence, num_computed_tokens: int) -> None:
+        """Count the entries ``_cache_ranges`` gave as offered to the cache."""
+        stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
         for g in self.cached_group_ids:
-            first = max(state.num_cached_blocks[g], state.num_null[g])  # null entries are a prefix: never cached
-            if stop > first:
-                self.pool.cache([(g, block_hash) for block_hash in hashes[first:stop]],
-                                state.block_tables[g][first:stop])
             state.num_cached_blocks[g] = max(state.num_cached_blocks[g], stop)

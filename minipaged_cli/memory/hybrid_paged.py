@@ -96,6 +96,8 @@ class HybridPagedAllocator(PagedAllocator):
         for the slide a just-finished prefill left) and a new block (``grow`` up to L + j). In between a request's
         length changes and its filled blocks are cached, nothing else."""
         manager, block_size, window = self.manager, self.block_size, self.manager.window
+        if manager.decode_in_bulk([holding.sequence_id for holding in holdings], num_steps):
+            return
         events = []  # (step, position in the running order, sequence id, new block)
         for order, holding in enumerate(holdings):
             length = manager.sequences[holding.sequence_id].sequence_length
