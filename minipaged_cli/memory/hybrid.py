@@ -138,8 +138,8 @@ class HybridBlockManager:
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if sequence_id is None:
-            hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
-            return self._blocks_to_allocate(hits, hit_tokens, num_tokens, self.admission_cap)
+            hits, hit_tokens = self.find_hits(block_hashes, num_tokens)
+            return self.blocks_to_allocate(hits, hit_tokens, num_tokens, self.admission_cap)
         state = self.sequence(sequence_id)
         per_group = num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_tables[0])
         return per_group * len(self.groups)
@@ -147,11 +147,11 @@ class HybridBlockManager:
     def blocks_to_create(self, num_tokens: int, block_hashes: Sequence[Hashable] = ()) -> int:
         """Blocks the free queue must give to create a sequence of ``num_tokens`` now (no cap: what
         ``create_sequence`` takes)."""
-        hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
-        return self._blocks_to_allocate(hits, hit_tokens, num_tokens, None)
+        hits, hit_tokens = self.find_hits(block_hashes, num_tokens)
+        return self.blocks_to_allocate(hits, hit_tokens, num_tokens, None)
 
     def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
-        return self._find_hits(block_hashes, num_tokens)[1]
+        return self.find_hits(block_hashes, num_tokens)[1]
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -166,8 +166,8 @@ class HybridBlockManager:
             num_computed_tokens = num_prompt_tokens
         elif not 0 <= num_computed_tokens <= num_prompt_tokens:
             raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
-        hits, hit_tokens = self._find_hits(block_hashes, num_prompt_tokens)
-        needed = self._blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
+        hits, hit_tokens = self.find_hits(block_hashes, num_prompt_tokens)
+        needed = self.blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
                                    f"{needed} new blocks, {self.num_free_blocks} free")
@@ -228,28 +228,28 @@ class HybridBlockManager:
         if window is None or not self.enable_prefix_caching or not self.hit_run or pool.listener is not None:
             return False
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
-        lengths = [state.sequence_length for state in states]
-        takes, slides = [], []  # (step, position in the running order)
-        for order, (state, length) in enumerate(zip(states, lengths, strict=True)):
-            if state.num_computed_tokens != length or \
-                    self.skipped_blocks(length + num_steps - 1) > len(state.block_hashes):
+        takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
+        caching = []  # (sequence, group, first, stop, keys)
+        for order, state in enumerate(states):
+            length, hashes = state.sequence_length, state.block_hashes
+            final = length + num_steps
+            if state.num_computed_tokens != length or max(0, final - window) // block_size > len(hashes):
                 return False  # (a block past the hashes is never cached: freed, it would go to the front)
-            # step j takes a block when L + j - 1 = 0 mod B, and skips one when L + j - W = 0 mod B (step 1 too,
-            # for the slide a just-finished prefill left)
+            # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed it skips max(0, L + j - W) // B
+            # blocks, one more when L + j - W = 0 mod B (step 1 too: the slide a just-finished prefill left).
             takes += [(step, order) for step in range((1 - length) % block_size or block_size, num_steps + 1,
                                                       block_size)]
-            first_skip = (window - length) % block_size or block_size
-            slides += [(step, order) for step in (1, *range(first_skip, num_steps + 1, block_size))]
+            slides += [(step, order, max(0, length + step - window) // block_size)
+                       for step in (1, *range((window - length) % block_size or block_size, num_steps + 1,
+                                              block_size))]
+            if min(final // block_size, len(hashes)) > min(state.num_cached_blocks):
+                caching += [(state, g, first, stop, [(g, block_hash) for block_hash in hashes[first:stop]])
+                            for g, first, stop in self._cache_ranges(state, final)]
         num_taken = len(takes) * len(self.groups)
         if num_taken > self.num_free_blocks:
             return False
-        # What the steps cache: content cached already, or twice, would make the cached copy depend on the order
-        # of caching and evictions (a sequence recomputing its own blocks); then lockstep.
-        caching = []  # (sequence, group, first, stop, keys)
-        for state, length in zip(states, lengths, strict=True):
-            hashes = state.block_hashes
-            caching += [(state, g, first, stop, [(g, block_hash) for block_hash in hashes[first:stop]])
-                        for g, first, stop in self._cache_ranges(state, length + num_steps)]
+        # Content cached already, or twice, would make the cached copy depend on the order of caching and
+        # evictions (a sequence recomputing its own blocks): then lockstep.
         keys = [key for *_, part in caching for key in part]
         if len(set(keys)) != len(keys) or not pool.cached_blocks.keys().isdisjoint(keys):
             return False
@@ -261,15 +261,15 @@ class HybridBlockManager:
             for table in states[order].block_tables:  # group by group, as ``_take``
                 table.append(taken[position])
                 position += 1
-        for state, length in zip(states, lengths, strict=True):
-            state.sequence_length = state.num_computed_tokens = length + num_steps
-            self._advance_cached(state, length + num_steps)
         for state, g, first, stop, part in caching:
             pool.cache(part, state.block_tables[g][first:stop])
+        for state in states:
+            state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
+            self._advance_cached(state, state.sequence_length)
         freed: list[list[int]] = []  # each slide's blocks, each group's last first (``slide_window``)
-        for step, order in sorted(set(slides)):
+        slides.sort()
+        for _, order, skipped in slides:
             state = states[order]
-            skipped = self.skipped_blocks(lengths[order] + step - 1)
             for g in self.sliding_ids:
                 first = state.num_null[g]
                 if skipped > first:
@@ -313,7 +313,7 @@ class HybridBlockManager:
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
+    def find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
         """Per group, the blocks a prompt of ``num_tokens`` would share (``NULL_BLOCK`` where a sliding group
         needs none), and the hit's length in tokens: vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``
         for full attention plus one window (one pass suffices, as vLLM's "simple hybrid")."""
@@ -353,7 +353,7 @@ class HybridBlockManager:
                 del hits[g][num_hit:]
         return hits, num_hit * self.block_size
 
-    def _blocks_to_allocate(self, hits: list[list[int]], hit_tokens: int, num_tokens: int,
+    def blocks_to_allocate(self, hits: list[list[int]], hit_tokens: int, num_tokens: int,
                             cap: int | None) -> int:
         """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes: vLLM's per-group
         ``get_num_blocks_to_allocate`` (new blocks past the hit or the skipped blocks, plus hits that revive a
@@ -378,8 +378,10 @@ class HybridBlockManager:
             if needed > self.num_free_blocks:
                 raise OutOfBlocksError(f"{new_length - state.sequence_length} tokens for sequence "
                                        f"{state.sequence_id!r} need {needed} new blocks, {self.num_free_blocks} free")
-            for table in state.block_tables:
-                self.pool.take(per_group, table)
+            taken: list[int] = []
+            self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group takes them)
+            for g, table in enumerate(state.block_tables):
+                table += taken[g * per_group:(g + 1) * per_group]
         state.sequence_length = max(state.sequence_length, new_length)
 
     def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:
