@@ -230,19 +230,29 @@ class HybridBlockManager:
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
         caching = []  # (sequence, group, first, stop, keys)
+        cached_states = []  # the sequences whose blocks ``_advance_cached`` counts
+        sliding = self.sliding_ids[0]  # (the sliding groups' null entries move together: one stands for all)
         for order, state in enumerate(states):
             length, hashes = state.sequence_length, state.block_hashes
             final = length + num_steps
-            if state.num_computed_tokens != length or max(0, final - window) // block_size > len(hashes):
+            if max(0, final - window) // block_size > len(hashes):
                 return False  # (a block past the hashes is never cached: freed, it would go to the front)
-            # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed it skips max(0, L + j - W) // B
-            # blocks, one more when L + j - W = 0 mod B (step 1 too: the slide a just-finished prefill left).
-            takes += [(step, order) for step in range((1 - length) % block_size or block_size, num_steps + 1,
-                                                      block_size)]
-            slides += [(step, order, max(0, length + step - window) // block_size)
-                       for step in (1, *range((window - length) % block_size or block_size, num_steps + 1,
-                                              block_size))]
+            # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
+            # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
+            # more when L + j - W = 0 mod B.
+            first_take = (1 - length) % block_size or block_size
+            if first_take <= num_steps:
+                takes += [(step, order) for step in range(first_take, num_steps + 1, block_size)]
+            skipped = max(0, state.num_computed_tokens + 1 - window) // block_size
+            if skipped > state.num_null[sliding]:
+                slides.append((1, order, skipped))
+            first_skip = (window - length) % block_size or block_size
+            if first_skip <= num_steps and length + num_steps > window:
+                slides += [(step, order, (length + step - window) // block_size)
+                           for step in range(first_skip, num_steps + 1, block_size)
+                           if step > 1 and length + step > window]
             if min(final // block_size, len(hashes)) > min(state.num_cached_blocks):
+                cached_states.append(state)
                 caching += [(state, g, first, stop, [(g, block_hash) for block_hash in hashes[first:stop]])
                             for g, first, stop in self._cache_ranges(state, final)]
         num_taken = len(takes) * len(self.groups)
@@ -265,6 +275,7 @@ class HybridBlockManager:
             pool.cache(part, state.block_tables[g][first:stop])
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
+        for state in cached_states:
             self._advance_cached(state, state.sequence_length)
         freed: list[list[int]] = []  # each slide's blocks, each group's last first (``slide_window``)
         slides.sort()
