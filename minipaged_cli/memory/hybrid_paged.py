@@ -88,7 +88,10 @@ class HybridPagedAllocator(PagedAllocator):
             new_entries = groups * np.diff(entries_sum, prepend=entries_now)
             fits = np.concatenate(([0], net[:-1])) + new_entries <= free
             num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
-        internal = groups * np.maximum(entries[:, :num_ok] * block_size - finals[:, None], 0).sum(axis=0)
+        # Slots past a request's final length: only where its last block may reach past it, ceil((L + k) / B) * B
+        # <= L + k + B - 1 (the rows left out count 0)
+        near = finals < lengths + (num_ok + block_size - 1)
+        internal = groups * np.maximum(entries[near, :num_ok] * block_size - finals[near, None], 0).sum(axis=0)
         tokens = groups * (int(lengths.sum()) + len(lengths) * steps[:num_ok]) - sliding * block_size * \
             skipped_sum[:num_ok]
         return BulkProfile(num_ok, held_sum[:num_ok] * block_size, internal, tokens)
