@@ -271,8 +271,9 @@ class HybridBlockManager:
             for table in states[order].block_tables:  # group by group, as ``_take``
                 table.append(taken[position])
                 position += 1
-        for state, g, first, stop, part in caching:
-            pool.cache(part, state.block_tables[g][first:stop])
+        if caching:  # (one call, the blocks in the order the calls one by one would cache them)
+            pool.cache(keys, [block for state, g, first, stop, _ in caching
+                              for block in state.block_tables[g][first:stop]])
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
         for state in cached_states:
