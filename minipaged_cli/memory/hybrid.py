@@ -78,6 +78,8 @@ class HybridBlockManager:
         self.groups = tuple(groups)
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_physical_blocks, enable_caching=enable_prefix_caching)
+        # (cache version, prompt hashes, {num_tokens: find_hits' answer})
+        self._hits_memo: tuple[int, Sequence[Hashable], dict[int, tuple[list[list[int]], int]]] = (-1, (), {})
         self.sequences: dict[SequenceId, GroupedSequence] = {}
         self.full_ids = [g for g, group in enumerate(self.groups) if not group.is_sliding]
         self.sliding_ids = [g for g, group in enumerate(self.groups) if group.is_sliding]
@@ -329,6 +331,18 @@ class HybridBlockManager:
         """Per group, the blocks a prompt of ``num_tokens`` would share (``NULL_BLOCK`` where a sliding group
         needs none), and the hit's length in tokens: vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``
         for full attention plus one window (one pass suffices, as vLLM's "simple hybrid")."""
+        # The scheduler asks about the same waiting prompt several times a step (its gate, its first chunk); the
+        # answer changes only with the cache map. (The lists returned are shared: callers only read them.)
+        version = self.pool.cache_version
+        memo = self._hits_memo
+        if memo[0] != version or memo[1] != block_hashes:
+            memo = self._hits_memo = (version, list(block_hashes), {})  # (a copy: a list may grow)
+        found = memo[2].get(num_tokens)
+        if found is None:
+            found = memo[2][num_tokens] = self._search_hits(block_hashes, num_tokens)
+        return found
+
+    def _search_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
         hits: list[list[int]] = [[] for _ in self.groups]
         if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
             return hits, 0
@@ -404,9 +418,11 @@ class HybridBlockManager:
         state.num_computed_tokens = num_computed_tokens
         if not self.enable_prefix_caching:
             return
-        for g, first, stop in self._cache_ranges(state, num_computed_tokens):
-            self.pool.cache([(g, block_hash) for block_hash in state.block_hashes[first:stop]],
-                            state.block_tables[g][first:stop])
+        ranges = self._cache_ranges(state, num_computed_tokens)
+        if ranges:  # (one call, the groups' blocks in the order the calls one by one would cache them)
+            hashes, tables = state.block_hashes, state.block_tables
+            self.pool.cache([(g, block_hash) for g, first, stop in ranges for block_hash in hashes[first:stop]],
+                            [block for g, first, stop in ranges for block in tables[g][first:stop]])
         self._advance_cached(state, num_computed_tokens)
 
     def _cache_ranges(self, state: GroupedSequence, num_computed_tokens: int) -> list[tuple[int, int, int]]:
