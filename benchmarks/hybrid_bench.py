@@ -1,8 +1,9 @@
 """How fast a model with sliding windows replays under the hybrid KV cache manager, against the same model with
 every layer as full attention (the baseline: what the replay cost before KV cache groups) on the same trace and
-KV memory. Goal: the hybrid replay within 1.5x of the baseline's wall time.
+KV memory. Goal: the hybrid replay within 1.5x of the baseline's CPU time (``time.process_time``, the best of
+``--repeat`` runs of each, alternating, so that load from other processes weighs on both alike).
 
-    python benchmarks/hybrid_bench.py --model configs/models/gpt-oss-120b.yaml [--trace FILE] [--limit N]
+    python benchmarks/hybrid_bench.py --model gpt-oss-120b [--trace FILE] [--limit N] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -31,22 +32,27 @@ def main() -> None:
                         / "AzureLLMInferenceTrace_conv.csv")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each replay; the best counts")
     args = parser.parse_args()
     model, gpu = load_model(args.model), load_gpu("h200")
     trace = load_trace(args.trace, "auto", limit=args.limit)
     kv_memory = int(DEFAULT_GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
     hybrid = SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, DEFAULT_BLOCK_SIZE),
                        max_model_len=args.max_model_len)
-    seconds = {}
-    for label, config in (("hybrid groups", hybrid), ("all full attention", hybrid.all_full_attention())):
-        start = time.perf_counter()
-        metrics = replay(trace, config, "paged")
-        seconds[label] = time.perf_counter() - start
-        print(f"{label:>20}: {seconds[label]:6.1f} s wall, {config.num_blocks:,} blocks, "
-              f"{metrics.completed_requests:,} requests done, {metrics.throughput_tokens_per_s:,.0f} output tok/s")
+    configs = {"hybrid groups": hybrid, "all full attention": hybrid.all_full_attention()}
+    seconds, metrics = dict.fromkeys(configs, float("inf")), {}
+    for _ in range(args.repeat):
+        for label, config in configs.items():
+            start = time.process_time()
+            metrics[label] = replay(trace, config, "paged")
+            seconds[label] = min(seconds[label], time.process_time() - start)
+    for label, config in configs.items():
+        print(f"{label:>20}: {seconds[label]:6.2f} s CPU (best of {args.repeat}), {config.num_blocks:,} blocks, "
+              f"{metrics[label].completed_requests:,} requests done, "
+              f"{metrics[label].throughput_tokens_per_s:,.0f} output tok/s")
     ratio = seconds["hybrid groups"] / seconds["all full attention"]
     verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
-    print(f"hybrid / all-full wall time: {ratio:.2f}x (goal <= {GOAL_RATIO}x: {verdict})")
+    print(f"hybrid / all-full CPU time: {ratio:.2f}x (goal <= {GOAL_RATIO}x: {verdict})")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ class BlockPool:
         self.num_shared_references = 0  # table entries that cost no memory
         # (the looked-up hashes, hits) of the last lookup; None once the cache map changes
         self._lookup_memo: tuple[list[Hashable], list[int]] | None = None
+        self.cache_version = 0  # moves whenever the cache map changes (what a memo of hits is valid for)
         # Told what is cached (``cached(hashes, blocks)``) and evicted (``evicted([(hash, block)])``): the tiers
         # below the GPU (sim/tiers.py), which copy blocks down.
         self.listener: Any = None
@@ -196,6 +197,7 @@ class BlockPool:
             else:
                 cached[block_hash] = block
                 self._lookup_memo = None
+                self.cache_version += 1
 
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
@@ -210,6 +212,7 @@ class BlockPool:
         self.cached_blocks.clear()
         self.duplicate_blocks.clear()
         self._lookup_memo = None
+        self.cache_version += 1
         return True
 
     def _evict(self, blocks: list[int]) -> None:
@@ -233,6 +236,7 @@ class BlockPool:
             evicted = len(cached_blocks)
         if evicted:
             self._lookup_memo = None
+            self.cache_version += 1
             self.num_evictions += evicted
 
     def _evict_one(self, block: int) -> None:

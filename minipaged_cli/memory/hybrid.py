@@ -78,6 +78,8 @@ class HybridBlockManager:
         self.groups = tuple(groups)
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_physical_blocks, enable_caching=enable_prefix_caching)
+        # (cache version, prompt hashes, {num_tokens: find_hits' answer})
+        self._hits_memo: tuple[int, Sequence[Hashable], dict[int, tuple[list[list[int]], int]]] = (-1, (), {})
         self.sequences: dict[SequenceId, GroupedSequence] = {}
         self.full_ids = [g for g, group in enumerate(self.groups) if not group.is_sliding]
         self.sliding_ids = [g for g, group in enumerate(self.groups) if group.is_sliding]
@@ -138,8 +140,8 @@ class HybridBlockManager:
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if sequence_id is None:
-            hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
-            return self._blocks_to_allocate(hits, hit_tokens, num_tokens, self.admission_cap)
+            hits, hit_tokens = self.find_hits(block_hashes, num_tokens)
+            return self.blocks_to_allocate(hits, hit_tokens, num_tokens, self.admission_cap)
         state = self.sequence(sequence_id)
         per_group = num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_tables[0])
         return per_group * len(self.groups)
@@ -147,11 +149,11 @@ class HybridBlockManager:
     def blocks_to_create(self, num_tokens: int, block_hashes: Sequence[Hashable] = ()) -> int:
         """Blocks the free queue must give to create a sequence of ``num_tokens`` now (no cap: what
         ``create_sequence`` takes)."""
-        hits, hit_tokens = self._find_hits(block_hashes, num_tokens)
-        return self._blocks_to_allocate(hits, hit_tokens, num_tokens, None)
+        hits, hit_tokens = self.find_hits(block_hashes, num_tokens)
+        return self.blocks_to_allocate(hits, hit_tokens, num_tokens, None)
 
     def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
-        return self._find_hits(block_hashes, num_tokens)[1]
+        return self.find_hits(block_hashes, num_tokens)[1]
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -166,8 +168,8 @@ class HybridBlockManager:
             num_computed_tokens = num_prompt_tokens
         elif not 0 <= num_computed_tokens <= num_prompt_tokens:
             raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
-        hits, hit_tokens = self._find_hits(block_hashes, num_prompt_tokens)
-        needed = self._blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
+        hits, hit_tokens = self.find_hits(block_hashes, num_prompt_tokens)
+        needed = self.blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
                                    f"{needed} new blocks, {self.num_free_blocks} free")
@@ -215,6 +217,88 @@ class HybridBlockManager:
                 table[first:skipped] = [NULL_BLOCK] * (skipped - first)
                 state.num_null[g] = skipped
 
+    def decode_in_bulk(self, sequence_ids: Sequence[SequenceId], num_steps: int) -> bool:
+        """``num_steps`` decode steps (one computed token each) of every sequence at once, leaving the pool as
+        the steps one at a time leave it, where that does not depend on how their takes and frees interleave:
+        every block a window frees carries a hash (prefix caching: it joins the back of the free queue) and the
+        steps take at most the blocks free now, so the takes are the queue's first blocks in step order, never
+        a block freed meanwhile, and the frees join the back in step order. False, nothing changed, otherwise
+        (the caller steps in lockstep). Takes then caching then frees: a block is cached before it is freed, as
+        one step at a time caches a block once full, W - 1 tokens before its window lets go of it. Not with a
+        listener on the pool (the tiers want the caching order of single steps)."""
+        pool, block_size, window = self.pool, self.block_size, self.window
+        if window is None or not self.enable_prefix_caching or not self.hit_run or pool.listener is not None:
+            return False
+        states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
+        takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
+        caching = []  # (sequence, group, first, stop, keys)
+        cached_states = []  # the sequences whose blocks ``_advance_cached`` counts
+        sliding = self.sliding_ids[0]  # (the sliding groups' null entries move together: one stands for all)
+        for order, state in enumerate(states):
+            length, hashes = state.sequence_length, state.block_hashes
+            final = length + num_steps
+            if max(0, final - window) // block_size > len(hashes):
+                return False  # (a block past the hashes is never cached: freed, it would go to the front)
+            # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
+            # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
+            # more when L + j - W = 0 mod B.
+            first_take = (1 - length) % block_size or block_size
+            if first_take <= num_steps:
+                takes += [(step, order) for step in range(first_take, num_steps + 1, block_size)]
+            skipped = max(0, state.num_computed_tokens + 1 - window) // block_size
+            if skipped > state.num_null[sliding]:
+                slides.append((1, order, skipped))
+            first_skip = (window - length) % block_size or block_size
+            if first_skip <= num_steps and length + num_steps > window:
+                slides += [(step, order, (length + step - window) // block_size)
+                           for step in range(first_skip, num_steps + 1, block_size)
+                           if step > 1 and length + step > window]
+            if min(final // block_size, len(hashes)) > min(state.num_cached_blocks):
+                cached_states.append(state)
+                caching += [(state, g, first, stop, [(g, block_hash) for block_hash in hashes[first:stop]])
+                            for g, first, stop in self._cache_ranges(state, final)]
+        num_taken = len(takes) * len(self.groups)
+        if num_taken > self.num_free_blocks:
+            return False
+        # Content cached already, or twice, would make the cached copy depend on the order of caching and
+        # evictions (a sequence recomputing its own blocks): then lockstep.
+        keys = [key for *_, part in caching for key in part]
+        if len(set(keys)) != len(keys) or not pool.cached_blocks.keys().isdisjoint(keys):
+            return False
+        taken: list[int] = []
+        pool.take(num_taken, taken)
+        takes.sort()
+        position = 0
+        for _, order in takes:
+            for table in states[order].block_tables:  # group by group, as ``_take``
+                table.append(taken[position])
+                position += 1
+        if caching:  # (one call, the blocks in the order the calls one by one would cache them)
+            pool.cache(keys, [block for state, g, first, stop, _ in caching
+                              for block in state.block_tables[g][first:stop]])
+        for state in states:
+            state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
+        for state in cached_states:
+            self._advance_cached(state, state.sequence_length)
+        freed: list[list[int]] = []  # each slide's blocks, each group's last first (``slide_window``)
+        slides.sort()
+        for _, order, skipped in slides:
+            state = states[order]
+            for g in self.sliding_ids:
+                first = state.num_null[g]
+                if skipped > first:
+                    table = state.block_tables[g]
+                    freed.append(table[skipped - 1:first - 1 if first else None:-1])
+                    table[first:skipped] = [NULL_BLOCK] * (skipped - first)
+                    state.num_null[g] = skipped
+        blocks = [block for part in freed for block in part]
+        if len(set(blocks)) == len(blocks):
+            pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
+        else:  # a block that two sequences share: the later release frees it
+            for part in freed:
+                pool.release(part)
+        return True
+
     def mark_computed(self, sequence_id: SequenceId, num_computed_tokens: int) -> None:
         state = self.sequence(sequence_id)
         if not 0 <= num_computed_tokens <= state.sequence_length:
@@ -243,10 +327,22 @@ class HybridBlockManager:
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
+    def find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
         """Per group, the blocks a prompt of ``num_tokens`` would share (``NULL_BLOCK`` where a sliding group
         needs none), and the hit's length in tokens: vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``
         for full attention plus one window (one pass suffices, as vLLM's "simple hybrid")."""
+        # The scheduler asks about the same waiting prompt several times a step (its gate, its first chunk); the
+        # answer changes only with the cache map. (The lists returned are shared: callers only read them.)
+        version = self.pool.cache_version
+        memo = self._hits_memo
+        if memo[0] != version or memo[1] != block_hashes:
+            memo = self._hits_memo = (version, list(block_hashes), {})  # (a copy: a list may grow)
+        found = memo[2].get(num_tokens)
+        if found is None:
+            found = memo[2][num_tokens] = self._search_hits(block_hashes, num_tokens)
+        return found
+
+    def _search_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
         hits: list[list[int]] = [[] for _ in self.groups]
         if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
             return hits, 0
@@ -283,7 +379,7 @@ class HybridBlockManager:
                 del hits[g][num_hit:]
         return hits, num_hit * self.block_size
 
-    def _blocks_to_allocate(self, hits: list[list[int]], hit_tokens: int, num_tokens: int,
+    def blocks_to_allocate(self, hits: list[list[int]], hit_tokens: int, num_tokens: int,
                             cap: int | None) -> int:
         """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes: vLLM's per-group
         ``get_num_blocks_to_allocate`` (new blocks past the hit or the skipped blocks, plus hits that revive a
@@ -308,8 +404,10 @@ class HybridBlockManager:
             if needed > self.num_free_blocks:
                 raise OutOfBlocksError(f"{new_length - state.sequence_length} tokens for sequence "
                                        f"{state.sequence_id!r} need {needed} new blocks, {self.num_free_blocks} free")
-            for table in state.block_tables:
-                self.pool.take(per_group, table)
+            taken: list[int] = []
+            self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group takes them)
+            for g, table in enumerate(state.block_tables):
+                table += taken[g * per_group:(g + 1) * per_group]
         state.sequence_length = max(state.sequence_length, new_length)
 
     def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:
@@ -320,11 +418,21 @@ class HybridBlockManager:
         state.num_computed_tokens = num_computed_tokens
         if not self.enable_prefix_caching:
             return
+        ranges = self._cache_ranges(state, num_computed_tokens)
+        if ranges:  # (one call, the groups' blocks in the order the calls one by one would cache them)
+            hashes, tables = state.block_hashes, state.block_tables
+            self.pool.cache([(g, block_hash) for g, first, stop in ranges for block_hash in hashes[first:stop]],
+                            [block for g, first, stop in ranges for block in tables[g][first:stop]])
+        self._advance_cached(state, num_computed_tokens)
+
+    def _cache_ranges(self, state: GroupedSequence, num_computed_tokens: int) -> list[tuple[int, int, int]]:
+        """(group, first, stop): the table entries that ``num_computed_tokens`` computed makes cached."""
         stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
-        hashes = state.block_hashes
+        firsts = [(g, max(state.num_cached_blocks[g], state.num_null[g])) for g in self.cached_group_ids]
+        return [(g, first, stop) for g, first in firsts if stop > first]  # (null entries, a prefix, are never cached)
+
+    def _advance_cached(self, state: GroupedSequence, num_computed_tokens: int) -> None:
+        """Count the entries ``_cache_ranges`` gave as offered to the cache."""
+        stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
         for g in self.cached_group_ids:
-            first = max(state.num_cached_blocks[g], state.num_null[g])  # null entries are a prefix: never cached
-            if stop > first:
-                self.pool.cache([(g, block_hash) for block_hash in hashes[first:stop]],
-                                state.block_tables[g][first:stop])
             state.num_cached_blocks[g] = max(state.num_cached_blocks[g], stop)

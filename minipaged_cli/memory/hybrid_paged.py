@@ -40,12 +40,13 @@ class HybridPagedAllocator(PagedAllocator):
         """vLLM admits when both its gate (the whole prompt, a window capped) and the first chunk's allocation
         fit; a sliding group's chunk may need more than its capped gate count, so both are counted (the chunk at
         its largest, the step's token budget past the cached prefix)."""
-        manager = self.manager
-        cached = manager.num_cached_tokens(prompt_length, holding.block_hashes)
+        manager, hashes = self.manager, holding.block_hashes
+        hits, cached = manager.find_hits(hashes, prompt_length)
+        gate = manager.blocks_to_allocate(hits, cached, prompt_length, manager.admission_cap)  # (``blocks_needed``)
         first_chunk = min(prompt_length, cached + self.max_chunk)
-        chunk = manager.blocks_to_create(first_chunk, holding.block_hashes)
-        return min(super().admission_headroom(holding, prompt_length),
-                   (manager.num_free_blocks - chunk - self._watermark()) * self.block_size)
+        chunk = manager.blocks_to_allocate(hits, cached, prompt_length, None) if first_chunk == prompt_length \
+            else manager.blocks_to_create(first_chunk, hashes)  # (``blocks_to_create``, its hits found once)
+        return (manager.num_free_blocks - max(gate, chunk) - self._watermark()) * self.block_size
 
     def largest_need(self, holding: Holding) -> int:
         blocks = num_blocks_for(holding.final_length, self.block_size)
@@ -79,12 +80,18 @@ class HybridPagedAllocator(PagedAllocator):
         entries_now = int((-(-lengths // block_size)).sum())
         entries_sum, skipped_sum = entries.sum(axis=0), skipped.sum(axis=0)  # [k]
         held_sum = groups * entries_sum - sliding * skipped_sum
-        net = held_sum - int(allocated.sum()) // block_size  # [k] blocks taken minus freed by the end of each step
-        # Safe to take in bulk while each step's new blocks fit before any of that step's windows slide
-        new_entries = groups * np.diff(entries_sum, prepend=entries_now)
-        fits = np.concatenate(([0], net[:-1])) + new_entries <= free
-        num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
-        internal = groups * np.maximum(entries[:, :num_ok] * block_size - finals[:, None], 0).sum(axis=0)
+        # Safe to take in bulk while each step's new blocks fit before any of that step's windows slide; all of
+        # them when the new entries of every step fit at once (what the windows free meanwhile only helps).
+        num_ok = num_steps
+        if groups * (int(entries_sum[-1]) - entries_now) > free:
+            net = held_sum - int(allocated.sum()) // block_size  # [k] blocks taken minus freed by each step's end
+            new_entries = groups * np.diff(entries_sum, prepend=entries_now)
+            fits = np.concatenate(([0], net[:-1])) + new_entries <= free
+            num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
+        # Slots past a request's final length: only where its last block may reach past it, ceil((L + k) / B) * B
+        # <= L + k + B - 1 (the rows left out count 0)
+        near = finals < lengths + (num_ok + block_size - 1)
+        internal = groups * np.maximum(entries[near, :num_ok] * block_size - finals[near, None], 0).sum(axis=0)
         tokens = groups * (int(lengths.sum()) + len(lengths) * steps[:num_ok]) - sliding * block_size * \
             skipped_sum[:num_ok]
         return BulkProfile(num_ok, held_sum[:num_ok] * block_size, internal, tokens)
@@ -96,6 +103,8 @@ class HybridPagedAllocator(PagedAllocator):
         for the slide a just-finished prefill left) and a new block (``grow`` up to L + j). In between a request's
         length changes and its filled blocks are cached, nothing else."""
         manager, block_size, window = self.manager, self.block_size, self.manager.window
+        if manager.decode_in_bulk([holding.sequence_id for holding in holdings], num_steps):
+            return
         events = []  # (step, position in the running order, sequence id, new block)
         for order, holding in enumerate(holdings):
             length = manager.sequences[holding.sequence_id].sequence_length
