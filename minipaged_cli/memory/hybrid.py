@@ -1,6 +1,9 @@
 """The block manager for KV cache groups (vLLM v1's hybrid KV cache manager: ``HybridKVCacheCoordinator`` over one
 ``SingleTypeKVCacheManager`` per group).
 
+Over 300 lines: the manager and its batched decode (``decode_in_bulk``) change the same private state (tables, the
+pool, the hit memo) and must keep the same invariants; split apart, each half would reach into the other's state.
+
 One pool of blocks of one size serves every group (``kv_groups.py`` makes the pages equal); each sequence keeps
 one block table per group, all of the same length, ``ceil(sequence_length / block_size)``. A full-attention group
 holds every block until the sequence ends. A sliding-window group of window W lets go of the blocks its next
