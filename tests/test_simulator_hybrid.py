@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.errors import InputError
@@ -105,6 +105,8 @@ def test_v0_has_no_hybrid_manager(clock_gpu: GpuSpec) -> None:
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]), window=st.sampled_from([1, 5, 32, 128]),
        chunk=st.sampled_from([64, 2048]), num_blocks=st.integers(30, 120), sharing=st.booleans(),
        layers=st.sampled_from([2, 7]))
+# Shared blocks leaving a window: a bulk advance held the shared slots constant (token states 0.27 % off).
+@example(seed=0, block_size=1, window=128, chunk=2048, num_blocks=41, sharing=True, layers=2)
 def test_fast_path_equals_step_by_step(seed: int, block_size: int, window: int, chunk: int, num_blocks: int,
                                        sharing: bool, layers: int) -> None:
     # As tests/test_simulator.py's test of the same name, with sliding windows freeing blocks between events (7
