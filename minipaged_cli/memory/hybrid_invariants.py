@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from minipaged_cli.memory.block_pool import num_blocks_for
-from minipaged_cli.memory.invariants import _cache_violations, _free_queue_violations
+from minipaged_cli.memory.invariants import _cache_violations, _free_queue_violations, reference_count_violations
 
 NULL_BLOCK = -1  # vLLM's null block (its block 0) in our ids, which are vLLM's minus one
 
@@ -25,14 +25,8 @@ def hybrid_manager_violations(manager: Any) -> list[str]:
                     holders[block] += 1
     if problems:
         return problems
-    miscounted = [b for b in range(touched) if holders[b] != pool.ref_counts[b]]
-    if miscounted:
-        b = miscounted[0]
-        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} table entries hold it: "
-                        f"{len(miscounted)} blocks miscounted (a window freed a block twice, or a hit was not "
-                        "referenced)")
-    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
-        problems.append("the shared-reference count disagrees with the block tables")
+    problems += reference_count_violations(pool, holders, "table entries hold it",
+                                           "a window freed a block twice, or a hit was not referenced")
     return problems + _free_queue_violations(manager, holders) + _cache_violations(pool, touched)
 
 

@@ -31,14 +31,8 @@ def block_manager_violations(manager: BlockTables) -> list[str]:
     if len(pool.ref_counts) != touched or len(pool.block_hash) != touched:
         problems.append(f"the pool keeps state for {len(pool.ref_counts)} blocks but has handed out {touched}")
         return problems
-    miscounted = [b for b in range(touched) if holders[b] != pool.ref_counts[b]]
-    if miscounted:
-        b = miscounted[0]
-        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} tables hold it: "
-                        f"{len(miscounted)} blocks miscounted (a lost reference, a double free, or two "
-                        "sequences given one block)")
-    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
-        problems.append("the shared-reference count disagrees with the block tables")
+    problems += reference_count_violations(pool, holders, "tables hold it",
+                                           "a lost reference, a double free, or two sequences given one block")
     problems += _free_queue_violations(manager, holders)
     problems += _cache_violations(pool, touched)
     return problems
@@ -81,6 +75,20 @@ def _table_violations(manager: BlockTables, holders: list[int]) -> list[str]:
     if outside:
         problems.append(f"block ids {sorted(outside)[:5]} are held but outside the {touched} blocks the pool "
                         f"handed out (of {manager.num_physical_blocks}): a block taken around the pool")
+    return problems
+
+
+def reference_count_violations(pool: Any, holders: list[int], held_by: str, causes: str) -> list[str]:
+    """Each handed-out block's reference count against ``holders`` (the table entries holding it, counted by the
+    caller's walk), and the pool's shared-reference count against the same."""
+    problems = []
+    miscounted = [b for b in range(len(holders)) if holders[b] != pool.ref_counts[b]]
+    if miscounted:
+        b = miscounted[0]
+        problems.append(f"block {b} has ref count {pool.ref_counts[b]} but {holders[b]} {held_by}: "
+                        f"{len(miscounted)} blocks miscounted ({causes})")
+    if pool.num_shared_references != sum(max(h - 1, 0) for h in holders):
+        problems.append("the shared-reference count disagrees with the block tables")
     return problems
 
 
