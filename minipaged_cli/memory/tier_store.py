@@ -4,10 +4,12 @@
 A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
 ``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
 that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
-blocks at once: a replay stores millions.
+blocks at once: a replay stores millions. ``reserve`` gives slots to something that is not cached content (vLLM
+v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved slot is never
+evicted, only given back (``unreserve``).
 
-Invariants (``violations`` checks them): at most ``capacity`` entries, each hash held once; ARC's ghost lists
-hold no entry that is stored and at most ``capacity`` hashes each.
+Invariants (``violations`` checks them): entries plus reserved slots at most ``capacity``, each hash held once;
+ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes each.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class TierStore(ABC):
         if capacity < 1:
             raise ValueError(f"a tier holds at least one block, got capacity {capacity}")
         self.capacity = capacity
+        self.num_reserved = 0  # slots held by swapped-out blocks: not content, never evicted
         self.num_evictions = 0
 
     def __contains__(self, block_hash: Hashable) -> bool:
@@ -49,11 +52,38 @@ class TierStore(ABC):
     def hit(self, block_hashes: Iterable[Hashable]) -> None:
         """A request reused those of ``block_hashes`` that are stored, in order (the last most recently)."""
 
+    @abstractmethod
+    def _evict_one(self) -> Hashable:
+        """Take the entry the policy gives up first out of the store (counted); returns its hash."""
+
+    @property
+    def room(self) -> int:
+        """Entries the store may hold beside the reserved slots."""
+        return self.capacity - self.num_reserved
+
+    def can_reserve(self, num_slots: int) -> bool:
+        return self.num_reserved + num_slots <= self.capacity
+
+    def reserve(self, num_slots: int) -> list[Hashable]:
+        """Hold ``num_slots`` slots for something else than cached content, evicting stored hashes to make room
+        (precondition: ``can_reserve``); returns the hashes evicted."""
+        if not self.can_reserve(num_slots):
+            raise ValueError(f"cannot reserve {num_slots} slots: {self.num_reserved} of {self.capacity} reserved")
+        self.num_reserved += num_slots
+        return [self._evict_one() for _ in range(len(self) - self.room)]
+
+    def unreserve(self, num_slots: int) -> None:
+        """Give back ``num_slots`` reserved slots."""
+        if num_slots > self.num_reserved:
+            raise ValueError(f"cannot give back {num_slots} slots: {self.num_reserved} reserved")
+        self.num_reserved -= num_slots
+
     def violations(self) -> list[str]:
         hashes = self.hashes()
         found = []
-        if len(hashes) > self.capacity:
-            found.append(f"tier holds {len(hashes)} blocks, over its capacity of {self.capacity}: eviction skipped")
+        if len(hashes) + self.num_reserved > self.capacity:
+            found.append(f"tier holds {len(hashes)} blocks and {self.num_reserved} reserved slots, over its capacity "
+                         f"of {self.capacity}: eviction skipped")
         if len(set(hashes)) != len(hashes):
             found.append("a hash is stored twice in one tier: insert did not check for it")
         return found
@@ -77,14 +107,16 @@ class LRUStore(TierStore):
         return list(self._entries)
 
     def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
-        entries, capacity = self._entries, self.capacity
+        entries, room = self._entries, self.room
+        if room < 1:  # every slot reserved: nothing can be stored
+            return []
         move, pop = entries.move_to_end, entries.popitem
         evicted = []
         for block_hash in block_hashes:
             if block_hash in entries:
                 move(block_hash)
                 continue
-            if len(entries) >= capacity:
+            if len(entries) >= room:
                 evicted.append(pop(last=False)[0])
             entries[block_hash] = None
         self.num_evictions += len(evicted)
@@ -96,6 +128,10 @@ class LRUStore(TierStore):
         for block_hash in block_hashes:
             if block_hash in entries:
                 move(block_hash)
+
+    def _evict_one(self) -> Hashable:
+        self.num_evictions += 1
+        return self._entries.popitem(last=False)[0]
 
 
 class ARCStore(TierStore):
@@ -122,7 +158,9 @@ class ARCStore(TierStore):
         return [*self.t1, *self.t2]
 
     def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
-        evicted = []
+        evicted: list[Hashable] = []
+        if self.room < 1:  # every slot reserved: nothing can be stored
+            return evicted
         for block_hash in block_hashes:
             if block_hash in self.t1:
                 self.t1.move_to_end(block_hash)  # a store is not a reuse: it keeps its list
@@ -130,7 +168,7 @@ class ARCStore(TierStore):
                 self.t2.move_to_end(block_hash)
             else:
                 self._adapt(block_hash)
-                if len(self) >= self.capacity:
+                if len(self) >= self.room:
                     evicted.append(self._evict_one())
                 self.t1[block_hash] = None
         return evicted

@@ -61,7 +61,8 @@ class SimConfig:
     | prefix_caching     | True                                         | False              |
     | watermark          | 0.0                                          | 0.01               |
 
-    Tiers below the GPU's prefix cache (``sim/tiers.py``; paged with prefix caching, v1 scheduling):
+    Tiers below the GPU's prefix cache (``sim/tiers.py``; paged with prefix caching; under v0 the host tier
+    alone, which is also the swap space, ``swap_blocks``):
     ``cpu_kv_blocks`` of host memory and ``disk_kv_blocks`` of local disk under it, in blocks of ``block_size``
     tokens; ``offload_policy`` says when a block goes down (``write-through``: every computed full block, as vLLM's
     OffloadingConnector and LMCache store; ``on-eviction``: when the tier above evicts it), ``tier_eviction`` how
@@ -125,9 +126,6 @@ class SimConfig:
         if self.long_prefill_token_threshold < 0:
             raise InputError("must be >= 0", field="--long-prefill-threshold",
                              value=self.long_prefill_token_threshold, has_value=True)
-        if self.preemption == "swap" and self.cpu_blocks == 0:
-            raise InputError("swap needs a CPU pool; set --cpu-blocks", field="--cpu-blocks", value=0,
-                             has_value=True)
         if not 0.0 <= self.watermark < 1.0:
             raise InputError("must be in [0, 1)", field="--watermark", value=self.watermark, has_value=True)
         if self.calibration is not None:
@@ -137,6 +135,9 @@ class SimConfig:
                              "--no-hybrid-kv with --scheduler v0", field="--hybrid-kv", value=self.model.name,
                              has_value=True)
         self._check_tiers()
+        if self.preemption == "swap" and not self.swap_blocks:
+            raise InputError("swap needs a CPU pool; set --cpu-blocks or --cpu-kv-memory", field="--cpu-blocks",
+                             value=0, has_value=True)
         if self.has_tiers and self.hybrid_kv and self.model.is_hybrid:
             raise InputError("tiers below the KV cache groups of a sliding-window model are not modelled; pass "
                              "--no-hybrid-kv", field="--cpu-kv-memory")
@@ -152,12 +153,27 @@ class SimConfig:
         if self.disk_kv_blocks and not self.cpu_kv_blocks:
             raise InputError("a disk tier needs a host tier above it (its blocks pass through host memory); set "
                              "--cpu-kv-memory", field="--disk-kv-memory")
-        if self.has_tiers and not self.prefix_caching:
+        if not self.has_tiers:
+            return
+        if self.scheduler == "v1" and not self.prefix_caching:
             raise InputError("the host tier holds prefix-cache blocks: it needs --prefix-caching",
                              field="--cpu-kv-memory")
-        if self.has_tiers and self.scheduler != "v1":
-            raise InputError("tiers plug into vLLM v1's scheduling (its KV connector); use --scheduler v1",
-                             field="--cpu-kv-memory")
+        if self.scheduler == "v1":
+            return
+        # v0: the host tier is the swap space, and the prefix cache's tier when prefix caching is on
+        if not self.prefix_caching and self.preemption != "swap":
+            raise InputError("under --scheduler v0 the host tier is the swap space or holds prefix-cache blocks: "
+                             "pass --preemption swap or --prefix-caching", field="--cpu-kv-memory")
+        if self.cpu_blocks and self.cpu_blocks != self.cpu_kv_blocks:
+            raise InputError(f"under --scheduler v0 the host tier is the swap space, and it holds "
+                             f"{self.cpu_kv_blocks} blocks; give --cpu-kv-memory alone", field="--cpu-blocks",
+                             value=self.cpu_blocks, has_value=True)
+        if self.disk_kv_blocks:
+            raise InputError("a disk tier under --scheduler v0 is not modelled (v0's swap space and its host tier "
+                             "are one); use --scheduler v1", field="--disk-kv-memory")
+        if self.layerwise_loads:
+            raise InputError("vLLM v0 loads a request's blocks before the step's forward, not layer by layer; use "
+                             "--scheduler v1", field="--layerwise-loads")
 
     @property
     def has_tiers(self) -> bool:
@@ -165,13 +181,20 @@ class SimConfig:
         return self.cpu_kv_blocks > 0
 
     @property
+    def swap_blocks(self) -> int:
+        """v0's swap space in blocks: the host tier when there is one (it holds the swapped-out blocks), else
+        ``cpu_blocks``."""
+        return self.cpu_kv_blocks if self.has_tiers and self.scheduler == "v0" else self.cpu_blocks
+
+    @property
     def tier_settings(self) -> dict[str, int | str | bool]:
         names = ("cpu_kv_blocks", "disk_kv_blocks", "offload_policy", "tier_eviction", "layerwise_loads")
         return {name: getattr(self, name) for name in names}
 
     def without_tiers(self) -> SimConfig:
-        """The same engine with nothing below the GPU's prefix cache (what the tiers buy is the difference)."""
-        return replace(self, cpu_kv_blocks=0, disk_kv_blocks=0)
+        """The same engine with nothing below the GPU's prefix cache (what the tiers buy is the difference); v0
+        keeps its swap space, swapping without the host tier's link clock."""
+        return replace(self, cpu_kv_blocks=0, disk_kv_blocks=0, cpu_blocks=self.swap_blocks)
 
     @property
     def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:

@@ -163,7 +163,8 @@ class Replay:
         self.scheduler.finish(self.now)
 
     def _duration(self, decision: StepDecision) -> float:
-        """The step's time (``sim/step_time.py``), with the swap traffic over the host link added."""
+        """The step's time (``sim/step_time.py``), with the copies over the host link before its forward added:
+        timed by the host tier's link clock when there is one, else the swapped bytes at the link's bandwidth."""
         decoders, chunks = decision.decoders, decision.chunks
         seconds = self.step_time.step_seconds(
             new_tokens=decision.num_new_tokens, sequences=len(decoders) + len(chunks),
@@ -172,7 +173,8 @@ class Replay:
             prefill_context=sum(r.num_computed + c for r, c in chunks),
             decodes=len(decoders), decode_context=sum(r.num_computed + 1 for r in decoders),
             copied_tokens=decision.copied_tokens)
-        return _checked_seconds(float(seconds) + self.step_time.swap_seconds(decision.swapped_tokens))
+        transfer = self.step_time.swap_seconds(decision.swapped_tokens) if self.tiers is None else decision.transfer_s
+        return _checked_seconds(float(seconds) + transfer)
 
     def _bulk_step(self) -> bool:
         """Advance several decode-only steps at once; False when this step needs the single-step path."""

@@ -49,7 +49,8 @@ class StepDecision:
     copy-on-write needs copied before any token is written; ``copied_tokens``: K/V tokens copied in all
     (copy-on-write, extents moved or forked); ``swapped_tokens``: K/V tokens over the host link (swap out and in);
     ``forks``: (parent, child) sequences forked after the previous step's prefill. ``saturated``: a request waits
-    for memory (or one was preempted).
+    for memory (or one was preempted). ``transfer_s``: with a host tier (``sim/tiers.py``), the seconds the forward
+    waits for the copies over its link that v0 issues before it (swaps, loads), queued on the link's clock.
     """
 
     decoders: list[LiveRequest]
@@ -59,6 +60,7 @@ class StepDecision:
     swapped_tokens: int = 0
     forks: list[tuple[int, int]] = field(default_factory=list)
     saturated: bool = False
+    transfer_s: float = 0.0
 
     @property
     def num_new_tokens(self) -> int:
@@ -239,11 +241,15 @@ class Scheduler:
     def _loaded(self, live: LiveRequest) -> None:
         """A load from a tier below the GPU has finished: its tokens count as computed, its blocks join the
         GPU's prefix cache, and the step's data plane fills them first (``loads``)."""
-        first = live.num_computed // self.config.block_size
+        first = live.num_computed
         live.num_computed += live.loading_tokens
         live.loading_tokens = 0
         self.allocator.mark_computed(live, live.num_computed)
-        stop = live.num_computed // self.config.block_size
+        self._note_loads(live, first, live.num_computed)
+
+    def _note_loads(self, live: LiveRequest, first: int, stop: int) -> None:
+        """Hand the step's data plane the blocks of tokens ``first`` to ``stop`` that a tier filled."""
+        first, stop = first // self.config.block_size, stop // self.config.block_size
         self.loads.extend(zip(live.block_hashes[first:stop], self.allocator.block_table(live.sequence_id)[first:stop],
                               strict=True))
 

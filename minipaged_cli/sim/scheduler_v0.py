@@ -1,11 +1,17 @@
 """vLLM v0's scheduling (the engine the vLLM paper measured; removed from vLLM since), kept as ``--scheduler v0``.
 
 Each step every decoding request grows by one token, preempting the latest admitted request while the pool cannot
-give it (the victim swaps out to a CPU pool of ``cpu_blocks`` if it has room, else is recomputed later); then, if
+give it (the victim swaps out to a CPU pool of ``SimConfig.swap_blocks`` if it has room, else is recomputed later);
+then, if
 nobody was preempted, waiting requests are admitted first come first served while the strategy can place their
 whole prompt (the paged strategy keeps the watermark free), and the prefill budget goes out: whole prompts, or
 chunks of ``max_batched_tokens`` in admission order after the decodes. A request with ``n`` > 1 forks its other
 samples after its prefill, sharing the prompt's blocks until copy-on-write.
+
+With a host tier (``--cpu-kv-memory``, ``sim/tiers.py``) the CPU pool is that tier: swapped-out blocks take its
+slots, and every swap and every load from it is a copy over its link that the step's forward waits for, in the
+order the step decides them (``forward_start``); with prefix caching a prompt's blocks found in the tier are loaded
+when that is faster than recomputing them.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ class V0Scheduler(Scheduler):
 
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
         super().__init__(trace, config, allocator, accounting)
-        self.cpu_capacity = config.cpu_blocks * config.block_size  # swap space, slots
+        self.cpu_capacity = config.swap_blocks * config.block_size  # swap space, slots
         self.cpu_used = 0
+        self.forward_start = 0.0  # when this step's forward may start: after its copies over the host tier's link
         self.swapped_tokens = 0  # moved over the host link since the last step was scheduled
         self.fork_copy_tokens = 0  # copied by contiguous forks since the last step was scheduled
         self.pending_forks: list[tuple[int, int]] = []  # for the next step's decision
@@ -41,6 +48,7 @@ class V0Scheduler(Scheduler):
             and not self.forked and not self.swapped_tokens and not self._head_admissible()
 
     def schedule(self) -> StepDecision | None:
+        self.forward_start = self.now
         decoders = [r for r in self.running if r.prefill_done]
         copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
         preempted = False
@@ -84,7 +92,8 @@ class V0Scheduler(Scheduler):
             chunks.append((live, chunk))
         swapped, self.swapped_tokens = self.swapped_tokens, 0
         forks, self.pending_forks = self.pending_forks, []
-        return StepDecision(decoders, chunks, copies, copied, swapped, forks, saturated)
+        return StepDecision(decoders, chunks, copies, copied, swapped, forks, saturated,
+                            transfer_s=self.forward_start - self.now)
 
     def prefilled(self, leader: LiveRequest, now: float) -> None:
         if leader.request.n > 1 and not leader.forked:
@@ -133,16 +142,28 @@ class V0Scheduler(Scheduler):
             # chunk is reported as it is scheduled.
             computed = None if self.config.max_batched_tokens is None else \
                 head.num_computed if head.swapped_slots else 0
+            loaded = 0
+            if self.tiers is not None and self.keyed and not head.swapped_slots:
+                hits = self.allocator.cached_prefix(head, head.num_prefill_tokens)
+                loaded, ready = self.tiers.load(head.block_hashes, hits, head.num_prefill_tokens, self.forward_start,
+                                                count_hits=not head.queried)
+                if loaded:  # the step's forward waits for it (v0 had no asynchronous connector)
+                    self.forward_start = ready
+                    computed = None if computed is None else hits + loaded
             cached = self.allocator.admit(head, head.num_prefill_tokens, computed)
             self.running.append(self._dequeue())
             if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
                 moved = max(head.swapped_slots - cached, 0)
+                if self.tiers is not None:
+                    self.forward_start = self.tiers.swap_in(head.swapped_slots, moved, self.forward_start)
                 self.cpu_used -= head.swapped_slots
                 head.swapped_slots = 0
                 accounting.swap_in_tokens += moved
                 self.swapped_tokens += moved
             else:
-                head.num_computed = cached
+                head.num_computed = cached + loaded
+                if loaded:
+                    self._note_loads(head, cached, cached + loaded)
                 if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
                     head.queried = True
                     accounting.prefix_cache_queries += head.num_prefill_tokens
@@ -153,10 +174,13 @@ class V0Scheduler(Scheduler):
         """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else
         recompute."""
         slots = self.allocator.swap_slots(victim, victim.num_computed)
-        if self.config.preemption != "swap" or self.cpu_used + slots > self.cpu_capacity:
+        room = self.cpu_used + slots <= self.cpu_capacity if self.tiers is None else self.tiers.can_swap_out(slots)
+        if self.config.preemption != "swap" or not room:
             super()._preempt(victim)
             return
         self._drop(victim)
+        if self.tiers is not None:
+            self.forward_start = self.tiers.swap_out(slots, self.forward_start)
         self.cpu_used += slots
         victim.swapped_slots = slots
         self.accounting.num_swaps += 1
@@ -167,6 +191,8 @@ class V0Scheduler(Scheduler):
         self._enqueue(victim, front=True)
 
     def _reject(self, live: LiveRequest, reason: str) -> None:
+        if self.tiers is not None and live.swapped_slots:
+            self.tiers.release_swapped(live.swapped_slots)
         self.cpu_used -= live.swapped_slots
         live.swapped_slots = 0
         super()._reject(live, reason)

@@ -17,14 +17,22 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   before its compute needs them); its blocks join the GPU's prefix cache when loaded. Loads queue on the link
   (a disk load crosses the disk's read link, then the host link); they are never dropped.
 - **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load.
+- **Swap (vLLM v0).** Under ``--scheduler v0`` the host tier is also the swap space (v0's ``--swap-space``): a
+  swapped-out request's blocks take host-tier slots (``TierStore.reserve``: cached blocks are evicted for them,
+  swapped blocks are never evicted) until it swaps back in. Its bytes cross the same host link as the stores and
+  loads: v0's worker copies ``blocks_to_swap_in`` then ``blocks_to_swap_out`` (``CacheEngine.swap_in``/
+  ``swap_out``, ``cudaMemcpyAsync`` on the compute stream) before the step's forward, so each copy waits for the
+  link direction it uses and for the copies before it, and the forward for the last of them (``swap_out``,
+  ``swap_in``: the step's duration pays it). v0 had no asynchronous KV connector: a load from the host tier is
+  issued the same way, in the step that admits the request, and the forward waits for it.
 
 Where it differs from vLLM: one block per offloaded chunk (vLLM can group several GPU blocks into one chunk);
 a finished load re-enters the running list, not the waiting queue; a loading request can be preempted (vLLM's
 waits outside the running list); a block being loaded may be evicted from its tier meanwhile (vLLM pins it);
 loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
 
-Invariants (``violations``): each tier within its capacity, each hash once per tier; bytes moved = blocks moved x
-bytes per block.
+Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once
+per tier; bytes written = blocks stored x bytes per block + bytes swapped out.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.tier_store import TIER_STORES, TierStore
 from minipaged_cli.sim.config import SimConfig
@@ -74,6 +82,7 @@ class Tier:
         self.stored_blocks = 0
         self.loaded_blocks = 0
         self.dropped_blocks = 0  # stores the write link was too busy for
+        self.swap_out_bytes = 0  # v0's swapped-out KV, over the write link (host tier only)
 
 
 @dataclass(frozen=True)
@@ -85,11 +94,11 @@ class TierMetrics:
     hit_tokens: int
     hit_pct: float
     recomputed_tokens: int
-    stored_bytes: int  # written into the tier
+    stored_bytes: int  # cached blocks written into the tier (swapped-out KV is the strategy's swap_out_bytes)
     loaded_bytes: int  # read out of it towards the GPU
     dropped_stores: int  # blocks
     evictions: int
-    write_busy_pct: float
+    write_busy_pct: float  # every copy over the link: stores, loads and v0's swaps
     read_busy_pct: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,18 +106,23 @@ class TierMetrics:
 
 
 class TieredCache:
-    """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts)."""
+    """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts); without a
+    pool (a contiguous strategy swapping under v0) the host tier is only the swap space."""
 
     @classmethod
     def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
-        """The tiers ``config`` asks for under ``allocator``'s pool; None without them (or without blocks)."""
-        if not config.has_tiers or not isinstance(allocator, PagedAllocator):
+        """The tiers ``config`` asks for under ``allocator``'s pool; None without them, or without blocks unless
+        v0 swaps into the host tier."""
+        if not config.has_tiers:
             return None
-        return cls(config, allocator.manager.pool, step_time)
+        if isinstance(allocator, PagedAllocator):
+            return cls(config, allocator.manager.pool, step_time)
+        return cls(config, None, step_time) if config.preemption == "swap" else None
 
-    def __init__(self, config: SimConfig, pool: BlockPool, step_time: StepTimeModel) -> None:
+    def __init__(self, config: SimConfig, pool: BlockPool | None, step_time: StepTimeModel) -> None:
         gpu, store = config.gpu, TIER_STORES[config.tier_eviction]
         self.block_size = config.block_size
+        self.kv_bytes_per_token = config.model.kv_bytes_per_token
         self.bytes_per_block = config.block_size * config.model.kv_bytes_per_token
         self.write_through = config.offload_policy == "write-through"
         self.layerwise = config.layerwise_loads
@@ -121,7 +135,8 @@ class TieredCache:
             self.tiers.append(Tier("disk", store(config.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
                                    Link(gpu.disk_read_bytes_per_s)))
         self.pending: list[tuple[Hashable, int]] = []  # (hash, GPU block) to store at the step's end
-        pool.listener = self
+        if pool is not None:
+            pool.listener = self
 
     # -- the pool's reports ------------------------------------------------------------------------------------
 
@@ -243,6 +258,33 @@ class TieredCache:
             done = host.reserve(from_disk, counts[1] * size)
         return start, done
 
+    # -- swap (vLLM v0) -----------------------------------------------------------------------------------------
+
+    def can_swap_out(self, num_slots: int) -> bool:
+        """Whether the host tier has room for a request's ``num_slots`` slots of KV beside the swapped ones."""
+        return self.tiers[0].store.can_reserve(num_blocks_for(num_slots, self.block_size))
+
+    def swap_out(self, num_slots: int, earliest: float) -> float:
+        """Copy a preempted request's ``num_slots`` slots of KV into the host tier, after ``earliest`` (the copies
+        before it on the compute stream) and the write link's earlier copies; when it ends (precondition:
+        ``can_swap_out``). Its blocks hold host-tier slots, evicting cached blocks, until ``swap_in``."""
+        host = self.tiers[0]
+        host.store.reserve(num_blocks_for(num_slots, self.block_size))
+        num_bytes = num_slots * self.kv_bytes_per_token
+        host.swap_out_bytes += num_bytes
+        return host.write.reserve(earliest, num_bytes)
+
+    def swap_in(self, num_slots: int, num_moved: int, earliest: float) -> float:
+        """A swapped-out request of ``num_slots`` slots comes back: ``num_moved`` of them cross the read link
+        (the rest the GPU's prefix cache still held), after ``earliest``; when the copy ends. Its host-tier
+        slots are free again."""
+        self.release_swapped(num_slots)
+        return self.tiers[0].read.reserve(earliest, num_moved * self.kv_bytes_per_token) if num_moved else earliest
+
+    def release_swapped(self, num_slots: int) -> None:
+        """Give back the host-tier slots of a swapped-out request (swapped in, or rejected)."""
+        self.tiers[0].store.unreserve(num_blocks_for(num_slots, self.block_size))
+
     # -- the result --------------------------------------------------------------------------------------------
 
     def metrics(self, prompt_tokens: int, makespan_s: float) -> dict[str, TierMetrics]:
@@ -253,7 +295,8 @@ class TieredCache:
         return {tier.name: TierMetrics(
             name=tier.name, capacity_blocks=tier.store.capacity, hit_tokens=tier.hit_tokens,
             hit_pct=pct(tier.hit_tokens, prompt_tokens), recomputed_tokens=tier.recomputed_tokens,
-            stored_bytes=tier.write.num_bytes, loaded_bytes=tier.loaded_blocks * self.bytes_per_block,
+            stored_bytes=tier.stored_blocks * self.bytes_per_block,
+            loaded_bytes=tier.loaded_blocks * self.bytes_per_block,
             dropped_stores=tier.dropped_blocks,
             evictions=tier.store.num_evictions, write_busy_pct=pct(tier.write.busy_s, makespan_s),
             read_busy_pct=pct(tier.read.busy_s, makespan_s)) for tier in self.tiers}
@@ -261,6 +304,7 @@ class TieredCache:
     def violations(self) -> list[str]:
         found = [f"{tier.name}: {v}" for tier in self.tiers for v in tier.store.violations()]
         for tier in self.tiers:
-            if tier.write.num_bytes != tier.stored_blocks * self.bytes_per_block:
-                found.append(f"{tier.name}: bytes stored differ from blocks stored x bytes per block")
+            if tier.write.num_bytes != tier.stored_blocks * self.bytes_per_block + tier.swap_out_bytes:
+                found.append(f"{tier.name}: bytes written differ from blocks stored x bytes per block + bytes "
+                             "swapped out")
         return found
