@@ -27,7 +27,6 @@ from tests.test_bad_input_sched import BURST, one_line_error
      "--offload-policy: 'write-back': expected one of write-through, on-eviction"),
     (["--cpu-kv-memory", "1GiB", "--tier-eviction", "lfu"], "--tier-eviction: 'lfu': expected one of lru, arc"),
     (["--cpu-kv-memory", "1GiB", "--no-prefix-caching"], "--cpu-kv-memory: the host tier holds prefix-cache"),
-    (["--cpu-kv-memory", "1GiB", "--scheduler", "v0", "--prefix-caching"], "--cpu-kv-memory: tiers plug into"),
 ])
 def test_tier_options(args: list[str], needle: str) -> None:
     assert needle in one_line_error(["simulate", BURST, *args])
