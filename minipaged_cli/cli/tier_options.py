@@ -12,7 +12,8 @@ from minipaged_cli.sim.config import OFFLOAD_POLICIES, TIER_EVICTIONS
 CpuKvMemoryOpt = Annotated[str | None, typer.Option(
     "--cpu-kv-memory", metavar="SIZE", show_default=False,
     help="A host-memory tier under the GPU's prefix cache (64GiB, 1TiB; 0: none), copied over the GPU preset's "
-         "host link (host_bandwidth_bytes_per_s x host_bandwidth_efficiency). Needs prefix caching (v1).")]
+         "host link (host_bandwidth_bytes_per_s x host_bandwidth_efficiency). Needs prefix caching (v1); under "
+         "--scheduler v0 it is also the swap space of --preemption swap, whose copies cross the same link.")]
 DiskKvMemoryOpt = Annotated[str | None, typer.Option(
     "--disk-kv-memory", metavar="SIZE", show_default=False,
     help="A local-disk tier under the host tier (needs --cpu-kv-memory), at the GPU preset's "

@@ -162,18 +162,22 @@ class SimConfig:
             return
         # v0: the host tier is the swap space, and the prefix cache's tier when prefix caching is on
         if not self.prefix_caching and self.preemption != "swap":
-            raise InputError("under --scheduler v0 the host tier is the swap space or holds prefix-cache blocks: "
-                             "pass --preemption swap or --prefix-caching", field="--cpu-kv-memory")
+            raise InputError(f"under --scheduler v0 the host tier is the swap space (--preemption swap) or holds "
+                             f"prefix-cache blocks (--prefix-caching); with --preemption {self.preemption} and no "
+                             f"prefix caching it would hold nothing", field="--cpu-kv-memory (blocks)",
+                             value=self.cpu_kv_blocks, has_value=True)
         if self.cpu_blocks and self.cpu_blocks != self.cpu_kv_blocks:
-            raise InputError(f"under --scheduler v0 the host tier is the swap space, and it holds "
-                             f"{self.cpu_kv_blocks} blocks; give --cpu-kv-memory alone", field="--cpu-blocks",
-                             value=self.cpu_blocks, has_value=True)
+            raise InputError(f"under --scheduler v0 the host tier is the swap space, and --cpu-kv-memory holds "
+                             f"{self.cpu_kv_blocks} blocks; give one of the two (or the same number)",
+                             field="--cpu-blocks", value=self.cpu_blocks, has_value=True)
         if self.disk_kv_blocks:
-            raise InputError("a disk tier under --scheduler v0 is not modelled (v0's swap space and its host tier "
-                             "are one); use --scheduler v1", field="--disk-kv-memory")
+            raise InputError("a disk tier under --scheduler v0 is not modelled (v0 swaps into the host tier only); "
+                             "use --scheduler v1", field="--disk-kv-memory (blocks)", value=self.disk_kv_blocks,
+                             has_value=True)
         if self.layerwise_loads:
-            raise InputError("vLLM v0 loads a request's blocks before the step's forward, not layer by layer; use "
-                             "--scheduler v1", field="--layerwise-loads")
+            raise InputError("under --scheduler v0 a load from the host tier ends before the step's forward, not "
+                             "layer by layer; use --scheduler v1", field="--layerwise-loads", value=True,
+                             has_value=True)
 
     @property
     def has_tiers(self) -> bool:
