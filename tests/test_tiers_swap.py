@@ -136,3 +136,20 @@ def test_v0_replays_keep_the_tiers_invariants(seed: int, num_blocks: int, cpu: i
     assert host.store.num_reserved == 0
     assert host.swap_out_bytes == metrics.swap_out_bytes
     assert host.write.num_bytes == metrics.tiers["cpu"].stored_bytes + metrics.swap_out_bytes
+
+
+def test_simulate_prints_the_host_tier_as_the_swap_space(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from minipaged_cli.cli.main import app
+
+    trace = tmp_path / "swap.yaml"
+    trace.write_text("version: 1\nname: swap\nrequests:\n"
+                     "  - {id: a, arrival_s: 0.0, prompt_tokens: 32, output_tokens: 10}\n"
+                     "  - {id: b, arrival_s: 0.0, prompt_tokens: 8, output_tokens: 5}\n")
+    result = CliRunner().invoke(app, ["simulate", str(trace), "--strategies", "paged", "--scheduler", "v0",
+                                      "--preemption", "swap", "--prefix-caching", "--num-blocks", "3",
+                                      "--watermark", "0", "--cpu-kv-memory", str(2 * BLOCK_BYTES), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert "also the swap space" in result.output
+    assert '"swap_out_bytes": 2359296' in result.output and '"cpu_kv_blocks": 2' in result.output
