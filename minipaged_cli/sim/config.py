@@ -286,15 +286,16 @@ def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: in
     return blocks, origin
 
 
-def tier_blocks(size: str | None, model: ModelSpec, block_size: int, option: str) -> int:
-    """A tier's capacity written as a size (``64GiB``; ``0`` or None: no tier) in blocks of ``block_size`` tokens
-    of ``model``'s KV."""
+def tier_blocks(size: str | None, model: ModelSpec, block_size: int, option: str, *, hybrid: bool) -> int:
+    """A tier's capacity written as a size (``64GiB``; ``0`` or None: no tier) in blocks of the GPU pool's size:
+    ``block_size`` tokens of ``model``'s KV in one KV cache group's layers under the hybrid manager (``hybrid``),
+    in every layer without it."""
     if size is None:
         return 0
     memory = parse_bytes(size, field=option, allow_zero=True)
-    blocks = num_blocks_for_memory(memory, model, block_size)
+    blocks = num_blocks_for_memory(memory, model, block_size, hybrid=hybrid)
     if memory and not blocks:
-        block_bytes = format_bytes(block_size * model.kv_bytes_per_token)
-        raise InputError(f"holds no block of {block_size} tokens ({block_bytes})", field=option, value=size,
+        one_block = format_bytes(block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
+        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field=option, value=size,
                          has_value=True)
     return blocks
