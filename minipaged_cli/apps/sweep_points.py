@@ -136,7 +136,8 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
                                        settings.gpu_memory_utilization, hybrid=hybrid)
     return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
                      prefix_caching=point.prefix_caching, calibration=calibration,
-                     cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory"),
+                     cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
+                                               hybrid=hybrid),
                      offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
 
 

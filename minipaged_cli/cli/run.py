@@ -129,7 +129,7 @@ def run_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory"),
+                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
                        offload_policy=offload_policy, tier_eviction=tier_eviction, hybrid_kv=False)
 
     console = tables_console(json_path)

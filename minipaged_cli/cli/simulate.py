@@ -149,8 +149,9 @@ def simulate_command(
                        hybrid_kv=hybrid,
                        long_prefill_token_threshold=long_prefill_threshold,
                        calibration=load_calibration_option(calibration),
-                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory"),
-                       disk_kv_blocks=tier_blocks(disk_kv_memory, spec, block_size, "--disk-kv-memory"),
+                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=hybrid),
+                       disk_kv_blocks=tier_blocks(disk_kv_memory, spec, block_size, "--disk-kv-memory",
+                                                  hybrid=hybrid),
                        offload_policy=offload_policy, tier_eviction=tier_eviction, layerwise_loads=layerwise_loads,
                        check_invariants=check_invariants,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
