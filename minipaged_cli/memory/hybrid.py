@@ -58,6 +58,9 @@ class GroupedSequence:
     block_hashes: list[Hashable] = field(default_factory=list, repr=False)
     num_cached_tokens: int = 0
     num_computed_tokens: int = 0
+    # Tokens after the computed ones that a tier below the GPU loads (sim/tiers.py): their blocks are held, not
+    # cached, and a sliding window already counts them (vLLM's num_external_computed_tokens)
+    num_loading_tokens: int = 0
 
 
 class HybridBlockManager:
@@ -418,6 +421,9 @@ class HybridBlockManager:
         (group, hash), skipping null entries (vLLM's ``cache_full_blocks``)."""
         if num_computed_tokens <= state.num_computed_tokens:
             return
+        if state.num_loading_tokens:  # (a load's end computes them)
+            state.num_loading_tokens = max(0, state.num_computed_tokens + state.num_loading_tokens
+                                           - num_computed_tokens)
         state.num_computed_tokens = num_computed_tokens
         if not self.enable_prefix_caching:
             return

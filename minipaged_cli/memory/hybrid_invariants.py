@@ -34,7 +34,7 @@ def _sequence_violations(manager: Any, state: Any, touched: int) -> list[str]:
     """One sequence's tables: lengths, null prefixes, the window, blocks held once, cached content."""
     sid, problems = state.sequence_id, []
     expected = num_blocks_for(state.sequence_length, manager.block_size)
-    reachable = manager.skipped_blocks(state.num_computed_tokens)
+    reachable = manager.skipped_blocks(state.num_computed_tokens + state.num_loading_tokens)
     computed_blocks = state.num_computed_tokens // manager.block_size
     seen: set[int] = set()
     for g, (table, nulls) in enumerate(zip(state.block_tables, state.num_null, strict=True)):

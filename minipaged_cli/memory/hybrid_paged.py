@@ -48,6 +48,25 @@ class HybridPagedAllocator(PagedAllocator):
             else manager.blocks_to_create(first_chunk, hashes)  # (``blocks_to_create``, its hits found once)
         return (manager.num_free_blocks - max(gate, chunk) - self._watermark()) * self.block_size
 
+    def admit_loading(self, holding: Holding, num_cached: int, num_loaded: int) -> None:
+        """As ``PagedAllocator.admit_loading``, but a sliding group holds blocks only for the window at the
+        load's end (vLLM's connector loads no more; the entries before are null blocks). Taken a window at a time,
+        the blocks the window has passed let go before the next take, so that no more is held at once than a
+        window and a step's worth."""
+        manager, sequence_id = self.manager, holding.sequence_id
+        # (one token past the hit: the hit is looked up as for the whole prompt, whose last token is computed)
+        length, end = num_cached + 1, num_cached + num_loaded
+        state = manager.create_sequence(sequence_id, length, block_hashes=holding.block_hashes,
+                                        num_computed_tokens=num_cached)
+        state.num_loading_tokens = num_loaded
+        step = max(manager.window or 0, self.block_size)
+        while length < end:
+            manager.slide_window(sequence_id, length)
+            grown = min(length + step, end)
+            manager.grow(sequence_id, grown - length, computed=False)
+            length = grown
+        manager.slide_window(sequence_id, end)
+
     def largest_need(self, holding: Holding) -> int:
         blocks = num_blocks_for(holding.final_length, self.block_size)
         sliding = min(blocks, self.manager.admission_cap or blocks)
