@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from minipaged_cli.cli.outputs import STDOUT, write_text
+from minipaged_cli.memory.kv_groups import block_bytes as kv_block_bytes
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
@@ -146,7 +147,7 @@ def _tiers_table(result: SimulationResult) -> Table:
     for name in ("strategy", "tier", "capacity", "hit tokens", "hit %", "recomputed", "stored", "loaded",
                  "dropped stores", "evictions", "link busy write/read %"):
         table.add_column(name, justify="left" if name in ("strategy", "tier") else "right")
-    block_bytes = config.block_size * config.model.kv_bytes_per_token
+    block_bytes = kv_block_bytes(config.model, config.kv_cache_groups, config.block_size)  # (one group's pages)
     for name, m in result.strategies.items():
         for tier in m.tiers.values():
             table.add_row(name, tier.name, format_bytes(tier.capacity_blocks * block_bytes), f"{tier.hit_tokens:,}",

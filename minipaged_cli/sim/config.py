@@ -138,9 +138,6 @@ class SimConfig:
         if self.preemption == "swap" and not self.swap_blocks:
             raise InputError("swap needs a CPU pool; set --cpu-blocks or --cpu-kv-memory", field="--cpu-blocks",
                              value=0, has_value=True)
-        if self.has_tiers and self.hybrid_kv and self.model.is_hybrid:
-            raise InputError("tiers below the KV cache groups of a sliding-window model are not modelled; pass "
-                             "--no-hybrid-kv", field="--cpu-kv-memory")
 
     def _check_tiers(self) -> None:
         whole_number(self.cpu_kv_blocks, field="--cpu-kv-memory (blocks)", minimum=0)
@@ -226,8 +223,12 @@ class SimConfig:
     def all_full_attention(self) -> SimConfig:
         """The same KV memory with every layer treated as full attention (vLLM's
         --disable-hybrid-kv-cache-manager): fewer, larger blocks."""
-        num_blocks = num_blocks_for_memory(self.kv_memory_bytes, self.model, self.block_size, hybrid=False)
-        return replace(self, hybrid_kv=False, num_blocks=num_blocks)
+        def all_layers(blocks: int) -> int:  # the same bytes in blocks of every layer
+            page = block_bytes(self.model, self.kv_cache_groups, self.block_size)
+            return num_blocks_for_memory(blocks * page, self.model, self.block_size, hybrid=False)
+
+        return replace(self, hybrid_kv=False, num_blocks=all_layers(self.num_blocks),
+                       cpu_kv_blocks=all_layers(self.cpu_kv_blocks), disk_kv_blocks=all_layers(self.disk_kv_blocks))
 
     @property
     def model_len(self) -> int:

@@ -249,6 +249,8 @@ class Scheduler:
 
     def _note_loads(self, live: LiveRequest, first: int, stop: int) -> None:
         """Hand the step's data plane the blocks of tokens ``first`` to ``stop`` that a tier filled."""
+        if self.allocator.windowed:  # (no data plane runs KV cache groups: a table per group)
+            return
         first, stop = first // self.config.block_size, stop // self.config.block_size
         self.loads.extend(zip(live.block_hashes[first:stop], self.allocator.block_table(live.sequence_id)[first:stop],
                               strict=True))

@@ -17,6 +17,14 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   before its compute needs them); its blocks join the GPU's prefix cache when loaded. Loads queue on the link
   (a disk load crosses the disk's read link, then the host link); they are never dropped.
 - **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load.
+- **KV cache groups** (a sliding-window model under the hybrid manager): vLLM 0.33.0's connector supports them
+  (``SupportsHMA``) and keys a block by (group, hash), as the GPU pool does, so each group's blocks are stored as
+  the pool caches them, one pool block (one group's pages) each. A lookup goes as vLLM's ``_lookup_complete_chunks``
+  does: the full-attention groups from the GPU's hit on, up to the first block some group misses; within that, the
+  sliding groups' last run of ``ceil(W / block_size)`` blocks held in every sliding group (none that long: the run
+  from the GPU's hit on), which ends the hit. A load moves every full group's blocks of the hit and each sliding
+  group's last ``ceil(W / block_size)`` of them (the GPU's table holds nothing before: null blocks); a hit token
+  counts in the lowest tier holding its full groups' blocks.
 - **Swap (vLLM v0).** Under ``--scheduler v0`` the host tier is also the swap space (v0's ``--swap-space``): a
   swapped-out request's blocks take host-tier slots (``TierStore.reserve``: cached blocks are evicted for them,
   swapped blocks are never evicted) until it swaps back in. Its bytes cross the same host link as the stores and
@@ -44,11 +52,27 @@ from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.kv_groups import block_bytes
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.tier_store import TIER_STORES, TierStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.units import rounded
+
+
+def sliding_hit_end(held: Sequence[bool], window_blocks: int) -> int:
+    """Where a sliding-window group's hit ends among blocks ``held`` or not below the GPU (vLLM's
+    ``_sliding_window_lookup``): after the last run of ``window_blocks`` held blocks, scanning from the end; with
+    no run that long, after the run from the first block (0 when the first is not held)."""
+    run = 0
+    for block in range(len(held) - 1, -1, -1):
+        if not held[block]:
+            run = 0
+            continue
+        run += 1
+        if run == window_blocks:
+            return block + run
+    return run
 
 
 class Link:
@@ -124,6 +148,16 @@ class TieredCache:
         self.block_size = config.block_size
         self.kv_bytes_per_token = config.model.kv_bytes_per_token
         self.bytes_per_block = config.block_size * config.model.kv_bytes_per_token
+        groups = config.kv_cache_groups
+        # The hybrid manager's pool (make_allocator's rule): its keys are (group, hash), its blocks one group's pages
+        self.grouped = len(groups) > 1 or any(group.is_sliding for group in groups)
+        if self.grouped:
+            self.bytes_per_block = block_bytes(config.model, groups, config.block_size)
+        self.full_ids = [g for g, group in enumerate(groups) if not group.is_sliding]
+        self.sliding_ids = [g for g, group in enumerate(groups) if group.is_sliding]
+        # vLLM's sliding_window_size_in_chunks: the blocks a sliding group's hit needs
+        self.window_blocks = max((num_blocks_for(group.sliding_window or 0, config.block_size) for group in groups),
+                                 default=0)
         self.write_through = config.offload_policy == "write-through"
         self.layerwise = config.layerwise_loads
         self.num_layers = config.model.num_layers
@@ -200,6 +234,31 @@ class TieredCache:
             found.append(tier)
         return found
 
+    def _tier_of(self, key: Hashable) -> Tier | None:
+        return next((t for t in self.tiers if t.store.contains(key)), None)
+
+    def lookup_groups(self, block_hashes: Sequence[Hashable], first: int,
+                      stop: int) -> tuple[list[Tier], list[Tier]]:
+        """With KV cache groups (the module docstring's rule): per hit block from ``first``, the tier its tokens
+        count in; and the tier of every (group, block) the load moves."""
+        tier_of = self._tier_of
+        full: list[list[Tier]] = []  # per block from first, the tier of each full group's copy
+        for block_hash in block_hashes[first:stop]:
+            found = [tier_of((g, block_hash)) for g in self.full_ids]
+            if None in found:
+                break
+            full.append(found)  # type: ignore[arg-type]
+        end = first + len(full)
+        if self.sliding_ids:
+            held = [all(tier_of((g, block_hashes[block])) for g in self.sliding_ids) for block in range(first, end)]
+            end = first + sliding_hit_end(held, self.window_blocks)
+        order = self.tiers.index
+        counted = [max(found, key=order, default=self.tiers[0]) for found in full[:end - first]]
+        moved = [tier for found in full[:end - first] for tier in found]
+        moved += [tier_of((g, block_hashes[block]))  # type: ignore[misc]
+                  for block in range(max(first, end - self.window_blocks), end) for g in self.sliding_ids]
+        return counted, moved
+
     def load(self, block_hashes: Sequence[Hashable], num_cached: int, num_prompt: int, now: float,
              count_hits: bool) -> tuple[int, float]:
         """After a GPU hit of ``num_cached`` tokens, the prompt tokens to load from the tiers and when the request
@@ -209,24 +268,30 @@ class TieredCache:
         the first block last, the most recent."""
         first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
         prompt = block_hashes[:num_prompt // self.block_size]
+        if self.grouped:
+            num_groups = len(self.full_ids) + len(self.sliding_ids)
+            prompt = [(g, block_hash) for block_hash in prompt for g in range(num_groups)]
+            found, moved = self.lookup_groups(block_hashes, first, stop)
+        else:
+            found = moved = self.lookup(block_hashes, first, stop)
         for tier in self.tiers:
             tier.store.hit(reversed(prompt))
-        found = self.lookup(block_hashes, first, stop)
         if not found:
             return 0, now
-        counts = [sum(1 for t in found if t is tier) for tier in self.tiers]
+        hits = [sum(1 for t in found if t is tier) * self.block_size for tier in self.tiers]
+        counts = [sum(1 for t in moved if t is tier) for tier in self.tiers]
         tokens = len(found) * self.block_size
         start, done = self._load_times(counts, now, commit=False)
         if done - now >= self.recompute_seconds(num_cached, tokens):
             if count_hits:
-                for tier, count in zip(self.tiers, counts, strict=False):
-                    tier.recomputed_tokens += count * self.block_size
+                for tier, hit in zip(self.tiers, hits, strict=False):
+                    tier.recomputed_tokens += hit
             return 0, now
         start, done = self._load_times(counts, now, commit=True)
-        for tier, count in zip(self.tiers, counts, strict=False):
+        for tier, count, hit in zip(self.tiers, counts, hits, strict=False):
             tier.loaded_blocks += count
             if count_hits:
-                tier.hit_tokens += count * self.block_size
+                tier.hit_tokens += hit
         if self.layerwise:  # the first layer must arrive; after it, compute waits only for what it outruns
             done = max(start + (done - start) / self.num_layers,
                        done - self.recompute_seconds(num_cached + tokens, num_prompt - num_cached - tokens))
