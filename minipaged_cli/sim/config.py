@@ -63,11 +63,12 @@ class SimConfig:
 
     Tiers below the GPU's prefix cache (``sim/tiers.py``; paged with prefix caching; under v0 the host tier
     alone, which is also the swap space, ``swap_blocks``):
-    ``cpu_kv_blocks`` of host memory and ``disk_kv_blocks`` of local disk under it, in blocks of ``block_size``
-    tokens; ``offload_policy`` says when a block goes down (``write-through``: every computed full block, as vLLM's
-    OffloadingConnector and LMCache store; ``on-eviction``: when the tier above evicts it), ``tier_eviction`` how
-    each tier evicts (``lru``, or ``arc`` as vLLM's ARC policy), ``layerwise_loads`` whether a load overlaps the
-    request's prefill layer by layer (LMCache's layerwise mode) instead of finishing first (vLLM's connector).
+    ``cpu_kv_blocks`` of host memory and ``disk_kv_blocks`` of local disk under it, in the pool's blocks
+    (``block_size`` tokens; one KV cache group's layers under the hybrid manager); ``offload_policy`` says when a
+    block goes down (``write-through``: every computed full block, as vLLM's OffloadingConnector and LMCache store;
+    ``on-eviction``: when the tier above evicts it), ``tier_eviction`` how each tier evicts (``lru``, or ``arc`` as
+    vLLM's ARC policy), ``layerwise_loads`` whether a load overlaps the request's prefill layer by layer (LMCache's
+    layerwise mode) instead of finishing first (vLLM's connector).
     """
 
     model: ModelSpec
