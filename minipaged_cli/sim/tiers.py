@@ -30,8 +30,9 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   swapped blocks are never evicted) until it swaps back in. Its bytes cross the same host link as the stores and
   loads: v0's worker copies ``blocks_to_swap_in`` then ``blocks_to_swap_out`` (``CacheEngine.swap_in``/
   ``swap_out``, ``cudaMemcpyAsync`` on the compute stream) before the step's forward, so each copy waits for the
-  link direction it uses and for the copies before it, and the forward for the last of them (``swap_out``,
-  ``swap_in``: the step's duration pays it). v0 had no asynchronous KV connector: a load from the host tier is
+  link direction it uses and for the copies before it (here in the order the scheduler decides them: swap-outs,
+  then each admission's swap-in or load), and the forward for the last of them (``swap_out``, ``swap_in``: the
+  step's duration pays it). v0 had no asynchronous KV connector: a load from the host tier is
   issued the same way, in the step that admits the request, and the forward waits for it.
 
 Where it differs from vLLM: one block per offloaded chunk (vLLM can group several GPU blocks into one chunk);
@@ -122,8 +123,8 @@ class TierMetrics:
     loaded_bytes: int  # read out of it towards the GPU
     dropped_stores: int  # blocks
     evictions: int
-    write_busy_pct: float  # every copy over the link: stores, loads and v0's swaps
-    read_busy_pct: float
+    write_busy_pct: float  # every copy down the link: stores, and v0's swap-outs
+    read_busy_pct: float  # every copy up: loads, and v0's swap-ins
 
     def to_dict(self) -> dict[str, Any]:
         return rounded(self.__dict__)
@@ -227,14 +228,16 @@ class TieredCache:
     def lookup(self, block_hashes: Sequence[Hashable], first: int, stop: int) -> list[Tier]:
         """The tier holding each of ``block_hashes[first:stop]``, up to the first block no tier holds."""
         found = []
+        tier_of = self._tier_of
         for block_hash in block_hashes[first:stop]:
-            tier = next((t for t in self.tiers if t.store.contains(block_hash)), None)
+            tier = tier_of(block_hash)
             if tier is None:
                 break
             found.append(tier)
         return found
 
     def _tier_of(self, key: Hashable) -> Tier | None:
+        """The highest tier holding ``key``, if any."""
         return next((t for t in self.tiers if t.store.contains(key)), None)
 
     def lookup_groups(self, block_hashes: Sequence[Hashable], first: int,
