@@ -2,10 +2,9 @@
 
 Each step every decoding request grows by one token, preempting the latest admitted request while the pool cannot
 give it (the victim swaps out to a CPU pool of ``SimConfig.swap_blocks`` if it has room, else is recomputed later);
-then, if
-nobody was preempted, waiting requests are admitted first come first served while the strategy can place their
-whole prompt (the paged strategy keeps the watermark free), and the prefill budget goes out: whole prompts, or
-chunks of ``max_batched_tokens`` in admission order after the decodes. A request with ``n`` > 1 forks its other
+then, if nobody was preempted, waiting requests are admitted first come first served while the strategy can place
+their whole prompt (the paged strategy keeps the watermark free), and the prefill budget goes out: whole prompts,
+or chunks of ``max_batched_tokens`` in admission order after the decodes. A request with ``n`` > 1 forks its other
 samples after its prefill, sharing the prompt's blocks until copy-on-write.
 
 With a host tier (``--cpu-kv-memory``, ``sim/tiers.py``) the CPU pool is that tier: swapped-out blocks take its
