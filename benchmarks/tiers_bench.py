@@ -40,8 +40,8 @@ def main() -> None:
     for index, size in enumerate(sizes):
         disk = args.disk if index == len(sizes) - 1 else "0"
         runs.append((size, disk, dataclasses.replace(
-            base, cpu_kv_blocks=tier_blocks(size, base.model, base.block_size, "--cpu"),
-            disk_kv_blocks=tier_blocks(disk, base.model, base.block_size, "--disk"))))
+            base, cpu_kv_blocks=tier_blocks(size, base.model, base.block_size, "--cpu", hybrid=base.hybrid_kv),
+            disk_kv_blocks=tier_blocks(disk, base.model, base.block_size, "--disk", hybrid=base.hybrid_kv))))
     print(f"{trace.name}: {trace.num_requests:,} requests, KV {base.num_blocks:,} blocks of {base.block_size}")
     print(f"{'host':>8} {'disk':>6} {'wall s':>8} {'cpu s':>8} {'ratio':>6} {'GPU hit %':>9} {'host %':>7} "
           f"{'disk %':>7} {'TTFT s':>9} {'out tok/s':>9}")
