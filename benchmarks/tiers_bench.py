@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
 
     trace = load_trace(args.traces / args.trace).limited(args.limit)
-    base = default_config(131072, prefix_caching=True)  # prompts up to 126k tokens
+    base = default_config(131072, prefix_caching=True, scheduler="v1")  # prompts up to 126k tokens
     sizes = [size for size in args.cpu.split(",") if size]
     runs = [("none", "none", base)]
     for index, size in enumerate(sizes):
