@@ -281,8 +281,9 @@ class TieredCache:
             tier.store.hit(reversed(prompt))
         if not found:
             return 0, now
-        hits = [sum(1 for t in found if t is tier) * self.block_size for tier in self.tiers]
         counts = [sum(1 for t in moved if t is tier) for tier in self.tiers]
+        hits = [count * self.block_size for count in counts] if moved is found else \
+            [sum(1 for t in found if t is tier) * self.block_size for tier in self.tiers]
         tokens = len(found) * self.block_size
         start, done = self._load_times(counts, now, commit=False)
         if done - now >= self.recompute_seconds(num_cached, tokens):
