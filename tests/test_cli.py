@@ -83,7 +83,8 @@ def test_prefix_caching_parallel_sampling_and_swap_from_the_command_line(tmp_pat
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--preemption", "swop"], "error: --preemption: 'swop': expected one of recompute, swap"),
-    (["--preemption", "swap", "--scheduler", "v0"], "error: --cpu-blocks: 0: swap needs a CPU pool; set --cpu-blocks"),
+    (["--preemption", "swap", "--scheduler", "v0"],
+     "error: --cpu-blocks: 0: swap needs a CPU pool; set --cpu-blocks or --cpu-kv-memory"),
     (["--watermark", "1.5"], "error: --watermark: 1.5: must be in [0, 1)"),
 ])
 def test_sharing_options_bad_input_is_one_line(args: list[str], message: str) -> None:
