@@ -203,6 +203,15 @@ def test_moe_elementwise_activates_each_expert_a_token_goes_to() -> None:
     assert elementwise_bytes_per_token(load_model("gpt-oss-120b")) == expected
 
 
+def test_mla_elementwise_ropes_the_rotary_parts_and_normalises_the_latents() -> None:
+    # DeepSeek-V3, per token and layer: two fused add + RMSNorms (4 x 7168 each); RoPE on Q's rotary part
+    # (128 heads x 64) and the shared rotary key (64), in and out; q_a_layernorm (1536) and kv_a_layernorm (512),
+    # in and out; SwiGLU over the active intermediate width (gate and up in, one out); bf16 activations.
+    model = load_model("deepseek-v3")
+    expected = (2 * 4 * 7168 + 2 * (128 * 64 + 64 + 1536 + 512) + 3 * model.active_intermediate_size) * 2
+    assert elementwise_bytes_per_token(model) == expected
+
+
 def test_sliding_layers_attend_to_at_most_their_window_in_prefill() -> None:
     # Gemma 3 27B prefilling one 4,096-token prompt: a global layer's queries attend to 4,096 * 4,097 / 2 keys,
     # a local layer's to at most 1,024 each (4,096 * 1,024 bound the exact 3,670,528 from above). FLOP-bound.

@@ -42,10 +42,16 @@ def elementwise_bytes_per_token(model: ModelSpec) -> int:
     """What one layer's element-wise kernels read and write per token, fused as an engine runs them (vLLM's): two
     RMSNorms each with its residual add (hidden state and residual in, both out), RoPE on Q and K (in and out), the
     activation (gate and up in, one out; a plain MLP's: one in, one out; a MoE layer's for each expert a token
-    goes to). Unfused kernels move more; a calibration measures what yours do."""
-    q_width, kv_width = model.num_q_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    goes to). Multi-head latent attention ropes only its rotary parts (qk_rope_head_dim per head of Q, once for
+    the key shared by all heads) and normalises its latents (q_lora_rank and kv_lora_rank, in and out), as
+    DeepSeek-V3's q_a_layernorm and kv_a_layernorm do. Unfused kernels move more; a calibration measures what
+    yours do."""
+    if model.qk_rope_head_dim is not None and model.kv_lora_rank is not None:
+        roped = (model.num_q_heads + 1) * model.qk_rope_head_dim + (model.q_lora_rank or 0) + model.kv_lora_rank
+    else:
+        roped = (model.num_q_heads + model.num_kv_heads) * model.head_dim
     activation = (3 if model.gated_mlp else 2) * model.active_intermediate_size
-    return (2 * 4 * model.hidden_size + 2 * (q_width + kv_width) + activation) * model.dtype_bytes
+    return (2 * 4 * model.hidden_size + 2 * roped + activation) * model.dtype_bytes
 
 
 def experts_touched(model: ModelSpec, tokens: Any) -> Any:
