@@ -26,6 +26,8 @@ one eviction order; a sequence frees group by group, each tail first (vLLM's coo
 Invariants (``hybrid_invariants.py`` checks them): ``KVBlockManager``'s over all groups' tables, and per group:
 ``ceil(length / block_size)`` entries; null blocks only in sliding groups, only as a prefix, never one the window
 still reaches; a cached held block sits where its group's content has that hash, inside the computed tokens.
+Every sliding group of a sequence has as many null entries, and every cached group as many blocks offered to the
+cache (all slide and cache together): the fast paths count one group for all.
 
 ``grow`` first slides the windows (that happens even when the allocation then fails, as in vLLM, where it makes
 room for the retry after a preemption); the allocation itself is all or nothing.
@@ -33,6 +35,7 @@ room for the retry after a preemption); the allocation itself is all or nothing.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -268,9 +271,9 @@ class HybridBlockManager:
                     first = first_sliding if slides_g else num_cached
                     if stop > first:
                         caching.append((state, g, first, stop))
-                        keys += [(g, block_hash) for block_hash in hashes[first:stop]]
+                        keys += zip(itertools.repeat(g), hashes[first:stop])  # (the tuples built in C)
         num_taken = len(takes) * len(self.groups)
-        if num_taken > self.num_free_blocks:
+        if num_taken > pool.free_blocks.num_free:
             return False
         # Content cached already, or twice, would make the cached copy depend on the order of caching and
         # evictions (a sequence recomputing its own blocks): then lockstep.
@@ -285,15 +288,17 @@ class HybridBlockManager:
                 for table in states[order].block_tables:  # group by group, as ``_take``
                     table.append(next_taken())
         if caching:  # (one call, the blocks in the order the calls one by one would cache them)
-            pool.cache(keys, [block for state, g, first, stop in caching
-                              for block in state.block_tables[g][first:stop]])
-            for state, _, _, stop in caching:
+            blocks = []
+            for state, g, first, stop in caching:
+                blocks += state.block_tables[g][first:stop]
                 state.num_cached_blocks = [stop] * len(self.groups)  # (``_advance_cached``)
+            pool.cache(keys, blocks)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
         if not slides:
             return True
         freed: list[list[int]] = []  # each slide's blocks, each group's last first (``slide_window``)
+        blocks = []  # all of them, in that order
         slides.sort()
         for _, order, skipped in slides:
             state = states[order]
@@ -301,10 +306,11 @@ class HybridBlockManager:
             if skipped > first:
                 for g in sliding_ids:
                     table = state.block_tables[g]
-                    freed.append(table[skipped - 1:first - 1 if first else None:-1])
+                    part = table[skipped - 1:first - 1 if first else None:-1]
+                    freed.append(part)
+                    blocks += part
                     table[first:skipped] = [NULL_BLOCK] * (skipped - first)
                     state.num_null[g] = skipped
-        blocks = [block for part in freed for block in part]
         if len(set(blocks)) == len(blocks):
             pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
         else:  # a block that two sequences share: the later release frees it
@@ -442,7 +448,11 @@ class HybridBlockManager:
         ranges = [(g, first) for g, first in ranges if stop > first]  # (null entries, a prefix, are never cached)
         if ranges:  # (one call, the groups' blocks in the order the calls one by one would cache them)
             hashes, tables = state.block_hashes, state.block_tables
-            self.pool.cache([(g, block_hash) for g, first in ranges for block_hash in hashes[first:stop]],
-                            [block for g, first in ranges for block in tables[g][first:stop]])
+            keys: list[tuple[int, Hashable]] = []
+            blocks: list[int] = []
+            for g, first in ranges:
+                keys += zip(itertools.repeat(g), hashes[first:stop])  # (the tuples built in C)
+                blocks += tables[g][first:stop]
+            self.pool.cache(keys, blocks)
         for g in self.cached_group_ids:
             cached[g] = max(cached[g], stop)
