@@ -89,6 +89,7 @@ class HybridBlockManager:
         self.sequences: dict[SequenceId, GroupedSequence] = {}
         self.full_ids = [g for g, group in enumerate(self.groups) if not group.is_sliding]
         self.sliding_ids = [g for g, group in enumerate(self.groups) if group.is_sliding]
+        self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
         self.group_slides = [group.is_sliding for group in self.groups]
         windows = {self.groups[g].sliding_window for g in self.sliding_ids}
         if len(windows) > 1 or None in windows:
@@ -206,7 +207,7 @@ class HybridBlockManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         state = self.sequence(sequence_id)
         if self.window is not None:
-            self.slide_window(sequence_id)
+            self._slide(state, state.num_computed_tokens)
         new_length = state.sequence_length + num_tokens
         self._take(state, new_length)
         if computed:
@@ -217,11 +218,14 @@ class HybridBlockManager:
         """Free the sliding groups' blocks that the window no longer reaches with ``num_computed_tokens``
         (default: the sequence's) computed, each group's last first (vLLM's ``_remove_blocks_in_range``)."""
         state = self.sequences[sequence_id]
-        computed = state.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
-        skipped = min(self.skipped_blocks(computed), len(state.block_tables[0]))
-        for g in self.sliding_ids:
-            first = state.num_null[g]
-            if skipped > first:
+        if self.window is not None:
+            self._slide(state, state.num_computed_tokens if num_computed_tokens is None else num_computed_tokens)
+
+    def _slide(self, state: GroupedSequence, num_computed_tokens: int) -> None:
+        skipped = min(self.skipped_blocks(num_computed_tokens), len(state.block_tables[0]))
+        first = state.num_null[self.sliding_ids[0]]  # (the same in every sliding group)
+        if skipped > first:
+            for g in self.sliding_ids:
                 table = state.block_tables[g]
                 self.pool.release(table[skipped - 1:first - 1 if first else None:-1])
                 table[first:skipped] = [NULL_BLOCK] * (skipped - first)
@@ -351,7 +355,11 @@ class HybridBlockManager:
         needs none), and the hit's length in tokens: vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``
         for full attention plus one window (one pass suffices, as vLLM's "simple hybrid")."""
         # The scheduler asks about the same waiting prompt several times a step (its gate, its first chunk); the
-        # answer changes only with the cache map. (The lists returned are shared: callers only read them.)
+        # answer changes only with the cache map. (The lists returned are shared: callers only read them.) Most
+        # prompts miss on their first block: a full group then hits nothing, and neither does the window.
+        if self.full_ids and (num_tokens <= self.block_size or not block_hashes or not self.enable_prefix_caching
+                              or (self.full_ids[0], block_hashes[0]) not in self.pool.cached_blocks):
+            return self._no_hits, 0
         version = self.pool.cache_version
         memo = self._hits_memo
         if memo[0] != version or memo[1] != block_hashes:
