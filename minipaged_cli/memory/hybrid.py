@@ -249,33 +249,39 @@ class HybridBlockManager:
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
         keys, caching = [], []  # the cache keys in caching order; (sequence, group, first, stop) per range
+        take, slide, repeat = takes.append, slides.append, itertools.repeat
+        limit = num_steps + 1
         for order, state in enumerate(states):
             length, hashes = state.sequence_length, state.block_hashes
+            num_hashes = len(hashes)
             final = length + num_steps
-            if final - window >= block_size * (len(hashes) + 1):
+            if final - window >= block_size * (num_hashes + 1):
                 return False  # a block past the hashes is never cached: freed, it would go to the front
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
-            # more when L + j - W = 0 mod B.
-            for step in range((1 - length) % block_size or block_size, num_steps + 1, block_size):
-                takes.append((step, order))
+            # more when L + j - W = 0 mod B. (Builtins and bound methods kept out of this loop: it runs per
+            # sequence and bulk step.)
+            for step in range((1 - length) % block_size or block_size, limit, block_size):
+                take((step, order))
             num_null = state.num_null[sliding]
-            skipped = max(0, state.num_computed_tokens + 1 - window) // block_size
+            skipped = (state.num_computed_tokens + 1 - window) // block_size  # (negative: none, as 0)
             if skipped > num_null:
-                slides.append((1, order, skipped))
+                slide((1, order, skipped))
             if final > window:
-                for step in range((window - length) % block_size or block_size, num_steps + 1, block_size):
+                for step in range((window - length) % block_size or block_size, limit, block_size):
                     if step > 1 and length + step > window:
-                        slides.append((step, order, (length + step - window) // block_size))
-            stop = min(final // block_size, len(hashes))
+                        slide((step, order, (length + step - window) // block_size))
+            stop = final // block_size
+            if stop > num_hashes:
+                stop = num_hashes
             num_cached = state.num_cached_blocks[0]
             if stop > num_cached:  # (null entries, a prefix of a sliding group, are never cached)
-                first_sliding = max(num_cached, num_null)
+                first_sliding = num_null if num_null > num_cached else num_cached
                 for g, slides_g in enumerate(group_slides):
                     first = first_sliding if slides_g else num_cached
                     if stop > first:
                         caching.append((state, g, first, stop))
-                        keys += zip(itertools.repeat(g), hashes[first:stop])  # (the tuples built in C)
+                        keys += zip(repeat(g), hashes[first:stop], strict=False)  # (tuples built in C)
         num_taken = len(takes) * len(self.groups)
         if num_taken > pool.free_blocks.num_free:
             return False
