@@ -35,7 +35,6 @@ room for the retry after a preemption); the allocation itself is all or nothing.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -249,7 +248,7 @@ class HybridBlockManager:
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
         keys, caching = [], []  # the cache keys in caching order; (sequence, group, first, stop) per range
-        take, slide, repeat = takes.append, slides.append, itertools.repeat
+        take, slide = takes.append, slides.append
         limit = num_steps + 1
         for order, state in enumerate(states):
             length, hashes = state.sequence_length, state.block_hashes
@@ -281,7 +280,7 @@ class HybridBlockManager:
                     first = first_sliding if slides_g else num_cached
                     if stop > first:
                         caching.append((state, g, first, stop))
-                        keys += zip(repeat(g), hashes[first:stop], strict=False)  # (tuples built in C)
+                        keys += [(g, block_hash) for block_hash in hashes[first:stop]]
         num_taken = len(takes) * len(self.groups)
         if num_taken > pool.free_blocks.num_free:
             return False
@@ -465,7 +464,7 @@ class HybridBlockManager:
             keys: list[tuple[int, Hashable]] = []
             blocks: list[int] = []
             for g, first in ranges:
-                keys += zip(itertools.repeat(g), hashes[first:stop])  # (the tuples built in C)
+                keys += [(g, block_hash) for block_hash in hashes[first:stop]]
                 blocks += tables[g][first:stop]
             self.pool.cache(keys, blocks)
         for g in self.cached_group_ids:
