@@ -300,7 +300,7 @@ class HybridBlockManager:
             blocks = []
             for state, g, first, stop in caching:
                 blocks += state.block_tables[g][first:stop]
-                state.num_cached_blocks = [stop] * len(self.groups)  # (``_advance_cached``)
+                state.num_cached_blocks = [stop] * len(self.groups)  # (offered to the cache, as ``_computed`` counts)
             pool.cache(keys, blocks)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
