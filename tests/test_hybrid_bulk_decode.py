@@ -9,10 +9,13 @@ from __future__ import annotations
 import copy
 import random
 
+import numpy as np
 import pytest
 
 from minipaged_cli.memory import hash_blocks
+from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.hybrid import HybridBlockManager
+from minipaged_cli.memory.hybrid_paged import HybridPagedAllocator
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
 
@@ -79,3 +82,89 @@ def test_the_scenarios_take_the_fast_path_and_free_blocks_in_it() -> None:
             taken += 1
             frees += manager.pool.num_frees > num_frees
     assert taken >= 40 and frees >= 20
+
+
+def test_decode_in_bulk_declines_without_prefix_caching() -> None:
+    """Without prefix caching a freed block goes to the front of the queue, where a later step of the same advance
+    would take it: the fast path must decline and change nothing (the caller then steps in lockstep)."""
+    groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(FULL_ATTENTION, (1,), 1, None)]
+    manager = HybridBlockManager(200, 4, groups)
+    for sid in range(3):
+        manager.create_sequence(sid, 10 + sid)
+    before = state(manager)
+    assert not manager.decode_in_bulk([0, 1, 2], 12)
+    assert state(manager) == before
+
+
+def test_the_checker_names_groups_that_slid_or_cached_alone() -> None:
+    """The fast paths count one sliding group's null entries and one group's cached blocks for all of a
+    sequence's groups; a manager where they differ is broken, and the checker must say so (planted: one group
+    moved alone)."""
+    groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 8),
+              KVCacheGroup(FULL_ATTENTION, (2,), 1, None)]
+    manager = HybridBlockManager(200, 4, groups, enable_prefix_caching=True)
+    manager.create_sequence(0, 30, block_hashes=hash_blocks(("own", i) for i in range(10)))
+    manager.grow(0, 1)
+    assert manager.invariant_violations() == []
+    sequence = manager.sequences[0]
+    assert sequence.num_null == [5, 5, 0] and sequence.num_cached_blocks == [7, 7, 7]
+    sequence.num_cached_blocks[2] = 6
+    assert any("a group cached alone" in problem for problem in manager.invariant_violations())
+    sequence.num_cached_blocks[2] = 7
+    manager.pool.release([sequence.block_tables[1][5]])  # group 1's window lets go of one more block alone
+    sequence.block_tables[1][5] = -1
+    sequence.num_null[1] = 6
+    assert any("a window slid in one group alone" in problem for problem in manager.invariant_violations())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bulk_profile_against_a_count_per_request_and_step(seed: int) -> None:
+    """``HybridPagedAllocator.bulk_profile`` (numpy over requests and steps) against the counts written per request
+    and step from the rules: during step j a request of length L + j holds ceil((L + j) / B) entries in each
+    group, max(0, L + j - W) // B of them null in a sliding group; the advance is safe while each step's new
+    entries fit on what the earlier steps left free."""
+    rng = random.Random(seed)
+    block_size, window = rng.choice([1, 4, 16]), rng.randint(1, 60)
+    kinds = rng.choice(LAYOUTS)
+    groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
+              for i, kind in enumerate(kinds)]
+    num_groups, num_sliding = len(groups), kinds.count(SLIDING_ATTENTION)
+    allocator = HybridPagedAllocator(rng.randint(40, 400), block_size, groups, prefix_caching=False,
+                                     max_in_flight_tokens=64, max_model_len=4096)
+    holdings, lengths, finals = [], [], []
+    for sid in range(rng.randint(1, 8)):
+        prompt = rng.randint(1, 5 * block_size + window)
+        holding = Holding(sid, prompt, rng.randint(1, 80))
+        if allocator.manager.blocks_to_create(prompt) > allocator.manager.num_free_blocks:
+            break
+        allocator.admit(holding, prompt)
+        allocator.manager.grow(sid, 0)  # the slide a finished prefill leaves for the first decode step
+        holdings.append(holding)
+        lengths.append(prompt)
+        finals.append(holding.final_length)
+    if not holdings:
+        pytest.skip("no prompt fits")
+    num_steps = rng.randint(1, 3 * block_size + 10)
+    allocated = [allocator.allocated(holding) for holding in holdings]
+    free = allocator.manager.num_free_blocks
+    held = []  # per step (0: now) [entries, blocks held, token slots, slots past the final lengths]
+    for step in range(num_steps + 1):
+        entries = [-(-(length + step) // block_size) for length in lengths]
+        nulls = [max(0, length + step - window) // block_size for length in lengths]
+        held.append((sum(entries),
+                     sum(num_groups * e - num_sliding * z for e, z in zip(entries, nulls, strict=True)),
+                     sum(num_groups * (length + step) - num_sliding * block_size * z
+                         for length, z in zip(lengths, nulls, strict=True)),
+                     sum(num_groups * max(e * block_size - final, 0)
+                         for e, final in zip(entries, finals, strict=True))))
+    held[0] = (held[0][0], sum(allocated) // block_size, *held[0][2:])
+    num_ok = 0
+    while num_ok < num_steps and (held[num_ok][1] - held[0][1]) + num_groups * (held[num_ok + 1][0]
+                                                                               - held[num_ok][0]) <= free:
+        num_ok += 1
+    profile = allocator.bulk_profile(np.array(lengths, dtype=np.int64), np.array(allocated, dtype=np.int64),
+                                     np.array(finals, dtype=np.int64), num_steps)
+    assert profile.num_steps == num_ok
+    assert list(profile.allocated) == [held[j][1] * block_size for j in range(1, num_ok + 1)]
+    assert list(profile.tokens) == [held[j][2] for j in range(1, num_ok + 1)]
+    assert list(profile.internal) == [held[j][3] for j in range(1, num_ok + 1)]

@@ -26,6 +26,8 @@ one eviction order; a sequence frees group by group, each tail first (vLLM's coo
 Invariants (``hybrid_invariants.py`` checks them): ``KVBlockManager``'s over all groups' tables, and per group:
 ``ceil(length / block_size)`` entries; null blocks only in sliding groups, only as a prefix, never one the window
 still reaches; a cached held block sits where its group's content has that hash, inside the computed tokens.
+Every sliding group of a sequence has as many null entries, and every cached group as many blocks offered to the
+cache (all slide and cache together): the fast paths count one group for all.
 
 ``grow`` first slides the windows (that happens even when the allocation then fails, as in vLLM, where it makes
 room for the retry after a preemption); the allocation itself is all or nothing.
@@ -89,6 +91,8 @@ class HybridBlockManager:
         self.sequences: dict[SequenceId, GroupedSequence] = {}
         self.full_ids = [g for g, group in enumerate(self.groups) if not group.is_sliding]
         self.sliding_ids = [g for g, group in enumerate(self.groups) if group.is_sliding]
+        self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
+        self.group_slides = [group.is_sliding for group in self.groups]
         windows = {self.groups[g].sliding_window for g in self.sliding_ids}
         if len(windows) > 1 or None in windows:
             raise ValueError(f"sliding groups need one window, got {sorted(windows, key=str)}")
@@ -106,11 +110,11 @@ class HybridBlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.pool.free_blocks)
+        return self.pool.free_blocks.num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_physical_blocks - len(self.pool.free_blocks)
+        return self.num_physical_blocks - self.pool.free_blocks.num_free
 
     @property
     def num_shared_references(self) -> int:
@@ -130,8 +134,11 @@ class HybridBlockManager:
     def num_held_tokens(self, sequence_id: SequenceId, num_tokens: int) -> int:
         """Of the sequence's first ``num_tokens``, the K/V entries its groups hold: a token counts once per
         group whose table still has its block."""
-        state = self.sequences[sequence_id]
-        return sum(max(0, num_tokens - nulls * self.block_size) for nulls in state.num_null)
+        if not self.sliding_ids:
+            return len(self.groups) * num_tokens
+        num_null = self.sequences[sequence_id].num_null[self.sliding_ids[0]]  # (the same in every sliding group)
+        return (len(self.groups) - len(self.sliding_ids)) * num_tokens + \
+            len(self.sliding_ids) * max(0, num_tokens - num_null * self.block_size)
 
     def skipped_blocks(self, num_computed_tokens: int) -> int:
         """Leading blocks a sliding group no longer needs once ``num_computed_tokens`` are computed: the next
@@ -202,7 +209,7 @@ class HybridBlockManager:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         state = self.sequence(sequence_id)
         if self.window is not None:
-            self.slide_window(sequence_id)
+            self._slide(state, state.num_computed_tokens)
         new_length = state.sequence_length + num_tokens
         self._take(state, new_length)
         if computed:
@@ -213,11 +220,14 @@ class HybridBlockManager:
         """Free the sliding groups' blocks that the window no longer reaches with ``num_computed_tokens``
         (default: the sequence's) computed, each group's last first (vLLM's ``_remove_blocks_in_range``)."""
         state = self.sequences[sequence_id]
-        computed = state.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
-        skipped = min(self.skipped_blocks(computed), len(state.block_tables[0]))
-        for g in self.sliding_ids:
-            first = state.num_null[g]
-            if skipped > first:
+        if self.window is not None:
+            self._slide(state, state.num_computed_tokens if num_computed_tokens is None else num_computed_tokens)
+
+    def _slide(self, state: GroupedSequence, num_computed_tokens: int) -> None:
+        skipped = min(self.skipped_blocks(num_computed_tokens), len(state.block_tables[0]))
+        first = state.num_null[self.sliding_ids[0]]  # (the same in every sliding group)
+        if skipped > first:
+            for g in self.sliding_ids:
                 table = state.block_tables[g]
                 self.pool.release(table[skipped - 1:first - 1 if first else None:-1])
                 table[first:skipped] = [NULL_BLOCK] * (skipped - first)
@@ -235,69 +245,84 @@ class HybridBlockManager:
         pool, block_size, window = self.pool, self.block_size, self.window
         if window is None or not self.enable_prefix_caching or not self.hit_run or pool.listener is not None:
             return False
+        # With hit_run > 0 every group is cached (``cached_group_ids``), so a sequence's ``num_cached_blocks`` is
+        # one number for all groups, and its sliding groups' null entries move together: one stands for each.
+        sliding, sliding_ids, group_slides = self.sliding_ids[0], self.sliding_ids, self.group_slides
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
-        caching = []  # (sequence, group, first, stop, keys)
-        cached_states = []  # the sequences whose blocks ``_advance_cached`` counts
-        sliding = self.sliding_ids[0]  # (the sliding groups' null entries move together: one stands for all)
+        keys, caching = [], []  # the cache keys in caching order; (sequence, group, first, stop) per range
+        take, slide = takes.append, slides.append
+        limit = num_steps + 1
         for order, state in enumerate(states):
             length, hashes = state.sequence_length, state.block_hashes
+            num_hashes = len(hashes)
             final = length + num_steps
-            if max(0, final - window) // block_size > len(hashes):
-                return False  # (a block past the hashes is never cached: freed, it would go to the front)
+            if final - window >= block_size * (num_hashes + 1):
+                return False  # a block past the hashes is never cached: freed, it would go to the front
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
-            # more when L + j - W = 0 mod B.
-            first_take = (1 - length) % block_size or block_size
-            if first_take <= num_steps:
-                takes += [(step, order) for step in range(first_take, num_steps + 1, block_size)]
-            skipped = max(0, state.num_computed_tokens + 1 - window) // block_size
-            if skipped > state.num_null[sliding]:
-                slides.append((1, order, skipped))
-            first_skip = (window - length) % block_size or block_size
-            if first_skip <= num_steps and length + num_steps > window:
-                slides += [(step, order, (length + step - window) // block_size)
-                           for step in range(first_skip, num_steps + 1, block_size)
-                           if step > 1 and length + step > window]
-            if min(final // block_size, len(hashes)) > min(state.num_cached_blocks):
-                cached_states.append(state)
-                caching += [(state, g, first, stop, [(g, block_hash) for block_hash in hashes[first:stop]])
-                            for g, first, stop in self._cache_ranges(state, final)]
+            # more when L + j - W = 0 mod B. (Builtins and bound methods kept out of this loop: it runs per
+            # sequence and bulk step.)
+            for step in range((1 - length) % block_size or block_size, limit, block_size):
+                take((step, order))
+            num_null = state.num_null[sliding]
+            skipped = (state.num_computed_tokens + 1 - window) // block_size  # (negative: none, as 0)
+            if skipped > num_null:
+                slide((1, order, skipped))
+            if final > window:
+                for step in range((window - length) % block_size or block_size, limit, block_size):
+                    if step > 1 and length + step > window:
+                        slide((step, order, (length + step - window) // block_size))
+            stop = final // block_size
+            if stop > num_hashes:
+                stop = num_hashes
+            num_cached = state.num_cached_blocks[0]
+            if stop > num_cached:  # (null entries, a prefix of a sliding group, are never cached)
+                first_sliding = num_null if num_null > num_cached else num_cached
+                for g, slides_g in enumerate(group_slides):
+                    first = first_sliding if slides_g else num_cached
+                    if stop > first:
+                        caching.append((state, g, first, stop))
+                        keys += [(g, block_hash) for block_hash in hashes[first:stop]]
         num_taken = len(takes) * len(self.groups)
-        if num_taken > self.num_free_blocks:
+        if num_taken > pool.free_blocks.num_free:
             return False
         # Content cached already, or twice, would make the cached copy depend on the order of caching and
         # evictions (a sequence recomputing its own blocks): then lockstep.
-        keys = [key for *_, part in caching for key in part]
         if len(set(keys)) != len(keys) or not pool.cached_blocks.keys().isdisjoint(keys):
             return False
-        taken: list[int] = []
-        pool.take(num_taken, taken)
-        takes.sort()
-        position = 0
-        for _, order in takes:
-            for table in states[order].block_tables:  # group by group, as ``_take``
-                table.append(taken[position])
-                position += 1
+        if takes:
+            taken: list[int] = []
+            pool.take(num_taken, taken)
+            takes.sort()
+            next_taken = iter(taken).__next__
+            for _, order in takes:
+                for table in states[order].block_tables:  # group by group, as ``_take``
+                    table.append(next_taken())
         if caching:  # (one call, the blocks in the order the calls one by one would cache them)
-            pool.cache(keys, [block for state, g, first, stop, _ in caching
-                              for block in state.block_tables[g][first:stop]])
+            blocks = []
+            for state, g, first, stop in caching:
+                blocks += state.block_tables[g][first:stop]
+                state.num_cached_blocks = [stop] * len(self.groups)  # (offered to the cache, as ``_computed`` counts)
+            pool.cache(keys, blocks)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
-        for state in cached_states:
-            self._advance_cached(state, state.sequence_length)
+        if not slides:
+            return True
         freed: list[list[int]] = []  # each slide's blocks, each group's last first (``slide_window``)
+        blocks = []  # all of them, in that order
         slides.sort()
         for _, order, skipped in slides:
             state = states[order]
-            for g in self.sliding_ids:
-                first = state.num_null[g]
-                if skipped > first:
+            first = state.num_null[sliding]
+            if skipped > first:
+                for g in sliding_ids:
                     table = state.block_tables[g]
-                    freed.append(table[skipped - 1:first - 1 if first else None:-1])
+                    part = table[skipped - 1:first - 1 if first else None:-1]
+                    freed.append(part)
+                    blocks += part
                     table[first:skipped] = [NULL_BLOCK] * (skipped - first)
                     state.num_null[g] = skipped
-        blocks = [block for part in freed for block in part]
         if len(set(blocks)) == len(blocks):
             pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
         else:  # a block that two sequences share: the later release frees it
@@ -338,7 +363,11 @@ class HybridBlockManager:
         needs none), and the hit's length in tokens: vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit``
         for full attention plus one window (one pass suffices, as vLLM's "simple hybrid")."""
         # The scheduler asks about the same waiting prompt several times a step (its gate, its first chunk); the
-        # answer changes only with the cache map. (The lists returned are shared: callers only read them.)
+        # answer changes only with the cache map. (The lists returned are shared: callers only read them.) Most
+        # prompts miss on their first block: a full group then hits nothing, and neither does the window.
+        if self.full_ids and (num_tokens <= self.block_size or not block_hashes or not self.enable_prefix_caching
+                              or (self.full_ids[0], block_hashes[0]) not in self.pool.cached_blocks):
+            return self._no_hits, 0
         version = self.pool.cache_version
         memo = self._hits_memo
         if memo[0] != version or memo[1] != block_hashes:
@@ -391,6 +420,9 @@ class HybridBlockManager:
         ``get_num_blocks_to_allocate`` (new blocks past the hit or the skipped blocks, plus hits that revive a
         free cached block)."""
         required = num_blocks_for(num_tokens, self.block_size)
+        if not hit_tokens:  # (no hit in any group: each takes its blocks, a sliding one at most ``cap``)
+            return len(self.full_ids) * required + len(self.sliding_ids) * (required if cap is None
+                                                                             else min(required, cap))
         skipped = self.skipped_blocks(hit_tokens)
         refs = self.pool.ref_counts
         total = 0
@@ -418,30 +450,28 @@ class HybridBlockManager:
 
     def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:
         """Advance the computed tokens; each group caches its blocks that became full and computed under
-        (group, hash), skipping null entries (vLLM's ``cache_full_blocks``)."""
+        (group, hash), skipping null entries (vLLM's ``cache_full_blocks``), and counts them as offered to the
+        cache."""
         if num_computed_tokens <= state.num_computed_tokens:
             return
         if state.num_loading_tokens:  # (a load's end computes them)
             state.num_loading_tokens = max(0, state.num_computed_tokens + state.num_loading_tokens
                                            - num_computed_tokens)
         state.num_computed_tokens = num_computed_tokens
-        if not self.enable_prefix_caching:
+        cached = state.num_cached_blocks
+        stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
+        if not self.enable_prefix_caching or stop <= min(cached):  # (most decode steps fill no block)
             return
-        ranges = self._cache_ranges(state, num_computed_tokens)
+        nulls = state.num_null
+        ranges = [(g, max(cached[g], nulls[g])) for g in self.cached_group_ids]
+        ranges = [(g, first) for g, first in ranges if stop > first]  # (null entries, a prefix, are never cached)
         if ranges:  # (one call, the groups' blocks in the order the calls one by one would cache them)
             hashes, tables = state.block_hashes, state.block_tables
-            self.pool.cache([(g, block_hash) for g, first, stop in ranges for block_hash in hashes[first:stop]],
-                            [block for g, first, stop in ranges for block in tables[g][first:stop]])
-        self._advance_cached(state, num_computed_tokens)
-
-    def _cache_ranges(self, state: GroupedSequence, num_computed_tokens: int) -> list[tuple[int, int, int]]:
-        """(group, first, stop): the table entries that ``num_computed_tokens`` computed makes cached."""
-        stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
-        firsts = [(g, max(state.num_cached_blocks[g], state.num_null[g])) for g in self.cached_group_ids]
-        return [(g, first, stop) for g, first in firsts if stop > first]  # (null entries, a prefix, are never cached)
-
-    def _advance_cached(self, state: GroupedSequence, num_computed_tokens: int) -> None:
-        """Count the entries ``_cache_ranges`` gave as offered to the cache."""
-        stop = min(num_computed_tokens // self.block_size, len(state.block_hashes))
+            keys: list[tuple[int, Hashable]] = []
+            blocks: list[int] = []
+            for g, first in ranges:
+                keys += [(g, block_hash) for block_hash in hashes[first:stop]]
+                blocks += tables[g][first:stop]
+            self.pool.cache(keys, blocks)
         for g in self.cached_group_ids:
-            state.num_cached_blocks[g] = max(state.num_cached_blocks[g], stop)
+            cached[g] = max(cached[g], stop)

@@ -37,6 +37,12 @@ def _sequence_violations(manager: Any, state: Any, touched: int) -> list[str]:
     reachable = manager.skipped_blocks(state.num_computed_tokens + state.num_loading_tokens)
     computed_blocks = state.num_computed_tokens // manager.block_size
     seen: set[int] = set()
+    if len({state.num_null[g] for g in manager.sliding_ids}) > 1:
+        problems.append(f"sequence {sid!r}: its sliding groups hold {state.num_null} null entries, expected one "
+                        f"count: a window slid in one group alone")
+    if len({state.num_cached_blocks[g] for g in manager.cached_group_ids}) > 1:
+        problems.append(f"sequence {sid!r}: its groups count {state.num_cached_blocks} blocks offered to the cache, "
+                        f"expected one count: a group cached alone")
     for g, (table, nulls) in enumerate(zip(state.block_tables, state.num_null, strict=True)):
         if len(table) != expected:
             problems.append(f"sequence {sid!r} group {g} holds {len(table)} entries for {state.sequence_length} "

@@ -88,32 +88,36 @@ class HybridPagedAllocator(PagedAllocator):
 
     def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
-        # During step j a request of length L_j (after the step's growth) holds ceil(L_j / B) entries per group; a
-        # sliding group slid with L_j - 1 computed, so max(0, L_j - W) // B of them are null blocks.
+        # During step j a request of length L_j = L + j (after the step's growth) holds ceil(L_j / B) entries per
+        # group; a sliding group slid with L_j - 1 computed, so max(0, L_j - W) // B of them are null blocks. (As
+        # few numpy calls as it takes: at a handful of running requests each call's fixed cost is most of the time.)
         block_size, window, groups, sliding = self.block_size, self.manager.window, self.num_groups, self.num_sliding
-        free = self.manager.num_free_blocks
-        steps = np.arange(1, num_steps + 1, dtype=np.int64)
-        length_matrix = lengths[:, None] + steps[None, :]  # [n, k]
-        entries = -(-length_matrix // block_size)
-        skipped = np.maximum((length_matrix - window) // block_size, 0)
-        entries_now = int((-(-lengths // block_size)).sum())
-        entries_sum, skipped_sum = entries.sum(axis=0), skipped.sum(axis=0)  # [k]
-        held_sum = groups * entries_sum - sliding * skipped_sum
+        length_matrix = lengths[:, None] + np.arange(1, num_steps + 1, dtype=np.int64)  # [n, k]
+        entry_slots = (length_matrix + (block_size - 1)) // block_size * block_size  # [n, k] a group's entries
+        skipped = (length_matrix - window) // block_size
+        np.maximum(skipped, 0, out=skipped)
+        skipped_slots = sliding * block_size * np.add.reduce(skipped, axis=0)  # [k] the null entries' slots
+        # (``np.add.reduce``: ``ndarray.sum`` goes through a Python wrapper)
+        allocated_slots = groups * np.add.reduce(entry_slots, axis=0) - skipped_slots  # [k]
         # Safe to take in bulk while each step's new blocks fit before any of that step's windows slide; all of
-        # them when the new entries of every step fit at once (what the windows free meanwhile only helps).
+        # them when the new entries of every step fit at once (what the windows free meanwhile only helps). A
+        # request takes at most k // B + 1 entries per group: the exact count only where that many may not fit.
         num_ok = num_steps
-        if groups * (int(entries_sum[-1]) - entries_now) > free:
-            net = held_sum - int(allocated.sum()) // block_size  # [k] blocks taken minus freed by each step's end
-            new_entries = groups * np.diff(entries_sum, prepend=entries_now)
-            fits = np.concatenate(([0], net[:-1])) + new_entries <= free
-            num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
-        # Slots past a request's final length: only where its last block may reach past it, ceil((L + k) / B) * B
-        # <= L + k + B - 1 (the rows left out count 0)
-        near = finals < lengths + (num_ok + block_size - 1)
-        internal = groups * np.maximum(entries[near, :num_ok] * block_size - finals[near, None], 0).sum(axis=0)
-        tokens = groups * (int(lengths.sum()) + len(lengths) * steps[:num_ok]) - sliding * block_size * \
-            skipped_sum[:num_ok]
-        return BulkProfile(num_ok, held_sum[:num_ok] * block_size, internal, tokens)
+        free = self.manager.num_free_blocks
+        if groups * len(lengths) * (num_steps // block_size + 1) > free:
+            entries_sum = np.add.reduce(entry_slots, axis=0) // block_size  # [k]
+            entries_now = int(np.add.reduce((lengths + (block_size - 1)) // block_size))
+            if groups * (int(entries_sum[-1]) - entries_now) > free:
+                net = (allocated_slots - int(allocated.sum())) // block_size  # [k] blocks taken minus freed by then
+                new_entries = groups * np.diff(entries_sum, prepend=entries_now)
+                fits = np.concatenate(([0], net[:-1])) + new_entries <= free
+                num_ok = int(np.argmin(fits)) if not fits.all() else num_steps
+        if num_ok < num_steps:
+            length_matrix, entry_slots = length_matrix[:, :num_ok], entry_slots[:, :num_ok]
+            skipped_slots, allocated_slots = skipped_slots[:num_ok], allocated_slots[:num_ok]
+        internal = groups * np.add.reduce(np.maximum(entry_slots - finals[:, None], 0), axis=0)
+        tokens = groups * np.add.reduce(length_matrix, axis=0) - skipped_slots
+        return BulkProfile(num_ok, allocated_slots, internal, tokens)
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
         """The decode steps in lockstep where it matters, so that the pool's history (which blocks are taken,

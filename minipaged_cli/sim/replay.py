@@ -210,9 +210,9 @@ class Replay:
         external = scheduler.external_fragmentation()
         peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
         if self.allocator.windowed:
-            grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())  # slots taken since start
-            held_back = np.zeros(num_steps, dtype=bool)
+            grown = profile.allocated - int(allocated.sum())  # slots taken since the start: per step, or one number
             if scheduler.waiting:
+                grown = np.broadcast_to(grown, num_steps)
                 headroom = scheduler.admission_headroom()
                 held_back = grown > headroom
                 if headroom < 0 and not held_back.all():
@@ -220,11 +220,15 @@ class Replay:
                     if num_steps == 0:
                         return False
                     held_back = held_back[:num_steps]
-            peak_used = self.allocator.used_slots + int(grown[:num_steps].max())
-            changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
-            for start, stop in itertools.pairwise([0, *changes, num_steps]):
-                self._record_bulk(profile, durations, total_length, n, external, start, stop, bool(held_back[start]))
-            duration = float(durations[:num_steps].sum())
+                changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
+                for start, stop in itertools.pairwise([0, *changes, num_steps]):
+                    self._record_bulk(profile, durations, total_length, n, external, start, stop,
+                                      bool(held_back[start]))
+                duration = float(durations[:num_steps].sum())
+            else:  # nothing waits: nothing is held back
+                duration = self._record_bulk(profile, durations, total_length, n, external, 0, num_steps, False)
+            peak_used = self.allocator.used_slots + (int(grown[:num_steps].max()) if isinstance(grown, np.ndarray)
+                                                     else grown)
         else:
             num_free = num_steps
             if scheduler.waiting:
