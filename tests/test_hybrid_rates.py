@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from minipaged_cli.apps.sweep_points import Point, Settings, prepare
+from minipaged_cli.apps.sweep import Axes, sweep
+from minipaged_cli.apps.sweep_points import Point, Settings, all_full_attention_models, prepare
+from minipaged_cli.apps.sweep_runners import LocalRunner
 from minipaged_cli.cli.main import app
 from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.readers import load_trace
@@ -100,3 +104,18 @@ def test_sweep_shows_paged_with_every_layer_full_beside_the_hybrid_manager() -> 
 def test_no_all_full_curve_without_the_hybrid_manager_or_paged(args: list[str]) -> None:
     document = _sweep_json(*(args if "--strategies" in args else ["--strategies", "paged", *args]))
     assert "paged-all-full" not in {point["strategy"] for point in document["points"]}
+
+
+def test_the_sweep_plot_draws_the_all_full_curve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from minipaged_cli.cli import plot
+
+    drawn: list[Any] = []
+    monkeypatch.setattr(plot, "_save", lambda figure, path, plt, field="--plot": drawn.append(figure))
+    settings = Settings(engine={"max_model_len": 8192})
+    axes = Axes(rates=(4.0, 8.0), strategies=("paged",), models=("gpt-oss-20b",), kv_memory=("48MiB",),
+                all_full_models=all_full_attention_models(("gpt-oss-20b",), ("paged",), settings))
+    plot.plot_sweep(sweep(load_trace(MIXED, "auto"), axes, settings, LocalRunner(1)), tmp_path / "s.png", title="t")
+    (figure,) = drawn
+    (ax,) = figure.axes
+    assert [line.get_label() for line in ax.get_lines()] == ["paged", "paged-all-full"]
