@@ -6,7 +6,7 @@ point's row is the mean of its replays' metrics, one per arrival seed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
@@ -148,13 +148,14 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
     num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
                                        settings.gpu_memory_utilization, hybrid=settings.hybrid_manager)
     config = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
-                     prefix_caching=point.prefix_caching, calibration=calibration,
-                     cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory"),
-                     offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
+                       prefix_caching=point.prefix_caching, calibration=calibration,
+                       cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory"),
+                       offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
     return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
 
 
-def all_full_attention_models(models: Iterable[str], strategies: Iterable[str], settings: Settings) -> tuple[str, ...]:
+def all_full_attention_models(models: Iterable[str], strategies: Collection[str],
+                              settings: Settings) -> tuple[str, ...]:
     """The models whose paged curve is swept once more with every layer as full attention: those with sliding
     windows, when the hybrid manager runs and paged is swept."""
     if not settings.hybrid_manager or "paged" not in strategies:
