@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from minipaged_cli.apps.sweep_points import Point, Replay, Settings, Work, mean_row, prepare
+from minipaged_cli.apps.sweep_points import ALL_FULL_ATTENTION, Point, Replay, Settings, Work, mean_row, prepare
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE
@@ -54,11 +54,20 @@ class Axes:
     cpu_kv_memory: tuple[str | None, ...] = (None,)
     offload_policies: tuple[str, ...] = ("write-through",)
     tier_evictions: tuple[str, ...] = ("lru",)
+    # Models whose paged curve is swept again with every layer as full attention (``all_full_attention_models``)
+    all_full_models: tuple[str, ...] = ()
 
     def points(self) -> list[Point]:
-        return [Point(m, g, k, b, p, s, r, c, o, e) for m, g, k, b, p, c, o, e, s, r in itertools.product(
+        points = [Point(m, g, k, b, p, s, r, c, o, e) for m, g, k, b, p, c, o, e, s, r in itertools.product(
             self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching, self.cpu_kv_memory,
             self.offload_policies, self.tier_evictions, self.strategies, self.rates)]
+        return points + [replace(point, strategy=ALL_FULL_ATTENTION) for point in points
+                         if point.strategy == "paged" and point.model in self.all_full_models]
+
+    @property
+    def curve_strategies(self) -> tuple[str, ...]:
+        """The strategies of the curves drawn: those swept, and paged with every layer full where it is."""
+        return self.strategies + ((ALL_FULL_ATTENTION,) if self.all_full_models else ())
 
     def varying(self) -> list[str]:
         """The Point fields with more than one value (besides strategy and rate), for labels."""

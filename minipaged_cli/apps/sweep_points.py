@@ -6,7 +6,7 @@ point's row is the mean of its replays' metrics, one per arrival seed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
@@ -30,6 +30,10 @@ from minipaged_cli.workloads.trace import Trace
 # capacity, block size, prefix caching), the calibration's (read once), or diagnostics.
 ENGINE_FIELDS = ("scheduler", "max_model_len", "max_num_seqs", "max_batched_tokens", "watermark", "preemption",
                  "cpu_blocks", "hybrid_kv")
+# The paged strategy once more with every layer as full attention on the same KV memory, beside a sliding-window
+# model's hybrid manager (what ``simulate`` replays as ``paged_all_full_attention``): what the manager buys in
+# requests/s, as one more curve of the panel.
+ALL_FULL_ATTENTION = "paged-all-full"
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,11 @@ class Settings:
                                                             for name in ENGINE_FIELDS},
                 "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration,
                 "kv_cache_dtype": self.kv_cache_dtype}
+
+    @property
+    def hybrid_manager(self) -> bool:
+        """Whether the hybrid KV cache manager runs: as given, else the engine's default (on under v1)."""
+        return resolve_hybrid_kv(self.engine.get("hybrid_kv"), self.engine.get("scheduler", SimConfig.scheduler))
 
     def engine_prefix_caching(self) -> bool:
         """Prefix caching where the sweep leaves it out: the engine's default (v1 on, v0 off), as SimConfig
@@ -93,6 +102,11 @@ class Point:
                 self.rate)
 
     @property
+    def replayed_strategy(self) -> str:
+        """The allocation strategy the point's replays run (the all-full curve's is paged)."""
+        return "paged" if self.strategy == ALL_FULL_ATTENTION else self.strategy
+
+    @property
     def host_bytes(self) -> int:
         """The host tier's size in bytes (0: none)."""
         return parse_bytes(self.cpu_kv_memory or "0", field="--cpu-kv-memory", allow_zero=True)
@@ -125,27 +139,36 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
             raise InputError("must be > 0", field="--rates", value=point.rate, has_value=True)
         if point.curve not in configs:
             configs[point.curve] = config = _config(point, settings, calibration)
-            check_capacity(trace, config, (point.strategy,))
+            check_capacity(trace, config, (point.replayed_strategy,))
     return Work(trace, configs)
 
 
 def _config(point: Point, settings: Settings, calibration: Calibration | None) -> SimConfig:
     model, gpu = with_kv_cache_dtype(load_model(point.model), settings.kv_cache_dtype), load_gpu(point.gpu)
-    hybrid = resolve_hybrid_kv(settings.engine.get("hybrid_kv"), settings.engine.get("scheduler", "v1"))
     num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
-                                       settings.gpu_memory_utilization, hybrid=hybrid)
-    return SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
-                     prefix_caching=point.prefix_caching, calibration=calibration,
-                     cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
-                                               hybrid=hybrid),
-                     offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
+                                       settings.gpu_memory_utilization, hybrid=settings.hybrid_manager)
+    config = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
+                       prefix_caching=point.prefix_caching, calibration=calibration,
+                       cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
+                                                 hybrid=settings.hybrid_manager),
+                       offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
+    return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
+
+
+def all_full_attention_models(models: Iterable[str], strategies: Collection[str],
+                              settings: Settings) -> tuple[str, ...]:
+    """The models whose paged curve is swept once more with every layer as full attention: those with sliding
+    windows, when the hybrid manager runs and paged is swept."""
+    if not settings.hybrid_manager or "paged" not in strategies:
+        return ()
+    return tuple(name for name in models if load_model(name).is_hybrid)
 
 
 def run_replay(work: Work, job: Replay) -> dict[str, float | int | None]:
     """One replay: the metrics of a sweep row, unrounded (``mean_row`` averages and rounds them)."""
     point = job.point
     metrics = replay(work.trace.with_poisson_arrivals(point.rate, job.seed), work.configs[point.curve],
-                     point.strategy)
+                     point.replayed_strategy)
     return {
         "normalized_latency_mean_s": metrics.mean_normalized_latency_s,
         "normalized_latency_p99_s": metrics.p99_normalized_latency_s,

@@ -137,7 +137,7 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
     capacities = {c.curve: c for c in result.capacities or []}
     limit = next((s.limit_s for s in result.slos if s.name == "normalized-latency"), None)
     for ax, panel in zip(axes.flat, panels, strict=False):
-        for strategy in result.axes.strategies:
+        for strategy in result.axes.curve_strategies:
             points = sorted((p for p in result.rows if p.panel == panel and p.strategy == strategy),
                             key=lambda p: p.rate)
             shown = [(p.rate, result.rows[p]["normalized_latency_mean_s"]) for p in points

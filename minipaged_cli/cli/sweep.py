@@ -14,7 +14,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from minipaged_cli.apps.sweep import SEARCH_STEPS, SLO_METRICS, Axes, SweepResult, sweep
-from minipaged_cli.apps.sweep_points import ENGINE_FIELDS, Settings, prepare
+from minipaged_cli.apps.sweep_points import (
+    ALL_FULL_ATTENTION,
+    ENGINE_FIELDS,
+    Settings,
+    all_full_attention_models,
+    prepare,
+)
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.cli.common import (
     CalibrationOpt,
@@ -158,7 +164,8 @@ def sweep_command(
     axes = Axes(rates=options["rates"], strategies=options["strategies"], models=options["models"],
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
-                offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"])
+                offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
+                all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
     points = axes.points()
@@ -179,6 +186,10 @@ def sweep_command(
     kv_note = f" · KV cache {settings.kv_cache_dtype}" if settings.kv_cache_dtype != "auto" else ""
     console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {len(result.rows)} points on "
                   f"{escape(runner.describe())}{seeds_note}{kv_note}")
+    if axes.all_full_models:
+        console.print(f"{ALL_FULL_ATTENTION}: paged with every layer as full attention on the same KV memory "
+                      f"(--no-hybrid-kv), beside the hybrid manager's paged ({', '.join(axes.all_full_models)})",
+                      markup=False, highlight=False)
     console.print(points_table(result))
     if result.slos:
         console.print(capacity_table(result))
