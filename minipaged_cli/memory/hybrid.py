@@ -304,7 +304,7 @@ class HybridBlockManager:
             for state, g, first, stop in caching:
                 blocks += state.block_tables[g][first:stop]
                 state.num_cached_blocks = [stop] * len(self.groups)  # (offered to the cache, as ``_computed`` counts)
-            pool.cache(keys, blocks)
+            pool.cache_new(keys, blocks)  # (checked above: fresh content; blocks past the cached ones carry no hash)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
         if not slides:
