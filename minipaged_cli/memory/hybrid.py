@@ -35,6 +35,7 @@ room for the retry after a preemption); the allocation itself is all or nothing.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -470,7 +471,7 @@ class HybridBlockManager:
             keys: list[tuple[int, Hashable]] = []
             blocks: list[int] = []
             for g, first in ranges:
-                keys += [(g, block_hash) for block_hash in hashes[first:stop]]
+                keys += zip(itertools.repeat(g), hashes[first:stop])  # (a prompt's keys: C builds the pairs)
                 blocks += tables[g][first:stop]
             self.pool.cache(keys, blocks)
         for g in self.cached_group_ids:
