@@ -252,7 +252,7 @@ class HybridBlockManager:
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
         keys, caching = [], []  # the cache keys in caching order; (sequence, group, first, stop) per range
-        take, slide = takes.append, slides.append
+        take, slide, add_key = takes.append, slides.append, keys.append
         limit = num_steps + 1
         for order, state in enumerate(states):
             length, hashes = state.sequence_length, state.block_hashes
@@ -284,7 +284,8 @@ class HybridBlockManager:
                     first = first_sliding if slides_g else num_cached
                     if stop > first:
                         caching.append((state, g, first, stop))
-                        keys += [(g, block_hash) for block_hash in hashes[first:stop]]
+                        for block_hash in hashes[first:stop]:  # (a block or two: a comprehension costs more)
+                            add_key((g, block_hash))
         num_taken = len(takes) * len(self.groups)
         if num_taken > pool.free_blocks.num_free:
             return False
