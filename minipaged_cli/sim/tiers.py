@@ -133,9 +133,14 @@ class TieredCache:
 
     def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """The GPU computed (or loaded) these blocks: write-through stores them after the step."""
-        if self.write_through:
-            outputs = self.output_hashes
-            self.pending.extend(pair for pair in zip(block_hashes, blocks, strict=True) if pair[0] not in outputs)
+        if not self.write_through:
+            return
+        pairs = zip(block_hashes, blocks, strict=True)
+        outputs = self.output_hashes
+        if outputs.isdisjoint(block_hashes):  # (a prefill's blocks, the common call: no filter in Python)
+            self.pending.extend(pairs)
+        else:
+            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
 
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
         """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
