@@ -7,13 +7,18 @@ time measures the neighbours), the best of ``--repeat`` runs taken in turns (eac
 so none always inherits a warm or a quiet spell), its ratio to the run without tiers (issue 24's goal: within
 2x), the prefix hits (GPU, host, disk, as % of prompt tokens), mean TTFT and output throughput.
 
+``--profile N`` replays the last run once more under ``cProfile`` and prints its N functions of most own time.
+
     python -m benchmarks.tiers_bench [--traces DIR] [--limit N] [--cpu 64GiB,256GiB,1TiB] [--disk 4TiB] [--repeat N]
+        [--profile N]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
+import pstats
 import time
 from pathlib import Path
 
@@ -33,6 +38,7 @@ def main() -> None:
     parser.add_argument("--cpu", default="64GiB,256GiB,1TiB")
     parser.add_argument("--disk", default="4TiB")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each, taken in turns; the best CPU time counts")
+    parser.add_argument("--profile", type=int, default=0, help="profile the last run: its N costliest functions")
     args = parser.parse_args()
 
     trace = load_trace(args.traces / args.trace).limited(args.limit)
@@ -61,6 +67,10 @@ def main() -> None:
               f"{metrics.prefix_cache_hit_pct:>9.1f} {tiers.get('cpu', 0.0):>7.1f} {tiers.get('disk', 0.0):>7.1f} "
               f"{metrics.mean_ttft_s:>9.1f} {metrics.throughput_tokens_per_s:>9.0f}")
     print(f"goal: every run within {GOAL_RATIO:g}x of the run without tiers (CPU seconds)")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(replay, trace, runs[-1][2], "paged")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
 
 
 if __name__ == "__main__":
