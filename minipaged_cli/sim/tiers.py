@@ -3,11 +3,14 @@
 What it models, after vLLM 0.33.0's OffloadingConnector (``distributed/kv_transfer/kv_connector/v1/offloading``)
 and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake Store):
 
-- **Stores.** ``write-through``: every full block the GPU computes is copied to the host tier after the step that
-  computed it (vLLM's connector and LMCache store all of them), and from there to the disk tier; ``on-eviction``:
+- **Stores.** ``write-through``: every full prompt block the GPU computes is copied to the host tier after the step that
+  computed it (vLLM's connector and LMCache store every one), and from there to the disk tier; ``on-eviction``:
   a block goes one tier down when the tier above evicts it (HiCache's write-back, KVBM's G1 -> G2 -> G3). A
   step's stores are one copy over the link; when the link is still busy with earlier copies at the step's end the
-  copy is dropped (counted), not queued: stores never slow the GPU, but they are not free either.
+  copy is dropped (counted), not queued: stores never slow the GPU, but they are not free either. Only prompt
+  blocks go down, under either policy: vLLM's connector stores a request's full prompt blocks only by default
+  (``offload_prompt_only``), as LMCache and Mooncake Store do unless told to save the decode cache; the GPU's
+  prefix cache still keeps the output blocks.
 - **Loads.** At admission, after the GPU's prefix-cache hit, the prompt's next full blocks are looked up block by
   block in the host tier, then the disk tier, up to the first miss (``get_num_new_matched_tokens``); the last
   prompt token is always computed. The run is loaded when the load would finish sooner than the GPU would
@@ -170,6 +173,9 @@ class TieredCache:
             self.tiers.append(Tier("disk", store(config.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
                                    Link(gpu.disk_read_bytes_per_s)))
         self.pending: list[tuple[Hashable, int]] = []  # (hash, GPU block) to store at the step's end
+        # Blocks holding output tokens (a request's keys past its full prompt blocks, named at its first admission),
+        # never stored; forgotten when the GPU evicts them, as no request computes them again.
+        self.output_hashes: set[Hashable] = set()
         if pool is not None:
             pool.listener = self
 
@@ -177,13 +183,23 @@ class TieredCache:
 
     def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """The GPU computed (or loaded) these blocks: write-through stores them after the step."""
-        if self.write_through:
-            self.pending.extend(zip(block_hashes, blocks, strict=True))
+        if not self.write_through:
+            return
+        pairs = zip(block_hashes, blocks, strict=True)
+        outputs = self.output_hashes
+        if outputs.isdisjoint(block_hashes):  # (a prefill's blocks, the common call: no filter in Python)
+            self.pending.extend(pairs)
+        else:
+            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
 
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
-        """The GPU is about to overwrite these cached blocks: on-eviction stores them."""
+        """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
+        outputs = self.output_hashes
+        prompt = [pair for pair in pairs if pair[0] not in outputs]
+        if len(prompt) < len(pairs):
+            outputs.difference_update(h for h, _ in pairs)
         if not self.write_through:
-            self.pending.extend(pairs)
+            self.pending.extend(prompt)
 
     # -- stores ------------------------------------------------------------------------------------------------
 
@@ -271,12 +287,17 @@ class TieredCache:
         the first block last, the most recent."""
         first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
         prompt = block_hashes[:num_prompt // self.block_size]
+        # the blocks past the prompt hold output tokens: named at the first admission (a re-prefill's prompt holds
+        # output tokens too)
+        outputs = block_hashes[num_prompt // self.block_size:] if count_hits else ()
         if self.grouped:
-            num_groups = len(self.full_ids) + len(self.sliding_ids)
-            prompt = [(g, block_hash) for block_hash in prompt for g in range(num_groups)]
+            groups = range(len(self.full_ids) + len(self.sliding_ids))
+            prompt = [(g, block_hash) for block_hash in prompt for g in groups]
+            outputs = [(g, block_hash) for block_hash in outputs for g in groups]
             found, moved = self.lookup_groups(block_hashes, first, stop)
         else:
             found = moved = self.lookup(block_hashes, first, stop)
+        self.output_hashes.update(outputs)
         for tier in self.tiers:
             tier.store.hit(reversed(prompt))
         if not found:
