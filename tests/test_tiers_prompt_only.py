@@ -33,3 +33,18 @@ def test_output_blocks_stay_on_the_gpu(policy: str, stored_blocks: int) -> None:
     metrics = replay(two_requests(), config, "paged")
     assert metrics.num_evictions == 6  # the GPU cached A's output blocks too
     assert metrics.tiers["cpu"].stored_bytes == stored_blocks * BLOCK_BYTES
+
+
+@pytest.mark.parametrize(("policy", "stored_pages"), [
+    ("write-through", 2 * (4 + 6)),  # each of the two groups' pages of A's 4 and B's 6 prompt blocks
+    ("on-eviction", 2 * 4),  # of A's 12 cached pages B's allocation evicts, the 8 of prompt blocks
+])
+def test_output_blocks_stay_on_the_gpu_in_every_kv_cache_group(policy: str, stored_pages: int) -> None:
+    # gpt-oss-20b under the hybrid manager: a sliding group (window 128, longer than A's 103 tokens, so it frees
+    # nothing) and a full group, each page 16 tokens of 12 layers at 2,048 B. A holds 7 pages a group; B's 7 a
+    # group on a pool of 14 evict A's 12 cached ones. The tiers key a page by (group, hash): output pages too.
+    config = SimConfig(load_model("gpt-oss-20b"), load_gpu("h200"), num_blocks=14, block_size=BLOCK,
+                       cpu_kv_blocks=32, offload_policy=policy)
+    metrics = replay(two_requests(), config, "paged")
+    assert metrics.num_evictions == 12
+    assert metrics.tiers["cpu"].stored_bytes == stored_pages * BLOCK * 12 * 2048
