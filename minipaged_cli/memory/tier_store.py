@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import islice
 
 
 class TierStore(ABC):
@@ -44,7 +45,7 @@ class TierStore(ABC):
         """Every stored hash (the invariant checks and the tests read it)."""
 
     @abstractmethod
-    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+    def insert(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         """Store ``block_hashes`` in order (one already stored only counts as recently stored); returns the hashes
         evicted to make room."""
 
@@ -106,10 +107,21 @@ class LRUStore(TierStore):
     def hashes(self) -> list[Hashable]:
         return list(self._entries)
 
-    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+    def insert(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         entries, room = self._entries, self.room
         if room < 1:  # every slot reserved: nothing can be stored
             return []
+        fresh = dict.fromkeys(block_hashes)
+        if len(fresh) == len(block_hashes) and entries.keys().isdisjoint(fresh):
+            # A step's new blocks (the replay's common call): appending them all and then evicting the oldest
+            # evicts what one at a time would (the oldest first, new ones too when they outnumber the room),
+            # with the loops in C.
+            entries.update(fresh)
+            evicted = list(islice(entries, max(len(entries) - room, 0)))
+            for block_hash in evicted:
+                del entries[block_hash]
+            self.num_evictions += len(evicted)
+            return evicted
         move, pop = entries.move_to_end, entries.popitem
         evicted = []
         for block_hash in block_hashes:
@@ -157,7 +169,7 @@ class ARCStore(TierStore):
     def hashes(self) -> list[Hashable]:
         return [*self.t1, *self.t2]
 
-    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+    def insert(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         evicted: list[Hashable] = []
         if self.room < 1:  # every slot reserved: nothing can be stored
             return evicted

@@ -52,6 +52,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
+from operator import itemgetter
 from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
@@ -214,21 +216,21 @@ class TieredCache:
             on_gpu = self.pool.cached_blocks
             pending = [pair for pair in pending if pair[0] not in on_gpu]
         stored = host.store.contains
-        # (two requests may compute the same content in one step: one copy)
-        new = list({h: (h, block) for h, block in pending if not stored(h)}.values())
-        if len(new) < len(pending):  # stored again: recently used
-            host.store.insert([h for h, _ in pending if stored(h)])
-        if not new or not self._copy(host, len(new), now):
+        # (two requests may compute the same content in one step: one copy, of the last block named; the filters
+        # run in C, over a replay's millions of blocks)
+        blocks = dict(pending)
+        hashes = list(filterfalse(stored, blocks))
+        if len(hashes) < len(pending):  # stored again: recently used
+            host.store.insert(list(filter(stored, map(itemgetter(0), pending))))
+        if not hashes or not self._copy(host, len(hashes), now):
             return []
-        hashes = [h for h, _ in new]
         evicted = host.store.insert(hashes)
         if len(self.tiers) > 1:
             disk = self.tiers[1]
-            stored = disk.store.contains
-            down = [h for h in (hashes if self.write_through else evicted) if not stored(h)]
+            down = list(filterfalse(disk.store.contains, hashes if self.write_through else evicted))
             if down and self._copy(disk, len(down), now):
                 disk.store.insert(down)
-        return new
+        return list(zip(hashes, map(blocks.__getitem__, hashes), strict=True))
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
         """One store of ``num_blocks`` into ``tier``, or none (counted dropped) while its link is busy."""
