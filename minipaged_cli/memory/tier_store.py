@@ -4,7 +4,9 @@
 A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
 ``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
 that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
-blocks at once: a replay stores millions. ``reserve`` gives slots to something that is not cached content (vLLM
+blocks at once: a replay stores millions, and each membership test of a store of millions of entries costs a cache
+miss or more, so ``hit`` answers which blocks it holds and ``insert_new`` takes blocks known to be new without
+asking again. ``reserve`` gives slots to something that is not cached content (vLLM
 v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved slot is never
 evicted, only given back (``unreserve``).
 
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
-from itertools import islice
+from collections.abc import Hashable, Sequence
+from itertools import compress
 
 
 class TierStore(ABC):
@@ -49,9 +51,14 @@ class TierStore(ABC):
         """Store ``block_hashes`` in order (one already stored only counts as recently stored); returns the hashes
         evicted to make room."""
 
+    def insert_new(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
+        """``insert`` of hashes the caller knows are not stored, each named once."""
+        return self.insert(block_hashes)
+
     @abstractmethod
-    def hit(self, block_hashes: Iterable[Hashable]) -> None:
-        """A request reused those of ``block_hashes`` that are stored, in order (the last most recently)."""
+    def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
+        """A request reused those of ``block_hashes`` that are stored, in order (the last most recently); returns
+        whether each is stored."""
 
     @abstractmethod
     def _evict_one(self) -> Hashable:
@@ -111,17 +118,6 @@ class LRUStore(TierStore):
         entries, room = self._entries, self.room
         if room < 1:  # every slot reserved: nothing can be stored
             return []
-        fresh = dict.fromkeys(block_hashes)
-        if len(fresh) == len(block_hashes) and entries.keys().isdisjoint(fresh):
-            # A step's new blocks (the replay's common call): appending them all and then evicting the oldest
-            # evicts what one at a time would (the oldest first, new ones too when they outnumber the room),
-            # with the loops in C.
-            entries.update(fresh)
-            evicted = list(islice(entries, max(len(entries) - room, 0)))
-            for block_hash in evicted:
-                del entries[block_hash]
-            self.num_evictions += len(evicted)
-            return evicted
         move, pop = entries.move_to_end, entries.popitem
         evicted = []
         for block_hash in block_hashes:
@@ -134,12 +130,26 @@ class LRUStore(TierStore):
         self.num_evictions += len(evicted)
         return evicted
 
-    def hit(self, block_hashes: Iterable[Hashable]) -> None:
-        entries = self._entries
-        move = entries.move_to_end
+    def insert_new(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
+        entries, room = self._entries, self.room
+        if room < 1:  # every slot reserved: nothing can be stored
+            return []
+        pop = entries.popitem
+        evicted = []
         for block_hash in block_hashes:
-            if block_hash in entries:
-                move(block_hash)
+            if len(entries) >= room:
+                evicted.append(pop(last=False)[0])
+            entries[block_hash] = None
+        self.num_evictions += len(evicted)
+        return evicted
+
+    def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
+        entries = self._entries
+        held = list(map(entries.__contains__, block_hashes))
+        move = entries.move_to_end
+        for block_hash in compress(block_hashes, held):
+            move(block_hash)
+        return held
 
     def _evict_one(self) -> Hashable:
         self.num_evictions += 1
@@ -194,13 +204,19 @@ class ARCStore(TierStore):
             self.target_t1 = max(self.target_t1 - max(1.0, len(self.b1) / len(self.b2)), 0.0)
             del self.b2[block_hash]
 
-    def hit(self, block_hashes: Iterable[Hashable]) -> None:
+    def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
+        held = []
         for block_hash in block_hashes:
             if block_hash in self.t1:
                 del self.t1[block_hash]
                 self.t2[block_hash] = None
             elif block_hash in self.t2:
                 self.t2.move_to_end(block_hash)
+            else:
+                held.append(False)
+                continue
+            held.append(True)
+        return held
 
     def _evict_one(self) -> Hashable:
         from_t1 = bool(self.t1) and (len(self.t1) >= int(self.target_t1) or not self.t2)

@@ -197,9 +197,12 @@ class TieredCache:
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
         """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
         outputs = self.output_hashes
-        prompt = [pair for pair in pairs if pair[0] not in outputs]
-        if len(prompt) < len(pairs):
-            outputs.difference_update(h for h, _ in pairs)
+        hashes = list(map(itemgetter(0), pairs))
+        if outputs.isdisjoint(hashes):  # (the common call: no filter in Python)
+            prompt = pairs
+        else:
+            prompt = [pair for pair in pairs if pair[0] not in outputs]
+            outputs.difference_update(hashes)
         if not self.write_through:
             self.pending.extend(prompt)
 
@@ -224,12 +227,12 @@ class TieredCache:
             host.store.insert(list(filter(stored, map(itemgetter(0), pending))))
         if not hashes or not self._copy(host, len(hashes), now):
             return []
-        evicted = host.store.insert(hashes)
+        evicted = host.store.insert_new(hashes)
         if len(self.tiers) > 1:
             disk = self.tiers[1]
             down = list(filterfalse(disk.store.contains, hashes if self.write_through else evicted))
             if down and self._copy(disk, len(down), now):
-                disk.store.insert(down)
+                disk.store.insert_new(down)
         return list(zip(hashes, map(blocks.__getitem__, hashes), strict=True))
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
@@ -243,15 +246,18 @@ class TieredCache:
 
     # -- loads -------------------------------------------------------------------------------------------------
 
-    def lookup(self, block_hashes: Sequence[Hashable], first: int, stop: int) -> list[Tier]:
-        """The tier holding each of ``block_hashes[first:stop]``, up to the first block no tier holds."""
+    def lookup(self, held: Sequence[Sequence[bool]], first: int, stop: int) -> list[Tier]:
+        """The tier holding each block from ``first`` to ``stop``, up to the first block no tier holds, where
+        ``held[i][block]`` says whether tier ``i`` holds it (``TierStore.hit`` answers it without asking the
+        stores again)."""
         found = []
-        tier_of = self._tier_of
-        for block_hash in block_hashes[first:stop]:
-            tier = tier_of(block_hash)
-            if tier is None:
+        for block in range(first, stop):
+            for tier, tier_held in zip(self.tiers, held, strict=True):
+                if tier_held[block]:
+                    found.append(tier)
+                    break
+            else:
                 break
-            found.append(tier)
         return found
 
     def _tier_of(self, key: Hashable) -> Tier | None:
@@ -297,16 +303,17 @@ class TieredCache:
             prompt = [(g, block_hash) for block_hash in prompt for g in groups]
             outputs = [(g, block_hash) for block_hash in outputs for g in groups]
             found, moved = self.lookup_groups(block_hashes, first, stop)
-        else:
-            found = moved = self.lookup(block_hashes, first, stop)
+            for tier in self.tiers:
+                tier.store.hit(prompt[::-1])
+        else:  # a hit reorders a store, and does not change what it holds: the lookup reads the hits' answers
+            held = [tier.store.hit(prompt[::-1])[::-1] for tier in self.tiers]
+            found = moved = self.lookup(held, first, stop)
         self.output_hashes.update(outputs)
-        for tier in self.tiers:
-            tier.store.hit(reversed(prompt))
         if not found:
             return 0, now
-        counts = [sum(1 for t in moved if t is tier) for tier in self.tiers]
+        counts = [moved.count(tier) for tier in self.tiers]  # (a tier equals only itself)
         hits = [count * self.block_size for count in counts] if moved is found else \
-            [sum(1 for t in found if t is tier) * self.block_size for tier in self.tiers]
+            [found.count(tier) * self.block_size for tier in self.tiers]
         tokens = len(found) * self.block_size
         start, done = self._load_times(counts, now, commit=False)
         if done - now >= self.recompute_seconds(num_cached, tokens):
