@@ -17,9 +17,9 @@ ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes e
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import compress
+from itertools import compress, repeat
 
 
 class TierStore(ABC):
@@ -134,21 +134,18 @@ class LRUStore(TierStore):
         entries, room = self._entries, self.room
         if room < 1:  # every slot reserved: nothing can be stored
             return []
+        # Appending them all, then evicting the oldest, evicts what storing them one at a time would (the oldest
+        # first, the new ones too when they outnumber the room), with the loop over the blocks in C.
+        entries.update(zip(block_hashes, repeat(None)))
         pop = entries.popitem
-        evicted = []
-        for block_hash in block_hashes:
-            if len(entries) >= room:
-                evicted.append(pop(last=False)[0])
-            entries[block_hash] = None
+        evicted = [pop(last=False)[0] for _ in range(len(entries) - room)]
         self.num_evictions += len(evicted)
         return evicted
 
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         entries = self._entries
         held = list(map(entries.__contains__, block_hashes))
-        move = entries.move_to_end
-        for block_hash in compress(block_hashes, held):
-            move(block_hash)
+        deque(map(entries.move_to_end, compress(block_hashes, held)), maxlen=0)  # (a loop in C: moves them all)
         return held
 
     def _evict_one(self) -> Hashable:

@@ -53,7 +53,7 @@ import copy
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
-from operator import itemgetter
+from operator import itemgetter, or_
 from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
@@ -250,15 +250,10 @@ class TieredCache:
         """The tier holding each block from ``first`` to ``stop``, up to the first block no tier holds, where
         ``held[i][block]`` says whether tier ``i`` holds it (``TierStore.hit`` answers it without asking the
         stores again)."""
-        found = []
-        for block in range(first, stop):
-            for tier, tier_held in zip(self.tiers, held, strict=True):
-                if tier_held[block]:
-                    found.append(tier)
-                    break
-            else:
-                break
-        return found
+        host = held[0]
+        anywhere = host if len(held) == 1 else list(map(or_, host, held[1]))  # (the host tier, and the disk's)
+        end = anywhere.index(False, first, stop) if False in anywhere[first:stop] else stop
+        return [self.tiers[0] if in_host else self.tiers[1] for in_host in host[first:end]]
 
     def _tier_of(self, key: Hashable) -> Tier | None:
         """The highest tier holding ``key``, if any."""
