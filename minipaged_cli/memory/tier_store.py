@@ -4,9 +4,9 @@
 A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
 ``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
 that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
-blocks at once: a replay stores millions, and each membership test of a store of millions of entries costs a cache
-miss or more, so ``hit`` answers which blocks it holds and ``insert_new`` takes blocks known to be new without
-asking again. ``reserve`` gives slots to something that is not cached content (vLLM
+blocks at once: a replay stores millions, and the dict operations on stores that large are what a replay with
+tiers spends its time on, so ``hit`` answers which blocks it holds and ``insert_new`` takes blocks known to be new
+without asking again. ``reserve`` gives slots to something that is not cached content (vLLM
 v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved slot is never
 evicted, only given back (``unreserve``).
 
