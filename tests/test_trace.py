@@ -206,9 +206,9 @@ def test_mooncake_hash_ids_become_512_token_segments(tmp_path: Path) -> None:
                  "m.jsonl")
     trace = load_trace(path)
     first, second = trace.requests
-    assert first.prefix == ("h0", "h1")  # the third block holds 76 tokens: the request's own
+    assert first.prefix == ("h0", "h1", "h2:76")  # the third block holds 1100 - 1024 = 76 tokens
     assert second.prefix == ("h0", "h1") and second.arrival_s == 3.0
-    assert trace.segments == {"h0": 512, "h1": 512}
+    assert trace.segments == {"h0": 512, "h1": 512, "h2:76": 76}
 
 
 def test_limit_keeps_only_the_segments_the_kept_requests_use(tmp_path: Path) -> None:
@@ -216,9 +216,10 @@ def test_limit_keeps_only_the_segments_the_kept_requests_use(tmp_path: Path) -> 
                            '{"timestamp": 9000, "input_length": 1600, "output_length": 2, "hash_ids": [0, 7, 8, 9]}\n'
                            '{"timestamp": 2000, "input_length": 600, "output_length": 2, "hash_ids": [5, 6]}\n',
                  "m.jsonl")
-    assert load_trace(path).segments == {name: 512 for name in ("h0", "h1", "h5", "h7", "h8")}
+    assert load_trace(path).segments == {**{name: 512 for name in ("h0", "h1", "h5", "h7", "h8")},
+                                         "h2:76": 76, "h6:88": 88, "h9:64": 64}
     two = load_trace(path, limit=2)  # the first two by arrival: t = 0 s and t = 2 s
-    assert two.segments == {"h0": 512, "h1": 512, "h5": 512}
+    assert two.segments == {"h0": 512, "h1": 512, "h5": 512, "h2:76": 76, "h6:88": 88}
     again = load_trace(write(tmp_path, dump_trace(two), "two.yaml"))
     assert again.segments == two.segments and again.requests == two.requests
 
@@ -260,14 +261,13 @@ def test_real_traces_match_published_statistics(name: str, rows: int, prompt_mea
                                                ("mooncake_synthetic_trace.jsonl", 0.651)])
 def test_mooncake_prefix_reuse_ceiling(name: str, ceiling: float) -> None:
     # With an unlimited cache, a prompt block is a hit when an earlier request already had it. The published
-    # ceilings count 512-token blocks (full or not) of hash_ids; our segments keep only full blocks, so the
-    # reusable share computed from them may be at most the published one, and close to it.
+    # ceilings count 512-token blocks (full or not) of hash_ids, as our segments do.
     trace = load_trace(shared_trace(name))
     seen: set[str] = set()
     hits = 0
     for request in trace.requests:
         for segment in request.prefix:
-            hits += 512 if segment in seen else 0
+            hits += trace.segments[segment] if segment in seen else 0
             seen.add(segment)
     share = hits / trace.prompt_tokens
     assert share <= ceiling + 0.001

@@ -4,7 +4,9 @@
 A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
 ``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
 that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
-blocks at once: a replay stores millions. ``reserve`` gives slots to something that is not cached content (vLLM
+blocks at once: a replay stores millions, and the dict operations on stores that large are what a replay with
+tiers spends its time on, so ``hit`` answers which blocks it holds and ``insert_new`` takes blocks known to be new
+without asking again. ``reserve`` gives slots to something that is not cached content (vLLM
 v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved slot is never
 evicted, only given back (``unreserve``).
 
@@ -15,8 +17,9 @@ ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes e
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Sequence
+from itertools import compress, repeat
 
 
 class TierStore(ABC):
@@ -44,13 +47,18 @@ class TierStore(ABC):
         """Every stored hash (the invariant checks and the tests read it)."""
 
     @abstractmethod
-    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+    def insert(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         """Store ``block_hashes`` in order (one already stored only counts as recently stored); returns the hashes
         evicted to make room."""
 
+    def insert_new(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
+        """``insert`` of hashes the caller knows are not stored, each named once."""
+        return self.insert(block_hashes)
+
     @abstractmethod
-    def hit(self, block_hashes: Iterable[Hashable]) -> None:
-        """A request reused those of ``block_hashes`` that are stored, in order (the last most recently)."""
+    def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
+        """A request reused those of ``block_hashes`` that are stored, in order (the last most recently); returns
+        whether each is stored."""
 
     @abstractmethod
     def _evict_one(self) -> Hashable:
@@ -106,7 +114,7 @@ class LRUStore(TierStore):
     def hashes(self) -> list[Hashable]:
         return list(self._entries)
 
-    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+    def insert(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         entries, room = self._entries, self.room
         if room < 1:  # every slot reserved: nothing can be stored
             return []
@@ -122,12 +130,23 @@ class LRUStore(TierStore):
         self.num_evictions += len(evicted)
         return evicted
 
-    def hit(self, block_hashes: Iterable[Hashable]) -> None:
+    def insert_new(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
+        entries, room = self._entries, self.room
+        if room < 1:  # every slot reserved: nothing can be stored
+            return []
+        # Appending them all, then evicting the oldest, evicts what storing them one at a time would (the oldest
+        # first, the new ones too when they outnumber the room), with the loop over the blocks in C.
+        entries.update(zip(block_hashes, repeat(None)))
+        pop = entries.popitem
+        evicted = [pop(last=False)[0] for _ in range(len(entries) - room)]
+        self.num_evictions += len(evicted)
+        return evicted
+
+    def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         entries = self._entries
-        move = entries.move_to_end
-        for block_hash in block_hashes:
-            if block_hash in entries:
-                move(block_hash)
+        held = list(map(entries.__contains__, block_hashes))
+        deque(map(entries.move_to_end, compress(block_hashes, held)), maxlen=0)  # (a loop in C: moves them all)
+        return held
 
     def _evict_one(self) -> Hashable:
         self.num_evictions += 1
@@ -157,7 +176,7 @@ class ARCStore(TierStore):
     def hashes(self) -> list[Hashable]:
         return [*self.t1, *self.t2]
 
-    def insert(self, block_hashes: Iterable[Hashable]) -> list[Hashable]:
+    def insert(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         evicted: list[Hashable] = []
         if self.room < 1:  # every slot reserved: nothing can be stored
             return evicted
@@ -182,13 +201,19 @@ class ARCStore(TierStore):
             self.target_t1 = max(self.target_t1 - max(1.0, len(self.b1) / len(self.b2)), 0.0)
             del self.b2[block_hash]
 
-    def hit(self, block_hashes: Iterable[Hashable]) -> None:
+    def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
+        held = []
         for block_hash in block_hashes:
             if block_hash in self.t1:
                 del self.t1[block_hash]
                 self.t2[block_hash] = None
             elif block_hash in self.t2:
                 self.t2.move_to_end(block_hash)
+            else:
+                held.append(False)
+                continue
+            held.append(True)
+        return held
 
     def _evict_one(self) -> Hashable:
         from_t1 = bool(self.t1) and (len(self.t1) >= int(self.target_t1) or not self.t2)

@@ -3,11 +3,14 @@
 What it models, after vLLM 0.33.0's OffloadingConnector (``distributed/kv_transfer/kv_connector/v1/offloading``)
 and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake Store):
 
-- **Stores.** ``write-through``: every full block the GPU computes is copied to the host tier after the step that
-  computed it (vLLM's connector and LMCache store all of them), and from there to the disk tier; ``on-eviction``:
+- **Stores.** ``write-through``: every full prompt block the GPU computes is copied to the host tier after the step that
+  computed it (vLLM's connector and LMCache store every one), and from there to the disk tier; ``on-eviction``:
   a block goes one tier down when the tier above evicts it (HiCache's write-back, KVBM's G1 -> G2 -> G3). A
   step's stores are one copy over the link; when the link is still busy with earlier copies at the step's end the
-  copy is dropped (counted), not queued: stores never slow the GPU, but they are not free either.
+  copy is dropped (counted), not queued: stores never slow the GPU, but they are not free either. Only prompt
+  blocks go down, under either policy: vLLM's connector stores a request's full prompt blocks only by default
+  (``offload_prompt_only``), as LMCache and Mooncake Store do unless told to save the decode cache; the GPU's
+  prefix cache still keeps the output blocks.
 - **Loads.** At admission, after the GPU's prefix-cache hit, the prompt's next full blocks are looked up block by
   block in the host tier, then the disk tier, up to the first miss (``get_num_new_matched_tokens``); the last
   prompt token is always computed. The run is loaded when the load would finish sooner than the GPU would
@@ -49,6 +52,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
+from operator import itemgetter, or_
 from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
@@ -170,6 +175,9 @@ class TieredCache:
             self.tiers.append(Tier("disk", store(config.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
                                    Link(gpu.disk_read_bytes_per_s)))
         self.pending: list[tuple[Hashable, int]] = []  # (hash, GPU block) to store at the step's end
+        # Blocks holding output tokens (a request's keys past its full prompt blocks, named at its first admission),
+        # never stored; forgotten when the GPU evicts them, as no request computes them again.
+        self.output_hashes: set[Hashable] = set()
         if pool is not None:
             pool.listener = self
 
@@ -177,13 +185,26 @@ class TieredCache:
 
     def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """The GPU computed (or loaded) these blocks: write-through stores them after the step."""
-        if self.write_through:
-            self.pending.extend(zip(block_hashes, blocks, strict=True))
+        if not self.write_through:
+            return
+        pairs = zip(block_hashes, blocks, strict=True)
+        outputs = self.output_hashes
+        if outputs.isdisjoint(block_hashes):  # (a prefill's blocks, the common call: no filter in Python)
+            self.pending.extend(pairs)
+        else:
+            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
 
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
-        """The GPU is about to overwrite these cached blocks: on-eviction stores them."""
+        """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
+        outputs = self.output_hashes
+        hashes = list(map(itemgetter(0), pairs))
+        if outputs.isdisjoint(hashes):  # (the common call: no filter in Python)
+            prompt = pairs
+        else:
+            prompt = [pair for pair in pairs if pair[0] not in outputs]
+            outputs.difference_update(hashes)
         if not self.write_through:
-            self.pending.extend(pairs)
+            self.pending.extend(prompt)
 
     # -- stores ------------------------------------------------------------------------------------------------
 
@@ -198,21 +219,21 @@ class TieredCache:
             on_gpu = self.pool.cached_blocks
             pending = [pair for pair in pending if pair[0] not in on_gpu]
         stored = host.store.contains
-        # (two requests may compute the same content in one step: one copy)
-        new = list({h: (h, block) for h, block in pending if not stored(h)}.values())
-        if len(new) < len(pending):  # stored again: recently used
-            host.store.insert([h for h, _ in pending if stored(h)])
-        if not new or not self._copy(host, len(new), now):
+        # (two requests may compute the same content in one step: one copy, of the last block named; the filters
+        # run in C, over a replay's millions of blocks)
+        blocks = dict(pending)
+        hashes = list(filterfalse(stored, blocks))
+        if len(hashes) < len(pending):  # stored again: recently used
+            host.store.insert(list(filter(stored, map(itemgetter(0), pending))))
+        if not hashes or not self._copy(host, len(hashes), now):
             return []
-        hashes = [h for h, _ in new]
-        evicted = host.store.insert(hashes)
+        evicted = host.store.insert_new(hashes)
         if len(self.tiers) > 1:
             disk = self.tiers[1]
-            stored = disk.store.contains
-            down = [h for h in (hashes if self.write_through else evicted) if not stored(h)]
+            down = list(filterfalse(disk.store.contains, hashes if self.write_through else evicted))
             if down and self._copy(disk, len(down), now):
-                disk.store.insert(down)
-        return new
+                disk.store.insert_new(down)
+        return list(zip(hashes, map(blocks.__getitem__, hashes), strict=True))
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
         """One store of ``num_blocks`` into ``tier``, or none (counted dropped) while its link is busy."""
@@ -225,16 +246,14 @@ class TieredCache:
 
     # -- loads -------------------------------------------------------------------------------------------------
 
-    def lookup(self, block_hashes: Sequence[Hashable], first: int, stop: int) -> list[Tier]:
-        """The tier holding each of ``block_hashes[first:stop]``, up to the first block no tier holds."""
-        found = []
-        tier_of = self._tier_of
-        for block_hash in block_hashes[first:stop]:
-            tier = tier_of(block_hash)
-            if tier is None:
-                break
-            found.append(tier)
-        return found
+    def lookup(self, held: Sequence[Sequence[bool]], first: int, stop: int) -> list[Tier]:
+        """The tier holding each block from ``first`` to ``stop``, up to the first block no tier holds, where
+        ``held[i][block]`` says whether tier ``i`` holds it (``TierStore.hit`` answers it without asking the
+        stores again)."""
+        host = held[0]
+        anywhere = host if len(held) == 1 else list(map(or_, host, held[1]))  # (the host tier, and the disk's)
+        end = anywhere.index(False, first, stop) if False in anywhere[first:stop] else stop
+        return [self.tiers[0] if in_host else self.tiers[1] for in_host in host[first:end]]
 
     def _tier_of(self, key: Hashable) -> Tier | None:
         """The highest tier holding ``key``, if any."""
@@ -271,19 +290,25 @@ class TieredCache:
         the first block last, the most recent."""
         first, stop = num_cached // self.block_size, (num_prompt - 1) // self.block_size
         prompt = block_hashes[:num_prompt // self.block_size]
+        # the blocks past the prompt hold output tokens: named at the first admission (a re-prefill's prompt holds
+        # output tokens too)
+        outputs = block_hashes[num_prompt // self.block_size:] if count_hits else ()
         if self.grouped:
-            num_groups = len(self.full_ids) + len(self.sliding_ids)
-            prompt = [(g, block_hash) for block_hash in prompt for g in range(num_groups)]
+            groups = range(len(self.full_ids) + len(self.sliding_ids))
+            prompt = [(g, block_hash) for block_hash in prompt for g in groups]
+            outputs = [(g, block_hash) for block_hash in outputs for g in groups]
             found, moved = self.lookup_groups(block_hashes, first, stop)
-        else:
-            found = moved = self.lookup(block_hashes, first, stop)
-        for tier in self.tiers:
-            tier.store.hit(reversed(prompt))
+            for tier in self.tiers:
+                tier.store.hit(prompt[::-1])
+        else:  # a hit reorders a store, and does not change what it holds: the lookup reads the hits' answers
+            held = [tier.store.hit(prompt[::-1])[::-1] for tier in self.tiers]
+            found = moved = self.lookup(held, first, stop)
+        self.output_hashes.update(outputs)
         if not found:
             return 0, now
-        counts = [sum(1 for t in moved if t is tier) for tier in self.tiers]
+        counts = [moved.count(tier) for tier in self.tiers]  # (a tier equals only itself)
         hits = [count * self.block_size for count in counts] if moved is found else \
-            [sum(1 for t in found if t is tier) * self.block_size for tier in self.tiers]
+            [found.count(tier) * self.block_size for tier in self.tiers]
         tokens = len(found) * self.block_size
         start, done = self._load_times(counts, now, commit=False)
         if done - now >= self.recompute_seconds(num_cached, tokens):

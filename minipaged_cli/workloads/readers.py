@@ -4,7 +4,9 @@ public production traces into the same ``Trace``.
 - ``azure``: Azure LLM inference trace 2023 (Splitwise), CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``.
 - ``mooncake``: Mooncake FAST'25 JSONL, ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``
   (one id per 512-token prompt block; equal ids mean equal content). Every full block becomes a shared prefix
-  segment ``h<id>`` of 512 tokens; a partial last block is the request's own.
+  segment ``h<id>`` of 512 tokens, a partial last block of n tokens the segment ``h<id>:<n>`` (in the released
+  traces a partial block's id never appears at another length nor as a full block; a request repeating a prompt
+  finds the partial block's full KV blocks cached, as LMCache's simulator finds its complete 256-token halves).
 - ``lengths-csv``: length-only CSVs (ShareGPT via sarathi-serve: ``num_prefill_tokens,num_decode_tokens,...``;
   also ``prompt_tokens,output_tokens`` or ``input_length,output_length``); arrivals come from ``--rate``.
 """
@@ -99,17 +101,19 @@ def read_mooncake(path: Path) -> Trace:
             if not isinstance(hash_ids, list):
                 raise InputError("expected a list", source=source, where=where, field="hash_ids",
                                  value=hash_ids, has_value=True)
-            full_blocks = hash_ids[: prompt // MOONCAKE_BLOCK_TOKENS]
-            prefix = tuple(f"h{h}" for h in full_blocks)
-            for name in prefix:
-                segments[name] = MOONCAKE_BLOCK_TOKENS
+            prefix = []
+            for start, block_id in zip(range(0, prompt, MOONCAKE_BLOCK_TOKENS), hash_ids, strict=False):
+                tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
+                name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
+                segments[name] = tokens
+                prefix.append(name)
             requests.append(Request(
                 id=f"mooncake-{len(requests)}",
                 arrival_s=finite_number(row["timestamp"], field="timestamp", source=source, where=where,
                                         minimum=0.0) / 1000.0,
                 prompt_tokens=prompt,
                 output_tokens=_token_count(row["output_length"], source, where, "output_length"),
-                prefix=prefix,
+                prefix=tuple(prefix),
             ))
     return make_trace(path.stem, requests, source=source, segments=segments,
                       description="Mooncake FAST'25 trace (kvcache-ai/Mooncake, Apache-2.0)")

@@ -1,0 +1,24 @@
+"""Issue 24's anchors on the Mooncake traces, as the simulator meets them: what the importer makes cacheable, and
+the GPU + host tiers against LMCache's simulator (``benchmarks/lru_reference.py``, which reproduces it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import replay
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
+
+
+def test_a_repeated_prompt_finds_its_partial_last_block(tmp_path: Path) -> None:
+    # The same 1,100-token prompt (hash_ids 0, 1, 2: two full 512-token blocks and 76 tokens) twice, the second
+    # long after the first is done. Hand count for the second request with 16-token KV blocks: every full block of
+    # the prompt short of the last token, which is always computed: (1100 - 1) // 16 = 68 blocks = 1,088 tokens.
+    # (LMCache's simulator finds the complete 256-token chunks: 1,024; dropping the partial block gave 1,024 too.)
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n'
+                    '{"timestamp": 60000, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n')
+    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=1000, block_size=16, prefix_caching=True)
+    metrics = replay(load_trace(path), config, "paged")
+    assert (metrics.prefix_cache_queries, metrics.prefix_cache_hits) == (2200, 1088)
