@@ -1,5 +1,8 @@
 """The prefix cache's tiers below the GPU: host memory, and local disk under it, each a capacity and a link.
 
+Over 300 lines: one class, ``TieredCache``, whose stores, loads and v0's swaps share the links' clocks and the
+tiers' stores, and this docstring, which states what is modelled and where it differs from vLLM.
+
 What it models, after vLLM 0.33.0's OffloadingConnector (``distributed/kv_transfer/kv_connector/v1/offloading``)
 and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake Store):
 
