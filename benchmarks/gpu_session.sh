@@ -78,27 +78,25 @@ total_limit() {
     echo "$total"
 }
 
-collected() {  # number of tests pytest collects for the given arguments
-    "$PY" -m pytest --collect-only -q -p no:cacheprovider "$@" 2>/dev/null | grep -c "::"
-}
-
-check_selection() {  # $1 the tools, $2 what the tests cover, then the test ids: each must collect one test
-    local tools=$1 covers=$2 failed=0 count id ids
+check_selection() {  # $1 the tools, $2 what the tests cover, then the test ids: each must be in GPU_IDS, once
+    local tools=$1 covers=$2 failed=0 count id found=0
     shift 2
-    ids=$("$PY" -m pytest --collect-only -q -p no:cacheprovider -m gpu "$@" 2>/dev/null | grep "::")
-    echo "$tools: the selection collects $(grep -c "::" <<< "$ids") tests ($covers)"
     for id in "$@"; do
-        count=$(grep -cxF "$id" <<< "$ids")
-        echo "  $count  $id"
+        count=$(grep -cxF "$id" <<< "$GPU_IDS")
+        found=$((found + count))
         [ "$count" -eq 1 ] || failed=1
     done
+    echo "$tools: the selection collects $found tests ($covers)"
+    for id in "$@"; do echo "  $(grep -cxF "$id" <<< "$GPU_IDS")  $id"; done
     return "$failed"
 }
 
 check() {
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
     local failed=0 count
-    count=$(collected "${GPU_TESTS[@]}")
+    # One collection of the GPU tests (it imports every test module): the sanitizers' selections are ids in it.
+    GPU_IDS=$("$PY" -m pytest --collect-only -q -p no:cacheprovider "${GPU_TESTS[@]}" 2>/dev/null | grep "::")
+    count=$(grep -c "::" <<< "$GPU_IDS")
     echo "gpu_tests: pytest ${GPU_TESTS[*]} collects $count tests"
     [ "$count" -gt 0 ] || { echo "  FAIL: no GPU test collected"; failed=1; }
     check_selection "memcheck" "bf16 attention, cache write, copy blocks, offload" "${MEMCHECK_TESTS[@]}" || failed=1

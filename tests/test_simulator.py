@@ -108,7 +108,7 @@ def unrounded(metrics) -> dict:
 SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary for every block size but 1
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
          max_num_seqs=256, long_prefill=0)
 @example(seed=356, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
