@@ -3,8 +3,12 @@ on the command line naming the option and its value, InputError in the library."
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from typer.testing import CliRunner
+
+from minipaged_cli.cli.main import app
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -47,3 +51,12 @@ def test_the_same_swap_space_twice_is_one() -> None:
 def test_library_refuses_swap_without_room() -> None:
     with pytest.raises(InputError, match="swap needs a CPU pool"):
         SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, scheduler="v0", preemption="swap")
+
+
+def test_run_names_only_options_run_has() -> None:
+    # `run` has no --prefix-caching (its v0 never caches): its refusal of a host tier that would hold nothing
+    # must not send the user to an option it lacks.
+    line = one_line_error(["run", BURST, "--scheduler", "v0", "--cpu-kv-memory", "1GiB"])
+    assert "--cpu-kv-memory (blocks): 455" in line
+    run_help = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
+    assert set(re.findall(r"--[a-z][a-z-]+", line)) <= set(re.findall(r"--[a-z][a-z-]+", run_help))

@@ -160,9 +160,10 @@ class SimConfig:
             return
         # v0: the host tier is the swap space, and the prefix cache's tier when prefix caching is on
         if not self.prefix_caching and self.preemption != "swap":
+            # (no option named for prefix caching: `run` has none, its v0 never caches)
             raise InputError(f"under --scheduler v0 the host tier is the swap space (--preemption swap) or holds "
-                             f"prefix-cache blocks (--prefix-caching); with --preemption {self.preemption} and no "
-                             f"prefix caching it would hold nothing", field="--cpu-kv-memory (blocks)",
+                             f"prefix-cache blocks (prefix caching on); with --preemption {self.preemption} and "
+                             f"prefix caching off it would hold nothing", field="--cpu-kv-memory (blocks)",
                              value=self.cpu_kv_blocks, has_value=True)
         if self.cpu_blocks and self.cpu_blocks != self.cpu_kv_blocks:
             raise InputError(f"under --scheduler v0 the host tier is the swap space, and --cpu-kv-memory holds "
