@@ -79,15 +79,16 @@ total_limit() {
 }
 
 check_selection() {  # $1 the tools, $2 what the tests cover, then the test ids: each must be in GPU_IDS, once
-    local tools=$1 covers=$2 failed=0 count id found=0
+    local tools=$1 covers=$2 failed=0 count id found=0 lines=""
     shift 2
     for id in "$@"; do
         count=$(grep -cxF "$id" <<< "$GPU_IDS")
         found=$((found + count))
+        lines+="  $count  $id"$'\n'
         [ "$count" -eq 1 ] || failed=1
     done
     echo "$tools: the selection collects $found tests ($covers)"
-    for id in "$@"; do echo "  $(grep -cxF "$id" <<< "$GPU_IDS")  $id"; done
+    printf '%s' "$lines"
     return "$failed"
 }
 
