@@ -29,6 +29,12 @@ def clock_gpu() -> GpuSpec:
 REQUIRE_SHARED = "MINIPAGED_REQUIRE_SHARED"  # CI sets it: ../shared and nvcc are there, so a skip is a bug
 REQUIRE_GPU = "MINIPAGED_REQUIRE_GPU"  # benchmarks/gpu_session.sh sets it: on the GPU machine a GPU test must run
 
+# vLLM 0.33.0's reference venv (parity/setup_env.sh): the parity tests run vLLM's own classes in it
+VLLM_VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV", Path.home() / ".cache" / "minipaged" / "vllm-0.33.0"))
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+needs_vllm_venv = pytest.mark.skipif(not VLLM_PYTHON.exists(),
+                                     reason=f"no vLLM reference venv at {VLLM_VENV} (parity/setup_env.sh builds it)")
+
 
 def skip_unless_required(reason: str, switch: str) -> None:
     """Skip the test, or fail it where the environment variable ``switch`` is 1 (what the test needs must be

@@ -4,19 +4,15 @@ and free-queue order after every operation of 600 random workloads, with and wit
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
-VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV", Path.home() / ".cache" / "minipaged" / "vllm-0.33.0"))
-PYTHON = VENV / "bin" / "python"
+from tests.conftest import VLLM_PYTHON, needs_vllm_venv
 
 
-@pytest.mark.skipif(not PYTHON.exists(), reason=f"no vLLM reference venv at {VENV} (parity/setup_env.sh builds it)")
+@needs_vllm_venv
 def test_block_ids_and_free_queue_order_agree_with_vllm() -> None:
     script = Path(__file__).with_name("vllm_block_pool.py")
-    done = subprocess.run([str(PYTHON), str(script)], capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "agreed with vLLM's BlockPool" in done.stdout

@@ -8,14 +8,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from tests.test_block_pool_parity import PYTHON, VENV
+from tests.conftest import VLLM_PYTHON, needs_vllm_venv
 
 
-@pytest.mark.skipif(not PYTHON.exists(), reason=f"no vLLM reference venv at {VENV} (parity/setup_env.sh builds it)")
+@needs_vllm_venv
 def test_block_tables_free_queue_and_hits_agree_with_vllm_hybrid_manager() -> None:
     script = Path(__file__).with_name("vllm_hybrid_manager.py")
-    done = subprocess.run([str(PYTHON), str(script)], capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "agreed with vLLM's hybrid KVCacheManager" in done.stdout

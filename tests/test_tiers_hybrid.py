@@ -6,7 +6,6 @@ sliding-window group's only within the window at the hit's end."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache, sliding_hit_end
 from minipaged_cli.workloads.presets import load_model
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
+from tests.conftest import VLLM_PYTHON, needs_vllm_venv
 from tests.test_bad_input_sched import BURST
 from tests.test_tiers import H200, HOST_LINK, prefill_seconds, random_trace
 
@@ -112,15 +112,11 @@ def test_the_hybrid_lookup_starts_after_the_gpu_hit() -> None:
     assert len(counted) == 12 and len(moved) == 12 + 8
 
 
-VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV", Path.home() / ".cache" / "minipaged" / "vllm-0.33.0"))
-
-
-@pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                    reason=f"no vLLM reference venv at {VENV} (parity/setup_env.sh builds it)")
+@needs_vllm_venv
 def test_the_sliding_run_agrees_with_vllm() -> None:
     # vLLM's own _sliding_window_lookup on 3,000 random patterns of held blocks (tests/vllm_sliding_lookup.py)
     script = Path(__file__).with_name("vllm_sliding_lookup.py")
-    done = subprocess.run([str(VENV / "bin" / "python"), str(script)], capture_output=True, text=True, timeout=300,
+    done = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     cases = json.loads(done.stdout)

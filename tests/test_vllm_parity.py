@@ -19,10 +19,9 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, Trace
 from parity.steps import StepRecord, first_difference, first_difference_by_field, minipaged_steps
-from tests.conftest import REQUIRE_SHARED, skip_unless_required
+from tests.conftest import REQUIRE_SHARED, VLLM_VENV, skip_unless_required
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV", Path.home() / ".cache/minipaged/vllm-0.33.0"))
 
 
 def _config(**options: object) -> SimConfig:
@@ -75,7 +74,7 @@ def test_first_difference() -> None:
 
 
 def _harness(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MINIPAGED_VLLM_VENV=str(VENV))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MINIPAGED_VLLM_VENV=str(VLLM_VENV))
     return subprocess.run(["bash", str(ROOT / "parity/run.sh"), *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=timeout)
 
@@ -94,8 +93,8 @@ def test_bad_input_is_one_line_and_exit_2() -> None:
 
 
 def test_identical_to_vllm_v1() -> None:
-    if not (VENV / ".minipaged-parity-complete").is_file():
-        skip_unless_required(f"no vLLM reference venv at {VENV}: build it with parity/setup_env.sh (about 2 GB)",
+    if not (VLLM_VENV / ".minipaged-parity-complete").is_file():
+        skip_unless_required(f"no vLLM reference venv at {VLLM_VENV}: build it with parity/setup_env.sh (about 2 GB)",
                              REQUIRE_SHARED)  # .ci/run builds it
     result = _harness("--table", "parity/ci_cases.yaml")
     assert result.returncode in (0, 1), result.stderr  # 2: bad input, else an internal error
