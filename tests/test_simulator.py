@@ -105,6 +105,20 @@ def unrounded(metrics) -> dict:
     return metrics.measurements()
 
 
+def assert_same_replay(fast: dict, slow: dict, label: str) -> None:
+    """The event-driven replay's measurements (``fast``) equal stepping one decode step at a time (``slow``), and
+    are sane: categories summing to 100 %, no invariant broken. Pops the keys it compares exactly."""
+    assert fast.pop("averaged_over") == slow.pop("averaged_over"), label
+    assert fast.pop("rejection_reasons") == slow.pop("rejection_reasons"), label
+    # None (no completed request: no latency) must match exactly; pytest.approx takes numbers only.
+    assert [k for k, v in fast.items() if v is None] == [k for k, v in slow.items() if v is None], label
+    assert {k: v for k, v in fast.items() if v is not None} == pytest.approx(
+        {k: v for k, v in slow.items() if v is not None}, rel=1e-9, abs=1e-9), label
+    assert sum(fast[k] for k in CATEGORY_KEYS) == pytest.approx(100.0, abs=0.01)
+    assert min(fast[k] for k in CATEGORY_KEYS) >= -1e-9
+    assert fast["invariant_violations"] == 0
+
+
 SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary for every block size but 1
 
 
@@ -164,16 +178,7 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         # the rest were rejected at run time: preempted, their recompute prompt no longer fit
         at_arrival = {k: v for k, v in fast["rejection_reasons"].items() if not k.startswith("preempted")}
         assert sum(at_arrival.values()) == never, strategy
-        slow = unrounded(replay(trace, config, strategy, bulk=False))
-        assert fast.pop("averaged_over") == slow.pop("averaged_over"), strategy
-        assert fast.pop("rejection_reasons") == slow.pop("rejection_reasons"), strategy
-        # None (no completed request: no latency) must match exactly; pytest.approx takes numbers only.
-        assert [k for k, v in fast.items() if v is None] == [k for k, v in slow.items() if v is None], strategy
-        assert {k: v for k, v in fast.items() if v is not None} == pytest.approx(
-            {k: v for k, v in slow.items() if v is not None}, rel=1e-9, abs=1e-9), strategy
-        assert sum(fast[k] for k in CATEGORY_KEYS) == pytest.approx(100.0, abs=0.01)
-        assert min(fast[k] for k in CATEGORY_KEYS) >= -1e-9
-        assert fast["invariant_violations"] == 0
+        assert_same_replay(fast, unrounded(replay(trace, config, strategy, bulk=False)), strategy)
         if strategy == "paged" and sharing and not swap:  # (a swap-in restores K/V outside the StepWork)
             replay(trace, config, strategy, on_step=ComputedContent(block_size))
         assert fast["prefix_cache_hits"] <= fast["prefix_cache_queries"]
