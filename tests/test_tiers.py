@@ -136,21 +136,28 @@ def test_disk_loads_cross_both_links() -> None:
     assert steps[2].stores == steps[2].loads
 
 
-def test_a_busy_link_drops_stores() -> None:
-    cfg = config(cpu_kv_blocks=100)
+def test_stores_queue_on_the_link_and_drop_only_past_the_tiers_room() -> None:
+    """A hand-worked timeline on a host tier of 6 blocks, times in one block's copy (47.3 us): stores queue behind
+    the copies in flight; a store is dropped only when it and the blocks still being written exceed the 6 slots
+    (vLLM's prepare_store: chunks being written are not evictable)."""
+    cfg = config(cpu_kv_blocks=6)
     pool = BlockPool(10, enable_caching=True)
     tiers = TieredCache(cfg, pool, StepTimeModel(QWEN3_8B, H200))
     one = BLOCK_BYTES / HOST_LINK
-    tiers.cached(["a", "b", "c", "d"], [0, 1, 2, 3])
-    assert len(tiers.flush(0.0)) == 4  # busy until 4 x 47.3 us
-    tiers.cached(["e", "f"], [4, 5])
-    assert tiers.flush(2 * one) == []  # still copying a-d: dropped, not queued
-    tiers.cached(["g"], [6])
-    assert tiers.flush(4 * one) == [("g", 6)]
     host = tiers.tiers[0]
-    assert (host.stored_blocks, host.dropped_blocks) == (5, 2)
-    assert host.write.busy_s == pytest.approx(5 * one)
-    assert sorted(host.store.hashes()) == ["a", "b", "c", "d", "g"]
+    tiers.cached(["a", "b", "c", "d"], [0, 1, 2, 3])
+    assert len(tiers.flush(0.0)) == 4  # copying until 4
+    tiers.cached(["e", "f"], [4, 5])
+    assert len(tiers.flush(2 * one)) == 2  # 4 in flight + 2 = 6 slots: queued behind a-d, until 6
+    tiers.cached(["g"], [6])
+    assert tiers.flush(3 * one) == []  # 6 in flight + 1 > 6: dropped
+    tiers.cached(["h"], [7])
+    assert tiers.flush(4.5 * one) == [("h", 7)]  # a-d written: 2 in flight + 1; queued behind e-f, 6 to 7
+    assert (host.stored_blocks, host.dropped_blocks) == (7, 1)
+    assert host.write.busy_s == pytest.approx(7 * one)
+    assert host.write.busy_until == pytest.approx(7 * one)
+    assert host.store_wait_s == pytest.approx(4 * one + (6 - 2) * one + (7 - 4.5) * one)
+    assert sorted(host.store.hashes()) == ["b", "c", "d", "e", "f", "h"]  # LRU: a out for h
 
 
 def test_tiers_off_change_nothing() -> None:

@@ -9,8 +9,16 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
 - **Stores.** ``write-through``: every full prompt block the GPU computes is copied to the host tier after the step that
   computed it (vLLM's connector and LMCache store every one), and from there to the disk tier; ``on-eviction``:
   a block goes one tier down when the tier above evicts it (HiCache's write-back, KVBM's G1 -> G2 -> G3). A
-  step's stores are one copy over the link; when the link is still busy with earlier copies at the step's end the
-  copy is dropped (counted), not queued: stores never slow the GPU, but they are not free either. Only prompt
+  step's stores are one copy over the link, queued behind the copies before it (vLLM's worker submits every store
+  job to its transfer stream; HiCache's write-back queues its backups). A block being written holds a slot of its
+  tier that eviction cannot take (vLLM's ``CPUOffloadingManager``: an in-flight chunk has ``ref_cnt`` -1, not
+  evictable, so ``prepare_store`` returns None, the store skipped, when the idle chunks cannot make room; HiCache's
+  ``write_backup`` fails alike when the host pool cannot allocate): a step's copy is dropped (counted) when it and
+  the blocks still in flight at the step's end would not fit in the tier beside its reserved slots. That is the
+  only backlog bound those systems have, so it is the rule, with no knob. Stores take link time, not step time:
+  HiCache's write-back makes the eviction wait for the copy and vLLM's scheduler waits for a store whose GPU block
+  is reallocated (``jobs_to_flush``); neither wait is charged here (``Tier.store_wait_s`` adds up how long each
+  store's copy took from its issue, the bound of what such waits could cost). Only prompt
   blocks go down, under either policy: vLLM's connector stores a request's full prompt blocks only by default
   (``offload_prompt_only``), as LMCache and Mooncake Store do unless told to save the decode cache; the GPU's
   prefix cache still keeps the output blocks.
@@ -43,7 +51,9 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
 
 Where it differs from vLLM: one block per offloaded chunk (vLLM can group several GPU blocks into one chunk);
 a finished load re-enters the running list, not the waiting queue; a loading request can be preempted (vLLM's
-waits outside the running list); a block being loaded may be evicted from its tier meanwhile (vLLM pins it);
+waits outside the running list); a block being loaded or written may be evicted from its tier meanwhile (vLLM
+pins it); a load may read a block whose store has not ended (vLLM's lookup answers ``HIT_PENDING`` and defers
+the request);
 loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
 
 Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once
@@ -53,6 +63,7 @@ per tier; bytes written = blocks stored x bytes per block + bytes swapped out.
 from __future__ import annotations
 
 import copy
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
@@ -114,7 +125,10 @@ class Tier:
         self.recomputed_tokens = 0  # found here, but recomputing them was faster
         self.stored_blocks = 0
         self.loaded_blocks = 0
-        self.dropped_blocks = 0  # stores the write link was too busy for
+        self.dropped_blocks = 0  # stores the tier had no room for beside the ones in flight
+        self.in_flight: deque[tuple[float, int]] = deque()  # (copy's end, blocks) of the stores issued, in order
+        self.num_in_flight = 0  # blocks in ``in_flight``
+        self.store_wait_s = 0.0  # seconds from each store's issue to its copy's end, summed
         self.swap_out_bytes = 0  # v0's swapped-out KV, over the write link (host tier only)
 
 
@@ -239,11 +253,19 @@ class TieredCache:
         return list(zip(hashes, map(blocks.__getitem__, hashes), strict=True))
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
-        """One store of ``num_blocks`` into ``tier``, or none (counted dropped) while its link is busy."""
-        if tier.write.busy_until > now:
+        """One store of ``num_blocks`` into ``tier`` at ``now``, queued on its write link; none (counted dropped)
+        when those blocks and the ones whose copies have not ended by ``now`` exceed the tier's room (the module
+        docstring's rule)."""
+        in_flight = tier.in_flight
+        while in_flight and in_flight[0][0] <= now:  # (copies end in issue order: the link is one queue)
+            tier.num_in_flight -= in_flight.popleft()[1]
+        if tier.num_in_flight + num_blocks > tier.store.room:
             tier.dropped_blocks += num_blocks
             return False
-        tier.write.reserve(now, num_blocks * self.bytes_per_block)
+        end = tier.write.reserve(now, num_blocks * self.bytes_per_block)
+        in_flight.append((end, num_blocks))
+        tier.num_in_flight += num_blocks
+        tier.store_wait_s += end - now
         tier.stored_blocks += num_blocks
         return True
 
