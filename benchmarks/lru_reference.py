@@ -71,12 +71,14 @@ class Request:
         return self._blocks[chunk_size]
 
 
-def load_requests(path: Path) -> list[Request]:
-    """The trace's requests in timestamp order (stable: ties keep file order)."""
+def load_requests(path: Path, max_len: int | None = None) -> list[Request]:
+    """The trace's requests in timestamp order (stable: ties keep file order); with ``max_len``, only those whose
+    prompt and output fit in it (the ones a server of that max model length accepts)."""
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     rows.sort(key=lambda row: row["timestamp"])
-    return [Request(row["input_length"], row["hash_ids"]) for row in rows]
+    return [Request(row["input_length"], row["hash_ids"]) for row in rows
+            if max_len is None or row["input_length"] + row["output_length"] <= max_len]
 
 
 class LRUCache:
