@@ -6,8 +6,9 @@ arrival times under ``paged`` with prefix caching (Qwen3-8B on one H200, its def
 host tier making up the total, LRU), and prints the prompt tokens (%) found by the GPU, **loaded** from the host
 tier, and **found** there (loaded + found but recomputed: LMCache's simulator has no link and no load-or-recompute
 decision, so *found* is the figure counted like its own), each summed with the GPU's; beside them
-``lru_reference``'s LMCache figure (256-token chunks) and plain LRU (512-token blocks) of the same total, the
-mean and p99 TTFT, output tokens/s, the stores the tier had no room for, the seconds the stores' copies took
+``lru_reference``'s LMCache figure (256-token chunks; *LMC srv*: over the requests the server accepts, those
+that fit in ``MAX_MODEL_LEN``, 3,983 of the synthetic trace's 3,993) and plain LRU (512-token blocks) of the same
+total, the mean and p99 TTFT, output tokens/s, the stores the tier had no room for, the seconds the stores' copies took
 from their issue (summed: what write-back evictions that wait for their copy would add), and the replay's CPU
 seconds. ``--gpu-only`` replays instead with the whole total on the GPU. ``--time-scales 1,10`` replays each row
 at each pace: arrival times multiplied by it (``minipaged simulate --time-scale``), 1 the trace's own (one H200
@@ -94,16 +95,18 @@ def main() -> None:
     path = args.traces / f"mooncake_{args.trace}_trace.jsonl"
     trace = load_trace(path, limit=args.limit)
     requests = load_requests(path)[:args.limit]
+    served = load_requests(path, MAX_MODEL_LEN)[:args.limit]
     base = default_config(MAX_MODEL_LEN, prefix_caching=True, scheduler="v1")
     gpu_tokens = base.num_blocks * base.block_size
     policies = ["none"] if args.gpu_only else args.offload_policy.split(",")
     print(f"{trace.name}: {trace.num_requests:,} requests; GPU KV {gpu_tokens:,} tokens (% of prompt tokens)")
     print(f"{'total':>6} {'pace':>4} {'policy':<13} {'GPU':>6} {'host ld':>7} {'host fd':>7} {'sum ld':>6} "
-          f"{'sum fd':>6} {'LMCache':>7} {'LRU512':>6} {'TTFT mean':>9} {'TTFT p99':>9} {'tok/s':>5} "
+          f"{'sum fd':>6} {'LMCache':>7} {'LMC srv':>7} {'LRU512':>6} {'TTFT mean':>9} {'TTFT p99':>9} {'tok/s':>5} "
           f"{'dropped':>8} {'wait s':>7} {'both':>7} {'cpu s':>6}")
     for total in args.totals.split(","):
         capacity = tokens(total)
         lmcache, lru = (100 * hit_rate(requests, capacity, chunk) for chunk in (256, 512))
+        lmcache_served = 100 * hit_rate(served, capacity, 256)
         for pace in map(float, args.time_scales.split(",")):
             paced = trace.time_scaled(pace)
             span_s = paced.requests[-1].arrival_s - paced.requests[0].arrival_s
@@ -126,13 +129,14 @@ def main() -> None:
                        "gpu_tokens": config.num_blocks * config.block_size, "offload_policy": policy,
                        "gpu_hit_pct": gpu, "host_loaded_pct": loaded, "host_found_pct": found,
                        "sum_loaded_pct": gpu + loaded, "sum_found_pct": gpu + found, "lmcache_pct": lmcache,
-                       "lru512_pct": lru, "ttft_mean_s": metrics.mean_ttft_s, "ttft_p99_s": metrics.p99_ttft_s,
+                       "lmcache_served_pct": lmcache_served, "lru512_pct": lru, "ttft_mean_s": metrics.mean_ttft_s,
+                       "ttft_p99_s": metrics.p99_ttft_s,
                        "output_tokens_per_s": metrics.throughput_tokens_per_s, "makespan_s": metrics.makespan_s,
                        "dropped_stores": host.dropped_stores if host else 0, "store_wait_s": wait,
                        "gpu_cached_blocks_mean": watch.mean(0), "host_blocks_mean": watch.mean(1),
                        "both_tiers_blocks_mean": watch.mean(2), "cpu_s": cpu}
                 print(f"{total:>6} {pace:>4g} {policy:<13} {gpu:>6.2f} {loaded:>7.2f} {found:>7.2f} "
-                      f"{gpu + loaded:>6.2f} {gpu + found:>6.2f} {lmcache:>7.2f} {lru:>6.2f} "
+                      f"{gpu + loaded:>6.2f} {gpu + found:>6.2f} {lmcache:>7.2f} {lmcache_served:>7.2f} {lru:>6.2f} "
                       f"{metrics.mean_ttft_s:>9.1f} {metrics.p99_ttft_s:>9.1f} {metrics.throughput_tokens_per_s:>5.0f} "
                       f"{row['dropped_stores']:>8,} {wait:>7.1f} {watch.mean(2):>7,.0f} {cpu:>6.1f}", flush=True)
                 if args.jsonl is not None:
