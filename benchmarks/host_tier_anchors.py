@@ -9,13 +9,13 @@ decision, so *found* is the figure counted like its own), each summed with the G
 ``lru_reference``'s LMCache figure (256-token chunks; *LMC srv*: over the requests the server accepts, those
 that fit in ``MAX_MODEL_LEN``, 3,983 of the synthetic trace's 3,993) and plain LRU (512-token blocks) of the same
 total, the mean and p99 TTFT, output tokens/s, the stores the tier had no room for, the seconds the stores' copies took
-from their issue (summed: what write-back evictions that wait for their copy would add), and the replay's CPU
+from their issue (summed: a bound on what evictions that wait for their copy would add), and the replay's CPU
 seconds. ``--gpu-only`` replays instead with the whole total on the GPU. ``--time-scales 1,10`` replays each row
 at each pace: arrival times multiplied by it (``minipaged simulate --time-scale``), 1 the trace's own (one H200
 falls behind the synthetic trace: requests queue), 10 one where it keeps up (the cache's own figure, as
-LMCache's simulator and Mooncake's Fig. 9 replay count it: no queue). ``--both-tiers`` samples over the replay
-(1,000 evenly spaced times) how many blocks the GPU's prefix cache and the host tier hold both: the capacity
-the two tiers spend on one block. One JSON line per replay with ``--jsonl``.
+LMCache's simulator and Mooncake's Fig. 9 replay count it: no queue). ``--both-tiers`` samples, every thousandth
+of the trace's arrival span of simulated time, how many blocks the GPU's prefix cache and the host tier hold
+both: the capacity the two tiers spend on one block. One JSON line per replay with ``--jsonl``.
 
     python -m benchmarks.host_tier_anchors [--traces DIR] [--trace conversation|synthetic] [--totals 1M,3M,10M,30M]
         [--offload-policy write-through,on-eviction] [--gpu-only] [--time-scales 1,10] [--both-tiers]
@@ -48,7 +48,7 @@ def tokens(text: str) -> int:
 class TierWatch:
     """While open, every ``TieredCache.flush`` (a step's end) is watched: the cache kept (its tiers' counters are
     read after the replay), and with ``num_samples`` the blocks the GPU's prefix cache and the host tier hold both
-    counted at that many evenly spaced times over ``span_s``."""
+    counted every ``span_s / num_samples`` seconds of simulated time (at the first step's end after each)."""
 
     def __init__(self, span_s: float, num_samples: int) -> None:
         self.cache: TieredCache | None = None
