@@ -160,6 +160,15 @@ def test_stores_queue_on_the_link_and_drop_only_past_the_tiers_room() -> None:
     assert sorted(host.store.hashes()) == ["b", "c", "d", "e", "f", "h"]  # LRU: a out for h
 
 
+def test_a_store_larger_than_the_tier_is_dropped_on_an_idle_link() -> None:
+    """Three blocks for a 2-block host tier: vLLM's prepare_store cannot free a third chunk and skips the store."""
+    tiers = TieredCache(config(cpu_kv_blocks=2), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers.cached(["a", "b", "c"], [0, 1, 2])
+    assert tiers.flush(0.0) == []
+    host = tiers.tiers[0]
+    assert (host.stored_blocks, host.dropped_blocks, len(host.store), host.write.busy_s) == (0, 3, 0, 0.0)
+
+
 def test_tiers_off_change_nothing() -> None:
     trace = three_requests()
     off = simulate(trace, config(cpu_kv_blocks=0), ("paged",)).to_dict()
