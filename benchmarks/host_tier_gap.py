@@ -10,7 +10,9 @@ separated by commas):
 - ``slow``: arrivals 10 times further apart (no queue: requests are admitted as they arrive, few in flight);
 - ``sharedonly``: only the trace's shared segments' blocks are cached, on the GPU and below (no output blocks, no
   request's own prompt tokens take capacity), by wrapping ``BlockPool.cache`` for the run;
-- ``gpuonly``: the whole total on the GPU, no host tier.
+- ``gpuonly``: the whole total on the GPU, no host tier;
+- ``exclusive``: a block the host tier delivers leaves it (a move, where vLLM's CPU LRU, HiCache and LMCache keep a
+  copy), so no loaded block is held by both tiers, by wrapping ``TieredCache.load`` for the run (LRU host tier).
 
 Prints per run the prompt tokens (%) the GPU found, the host tier loaded, and found (loaded + declined). Then the
 naive LRU (``lru_reference``'s cache, requests in timestamp order, nothing in flight) at the GPU's 16-token
@@ -37,11 +39,12 @@ from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
+from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace
 
 MAX_MODEL_LEN = 131_072
-VARIANTS = ("base", "fastlink", "slow", "sharedonly", "gpuonly")
+VARIANTS = ("base", "fastlink", "slow", "sharedonly", "gpuonly", "exclusive")
 
 
 @contextlib.contextmanager
@@ -65,6 +68,27 @@ def shared_segments_only(trace: Trace, block_size: int) -> Iterator[None]:
         BlockPool.cache = cache  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def exclusive_loads() -> Iterator[None]:
+    """While open, the blocks a load moves from the host tier leave its LRU store."""
+    load = TieredCache.load
+
+    def moving(cache: TieredCache, block_hashes: Sequence[Hashable], num_cached: int, num_prompt: int, now: float,
+               count_hits: bool) -> tuple[int, float]:
+        tokens, ready = load(cache, block_hashes, num_cached, num_prompt, now, count_hits)
+        first = num_cached // cache.block_size
+        entries = cache.tiers[0].store._entries  # (the experiment's only reach inside LRUStore: it has no remove)
+        for block_hash in block_hashes[first:first + tokens // cache.block_size]:
+            entries.pop(block_hash, None)
+        return tokens, ready
+
+    TieredCache.load = moving  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TieredCache.load = load  # type: ignore[method-assign]
+
+
 def run(trace: Trace, base: SimConfig, total: int, policy: str, variants: list[str]) -> dict[str, object]:
     unknown = set(variants) - set(VARIANTS)
     assert not unknown, f"unknown variants {unknown}; expected some of {VARIANTS}"
@@ -78,7 +102,8 @@ def run(trace: Trace, base: SimConfig, total: int, policy: str, variants: list[s
             config.gpu, host_bandwidth_bytes_per_s=config.gpu.host_bandwidth_bytes_per_s * 1e6))
     replayed = trace.time_scaled(10.0) if "slow" in variants else trace
     start = time.process_time()
-    with shared_segments_only(trace, base.block_size) if "sharedonly" in variants else contextlib.nullcontext():
+    with (shared_segments_only(trace, base.block_size) if "sharedonly" in variants else contextlib.nullcontext(),
+          exclusive_loads() if "exclusive" in variants else contextlib.nullcontext()):
         metrics = replay(replayed, config, "paged")
     host = metrics.tiers.get("cpu")
     declined = 100 * host.recomputed_tokens / metrics.prefix_cache_queries if host else 0.0
