@@ -201,21 +201,29 @@ class BlockPool:
         self.ref_counts[block] -= 1
         self.num_shared_references -= 1
 
-    def release(self, blocks: Sequence[int]) -> None:
-        """A table lets go of ``blocks``, given in eviction order (first evicted first); those no one else holds
-        return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back (their
-        order kept), without to the front (their order kept, ahead of the blocks already there)."""
+    def release(self, *tables: Sequence[int]) -> None:
+        """Tables let go of their blocks, each table's given in eviction order (first evicted first), as one call
+        per table in turn would (no block in two of them: a sequence's groups, one call for all); those no one else
+        holds return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back
+        (their order kept), without to the front (their order kept, ahead of the blocks already there)."""
         refs, hashes = self.ref_counts, self.block_hash
-        for block in blocks:
-            refs[block] -= 1
-        freed = [block for block in blocks if not refs[block]]
-        self.num_shared_references -= len(blocks) - len(freed)
-        to_front, to_back = freed, []
-        if self.enable_caching:
-            to_back = [block for block in freed if hashes[block] is not None]
-            # (a window's blocks and a finished sequence's full ones all carry a hash: nothing goes to the front)
-            to_front = [block for block in freed if hashes[block] is None] if len(to_back) < len(freed) else []
-        self.free_blocks.prepend(to_front)
+        blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
+        if self.num_shared_references:
+            for block in blocks:
+                refs[block] -= 1
+            freed = [block for block in blocks if not refs[block]]
+            self.num_shared_references -= len(blocks) - len(freed)
+        else:  # no block is shared: every one is freed (the usual case: no Python test per block)
+            for block in blocks:
+                refs[block] = 0
+            freed = blocks
+        to_back = [block for block in freed if hashes[block] is not None] if self.enable_caching else []
+        if len(to_back) < len(freed):  # (a window's blocks and a finished sequence's full ones all carry a hash)
+            if len(tables) == 1:
+                self.free_blocks.prepend([block for block in freed if hashes[block] is None] if to_back else freed)
+            else:  # each table's ahead of the tables' before it, as one call each puts them
+                for table in tables:
+                    self.free_blocks.prepend([block for block in table if not refs[block] and hashes[block] is None])
         self.free_blocks.append(to_back)
         self.num_frees += len(freed)
 
