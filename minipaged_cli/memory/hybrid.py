@@ -262,13 +262,21 @@ class HybridBlockManager:
             final = length + num_steps
             if final - window >= block_size * (num_hashes + 1):
                 return False  # a block past the hashes is never cached: freed, it would go to the front
+            stop = final // block_size
+            if stop > num_hashes:
+                stop = num_hashes
+            num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
+            # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
+            # mod B for j <= k), no block to cache, and no slide (the last step's skip, the largest, none new).
+            if (length - 1) % block_size + num_steps < block_size and stop <= num_cached \
+                    and (final - window) // block_size <= num_null:
+                continue
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
             # more when L + j - W = 0 mod B. (Builtins and bound methods kept out of this loop: it runs per
             # sequence and bulk step.)
             for step in range((1 - length) % block_size or block_size, limit, block_size):
                 take((step, order))
-            num_null = state.num_null[sliding]
             skipped = (state.num_computed_tokens + 1 - window) // block_size  # (negative: none, as 0)
             if skipped > num_null:
                 slide((1, order, skipped))
@@ -276,10 +284,6 @@ class HybridBlockManager:
                 for step in range((window - length) % block_size or block_size, limit, block_size):
                     if step > 1 and length + step > window:
                         slide((step, order, (length + step - window) // block_size))
-            stop = final // block_size
-            if stop > num_hashes:
-                stop = num_hashes
-            num_cached = state.num_cached_blocks[0]
             if stop > num_cached:  # (null entries, a prefix of a sliding group, are never cached)
                 first_sliding = num_null if num_null > num_cached else num_cached
                 caching.append((state, first_sliding, num_cached, stop))
