@@ -11,7 +11,7 @@ the order this pool hands out 0..N-1.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
@@ -32,7 +32,14 @@ class FreeBlockQueue:
 
         front (prepended, last freed first) | untouched ids [num_touched, num_blocks) | back (appended, LRU)
 
-    Invariants: each free block is in exactly one part; a free block carrying a hash is in the back part.
+    The back part is an append-only list read from ``_head``: appends and takes are list slices (C), not a
+    Python step per block. A block a hit takes out stays in the list as a stale entry, skipped when reached:
+    ``_stale[block]`` counts its stale entries, which all come before its live one (a block is free at most once
+    at a time), so the first ``_stale[block]`` entries of ``block`` reached are the stale ones. The list is
+    compacted when the entries passed or stale outnumber the live ones (memory stays linear in the blocks).
+
+    Invariants: each free block is in exactly one part; a free block carrying a hash is in the back part; the back
+    list from ``_head`` holds each block's stale entries, then its live entry where it is free there.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -41,18 +48,21 @@ class FreeBlockQueue:
         # len(self), kept as a count: the block manager asks at every allocation and admission check
         self.num_free = num_blocks
         self._front: deque[int] = deque()
-        self._back: OrderedDict[int, None] = OrderedDict()  # an ordered set: least recently freed first
+        self._back: list[int] = []  # least recently freed first, from ``_head`` on
+        self._head = 0
+        self._stale: dict[int, int] = {}  # block -> its stale entries in the back list (hits are rare: a dict)
+        self._num_stale = 0
 
     def __len__(self) -> int:
         return self.num_free
 
     def __iter__(self) -> Iterator[int]:
         """In hand-out order (every free block: O(num_blocks) on a fresh pool)."""
-        return itertools.chain(self._front, range(self.num_touched, self.num_blocks), self._back)
+        return itertools.chain(self._front, range(self.num_touched, self.num_blocks), self._live_back())
 
     def touched(self) -> tuple[list[int], list[int]]:
         """The front and back parts: every free block that was handed out before."""
-        return list(self._front), list(self._back)
+        return list(self._front), self._live_back()
 
     def prepend(self, blocks: Sequence[int]) -> None:
         """Put ``blocks`` at the front, ``blocks[0]`` first (vLLM's ``prepend_n``)."""
@@ -61,9 +71,7 @@ class FreeBlockQueue:
 
     def append(self, blocks: Sequence[int]) -> None:
         """Put ``blocks`` at the back, ``blocks[-1]`` last (vLLM's ``append_n``)."""
-        back = self._back
-        for block in blocks:
-            back[block] = None  # (OrderedDict.update is several times slower than this loop)
+        self._back += blocks
         self.num_free += len(blocks)
 
     def take(self, count: int) -> tuple[list[int], int]:
@@ -78,18 +86,61 @@ class FreeBlockQueue:
             taken.extend(range(start, self.num_touched))
         from_back = count - len(taken)
         if from_back:
-            back = self._back
-            oldest = list(itertools.islice(back, from_back))
-            for block in oldest:  # (a third faster than ``popitem(last=False)``, which builds a pair per block)
-                del back[block]
-            taken += oldest
+            taken += self._take_back(from_back)
         self.num_free -= count
         return taken, from_back
 
     def remove(self, block: int) -> None:
         """Take a cached block out of the queue: a prefix-cache hit holds it again."""
-        del self._back[block]
+        self._stale[block] = self._stale.get(block, 0) + 1
+        self._num_stale += 1
         self.num_free -= 1
+        if self._num_stale > len(self._back) - self._head - self._num_stale:
+            self._compact()
+
+    def _take_back(self, count: int) -> list[int]:
+        """The first ``count`` live entries of the back list, passed."""
+        back, head, stale = self._back, self._head, self._stale
+        taken: list[int] = []
+        while len(taken) < count:
+            chunk = back[head:head + count - len(taken)]
+            head += len(chunk)
+            if not stale or stale.keys().isdisjoint(chunk):
+                taken += chunk
+                continue
+            for block in chunk:
+                skips = stale.get(block)
+                if skips is None:
+                    taken.append(block)
+                    continue
+                self._num_stale -= 1
+                if skips == 1:
+                    del stale[block]
+                else:
+                    stale[block] = skips - 1
+        self._head = head
+        if head > len(back) - head:  # (the passed entries cost a memmove of the live ones: amortized O(1))
+            del back[:head]
+            self._head = 0
+        return taken
+
+    def _live_back(self) -> list[int]:
+        """The back part's live entries, least recently freed first."""
+        skips = dict(self._stale)
+        live = []
+        for block in itertools.islice(self._back, self._head, None):
+            if skips.get(block):
+                skips[block] -= 1
+            else:
+                live.append(block)
+        return live
+
+    def _compact(self) -> None:
+        """Drop the passed and stale entries of the back list."""
+        self._back = self._live_back()
+        self._head = 0
+        self._stale.clear()
+        self._num_stale = 0
 
 
 class BlockPool:
@@ -150,21 +201,29 @@ class BlockPool:
         self.ref_counts[block] -= 1
         self.num_shared_references -= 1
 
-    def release(self, blocks: Sequence[int]) -> None:
-        """A table lets go of ``blocks``, given in eviction order (first evicted first); those no one else holds
-        return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back (their
-        order kept), without to the front (their order kept, ahead of the blocks already there)."""
+    def release(self, *tables: Sequence[int]) -> None:
+        """Tables let go of their blocks, each table's given in eviction order (first evicted first), as one call
+        per table in turn would (no block in two of them: a sequence's groups, one call for all); those no one else
+        holds return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back
+        (their order kept), without to the front (their order kept, ahead of the blocks already there)."""
         refs, hashes = self.ref_counts, self.block_hash
-        for block in blocks:
-            refs[block] -= 1
-        freed = [block for block in blocks if not refs[block]]
-        self.num_shared_references -= len(blocks) - len(freed)
-        to_front, to_back = freed, []
-        if self.enable_caching:
-            to_back = [block for block in freed if hashes[block] is not None]
-            # (a window's blocks and a finished sequence's full ones all carry a hash: nothing goes to the front)
-            to_front = [block for block in freed if hashes[block] is None] if len(to_back) < len(freed) else []
-        self.free_blocks.prepend(to_front)
+        blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
+        if self.num_shared_references:
+            for block in blocks:
+                refs[block] -= 1
+            freed = [block for block in blocks if not refs[block]]
+            self.num_shared_references -= len(blocks) - len(freed)
+        else:  # no block is shared: every one is freed (the usual case: no Python test per block)
+            for block in blocks:
+                refs[block] = 0
+            freed = blocks
+        to_back = [block for block in freed if hashes[block] is not None] if self.enable_caching else []
+        if len(to_back) < len(freed):  # (a window's blocks and a finished sequence's full ones all carry a hash)
+            if len(tables) == 1:
+                self.free_blocks.prepend([block for block in freed if hashes[block] is None] if to_back else freed)
+            else:  # each table's ahead of the tables' before it, as one call each puts them
+                for table in tables:
+                    self.free_blocks.prepend([block for block in table if not refs[block] and hashes[block] is None])
         self.free_blocks.append(to_back)
         self.num_frees += len(freed)
 

@@ -228,11 +228,13 @@ class HybridBlockManager:
         skipped = min(self.skipped_blocks(num_computed_tokens), len(state.block_tables[0]))
         first = state.num_null[self.sliding_ids[0]]  # (the same in every sliding group)
         if skipped > first:
+            end, nulls, parts = first - 1 if first else None, [NULL_BLOCK] * (skipped - first), []
             for g in self.sliding_ids:
                 table = state.block_tables[g]
-                self.pool.release(table[skipped - 1:first - 1 if first else None:-1])
-                table[first:skipped] = [NULL_BLOCK] * (skipped - first)
+                parts.append(table[skipped - 1:end:-1])
+                table[first:skipped] = nulls
                 state.num_null[g] = skipped
+            self.pool.release(*parts)  # (one call: group by group, as one call per group frees them)
 
     def decode_in_bulk(self, sequence_ids: Sequence[SequenceId], num_steps: int) -> bool:
         """``num_steps`` decode steps (one computed token each) of every sequence at once, leaving the pool as
@@ -251,7 +253,7 @@ class HybridBlockManager:
         sliding, sliding_ids, group_slides = self.sliding_ids[0], self.sliding_ids, self.group_slides
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
-        keys, caching = [], []  # the cache keys in caching order; (sequence, group, first, stop) per range
+        keys, caching = [], []  # the cache keys in caching order; (sequence, first sliding, first, stop) each
         take, slide, add_key = takes.append, slides.append, keys.append
         limit = num_steps + 1
         for order, state in enumerate(states):
@@ -260,13 +262,21 @@ class HybridBlockManager:
             final = length + num_steps
             if final - window >= block_size * (num_hashes + 1):
                 return False  # a block past the hashes is never cached: freed, it would go to the front
+            stop = final // block_size
+            if stop > num_hashes:
+                stop = num_hashes
+            num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
+            # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
+            # mod B for j <= k), no block to cache, and no slide (the last step's skip, the largest, none new).
+            if (length - 1) % block_size + num_steps < block_size and stop <= num_cached \
+                    and (final - window) // block_size <= num_null:
+                continue
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
             # more when L + j - W = 0 mod B. (Builtins and bound methods kept out of this loop: it runs per
             # sequence and bulk step.)
             for step in range((1 - length) % block_size or block_size, limit, block_size):
                 take((step, order))
-            num_null = state.num_null[sliding]
             skipped = (state.num_computed_tokens + 1 - window) // block_size  # (negative: none, as 0)
             if skipped > num_null:
                 slide((1, order, skipped))
@@ -274,18 +284,12 @@ class HybridBlockManager:
                 for step in range((window - length) % block_size or block_size, limit, block_size):
                     if step > 1 and length + step > window:
                         slide((step, order, (length + step - window) // block_size))
-            stop = final // block_size
-            if stop > num_hashes:
-                stop = num_hashes
-            num_cached = state.num_cached_blocks[0]
             if stop > num_cached:  # (null entries, a prefix of a sliding group, are never cached)
                 first_sliding = num_null if num_null > num_cached else num_cached
+                caching.append((state, first_sliding, num_cached, stop))
                 for g, slides_g in enumerate(group_slides):
-                    first = first_sliding if slides_g else num_cached
-                    if stop > first:
-                        caching.append((state, g, first, stop))
-                        for block_hash in hashes[first:stop]:  # (a block or two: a comprehension costs more)
-                            add_key((g, block_hash))
+                    for block_hash in hashes[first_sliding if slides_g else num_cached:stop]:  # (a block or two: a
+                        add_key((g, block_hash))  # comprehension costs more)
         num_taken = len(takes) * len(self.groups)
         if num_taken > pool.free_blocks.num_free:
             return False
@@ -303,9 +307,10 @@ class HybridBlockManager:
                     table.append(next_taken())
         if caching:  # (one call, the blocks in the order the calls one by one would cache them)
             blocks = []
-            for state, g, first, stop in caching:
-                blocks += state.block_tables[g][first:stop]
-                state.num_cached_blocks = [stop] * len(self.groups)  # (offered to the cache, as ``_computed`` counts)
+            for state, first_sliding, num_cached, stop in caching:
+                for table, slides_g in zip(state.block_tables, group_slides, strict=True):
+                    blocks += table[first_sliding if slides_g else num_cached:stop]
+                state.num_cached_blocks = [stop] * len(group_slides)  # (offered to the cache, as ``_computed`` counts)
             pool.cache_new(keys, blocks)  # (checked above: fresh content; blocks past the cached ones carry no hash)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
@@ -318,13 +323,15 @@ class HybridBlockManager:
             state = states[order]
             first = state.num_null[sliding]
             if skipped > first:
+                end, nulls, tables, num_null = first - 1 if first else None, [NULL_BLOCK] * (skipped - first), \
+                    state.block_tables, state.num_null
                 for g in sliding_ids:
-                    table = state.block_tables[g]
-                    part = table[skipped - 1:first - 1 if first else None:-1]
+                    table = tables[g]
+                    part = table[skipped - 1:end:-1]
                     freed.append(part)
                     blocks += part
-                    table[first:skipped] = [NULL_BLOCK] * (skipped - first)
-                    state.num_null[g] = skipped
+                    table[first:skipped] = nulls
+                    num_null[g] = skipped
         if len(set(blocks)) == len(blocks):
             pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
         else:  # a block that two sequences share: the later release frees it
@@ -342,8 +349,8 @@ class HybridBlockManager:
     def release_sequence(self, sequence_id: SequenceId) -> None:
         """Drop the sequence's blocks group by group, each table tail first (vLLM's coordinator ``free``)."""
         state = self.sequence(sequence_id)
-        for table, nulls in zip(state.block_tables, state.num_null, strict=True):
-            self.pool.release(table[:nulls - 1 if nulls else None:-1])
+        self.pool.release(*[table[:nulls - 1 if nulls else None:-1]  # (one call: group by group, as one call each)
+                            for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
         del self.sequences[sequence_id]
 
     def take_pending_copies(self) -> list[tuple[int, int]]:

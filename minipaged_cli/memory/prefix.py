@@ -8,7 +8,6 @@ stream described by labelled runs (a shared segment, a request's own tokens) wit
 from __future__ import annotations
 
 import hashlib
-import itertools
 import pickle
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -39,16 +38,18 @@ def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tupl
     return [tuple(token_ids[i:i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
 
 
-def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[Hashable]:
+def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[int]:
     """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
     own tokens) of the given lengths.
 
     Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
-    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Blocks
-    inside one run are keyed ``(run key, index)`` without a Python step per block, which matters for traces like
-    Mooncake's (hundreds of blocks per prompt).
+    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Block i
+    inside one run is keyed run key + i without a Python step per block, which matters for traces like Mooncake's
+    (hundreds of blocks per prompt). Every key is an int: the block pool's dictionaries hash it without following
+    a tuple's pointers to scattered objects, the replay's hottest memory traffic. (Two keys meet only where two
+    128-bit digests land within a run's length of each other: as likely as a digest collision.)
     """
-    keys: list[Hashable] = []
+    keys: list[int] = []
     chain: Hashable = None  # the hash of all content before ``pieces``
     pieces: list[tuple[Hashable, int, int]] = []  # a block begun in an earlier run
     filled = 0
@@ -68,7 +69,7 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
         whole = (length - start) // block_size
         if whole:
             run_key = content_hash(chain, (label, start))
-            keys.extend(zip(itertools.repeat(run_key, whole), range(whole), strict=True))
+            keys.extend(range(run_key, run_key + whole))
             chain = content_hash(run_key, whole)
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]

@@ -1,0 +1,81 @@
+"""The free queue (``memory/block_pool.py FreeBlockQueue``) against a naive list changed one block at a time: its
+back part (an append-only list with stale entries skipped, compacted now and then) must hand out, hold and list
+exactly the blocks, in exactly the order, that vLLM's doubly linked queue would."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.memory.block_pool import FreeBlockQueue
+
+NUM_BLOCKS = 12
+
+
+class NaiveQueue:
+    """vLLM's order spelled out: one list, front first; never-used ids sit between the front and the back."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.front: list[int] = []
+        self.untouched = list(range(num_blocks))
+        self.back: list[int] = []
+
+    def order(self) -> list[int]:
+        return self.front + self.untouched + self.back
+
+    def take(self, count: int) -> tuple[list[int], int]:
+        taken = []
+        from_back = 0
+        for _ in range(count):
+            for part in (self.front, self.untouched, self.back):
+                if part:
+                    from_back += part is self.back
+                    taken.append(part.pop(0))
+                    break
+        return taken, from_back
+
+
+# (operation, argument): take a count, free some held blocks to the front or the back, a hit on a back block
+operations = st.lists(st.tuples(st.sampled_from(["take", "prepend", "append", "remove"]),
+                                st.integers(0, NUM_BLOCKS)), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations)
+def test_the_queue_hands_out_and_lists_blocks_as_a_naive_list_does(ops: list[tuple[str, int]]) -> None:
+    queue, naive = FreeBlockQueue(NUM_BLOCKS), NaiveQueue(NUM_BLOCKS)
+    held: list[int] = []  # blocks out of the queue, in the order taken
+    for op, arg in ops:
+        if op == "take":
+            count = min(arg, len(queue))
+            got = queue.take(count)
+            assert got == naive.take(count)
+            held += got[0]
+        elif op in ("prepend", "append") and held:
+            blocks, held = held[:arg], held[arg:]
+            if op == "prepend":
+                queue.prepend(blocks)
+                naive.front[:0] = blocks
+            else:
+                queue.append(blocks)
+                naive.back += blocks
+        elif op == "remove" and naive.back:
+            block = naive.back[arg % len(naive.back)]
+            queue.remove(block)
+            naive.back.remove(block)
+            held.append(block)
+        assert list(queue) == naive.order()
+        assert queue.touched() == (naive.front, naive.back)
+        assert len(queue) == len(naive.order())
+
+
+def test_a_block_hit_then_freed_again_is_handed_out_at_its_new_place_only() -> None:
+    # Block 0 is freed, taken out by a hit, freed again behind block 1: its first entry is stale, skipped.
+    queue = FreeBlockQueue(2)
+    queue.take(2)
+    queue.append([0, 1])
+    queue.remove(0)
+    queue.append([0])
+    assert queue.touched() == ([], [1, 0])
+    assert queue.take(2) == ([1, 0], 2)
+    assert len(queue) == 0
