@@ -1,0 +1,47 @@
+"""The tiers' bookkeeping stays within the blocks held (issue 24: "memory linear in blocks"): the names of output
+blocks that the tiers keep so as never to store them are at most the GPU's cached blocks once the requests are
+done, not one per request of the trace. ``benchmarks/tiers_memory.py`` measures the bytes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import Replay
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.trace import Request, make_trace
+from tests.test_tiers import random_trace
+
+BLOCK = 16
+
+
+def replayed(trace, model: str = "qwen3-8b", **settings_: object) -> Replay:
+    config = SimConfig(load_model(model), load_gpu("h200"), block_size=BLOCK, **settings_)
+    run = Replay(trace, config, config.allocator("paged"), True, None)
+    run.run()
+    return run
+
+
+@pytest.mark.parametrize(("model", "groups"), [("qwen3-8b", 1), ("gpt-oss-20b", 2)])
+def test_a_finished_request_leaves_only_its_cached_output_blocks_named(model: str, groups: int) -> None:
+    # A 64-token prompt and 32 output tokens: 96 tokens, six full blocks by content, but no step computes the last
+    # token's K/V (the request ends when it is sampled), so the GPU caches blocks 0-4 and never block 5. Of the two
+    # output blocks (4, 5) named at admission, only block 4 is held by the GPU: block 5's name must go with the
+    # request, or every request whose length is a multiple of the block size leaves one name behind for good.
+    trace = make_trace("one", [Request("a", 0.0, 64, 32, prefix=("sys",))], source="test", segments={"sys": 64})
+    run = replayed(trace, model, num_blocks=64, cpu_kv_blocks=64)
+    cached = run.allocator.manager.pool.cached_blocks
+    assert len(cached) == 5 * groups  # blocks 0-4, in each KV cache group
+    assert len(run.tiers.output_hashes) == groups and run.tiers.output_hashes <= cached.keys()
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(0, 10_000), st.integers(8, 20), st.sampled_from(["write-through", "on-eviction"]))
+def test_output_names_are_within_the_gpu_cache_after_a_replay(seed: int, num_blocks: int, policy: str) -> None:
+    # Small pools preempt and reject requests: whatever way a request ends, its output blocks that no GPU block
+    # holds are never cached again (their content is its own), so after the replay every name is a cached block.
+    run = replayed(random_trace(seed, 25, 0.01), num_blocks=num_blocks, cpu_kv_blocks=12, offload_policy=policy,
+                   max_model_len=512)
+    assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks.keys()
