@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli.memory.tier_store import ARCStore, LRUStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import Replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -45,3 +46,14 @@ def test_output_names_are_within_the_gpu_cache_after_a_replay(seed: int, num_blo
     run = replayed(random_trace(seed, 25, 0.01), num_blocks=num_blocks, cpu_kv_blocks=12, offload_policy=policy,
                    max_model_len=512)
     assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks.keys()
+
+
+def test_stores_count_the_hashes_they_keep() -> None:
+    # What tiers_memory.py divides the heap by. Capacity 2, three blocks stored: LRU keeps the 2 it holds; ARC also
+    # remembers the evicted one in its ghost list B1 (b and c stored, a a ghost), and a reuse moves a block from T1
+    # to T2 without keeping another hash.
+    lru, arc = LRUStore(2), ARCStore(2)
+    for store in (lru, arc):
+        store.insert(["a", "b", "c"])
+    arc.hit(["c"])
+    assert (lru.num_kept_hashes, arc.num_kept_hashes) == (2, 3)

@@ -42,6 +42,11 @@ class TierStore(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    @property
+    def num_kept_hashes(self) -> int:
+        """Hashes the store keeps in memory: the stored ones (and ARC's ghosts): what its memory grows with."""
+        return len(self)
+
     @abstractmethod
     def hashes(self) -> list[Hashable]:
         """Every stored hash (the invariant checks and the tests read it)."""
@@ -172,6 +177,10 @@ class ARCStore(TierStore):
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+    @property
+    def num_kept_hashes(self) -> int:
+        return len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2)
 
     def hashes(self) -> list[Hashable]:
         return [*self.t1, *self.t2]
