@@ -202,14 +202,15 @@ class TieredCache:
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
         """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
         outputs = self.output_hashes
+        if self.write_through:  # nothing to store: only the names of output blocks no longer cached go
+            outputs.difference_update(map(itemgetter(0), pairs))
+            return
         hashes = list(map(itemgetter(0), pairs))
         if outputs.isdisjoint(hashes):  # (the common call: no filter in Python)
-            prompt = pairs
+            self.pending.extend(pairs)
         else:
-            prompt = [pair for pair in pairs if pair[0] not in outputs]
+            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
             outputs.difference_update(hashes)
-        if not self.write_through:
-            self.pending.extend(prompt)
 
     # -- stores ------------------------------------------------------------------------------------------------
 
@@ -229,7 +230,7 @@ class TieredCache:
         blocks = dict(pending)
         hashes = list(filterfalse(stored, blocks))
         if len(hashes) < len(pending):  # stored again: recently used
-            host.store.insert(list(filter(stored, map(itemgetter(0), pending))))
+            host.store.refresh(list(filter(stored, map(itemgetter(0), pending))))
         if not hashes or not self._copy(host, len(hashes), now):
             return []
         evicted = host.store.insert_new(hashes)
