@@ -69,6 +69,7 @@ def main() -> None:
     base = default_config(131072, prefix_caching=True, scheduler="v1")  # prompts up to 126k tokens
     print(f"{trace.name}: {trace.num_requests:,} requests, GPU KV {base.num_blocks:,} blocks of {base.block_size}; "
           "Python heap (tracemalloc) less the run without tiers on the same GPU pool")
+    measured(trace, base)  # (once first: what a replay allocates once and keeps, e.g. caches, is not a tier's)
     without = measured(trace, base)
 
     print(f"\n{'host blocks':>11} {'disk blocks':>11} {'policy':>22} {'kept hashes':>11} {'output names':>12} "
@@ -83,12 +84,13 @@ def main() -> None:
         tiers = heap.run.tiers
         kept = sum(tier.store.num_kept_hashes for tier in tiers.tiers)
         held, peak = heap.held - without.held, heap.peak - without.peak
-        per_hash.append(held / kept)
+        if kept:  # (a short --limit may store nothing)
+            per_hash.append(held / kept)
+        held_per, peak_per = (f"{held / kept:.0f}", f"{peak / kept:.0f}") if kept else ("-", "-")
         print(f"{config.cpu_kv_blocks:>11,} {config.disk_kv_blocks:>11,} {policy + ', ' + eviction:>22} {kept:>11,} "
-              f"{len(tiers.output_hashes):>12,} {held / 1e6:>8.1f} {held / kept:>6.0f} {peak / 1e6:>8.1f} "
-              f"{peak / kept:>6.0f}")
-    print(f"bytes held per kept hash: {min(per_hash):.0f} to {max(per_hash):.0f} "
-          f"({max(per_hash) / min(per_hash):.2f}x apart)")
+              f"{len(tiers.output_hashes):>12,} {held / 1e6:>8.1f} {held_per:>6} {peak / 1e6:>8.1f} {peak_per:>6}")
+    if per_hash:
+        print(f"bytes held per kept hash: {min(per_hash):.0f} to {max(per_hash):.0f}")
 
     print(f"\n{'GPU blocks':>11} {'touched':>9} {'cached':>9} {'held MB':>8} {'B/touched block over the first':>31}")
     first: tuple[int, int] | None = None
@@ -98,9 +100,9 @@ def main() -> None:
         pool = heap.run.allocator.manager.pool
         touched = pool.free_blocks.num_touched
         first = first or (touched, heap.held)
-        extra = (heap.held - first[1]) / (touched - first[0]) if touched > first[0] else float("nan")
+        extra = f"{(heap.held - first[1]) / (touched - first[0]):.0f}" if touched > first[0] else "-"
         print(f"{config.num_blocks:>11,} {touched:>9,} {len(pool.cached_blocks):>9,} {heap.held / 1e6:>8.1f} "
-              f"{extra:>31.0f}")
+              f"{extra:>31}")
 
 
 if __name__ == "__main__":
