@@ -4,6 +4,9 @@ done, not one per request of the trace. ``benchmarks/tiers_memory.py`` measures 
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,3 +60,23 @@ def test_stores_count_the_hashes_they_keep() -> None:
         store.insert(["a", "b", "c"])
     arc.hit(["c"])
     assert (lru.num_kept_hashes, arc.num_kept_hashes) == (2, 3)
+
+
+
+def long_outputs(seed: int):
+    """Twelve requests 10 ms apart on three shared prompts, each with 60-120 output tokens (several output blocks)."""
+    rng = random.Random(seed)
+    segments = {f"s{i}": BLOCK * rng.randint(1, 4) for i in range(3)}
+    requests = [Request(f"r{i}", i * 0.01, 0, rng.randint(60, 120), prefix=(f"s{rng.randint(0, 2)}",))
+                for i in range(12)]
+    requests = [dataclasses.replace(r, prompt_tokens=segments[r.prefix[0]] + rng.randint(1, 20)) for r in requests]
+    return make_trace("long outputs", requests, source="test", segments=segments)
+
+
+def test_a_request_rejected_after_its_preemption_leaves_no_output_names() -> None:
+    # Under v0 with a 30 % watermark on 10 blocks, one request is preempted mid-decode and then no longer fits beside
+    # the watermark: rejected, the output blocks it never reached are never computed, so their names must go too.
+    run = replayed(long_outputs(7), num_blocks=10, cpu_kv_blocks=12, max_model_len=512, scheduler="v0",
+                   watermark=0.3, prefix_caching=True)
+    assert any("preempted" in reason for reason in run.accounting.rejection_reasons)
+    assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks.keys()
