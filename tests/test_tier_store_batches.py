@@ -43,7 +43,7 @@ class NaiveLRU:
         return evicted
 
 
-operation = st.tuples(st.sampled_from(["insert", "insert_new", "hit", "reserve"]),
+operation = st.tuples(st.sampled_from(["insert", "insert_new", "refresh", "hit", "reserve"]),
                       st.lists(st.integers(0, 15), max_size=8))
 
 
@@ -57,6 +57,10 @@ def test_lru_batches_match_one_block_at_a_time(capacity: int, operations: list[t
         elif name == "insert_new":  # its precondition: each named once, none stored
             new = [h for h in dict.fromkeys(hashes) if h not in naive.order]
             assert store.insert_new(new) == naive.insert(new)
+        elif name == "refresh":  # its precondition: each stored (named once or more)
+            again = [h for h in hashes if h in naive.order]
+            store.refresh(again)
+            naive.insert(again)
         elif name == "hit":
             assert store.hit(hashes) == naive.hit(hashes)
         elif store.can_reserve(1):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 
 
 class TierStore(ABC):
@@ -42,6 +42,11 @@ class TierStore(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    @property
+    def num_kept_hashes(self) -> int:
+        """Hashes the store keeps in memory: the stored ones (and ARC's ghosts): what its memory grows with."""
+        return len(self)
+
     @abstractmethod
     def hashes(self) -> list[Hashable]:
         """Every stored hash (the invariant checks and the tests read it)."""
@@ -54,6 +59,10 @@ class TierStore(ABC):
     def insert_new(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         """``insert`` of hashes the caller knows are not stored, each named once."""
         return self.insert(block_hashes)
+
+    def refresh(self, block_hashes: Sequence[Hashable]) -> None:
+        """``insert`` of hashes the caller knows are stored (stored again: recently used); nothing is evicted."""
+        self.insert(block_hashes)
 
     @abstractmethod
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
@@ -137,10 +146,13 @@ class LRUStore(TierStore):
         # Appending them all, then evicting the oldest, evicts what storing them one at a time would (the oldest
         # first, the new ones too when they outnumber the room), with the loop over the blocks in C.
         entries.update(zip(block_hashes, repeat(None)))
-        pop = entries.popitem
-        evicted = [pop(last=False)[0] for _ in range(len(entries) - room)]
+        evicted = list(islice(entries, len(entries) - room)) if len(entries) > room else []
+        deque(map(entries.__delitem__, evicted), maxlen=0)  # (no pair built per block, as popitem does)
         self.num_evictions += len(evicted)
         return evicted
+
+    def refresh(self, block_hashes: Sequence[Hashable]) -> None:
+        deque(map(self._entries.move_to_end, block_hashes), maxlen=0)
 
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         entries = self._entries
@@ -172,6 +184,10 @@ class ARCStore(TierStore):
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+    @property
+    def num_kept_hashes(self) -> int:
+        return len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2)
 
     def hashes(self) -> list[Hashable]:
         return [*self.t1, *self.t2]

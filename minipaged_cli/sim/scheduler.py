@@ -313,9 +313,13 @@ class Scheduler:
         self.accounting.num_preemptions += 1
 
     def _reject(self, live: LiveRequest, reason: str) -> None:
+        if self.tiers is not None and self.keyed:
+            self.tiers.request_done(live.block_hashes, live.prompt_tokens)
         self.accounting.rejected_sample(live, reason)
 
     def _sample_done(self, live: LiveRequest, now: float) -> None:
+        if self.tiers is not None and self.keyed:
+            self.tiers.request_done(live.block_hashes, live.prompt_tokens)
         live.block_hashes = []  # the keys can be many; a finished sequence needs them no more
         self.accounting.sample_done(live, now)
 

@@ -193,7 +193,9 @@ class TieredCache:
                                    Link(gpu.disk_read_bytes_per_s)))
         self.pending: list[tuple[Hashable, int]] = []  # (hash, GPU block) to store at the step's end
         # Blocks holding output tokens (a request's keys past its full prompt blocks, named at its first admission),
-        # never stored; forgotten when the GPU evicts them, as no request computes them again.
+        # never stored; forgotten when the GPU evicts them, as no request computes them again, or when the request
+        # is done without the GPU caching them (``request_done``): at most the GPU's cached blocks and the running
+        # requests' outputs, not a name per request of the trace.
         self.output_hashes: set[Hashable] = set()
         if pool is not None:
             pool.listener = self
@@ -214,14 +216,15 @@ class TieredCache:
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
         """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
         outputs = self.output_hashes
+        if self.write_through:  # nothing to store: only the names of output blocks no longer cached go
+            outputs.difference_update(map(itemgetter(0), pairs))
+            return
         hashes = list(map(itemgetter(0), pairs))
         if outputs.isdisjoint(hashes):  # (the common call: no filter in Python)
-            prompt = pairs
+            self.pending.extend(pairs)
         else:
-            prompt = [pair for pair in pairs if pair[0] not in outputs]
+            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
             outputs.difference_update(hashes)
-        if not self.write_through:
-            self.pending.extend(prompt)
 
     # -- stores ------------------------------------------------------------------------------------------------
 
@@ -241,7 +244,7 @@ class TieredCache:
         blocks = dict(pending)
         hashes = list(filterfalse(stored, blocks))
         if len(hashes) < len(pending):  # stored again: recently used
-            host.store.insert(list(filter(stored, map(itemgetter(0), pending))))
+            host.store.refresh(list(filter(stored, map(itemgetter(0), pending))))
         if not hashes or not self._copy(host, len(hashes), now):
             return []
         evicted = host.store.insert_new(hashes)
@@ -319,9 +322,7 @@ class TieredCache:
         # output tokens too)
         outputs = block_hashes[num_prompt // self.block_size:] if count_hits else ()
         if self.grouped:
-            groups = range(len(self.full_ids) + len(self.sliding_ids))
-            prompt = [(g, block_hash) for block_hash in prompt for g in groups]
-            outputs = [(g, block_hash) for block_hash in outputs for g in groups]
+            prompt, outputs = self._pool_keys(prompt), self._pool_keys(outputs)
             found, moved = self.lookup_groups(block_hashes, first, stop)
             for tier in self.tiers:
                 tier.store.hit(prompt[::-1])
@@ -350,6 +351,20 @@ class TieredCache:
             done = max(start + (done - start) / self.num_layers,
                        done - self.recompute_seconds(num_cached + tokens, num_prompt - num_cached - tokens))
         return tokens, done
+
+    def _pool_keys(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
+        """The GPU pool's keys of ``block_hashes`` under the hybrid manager: (group, hash), each group's."""
+        groups = range(len(self.full_ids) + len(self.sliding_ids))
+        return [(g, block_hash) for block_hash in block_hashes for g in groups]
+
+    def request_done(self, block_hashes: Sequence[Hashable], num_prompt: int) -> None:
+        """A request of ``num_prompt`` prompt tokens is done (finished or rejected): its output blocks the GPU does
+        not hold cached now are never cached (the last full block when the output ends it: no step computes the
+        last token's K/V; a rejected request's blocks it never reached), so their names go."""
+        outputs = block_hashes[num_prompt // self.block_size:]
+        if self.grouped:
+            outputs = self._pool_keys(outputs)
+        self.output_hashes.difference_update(filterfalse(self.pool.cached_blocks.__contains__, outputs))
 
     def recompute_seconds(self, context: int, tokens: int) -> float:
         """The GPU's time to prefill ``tokens`` after ``context`` cached ones, less what a step costs anyway
