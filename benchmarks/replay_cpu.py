@@ -1,5 +1,6 @@
-"""One paged replay's CPU seconds, in a process of its own: ``simulate_bench.py --baseline-path`` runs it against two
-checkouts (``PYTHONPATH`` names which) to time the same replay under each.
+"""One paged replay's CPU seconds, in a process of its own: ``simulate_bench.py --baseline-path`` and
+``tiers_bench.py --baseline-path`` run it (``cpu_seconds``) against another checkout (``PYTHONPATH`` names which) to
+time the same replay under each.
 
 It imports only what every checkout since 0035b67 (the replay before vLLM v1's scheduling) has, so that it runs
 unchanged against an older commit; a checkout without ``SimConfig.scheduler`` replays its only engine.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +42,21 @@ def default_config(max_model_len: int | None, prefix_caching: bool, scheduler: s
     engine = {"scheduler": scheduler} if "scheduler" in fields else {}
     return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, block_size),
                      max_model_len=max_model_len, prefix_caching=prefix_caching, **engine)
+
+
+def cpu_seconds(checkout: Path, trace: Path, num_requests: int, max_model_len: int | None, prefix_caching: bool,
+                scheduler: str) -> float:
+    """One paged replay's CPU seconds under ``checkout``'s package, in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    argv = [sys.executable, str(Path(__file__)), str(trace), str(num_requests), str(max_model_len or 0),
+            str(int(prefix_caching)), scheduler]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{checkout}: replay_cpu.py failed:\n{done.stderr}")
+    result = json.loads(done.stdout)
+    if Path(result["package"]) != checkout / "minipaged_cli":  # an installed copy shadowed PYTHONPATH
+        raise RuntimeError(f"{checkout}: the replay imported {result['package']}")
+    return result["cpu_s"]
 
 
 def main() -> None:

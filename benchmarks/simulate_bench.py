@@ -21,14 +21,11 @@ wall time measures the neighbours), and prints the ratio this / baseline.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from replay_cpu import default_config
+from replay_cpu import cpu_seconds, default_config
 
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import SCHEDULERS, SimConfig
@@ -51,20 +48,6 @@ def timed(trace: Trace, config: SimConfig, strategy: str, bulk: bool = True) -> 
     return wall, served / wall
 
 
-def cpu_seconds(checkout: Path, trace: Path, num_requests: int, prefix_caching: bool, scheduler: str) -> float:
-    """One paged replay's CPU seconds under ``checkout``'s package, in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    argv = [sys.executable, str(Path(__file__).with_name("replay_cpu.py")), str(trace), str(num_requests), "0",
-            str(int(prefix_caching)), scheduler]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{checkout}: replay_cpu.py failed:\n{done.stderr}")
-    result = json.loads(done.stdout)
-    if Path(result["package"]) != checkout / "minipaged_cli":  # an installed copy shadowed PYTHONPATH
-        raise RuntimeError(f"{checkout}: the replay imported {result['package']}")
-    return result["cpu_s"]
-
-
 def compare(baseline: Path, traces: Path, num_requests: int, repeats: int, scheduler: str) -> None:
     """Print best-of-``repeats`` CPU seconds of the same replays under ``baseline`` and this checkout."""
     trace = traces / "AzureLLMInferenceTrace_conv.csv"
@@ -78,7 +61,7 @@ def compare(baseline: Path, traces: Path, num_requests: int, repeats: int, sched
         for repeat in range(repeats):
             # Alternate which runs first, so neither always inherits the other's warm caches or quiet spell.
             for checkout in (baseline, CHECKOUT) if repeat % 2 == 0 else (CHECKOUT, baseline):
-                seconds = cpu_seconds(checkout, trace, num_requests, prefix_caching, scheduler)
+                seconds = cpu_seconds(checkout, trace, num_requests, None, prefix_caching, scheduler)
                 best[checkout] = min(best[checkout], seconds)
         ratio = best[CHECKOUT] / best[baseline]
         label = "paged" + (" +prefix" if prefix_caching else "")

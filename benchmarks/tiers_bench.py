@@ -7,10 +7,15 @@ time measures the neighbours), the best of ``--repeat`` runs taken in turns (eac
 so none always inherits a warm or a quiet spell), its ratio to the run without tiers (issue 24's goal: within
 2x), the prefix hits (GPU, host, disk, as % of prompt tokens), mean TTFT and output throughput.
 
+``--baseline-path DIR`` also times the run without tiers under another checkout (a ``git worktree`` of an older
+commit: issue 24's "today's prefix-caching run" is 673c112's, the commit the tiers were built on), each replay in a
+fresh process (``replay_cpu.py``), taken in turns with the others, and prints every run's ratio to it as well:
+the replay without tiers has since become faster (hspeed4's block pool), so the two ratios differ.
+
 ``--profile N`` replays the last run once more under ``cProfile`` and prints its N functions of most own time.
 
     python -m benchmarks.tiers_bench [--traces DIR] [--limit N] [--cpu 64GiB,256GiB,1TiB] [--disk 4TiB] [--repeat N]
-        [--profile N]
+        [--profile N] [--baseline-path DIR]
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ import argparse
 import cProfile
 import dataclasses
 import pstats
+import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.replay_cpu import default_config
+from benchmarks.replay_cpu import cpu_seconds, default_config
 from minipaged_cli.sim.config import tier_blocks
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.readers import load_trace
@@ -39,6 +45,7 @@ def main() -> None:
     parser.add_argument("--disk", default="4TiB")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each, taken in turns; the best CPU time counts")
     parser.add_argument("--profile", type=int, default=0, help="profile the last run: its N costliest functions")
+    parser.add_argument("--baseline-path", type=Path, help="another checkout whose run without tiers to time too")
     args = parser.parse_args()
 
     trace = load_trace(args.traces / args.trace).limited(args.limit)
@@ -53,8 +60,14 @@ def main() -> None:
     print(f"{trace.name}: {trace.num_requests:,} requests, KV {base.num_blocks:,} blocks of {base.block_size}")
     best = [float("inf")] * len(runs)
     results = {}
+    baseline_s = float("inf")
+    turns = len(runs) + (args.baseline_path is not None)  # the baseline's turn is index len(runs)
     for repeat in range(args.repeat):
-        for index in (*range(repeat % len(runs), len(runs)), *range(repeat % len(runs))):
+        for index in (*range(repeat % turns, turns), *range(repeat % turns)):
+            if index == len(runs):
+                baseline_s = min(baseline_s, cpu_seconds(args.baseline_path.resolve(), args.traces / args.trace,
+                                                         trace.num_requests, 131072, True, "v1"))
+                continue
             start = time.process_time()
             results[index] = replay(trace, runs[index][2], "paged")
             best[index] = min(best[index], time.process_time() - start)
@@ -67,6 +80,14 @@ def main() -> None:
               f"{metrics.prefix_cache_hit_pct:>9.1f} {tiers.get('cpu', 0.0):>7.1f} {tiers.get('disk', 0.0):>7.1f} "
               f"{metrics.mean_ttft_s:>9.1f} {metrics.throughput_tokens_per_s:>9.0f}")
     print(f"goal: every run within {GOAL_RATIO:g}x of the run without tiers (CPU seconds)")
+    if args.baseline_path is not None:
+        commit = subprocess.run(["git", "-C", str(args.baseline_path), "log", "-1", "--format=%h"],
+                                capture_output=True, text=True).stdout.strip() or "?"
+        print(f"the run without tiers under {args.baseline_path} ({commit}), in a fresh process: {baseline_s:.1f} s")
+        for index, (host, disk, _) in enumerate(runs[1:], start=1):
+            ratio = best[index] / baseline_s
+            verdict = "within" if ratio <= GOAL_RATIO else "NOT within"
+            print(f"{host:>8} {disk:>6} {best[index]:>8.1f} s: {ratio:.2f}x of it ({verdict} {GOAL_RATIO:g}x)")
     if args.profile:
         profile = cProfile.Profile()
         profile.runcall(replay, trace, runs[-1][2], "paged")
