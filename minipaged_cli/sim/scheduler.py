@@ -1,5 +1,8 @@
 """The scheduler: queues, admission, preemption and parallel sampling, under one allocation strategy.
 
+Over 300 lines: one class, vLLM v1's policy, whose running pass, waiting pass, preemption and sampling share the
+queues and the step's budget (vLLM keeps them in one ``schedule`` too), and this docstring.
+
 ``schedule`` returns what the step runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times
 the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
 vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
