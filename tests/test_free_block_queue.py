@@ -4,12 +4,18 @@ exactly the blocks, in exactly the order, that vLLM's doubly linked queue would.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_pool import FreeBlockQueue
 
 NUM_BLOCKS = 12
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class NaiveQueue:
@@ -79,3 +85,15 @@ def test_a_block_hit_then_freed_again_is_handed_out_at_its_new_place_only() -> N
     assert queue.touched() == ([], [1, 0])
     assert queue.take(2) == ([1, 0], 2)
     assert len(queue) == 0
+
+
+def test_taking_more_blocks_than_are_free_fails_at_once() -> None:
+    # The back part's walk looped forever when asked for more than it holds; in a subprocess with a timeout so
+    # that the old code fails this test instead of hanging the suite.
+    program = ("from minipaged_cli.memory.block_pool import FreeBlockQueue\n"
+               "queue = FreeBlockQueue(2)\nqueue.take(2)\nqueue.append([0, 1])\nqueue.take(3)\n")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=20,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 1
+    assert "AssertionError: took 3 of 2 free blocks: the caller's can_allocate check is broken" in run.stderr
+
