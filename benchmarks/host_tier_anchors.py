@@ -31,13 +31,21 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from benchmarks.lru_reference import TRACES, hit_rate, load_requests
+from benchmarks.lru_reference import TRACES, Request, hit_rate, load_requests
 from benchmarks.replay_cpu import default_config
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import Trace
 
 MAX_MODEL_LEN = 131_072  # the Mooncake traces' longest prompts exceed Qwen3-8B's default 40,960
+
+
+def served_requests(path: Path, trace: Trace) -> list[Request]:
+    """The requests of ``trace`` (the trace's first ones, as replayed) that a server of ``MAX_MODEL_LEN`` accepts:
+    the first of all accepted ones, as many as the trace holds (filtering keeps the order)."""
+    num_served = sum(request.prompt_tokens + request.output_tokens <= MAX_MODEL_LEN for request in trace.requests)
+    return load_requests(path, MAX_MODEL_LEN)[:num_served]
 
 
 def tokens(text: str) -> int:
@@ -95,7 +103,7 @@ def main() -> None:
     path = args.traces / f"mooncake_{args.trace}_trace.jsonl"
     trace = load_trace(path, limit=args.limit)
     requests = load_requests(path)[:args.limit]
-    served = load_requests(path, MAX_MODEL_LEN)[:args.limit]
+    served = served_requests(path, trace)
     base = default_config(MAX_MODEL_LEN, prefix_caching=True, scheduler="v1")
     gpu_tokens = base.num_blocks * base.block_size
     policies = ["none"] if args.gpu_only else args.offload_policy.split(",")
