@@ -53,7 +53,8 @@ Where it differs from vLLM: one block per offloaded chunk (vLLM can group severa
 a finished load re-enters the running list, not the waiting queue; a loading request can be preempted (vLLM's
 waits outside the running list); a block being loaded or written may be evicted from its tier meanwhile (vLLM
 pins it); a load may read a block whose store has not ended (vLLM's lookup answers ``HIT_PENDING`` and defers
-the request);
+the request); a step's stores are admitted or dropped as one copy (vLLM's scheduler calls ``prepare_store`` once
+per request and, where it returns None, skips that request's store and goes on to the next: ``continue``);
 loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
 
 Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once
