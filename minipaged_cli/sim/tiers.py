@@ -145,6 +145,7 @@ class TierMetrics:
     stored_bytes: int  # cached blocks written into the tier (swapped-out KV is the strategy's swap_out_bytes)
     loaded_bytes: int  # read out of it towards the GPU
     dropped_stores: int  # blocks
+    store_wait_s: float  # from each store's issue to its copy's end, summed: a bound on the waits not charged
     evictions: int
     write_busy_pct: float  # every copy down the link: stores, and v0's swap-outs
     read_busy_pct: float  # every copy up: loads, and v0's swap-ins
@@ -432,7 +433,7 @@ class TieredCache:
             hit_pct=pct(tier.hit_tokens, prompt_tokens), recomputed_tokens=tier.recomputed_tokens,
             stored_bytes=tier.stored_blocks * self.bytes_per_block,
             loaded_bytes=tier.loaded_blocks * self.bytes_per_block,
-            dropped_stores=tier.dropped_blocks,
+            dropped_stores=tier.dropped_blocks, store_wait_s=tier.store_wait_s,
             evictions=tier.store.num_evictions, write_busy_pct=pct(tier.write.busy_s, makespan_s),
             read_busy_pct=pct(tier.read.busy_s, makespan_s)) for tier in self.tiers}
 
