@@ -31,13 +31,21 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from benchmarks.lru_reference import TRACES, hit_rate, load_requests
+from benchmarks.lru_reference import TRACES, Request, hit_rate, load_requests
 from benchmarks.replay_cpu import default_config
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import Trace
 
 MAX_MODEL_LEN = 131_072  # the Mooncake traces' longest prompts exceed Qwen3-8B's default 40,960
+
+
+def served_requests(path: Path, trace: Trace) -> list[Request]:
+    """The requests of ``trace`` (the trace's first ones, as replayed) that a server of ``MAX_MODEL_LEN`` accepts:
+    the first of all accepted ones, as many as the trace holds (filtering keeps the order)."""
+    num_served = sum(request.prompt_tokens + request.output_tokens <= MAX_MODEL_LEN for request in trace.requests)
+    return load_requests(path, MAX_MODEL_LEN)[:num_served]
 
 
 def tokens(text: str) -> int:
@@ -46,23 +54,24 @@ def tokens(text: str) -> int:
 
 
 class TierWatch:
-    """While open, every ``TieredCache.flush`` (a step's end) is watched: the cache kept (its tiers' counters are
-    read after the replay), and with ``num_samples`` the blocks the GPU's prefix cache and the host tier hold both
-    counted every ``span_s / num_samples`` seconds of simulated time (at the first step's end after each)."""
+    """While open with ``num_samples``, every ``TieredCache.flush`` (a step's end) is watched: the blocks the GPU's
+    prefix cache and the host tier hold both counted every ``span_s / num_samples`` seconds of simulated time (at the
+    first step's end after each); without samples the replay runs as it is."""
 
     def __init__(self, span_s: float, num_samples: int) -> None:
-        self.cache: TieredCache | None = None
-        self.every_s = span_s / num_samples if num_samples else float("inf")
+        self.every_s = span_s / num_samples if num_samples else None
         self.next_s = 0.0
         self.samples: list[tuple[int, int, int]] = []  # (GPU cached blocks, host blocks, held in both)
 
     def __enter__(self) -> TierWatch:
+        if self.every_s is None:
+            return self
+        every_s = self.every_s
         self.flush = flush = TieredCache.flush
 
         def watched(cache: TieredCache, now: float) -> list:
-            self.cache = cache
             if now >= self.next_s and cache.pool is not None:
-                self.next_s = now + self.every_s
+                self.next_s = now + every_s
                 host = cache.tiers[0].store
                 gpu = cache.pool.cached_blocks
                 self.samples.append((len(gpu), len(host), sum(map(host.contains, gpu))))
@@ -73,7 +82,8 @@ class TierWatch:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        TieredCache.flush = self.flush  # type: ignore[method-assign]
+        if self.every_s is not None:
+            TieredCache.flush = self.flush  # type: ignore[method-assign]
 
     def mean(self, column: int) -> float:
         return sum(sample[column] for sample in self.samples) / len(self.samples) if self.samples else 0.0
@@ -95,7 +105,7 @@ def main() -> None:
     path = args.traces / f"mooncake_{args.trace}_trace.jsonl"
     trace = load_trace(path, limit=args.limit)
     requests = load_requests(path)[:args.limit]
-    served = load_requests(path, MAX_MODEL_LEN)[:args.limit]
+    served = served_requests(path, trace)
     base = default_config(MAX_MODEL_LEN, prefix_caching=True, scheduler="v1")
     gpu_tokens = base.num_blocks * base.block_size
     policies = ["none"] if args.gpu_only else args.offload_policy.split(",")
@@ -124,7 +134,7 @@ def main() -> None:
                 host = metrics.tiers.get("cpu")
                 loaded = host.hit_pct if host else 0.0
                 found = loaded + 100 * host.recomputed_tokens / metrics.prefix_cache_queries if host else 0.0
-                wait = watch.cache.tiers[0].store_wait_s if watch.cache else 0.0
+                wait = host.store_wait_s if host else 0.0
                 row = {"trace": args.trace, "time_scale": pace, "total_tokens": capacity,
                        "gpu_tokens": config.num_blocks * config.block_size, "offload_policy": policy,
                        "gpu_hit_pct": gpu, "host_loaded_pct": loaded, "host_found_pct": found,

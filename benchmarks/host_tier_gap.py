@@ -92,6 +92,9 @@ def exclusive_loads() -> Iterator[None]:
 def run(trace: Trace, base: SimConfig, total: int, policy: str, variants: list[str]) -> dict[str, object]:
     unknown = set(variants) - set(VARIANTS)
     assert not unknown, f"unknown variants {unknown}; expected some of {VARIANTS}"
+    # (the move reaches into the LRU store's entries; ARC's lists have no such one place to take a block from)
+    assert "exclusive" not in variants or base.tier_eviction == "lru", \
+        f"the exclusive variant needs an LRU host tier, not {base.tier_eviction!r}"
     if "gpuonly" in variants:
         config = dataclasses.replace(base, num_blocks=total // base.block_size)
     else:

@@ -1,11 +1,13 @@
-"""``BlockPool.release`` of several tables in one call (a sequence's KV cache groups) against one call per table:
-the same free queue (front and back order), reference counts and counters, with and without cached content and
-shared blocks."""
+"""``BlockPool.release`` of several tables in one call (a sequence's KV cache groups) against a naive model of
+vLLM's ``free_blocks`` called once per table, one block at a time: per-block reference counts, and a free queue whose
+blocks without cached content go to the front (each call's ahead of the blocks there) and with it to the back. With
+and without shared blocks (without, the pool takes its path that tests no block), with and without cached content."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,36 +16,55 @@ from minipaged_cli.memory.block_pool import BlockPool
 NUM_BLOCKS = 24
 
 
-def _pool(seed: int, caching: bool) -> tuple[BlockPool, list[list[int]]]:
-    """A pool whose blocks are held by three tables (some blocks referenced twice: shared), some of them cached."""
+def _pool(seed: int, caching: bool, sharing: bool) -> tuple[BlockPool, list[list[int]], list[int], set[int]]:
+    """A pool whose blocks are held by three tables, some of them cached; with ``sharing`` some blocks referenced
+    twice (a prefix hit). Returns the pool, the tables, the blocks referenced twice and the cached blocks."""
     rng = random.Random(seed)
     pool = BlockPool(NUM_BLOCKS, enable_caching=caching)
     tables: list[list[int]] = [[], [], []]
     for table in tables:
         pool.take(rng.randint(0, 6), table)
     held = [block for table in tables for block in table]
-    for block in rng.sample(held, len(held) // 3):  # (a prefix hit shares a block: one more reference)
+    shared = rng.sample(held, rng.randint(0, len(held))) if sharing else []
+    for block in shared:
         pool.reference(block)
-    if caching:
-        cached = rng.sample(held, len(held) // 2)
-        pool.cache([("content", block) for block in cached], cached)
-    return pool, tables
+    cached = rng.sample(held, rng.randint(0, len(held))) if caching else []
+    pool.cache([("content", block) for block in cached], cached)
+    return pool, tables, shared, set(cached)
 
 
-def _state(pool: BlockPool) -> tuple:
-    return (list(pool.free_blocks), pool.free_blocks.touched(), pool.ref_counts, pool.num_shared_references,
-            pool.num_frees)
+def _naive_release(tables: list[list[int]], shared: list[int], cached: set[int]) -> tuple[dict[int, int], list[int],
+                                                                                         list[int]]:
+    """Reference counts after the release, and the free queue's front and back parts (it held no touched block
+    before), one table and one block at a time."""
+    refs = {block: 1 + (block in shared) for table in tables for block in table}
+    front: list[int] = []
+    back: list[int] = []
+    for table in tables:
+        to_front = []
+        for block in table:
+            refs[block] -= 1
+            if refs[block] == 0:
+                (back if block in cached else to_front).append(block)
+        front = to_front + front
+    return refs, front, back
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.integers(0, 10**6), st.booleans())
-def test_one_release_of_several_tables_frees_as_one_call_per_table(seed: int, caching: bool) -> None:
-    at_once, one_by_one = _pool(seed, caching), _pool(seed, caching)
-    parts = [table[::-1] for table in at_once[1]]  # each table tail first, as a sequence frees it
-    at_once[0].release(*parts)
-    for part in parts:
-        one_by_one[0].release(part)
-    assert _state(at_once[0]) == _state(one_by_one[0])
+@pytest.mark.parametrize("sharing", [False, True])
+@pytest.mark.parametrize("caching", [False, True])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_one_release_of_several_tables_frees_as_vllm_frees_one_table_at_a_time(seed: int, caching: bool,
+                                                                               sharing: bool) -> None:
+    pool, tables, shared, cached = _pool(seed, caching, sharing)
+    parts = [table[::-1] for table in tables]  # each table tail first, as a sequence frees it
+    refs, front, back = _naive_release(parts, shared, cached)
+    pool.release(*parts)
+    assert pool.free_blocks.touched() == (front, back)
+    assert [pool.ref_counts[block] for block in refs] == list(refs.values())
+    assert pool.num_shared_references == sum(count - 1 for count in refs.values() if count > 1)
+    assert pool.num_frees == len(front) + len(back)
+    assert len(pool.free_blocks) == NUM_BLOCKS - sum(1 for count in refs.values() if count)
 
 
 def test_uncached_blocks_of_the_later_table_go_ahead_of_the_earlier_ones() -> None:

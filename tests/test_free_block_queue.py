@@ -4,12 +4,19 @@ exactly the blocks, in exactly the order, that vLLM's doubly linked queue would.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import FreeBlockQueue
 
 NUM_BLOCKS = 12
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class NaiveQueue:
@@ -79,3 +86,49 @@ def test_a_block_hit_then_freed_again_is_handed_out_at_its_new_place_only() -> N
     assert queue.touched() == ([], [1, 0])
     assert queue.take(2) == ([1, 0], 2)
     assert len(queue) == 0
+
+
+def test_taking_more_blocks_than_are_free_fails_at_once() -> None:
+    # The back part's walk looped forever when asked for more than it holds; in a subprocess with a timeout so
+    # that the old code fails this test instead of hanging the suite.
+    program = ("from minipaged_cli.memory.block_pool import FreeBlockQueue\n"
+               "queue = FreeBlockQueue(2)\nqueue.take(2)\nqueue.append([0, 1])\nqueue.take(3)\n")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=20,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 1
+    assert "AssertionError: took 3 of 2 free blocks: the caller's can_allocate check is broken" in run.stderr
+
+
+def test_a_hit_on_a_block_not_in_the_back_part_is_reported() -> None:
+    # remove() records a stale entry without looking for the block (a hit is O(1)); the checker finds the lie.
+    queue = FreeBlockQueue(6)
+    queue.take(5)
+    queue.append([0, 2, 3])
+    assert queue.violations() == []
+    queue.remove(1)  # held, not free: a broken caller (too few stale entries yet to compact them away)
+    assert queue.violations() == ["blocks [1] were taken out of the free queue's back part more often than they "
+                                  "sit in it: a hit on a block that was not free there"]
+
+
+def test_a_miscounted_stale_entry_and_a_double_free_are_reported() -> None:
+    queue = FreeBlockQueue(4)
+    queue.take(3)
+    queue.append([0, 1])
+    queue.remove(0)
+    queue._num_stale += 1
+    assert queue.violations() == ["the free queue counts 2 stale entries but records 1: a hit counted in one "
+                                  "place only"]
+    queue._num_stale -= 1
+    queue.append([1])
+    assert queue.violations() == ["a block sits twice in the free queue's back part: a double free"]
+
+
+def test_the_block_managers_checker_reports_a_corrupt_free_queue() -> None:
+    # A miscounted stale entry breaks no count the checker compares with the tables: only the queue's own check
+    # sees it.
+    manager = KVBlockManager(num_physical_blocks=4, block_size=2, enable_prefix_caching=True)
+    manager.create_sequence(0, 2)
+    manager.create_sequence(1, 2)
+    manager.pool.free_blocks._num_stale += 1
+    assert manager.invariant_violations() == ["the free queue counts 1 stale entries but records 0: a hit counted "
+                                              "in one place only"]

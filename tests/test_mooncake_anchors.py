@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.host_tier_anchors import served_requests
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -22,3 +23,14 @@ def test_a_repeated_prompt_finds_its_partial_last_block(tmp_path: Path) -> None:
     config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=1000, block_size=16, prefix_caching=True)
     metrics = replay(load_trace(path), config, "paged")
     assert (metrics.prefix_cache_queries, metrics.prefix_cache_hits) == (2200, 1088)
+
+
+def test_the_served_hit_rate_counts_the_accepted_among_the_replayed_requests(tmp_path: Path) -> None:
+    # host_tier_anchors --limit 2 replays the first two requests; of those only the first fits in 131,072 tokens,
+    # so the LMCache figure over the served requests covers that one alone (not the third, the second accepted).
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 4, "hash_ids": [0, 1]}\n'
+                    '{"timestamp": 1, "input_length": 131072, "output_length": 4, "hash_ids": [2]}\n'
+                    '{"timestamp": 2, "input_length": 2000, "output_length": 4, "hash_ids": [3, 4, 5, 6]}\n')
+    served = served_requests(path, load_trace(path, limit=2))
+    assert [request.input_length for request in served] == [1000]

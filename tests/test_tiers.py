@@ -158,6 +158,9 @@ def test_stores_queue_on_the_link_and_drop_only_past_the_tiers_room() -> None:
     assert host.write.busy_until == pytest.approx(7 * one)
     assert host.store_wait_s == pytest.approx(4 * one + (6 - 2) * one + (7 - 4.5) * one)
     assert sorted(host.store.hashes()) == ["b", "c", "d", "e", "f", "h"]  # LRU: a out for h
+    reported = tiers.metrics(prompt_tokens=100, makespan_s=10 * one)["cpu"]
+    assert reported.store_wait_s == pytest.approx(10.5 * one)  # the same hand sum, in the replay's metrics
+    assert reported.to_dict()["store_wait_s"] == pytest.approx(10.5 * one, abs=1e-6)
 
 
 def test_a_store_larger_than_the_tier_is_dropped_on_an_idle_link() -> None:

@@ -62,7 +62,6 @@ def test_stores_count_the_hashes_they_keep() -> None:
     assert (lru.num_kept_hashes, arc.num_kept_hashes) == (2, 3)
 
 
-
 def long_outputs(seed: int):
     """Twelve requests 10 ms apart on three shared prompts, each with 60-120 output tokens (several output blocks)."""
     rng = random.Random(seed)

@@ -22,7 +22,8 @@ OffloadPolicyOpt = Annotated[str, typer.Option(
     "--offload-policy",
     help="When a block goes down a tier: " + " or ".join(OFFLOAD_POLICIES) + ". write-through: every computed full "
          "block, after its step (vLLM's OffloadingConnector, LMCache); on-eviction: when the tier above evicts it "
-         "(write-back, SGLang HiCache's and Dynamo KVBM's). A store the link is still busy for is dropped.")]
+         "(write-back, SGLang HiCache's and Dynamo KVBM's). A step's stores queue on the link; they are dropped "
+         "(counted) when they and the blocks still in flight would not fit in the tier.")]
 TierEvictionOpt = Annotated[str, typer.Option(
     "--tier-eviction",
     help="How the host and disk tiers evict: " + " or ".join(TIER_EVICTIONS) + " (lru: least recently used; arc: "

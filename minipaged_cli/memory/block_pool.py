@@ -11,7 +11,7 @@ the order this pool hands out 0..N-1.
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
@@ -77,6 +77,9 @@ class FreeBlockQueue:
     def take(self, count: int) -> tuple[list[int], int]:
         """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
         the end of the list, come from the back part: the ones that may hold cached content to evict."""
+        # (the back part's walk would never end)
+        assert count <= self.num_free, f"took {count} of {self.num_free} free blocks: the caller's can_allocate " \
+                                       "check is broken"
         front = self._front
         # (with prefix caching every freed block is cached, the front stays empty, and most blocks come from the back)
         taken = [front.popleft() for _ in range(min(count, len(front)))] if front else []
@@ -97,6 +100,24 @@ class FreeBlockQueue:
         self.num_free -= 1
         if self._num_stale > len(self._back) - self._head - self._num_stale:
             self._compact()
+
+    def violations(self) -> list[str]:
+        """The back list's bookkeeping against the invariants above, each broken one as a sentence naming the bug
+        it points to (the block manager's checker adds them to its own)."""
+        problems = []
+        stale = self._stale
+        if self._num_stale != sum(stale.values()):
+            problems.append(f"the free queue counts {self._num_stale} stale entries but records "
+                            f"{sum(stale.values())}: a hit counted in one place only")
+        entries = Counter(itertools.islice(self._back, self._head, None))
+        missing = sorted(block for block, skips in stale.items() if entries[block] < skips)
+        if missing:
+            problems.append(f"blocks {missing[:5]} were taken out of the free queue's back part more often than "
+                            "they sit in it: a hit on a block that was not free there")
+        live = self._live_back()
+        if len(set(live)) != len(live):
+            problems.append("a block sits twice in the free queue's back part: a double free")
+        return problems
 
     def _take_back(self, count: int) -> list[int]:
         """The first ``count`` live entries of the back list, passed."""

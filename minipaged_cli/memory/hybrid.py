@@ -47,6 +47,12 @@ from minipaged_cli.memory.sequence import DuplicateSequenceError, OutOfBlocksErr
 SequenceId = Hashable
 
 
+def tail_first(table: list[int], start: int, stop: int) -> list[int]:
+    """``table[start:stop]`` last entry first, in one slice: the order a window's slide and a release free a
+    table's blocks in (vLLM frees tail first, so that a prefix's tail is evicted before its head)."""
+    return table[stop - 1:start - 1 if start else None:-1] if stop > start else []
+
+
 @dataclass
 class GroupedSequence:
     """One live sequence under KV cache groups: ``block_tables[g]`` is group g's table (``NULL_BLOCK`` where a
@@ -226,15 +232,21 @@ class HybridBlockManager:
 
     def _slide(self, state: GroupedSequence, num_computed_tokens: int) -> None:
         skipped = min(self.skipped_blocks(num_computed_tokens), len(state.block_tables[0]))
-        first = state.num_null[self.sliding_ids[0]]  # (the same in every sliding group)
-        if skipped > first:
-            end, nulls, parts = first - 1 if first else None, [NULL_BLOCK] * (skipped - first), []
-            for g in self.sliding_ids:
-                table = state.block_tables[g]
-                parts.append(table[skipped - 1:end:-1])
-                table[first:skipped] = nulls
-                state.num_null[g] = skipped
-            self.pool.release(*parts)  # (one call: group by group, as one call per group frees them)
+        if skipped > state.num_null[self.sliding_ids[0]]:  # (the same in every sliding group)
+            self.pool.release(*self._null_out(state, skipped))  # (one call: group by group, as one call each)
+
+    def _null_out(self, state: GroupedSequence, skipped: int) -> list[list[int]]:
+        """Replace the sliding groups' blocks before ``skipped`` with null blocks; the blocks they held, per group,
+        each group's last first (for the pool to release)."""
+        first = state.num_null[self.sliding_ids[0]]
+        nulls = [NULL_BLOCK] * (skipped - first)
+        parts = []
+        for g in self.sliding_ids:
+            table = state.block_tables[g]
+            parts.append(tail_first(table, first, skipped))
+            table[first:skipped] = nulls
+            state.num_null[g] = skipped
+        return parts
 
     def decode_in_bulk(self, sequence_ids: Sequence[SequenceId], num_steps: int) -> bool:
         """``num_steps`` decode steps (one computed token each) of every sequence at once, leaving the pool as
@@ -250,7 +262,7 @@ class HybridBlockManager:
             return False
         # With hit_run > 0 every group is cached (``cached_group_ids``), so a sequence's ``num_cached_blocks`` is
         # one number for all groups, and its sliding groups' null entries move together: one stands for each.
-        sliding, sliding_ids, group_slides = self.sliding_ids[0], self.sliding_ids, self.group_slides
+        sliding, group_slides = self.sliding_ids[0], self.group_slides
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
         keys, caching = [], []  # the cache keys in caching order; (sequence, first sliding, first, stop) each
@@ -321,17 +333,10 @@ class HybridBlockManager:
         slides.sort()
         for _, order, skipped in slides:
             state = states[order]
-            first = state.num_null[sliding]
-            if skipped > first:
-                end, nulls, tables, num_null = first - 1 if first else None, [NULL_BLOCK] * (skipped - first), \
-                    state.block_tables, state.num_null
-                for g in sliding_ids:
-                    table = tables[g]
-                    part = table[skipped - 1:end:-1]
-                    freed.append(part)
-                    blocks += part
-                    table[first:skipped] = nulls
-                    num_null[g] = skipped
+            if skipped > state.num_null[sliding]:
+                parts = self._null_out(state, skipped)
+                freed += parts
+                blocks += itertools.chain.from_iterable(parts)
         if len(set(blocks)) == len(blocks):
             pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
         else:  # a block that two sequences share: the later release frees it
@@ -349,7 +354,7 @@ class HybridBlockManager:
     def release_sequence(self, sequence_id: SequenceId) -> None:
         """Drop the sequence's blocks group by group, each table tail first (vLLM's coordinator ``free``)."""
         state = self.sequence(sequence_id)
-        self.pool.release(*[table[:nulls - 1 if nulls else None:-1]  # (one call: group by group, as one call each)
+        self.pool.release(*[tail_first(table, nulls, len(table))  # (one call: group by group, as one call each)
                             for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
         del self.sequences[sequence_id]
 

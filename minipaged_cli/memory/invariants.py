@@ -97,7 +97,7 @@ def _free_queue_violations(manager: BlockTables, holders: list[int]) -> list[str
     pool = manager.pool
     touched = len(holders)
     front, back = pool.free_blocks.touched()
-    problems = []
+    problems = pool.free_blocks.violations()
     queued = front + back
     if len(set(queued)) != len(queued):
         problems.append("a block sits twice in the free queue: a double free")

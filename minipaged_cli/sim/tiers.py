@@ -53,7 +53,8 @@ Where it differs from vLLM: one block per offloaded chunk (vLLM can group severa
 a finished load re-enters the running list, not the waiting queue; a loading request can be preempted (vLLM's
 waits outside the running list); a block being loaded or written may be evicted from its tier meanwhile (vLLM
 pins it); a load may read a block whose store has not ended (vLLM's lookup answers ``HIT_PENDING`` and defers
-the request);
+the request); a step's stores are admitted or dropped as one copy (vLLM's scheduler calls ``prepare_store`` once
+per request and, where it returns None, skips that request's store and goes on to the next: ``continue``);
 loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
 
 Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once
@@ -144,6 +145,7 @@ class TierMetrics:
     stored_bytes: int  # cached blocks written into the tier (swapped-out KV is the strategy's swap_out_bytes)
     loaded_bytes: int  # read out of it towards the GPU
     dropped_stores: int  # blocks
+    store_wait_s: float  # from each store's issue to its copy's end, summed: a bound on the waits not charged
     evictions: int
     write_busy_pct: float  # every copy down the link: stores, and v0's swap-outs
     read_busy_pct: float  # every copy up: loads, and v0's swap-ins
@@ -431,7 +433,7 @@ class TieredCache:
             hit_pct=pct(tier.hit_tokens, prompt_tokens), recomputed_tokens=tier.recomputed_tokens,
             stored_bytes=tier.stored_blocks * self.bytes_per_block,
             loaded_bytes=tier.loaded_blocks * self.bytes_per_block,
-            dropped_stores=tier.dropped_blocks,
+            dropped_stores=tier.dropped_blocks, store_wait_s=tier.store_wait_s,
             evictions=tier.store.num_evictions, write_busy_pct=pct(tier.write.busy_s, makespan_s),
             read_busy_pct=pct(tier.read.busy_s, makespan_s)) for tier in self.tiers}
 
