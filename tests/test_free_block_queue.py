@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_manager import KVBlockManager
-from minipaged_cli.memory.block_pool import FreeBlockQueue
+from minipaged_cli.memory.free_queue import FreeBlockQueue
 
 NUM_BLOCKS = 12
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_a_block_hit_then_freed_again_is_handed_out_at_its_new_place_only() -> N
 def test_taking_more_blocks_than_are_free_fails_at_once() -> None:
     # The back part's walk looped forever when asked for more than it holds; in a subprocess with a timeout so
     # that the old code fails this test instead of hanging the suite.
-    program = ("from minipaged_cli.memory.block_pool import FreeBlockQueue\n"
+    program = ("from minipaged_cli.memory.free_queue import FreeBlockQueue\n"
                "queue = FreeBlockQueue(2)\nqueue.take(2)\nqueue.append([0, 1])\nqueue.take(3)\n")
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=20,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
