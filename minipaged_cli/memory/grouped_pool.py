@@ -17,7 +17,9 @@ class GroupedBlockPool(BlockPool):
     """A ``BlockPool`` whose cache is keyed per group: ``cached_blocks[g]`` maps a key to the block a hit of group
     g gets, ``duplicate_blocks[g]`` lists the younger copies, and a cached block carries its key in ``block_hash``
     and its group in ``block_group`` (meaningless where it carries no key). The listener, the tiers' keys and
-    ``cached_keys`` name an entry (group, key), as vLLM's ``BlockHashWithGroupId``: built only for them.
+    ``keyed_cache`` name an entry (group, key), as vLLM's ``BlockHashWithGroupId``: built only for them. Hits are
+    found in these maps by ``HybridBlockManager.find_hits`` (a hit needs every group): ``BlockPool.lookup``, one
+    map's walk, does not apply.
 
     Invariants: ``BlockPool``'s, per group; ``cached_blocks[block_group[b]][block_hash[b]]`` is ``b`` or ``b`` is
     in that group's duplicates.
