@@ -26,7 +26,8 @@ LAYOUTS = ((SLIDING_ATTENTION, FULL_ATTENTION), (SLIDING_ATTENTION, SLIDING_ATTE
 def state(manager: HybridBlockManager) -> tuple:
     pool = manager.pool
     return (list(pool.free_blocks), pool.free_blocks.touched(), copy.deepcopy(manager.sequences),
-            dict(pool.cached_blocks), copy.deepcopy(pool.duplicate_blocks), list(pool.block_hash),
+            copy.deepcopy(pool.cached_blocks), copy.deepcopy(pool.duplicate_blocks), list(pool.block_hash),
+            [group for group, key in zip(pool.block_group, pool.block_hash, strict=True) if key is not None],
             list(pool.ref_counts), pool.num_evictions, pool.num_allocations, pool.num_frees,
             pool.num_shared_references)
 

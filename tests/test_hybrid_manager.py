@@ -52,7 +52,7 @@ class HybridManagerMachine(RuleBasedStateMachine):
 
     def snapshot(self) -> tuple:
         return list(self.manager.pool.free_blocks), copy.deepcopy(self.manager.sequences), \
-            dict(self.manager.pool.cached_blocks)
+            copy.deepcopy(self.manager.pool.cached_blocks)
 
     @rule(sid=SEQUENCE_IDS, length=st.integers(0, 30))
     def create(self, sid: int, length: int) -> None:

@@ -36,7 +36,7 @@ def test_a_finished_request_leaves_only_its_cached_output_blocks_named(model: st
     # request, or every request whose length is a multiple of the block size leaves one name behind for good.
     trace = make_trace("one", [Request("a", 0.0, 64, 32, prefix=("sys",))], source="test", segments={"sys": 64})
     run = replayed(trace, model, num_blocks=64, cpu_kv_blocks=64)
-    cached = run.allocator.manager.pool.cached_blocks
+    cached = run.allocator.manager.pool.keyed_cache()[0]  # keys as the tiers name them
     assert len(cached) == 5 * groups  # blocks 0-4, in each KV cache group
     assert len(run.tiers.output_hashes) == groups and run.tiers.output_hashes <= cached.keys()
 

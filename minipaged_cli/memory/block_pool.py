@@ -11,7 +11,7 @@ the order this pool hands out 0..N-1.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from minipaged_cli.memory.free_queue import FreeBlockQueue
@@ -54,12 +54,11 @@ class BlockPool:
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
         content (the caller has checked that there are enough). The article's ``allocate_block``."""
-        refs, hashes = self.ref_counts, self.block_hash
+        refs = self.ref_counts
         blocks, from_back = self.free_blocks.take(count)
         first_seen = self.free_blocks.num_touched - len(refs)
         if first_seen:
-            refs.extend(itertools.repeat(0, first_seen))
-            hashes.extend(itertools.repeat(None, first_seen))
+            self._touch(first_seen)
         for block in blocks:
             refs[block] = 1
         table.extend(blocks)
@@ -127,85 +126,129 @@ class BlockPool:
         """``blocks[i]`` now holds the content ``block_hashes[i]`` names. A block already cached keeps its hash;
         content already cached elsewhere is cached again (vLLM keeps block tables append-only rather than swap in
         the older copy), and hits keep going to the older block. (One call for a run: a long prompt has hundreds.)"""
-        cached, hashes = self.cached_blocks, self.block_hash
         if self.listener is not None:
             self.listener.cached(block_hashes, blocks)
-        num_entries = len(cached)
-        enter = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
-        for block_hash, block in zip(block_hashes, blocks, strict=True):
-            if hashes[block] is not None:
-                continue
-            hashes[block] = block_hash
-            if enter(block_hash, block) != block:  # (cached elsewhere already: ``block`` carried no hash)
-                self.duplicate_blocks.setdefault(block_hash, []).append(block)
-        if len(cached) > num_entries:  # (counted once: a long prompt caches hundreds of blocks in one call)
-            self._lookup_memo = None
-            self.cache_version += len(cached) - num_entries
+        self._entered(enter(self.cached_blocks, self.duplicate_blocks, self.block_hash, block_hashes, blocks))
 
     def cache_new(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """``cache`` where the caller knows that no ``block_hashes[i]`` is cached yet, none appears twice, and no
         block carries a hash (a bulk decode's freshly filled blocks): the entries go in with one dictionary update,
         each hash computed once."""
-        hashes = self.block_hash
         if self.listener is not None:
             self.listener.cached(block_hashes, blocks)
-        for block_hash, block in zip(block_hashes, blocks, strict=True):
-            hashes[block] = block_hash
-        self.cached_blocks.update(zip(block_hashes, blocks, strict=True))
-        self._lookup_memo = None
-        self.cache_version += len(block_hashes)
+        self._entered(enter_new(self.cached_blocks, self.block_hash, block_hashes, blocks))
 
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
         blocks keep their place in the queue, as in vLLM."""
-        cached = itertools.chain(self.cached_blocks.values(), itertools.chain.from_iterable(
-            self.duplicate_blocks.values()))
-        blocks = list(cached)
+        maps = self._cache_maps()
+        blocks = [block for cached, duplicates in maps for block in itertools.chain(
+            cached.values(), itertools.chain.from_iterable(duplicates.values()))]
         if any(self.ref_counts[block] for block in blocks):
             return False
         for block in blocks:
             self.block_hash[block] = None
-        self.cached_blocks.clear()
-        self.duplicate_blocks.clear()
+        for cached, duplicates in maps:
+            cached.clear()
+            duplicates.clear()
         self._lookup_memo = None
         self.cache_version += 1
         return True
 
+    @property
+    def is_cached(self) -> Callable[[Hashable], bool]:
+        """Whether a key (as the listener is told it) is cached: the dict's own test, for filters over a step's
+        keys (the tiers')."""
+        return self.cached_blocks.__contains__
+
+    def keyed_cache(self) -> tuple[dict[Hashable, int], dict[Hashable, list[int]], list[Hashable | None]]:
+        """The cache map, the duplicates map and each touched block's key, keys as the listener is told them (for
+        the checker and tests: under KV cache groups a copy, built per call)."""
+        return self.cached_blocks, self.duplicate_blocks, self.block_hash
+
+    def _touch(self, count: int) -> None:
+        """State for ``count`` blocks handed out for the first time."""
+        self.ref_counts.extend(itertools.repeat(0, count))
+        self.block_hash.extend(itertools.repeat(None, count))
+
+    def _cache_maps(self) -> list[tuple[dict[Hashable, int], dict[Hashable, list[int]]]]:
+        """The (cached blocks, duplicate blocks) maps: one pair here."""
+        return [(self.cached_blocks, self.duplicate_blocks)]
+
+    def _entered(self, num_entries: int) -> None:
+        """``num_entries`` new cache entries (counted once: a long prompt caches hundreds of blocks in one call)."""
+        if num_entries:
+            self._lookup_memo = None
+            self.cache_version += num_entries
+
     def _evict(self, blocks: list[int]) -> None:
         """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
         The oldest duplicate of an evicted entry, if any, takes over its hits."""
-        cached, duplicates, hashes = self.cached_blocks, self.duplicate_blocks, self.block_hash
         if self.listener is not None:
-            self.listener.evicted([(hashes[block], block) for block in blocks if hashes[block] is not None])
-        num_entries = len(cached) + len(duplicates)
-        if not duplicates:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
-            for block in blocks:
-                block_hash = hashes[block]
-                if block_hash is not None:
-                    del cached[block_hash]
-                    hashes[block] = None
-            evicted = num_entries - len(cached)
-        else:
-            cached_blocks = [block for block in blocks if hashes[block] is not None]
-            for block in cached_blocks:
-                self._evict_one(block)
-            evicted = len(cached_blocks)
+            self.listener.evicted(self._cached_pairs(blocks))
+        evicted = self._drop_entries(blocks)
         if evicted:
             self._lookup_memo = None
             self.cache_version += 1
             self.num_evictions += evicted
 
-    def _evict_one(self, block: int) -> None:
-        """Drop one cached block's entry where its content may be cached more than once."""
-        block_hash = self.block_hash[block]
-        self.block_hash[block] = None
-        copies = self.duplicate_blocks.get(block_hash)
-        if copies is None:
-            del self.cached_blocks[block_hash]
-            return
-        if self.cached_blocks[block_hash] == block:
-            self.cached_blocks[block_hash] = copies.pop(0)
-        else:
-            copies.remove(block)
-        if not copies:
-            del self.duplicate_blocks[block_hash]
+    def _cached_pairs(self, blocks: list[int]) -> list[tuple[Hashable, int]]:
+        """(key, block) of those ``blocks`` that are cached, for the listener."""
+        hashes = self.block_hash
+        return [(hashes[block], block) for block in blocks if hashes[block] is not None]
+
+    def _drop_entries(self, blocks: list[int]) -> int:
+        """``_evict``'s entries dropped; how many."""
+        cached, duplicates, hashes = self.cached_blocks, self.duplicate_blocks, self.block_hash
+        if duplicates:
+            cached_blocks = [block for block in blocks if hashes[block] is not None]
+            for block in cached_blocks:
+                drop_entry(cached, duplicates, hashes[block], block)
+                hashes[block] = None
+            return len(cached_blocks)
+        num_entries = len(cached)  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
+        for block in blocks:
+            block_hash = hashes[block]
+            if block_hash is not None:
+                del cached[block_hash]
+                hashes[block] = None
+        return num_entries - len(cached)
+
+
+def enter(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], block_hash: list[Hashable | None],
+          keys: Sequence[Hashable], blocks: Sequence[int]) -> int:
+    """``BlockPool.cache``'s entries into one map (``block_hash``: per block its key); how many are new."""
+    num_entries = len(cached)
+    add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
+    for key, block in zip(keys, blocks, strict=True):
+        if block_hash[block] is not None:
+            continue
+        block_hash[block] = key
+        if add(key, block) != block:  # (cached elsewhere already: ``block`` carried no hash)
+            duplicates.setdefault(key, []).append(block)
+    return len(cached) - num_entries
+
+
+def enter_new(cached: dict[Hashable, int], block_hash: list[Hashable | None], keys: Sequence[Hashable],
+              blocks: Sequence[int]) -> int:
+    """``BlockPool.cache_new``'s entries into one map: one dictionary update, each key hashed once."""
+    for key, block in zip(keys, blocks, strict=True):
+        block_hash[block] = key
+    cached.update(zip(keys, blocks, strict=True))
+    return len(keys)
+
+
+def drop_entry(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], key: Hashable,
+               block: int) -> None:
+    """Drop ``block``'s entry under ``key`` where its content may be cached more than once: the oldest duplicate,
+    if any, takes over its hits."""
+    copies = duplicates.get(key)
+    if copies is None:
+        del cached[key]
+        return
+    if cached[key] == block:
+        cached[key] = copies.pop(0)
+    else:
+        copies.remove(block)
+    if not copies:
+        del duplicates[key]

@@ -39,7 +39,8 @@ import itertools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.block_pool import num_blocks_for
+from minipaged_cli.memory.grouped_pool import GroupedBlockPool
 from minipaged_cli.memory.hybrid_invariants import NULL_BLOCK, hybrid_manager_violations
 from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
 from minipaged_cli.memory.sequence import DuplicateSequenceError, OutOfBlocksError, UnknownSequenceError
@@ -92,7 +93,7 @@ class HybridBlockManager:
         self.block_size = block_size
         self.groups = tuple(groups)
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_physical_blocks, enable_caching=enable_prefix_caching)
+        self.pool = GroupedBlockPool(num_physical_blocks, len(self.groups), enable_caching=enable_prefix_caching)
         # (cache version, prompt hashes, {num_tokens: find_hits' answer})
         self._hits_memo: tuple[int, Sequence[Hashable], dict[int, tuple[list[list[int]], int]]] = (-1, (), {})
         self.sequences: dict[SequenceId, GroupedSequence] = {}
@@ -265,8 +266,10 @@ class HybridBlockManager:
         sliding, group_slides = self.sliding_ids[0], self.group_slides
         states = [self.sequences[sequence_id] for sequence_id in sequence_ids]
         takes, slides = [], []  # (step, position in the running order[, blocks skipped then])
-        keys, caching = [], []  # the cache keys in caching order; (sequence, first sliding, first, stop) each
-        take, slide, add_key = takes.append, slides.append, keys.append
+        caching = []  # (sequence, first sliding, first, stop) each
+        full_keys: list[Hashable] = []  # the keys a full group caches, in caching order; and a sliding group
+        sliding_keys: list[Hashable] = []
+        take, slide = takes.append, slides.append
         limit = num_steps + 1
         for order, state in enumerate(states):
             length, hashes = state.sequence_length, state.block_hashes
@@ -299,15 +302,16 @@ class HybridBlockManager:
             if stop > num_cached:  # (null entries, a prefix of a sliding group, are never cached)
                 first_sliding = num_null if num_null > num_cached else num_cached
                 caching.append((state, first_sliding, num_cached, stop))
-                for g, slides_g in enumerate(group_slides):
-                    for block_hash in hashes[first_sliding if slides_g else num_cached:stop]:  # (a block or two: a
-                        add_key((g, block_hash))  # comprehension costs more)
+                full_keys += hashes[num_cached:stop]
+                sliding_keys += hashes[first_sliding:stop]
         num_taken = len(takes) * len(self.groups)
         if num_taken > pool.free_blocks.num_free:
             return False
         # Content cached already, or twice, would make the cached copy depend on the order of caching and
         # evictions (a sequence recomputing its own blocks): then lockstep.
-        if len(set(keys)) != len(keys) or not pool.cached_blocks.keys().isdisjoint(keys):
+        group_keys = [sliding_keys if slides_g else full_keys for slides_g in group_slides]
+        if any(len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)
+               for cached, keys in zip(pool.cached_blocks, group_keys, strict=True)):
             return False
         if takes:
             taken: list[int] = []
@@ -317,13 +321,15 @@ class HybridBlockManager:
             for _, order in takes:
                 for table in states[order].block_tables:  # group by group, as ``_take``
                     table.append(next_taken())
-        if caching:  # (one call, the blocks in the order the calls one by one would cache them)
-            blocks = []
+        if caching:  # (one call a group, its blocks in the order the calls one by one would cache them)
+            group_blocks: list[list[int]] = [[] for _ in group_slides]
             for state, first_sliding, num_cached, stop in caching:
-                for table, slides_g in zip(state.block_tables, group_slides, strict=True):
+                for blocks, table, slides_g in zip(group_blocks, state.block_tables, group_slides, strict=True):
                     blocks += table[first_sliding if slides_g else num_cached:stop]
                 state.num_cached_blocks = [stop] * len(group_slides)  # (offered to the cache, as ``_computed`` counts)
-            pool.cache_new(keys, blocks)  # (checked above: fresh content; blocks past the cached ones carry no hash)
+            for g, (keys, blocks) in enumerate(zip(group_keys, group_blocks, strict=True)):
+                # (checked above: fresh content; blocks past the cached ones carry no hash)
+                pool.cache_new_group(g, keys, blocks)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
         if not slides:
@@ -380,7 +386,7 @@ class HybridBlockManager:
         # answer changes only with the cache map. (The lists returned are shared: callers only read them.) Most
         # prompts miss on their first block: a full group then hits nothing, and neither does the window.
         if self.full_ids and (num_tokens <= self.block_size or not block_hashes or not self.enable_prefix_caching
-                              or (self.full_ids[0], block_hashes[0]) not in self.pool.cached_blocks):
+                              or block_hashes[0] not in self.pool.cached_blocks[self.full_ids[0]]):
             return self._no_hits, 0
         version = self.pool.cache_version
         memo = self._hits_memo
@@ -395,13 +401,13 @@ class HybridBlockManager:
         hits: list[list[int]] = [[] for _ in self.groups]
         if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
             return hits, 0
-        get = self.pool.cached_blocks.get
+        gets = [cached.get for cached in self.pool.cached_blocks]
         candidates = block_hashes[:(num_tokens - 1) // self.block_size]  # the last token is always computed
         num_hit = len(candidates)
         if self.full_ids:
             num_hit = 0
             for block_hash in candidates:
-                found = [get((g, block_hash)) for g in self.full_ids]
+                found = [gets[g](block_hash) for g in self.full_ids]
                 if None in found:
                     break
                 for g, block in zip(self.full_ids, found, strict=True):
@@ -411,7 +417,7 @@ class HybridBlockManager:
             run, matched = 0, False
             found_at: dict[int, list[int]] = {}
             for i in range(num_hit - 1, -1, -1):
-                found = [get((g, candidates[i])) for g in self.sliding_ids]
+                found = [gets[g](candidates[i]) for g in self.sliding_ids]
                 if None in found:
                     run = 0
                     continue
@@ -463,8 +469,8 @@ class HybridBlockManager:
         state.sequence_length = max(state.sequence_length, new_length)
 
     def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:
-        """Advance the computed tokens; each group caches its blocks that became full and computed under
-        (group, hash), skipping null entries (vLLM's ``cache_full_blocks``), and counts them as offered to the
+        """Advance the computed tokens; each group caches its blocks that became full and computed in its own
+        map, skipping null entries (vLLM's ``cache_full_blocks``), and counts them as offered to the
         cache."""
         if num_computed_tokens <= state.num_computed_tokens:
             return
@@ -479,13 +485,8 @@ class HybridBlockManager:
         nulls = state.num_null
         ranges = [(g, max(cached[g], nulls[g])) for g in self.cached_group_ids]
         ranges = [(g, first) for g, first in ranges if stop > first]  # (null entries, a prefix, are never cached)
-        if ranges:  # (one call, the groups' blocks in the order the calls one by one would cache them)
-            hashes, tables = state.block_hashes, state.block_tables
-            keys: list[tuple[int, Hashable]] = []
-            blocks: list[int] = []
-            for g, first in ranges:
-                keys += zip(itertools.repeat(g), hashes[first:stop])  # (a prompt's keys: C builds the pairs)
-                blocks += tables[g][first:stop]
-            self.pool.cache(keys, blocks)
+        hashes, tables = state.block_hashes, state.block_tables
+        for g, first in ranges:
+            self.pool.cache_group(g, hashes[first:stop], tables[g][first:stop])
         for g in self.cached_group_ids:
             cached[g] = max(cached[g], stop)

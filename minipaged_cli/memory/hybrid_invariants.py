@@ -67,7 +67,8 @@ def _sequence_violations(manager: Any, state: Any, touched: int) -> list[str]:
             cached = manager.pool.block_hash[table[index]]
             if cached is None:
                 continue
-            if index >= len(state.block_hashes) or cached != (g, state.block_hashes[index]):
+            if index >= len(state.block_hashes) or cached != state.block_hashes[index] or \
+                    manager.pool.block_group[table[index]] != g:
                 problems.append(f"block {table[index]} of group {g} is cached under a hash that is not its content "
                                 f"in sequence {sid!r}: a stale prefix-cache entry")
             elif index >= computed_blocks:

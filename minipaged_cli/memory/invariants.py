@@ -122,11 +122,12 @@ def _free_queue_violations(manager: BlockTables, holders: list[int]) -> list[str
 
 def _cache_violations(pool: BlockPool, touched: int) -> list[str]:
     """The hash -> blocks map against each block's hash."""
-    entries = [(h, b) for h, b in pool.cached_blocks.items()]
-    entries += [(h, b) for h, blocks in pool.duplicate_blocks.items() for b in blocks]
-    if any(not 0 <= b < touched or pool.block_hash[b] != h for h, b in entries) or \
+    cached, duplicates, block_keys = pool.keyed_cache()
+    entries = [(h, b) for h, b in cached.items()]
+    entries += [(h, b) for h, blocks in duplicates.items() for b in blocks]
+    if any(not 0 <= b < touched or block_keys[b] != h for h, b in entries) or \
             len({b for _, b in entries}) != len(entries) or \
-            sum(h is not None for h in pool.block_hash) != len(entries) or \
-            any(h not in pool.cached_blocks or not blocks for h, blocks in pool.duplicate_blocks.items()):
+            sum(h is not None for h in block_keys) != len(entries) or \
+            any(h not in cached or not blocks for h, blocks in duplicates.items()):
         return ["the prefix-cache map and the blocks' hashes disagree: an entry survived eviction"]
     return []

@@ -238,8 +238,8 @@ class TieredCache:
             return []
         host = self.tiers[0]
         if not self.write_through:  # a block cached on the GPU again meanwhile needs no copy
-            on_gpu = self.pool.cached_blocks
-            pending = [pair for pair in pending if pair[0] not in on_gpu]
+            on_gpu = self.pool.is_cached
+            pending = [pair for pair in pending if not on_gpu(pair[0])]
         stored = host.store.contains
         # (two requests may compute the same content in one step: one copy, of the last block named; the filters
         # run in C, over a replay's millions of blocks)
@@ -366,7 +366,7 @@ class TieredCache:
         outputs = block_hashes[num_prompt // self.block_size:]
         if self.grouped:
             outputs = self._pool_keys(outputs)
-        self.output_hashes.difference_update(filterfalse(self.pool.cached_blocks.__contains__, outputs))
+        self.output_hashes.difference_update(filterfalse(self.pool.is_cached, outputs))
 
     def recompute_seconds(self, context: int, tokens: int) -> float:
         """The GPU's time to prefill ``tokens`` after ``context`` cached ones, less what a step costs anyway

@@ -1,0 +1,101 @@
+"""GroupedBlockPool (a cache map per KV cache group) against the reference it replaces: the plain BlockPool keyed
+by (group, key) pairs, vLLM's ``BlockHashWithGroupId``. Random takes, caching (duplicates included), hits and
+releases must leave both with the same free queue, the same cache, the same evictions, and tell a listener the
+same things."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.grouped_pool import GroupedBlockPool
+
+NUM_GROUPS = 3
+
+
+class Recorder:
+    """A pool listener that keeps every report."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list]] = []
+
+    def cached(self, block_hashes: list, blocks: list[int]) -> None:
+        self.calls.append(("cached", list(zip(block_hashes, blocks, strict=True))))
+
+    def evicted(self, pairs: list) -> None:
+        self.calls.append(("evicted", list(pairs)))
+
+
+def state(pool: BlockPool) -> tuple:
+    cached, duplicates, block_keys = pool.keyed_cache()
+    return (list(pool.free_blocks), pool.free_blocks.touched(), dict(cached), {k: list(v) for k, v in
+            duplicates.items()}, list(block_keys), list(pool.ref_counts), pool.num_evictions, pool.num_allocations,
+            pool.num_frees, pool.num_shared_references)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None:
+    rng = random.Random(seed)
+    num_blocks = rng.randint(4, 24)
+    grouped = GroupedBlockPool(num_blocks, NUM_GROUPS, enable_caching=True)
+    reference = BlockPool(num_blocks, enable_caching=True)
+    recorders = Recorder(), Recorder()
+    if seed % 2:  # (the listener builds (group, key) pairs: both ways must report alike)
+        grouped.listener, reference.listener = recorders
+    tables: list[tuple[int, list[int]]] = []  # (group, blocks) per live table
+    for _ in range(200):
+        action = rng.random()
+        if action < 0.35 and grouped.free_blocks.num_free:
+            count = rng.randint(1, min(4, grouped.free_blocks.num_free))
+            group, table, reference_table = rng.randrange(NUM_GROUPS), [], []
+            grouped.take(count, table)
+            reference.take(count, reference_table)
+            assert table == reference_table
+            tables.append((group, table))
+        elif action < 0.6 and tables:  # cache some of a table's blocks under small keys: hits and duplicates
+            group, table = rng.choice(tables)
+            blocks = rng.sample(table, rng.randint(1, len(table)))
+            keys = [rng.randrange(6) for _ in blocks]
+            cached_anywhere = grouped.keyed_cache()[0]
+            fresh = len(set(keys)) == len(keys) and all((group, key) not in cached_anywhere for key in keys) and \
+                all(grouped.block_hash[block] is None for block in blocks)
+            if fresh and rng.random() < 0.5:
+                grouped.cache_new_group(group, keys, blocks)
+                reference.cache_new([(group, key) for key in keys], blocks)
+            else:
+                grouped.cache_group(group, keys, blocks)
+                reference.cache([(group, key) for key in keys], blocks)
+        elif action < 0.75:  # a hit: a table of the entry's group references the block a hit gets
+            entries = sorted(grouped.keyed_cache()[0].items())
+            if entries:
+                (group, key), block = rng.choice(entries)
+                assert grouped.is_cached((group, key)) and reference.is_cached((group, key))
+                assert grouped.cached_blocks[group][key] == reference.cached_blocks[(group, key)] == block
+                grouped.reference(block)
+                reference.reference(block)
+                tables.append((group, [block]))
+        elif action < 0.97 and tables:
+            group, table = tables.pop(rng.randrange(len(tables)))
+            grouped.release(table[::-1])
+            reference.release(table[::-1])
+        elif not tables:
+            assert grouped.reset_cache() == reference.reset_cache()
+        assert state(grouped) == state(reference)
+    assert recorders[0].calls == recorders[1].calls
+
+
+def test_the_maps_hold_the_callers_keys_themselves() -> None:
+    # The point of the layout: caching builds no object per block, the maps hold the very key objects the
+    # caller passed (a (group, key) pair per block would be a new object each).
+    pool = GroupedBlockPool(8, 2, enable_caching=True)
+    table: list[int] = []
+    pool.take(4, table)
+    keys = [10**30 + i for i in range(4)]  # (ints past the small-int cache: each its own object)
+    pool.cache_group(1, keys[:2], table[:2])
+    pool.cache_new_group(0, keys[2:], table[2:])
+    stored = [*pool.cached_blocks[1], *pool.cached_blocks[0]]
+    assert all(held is given for held, given in zip(stored, keys, strict=True))
+    assert all(pool.block_hash[block] is key for block, key in zip(table, keys, strict=True))
+    assert pool.block_group[:4] == [1, 1, 0, 0] and not pool.cached_blocks[0].keys() & set(keys[:2])
