@@ -21,12 +21,10 @@ the paged strategy once more with every layer as full attention (what the hybrid
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -398,31 +396,8 @@ def replay(
     ``max_steps`` ends the replay early; the metrics then cover the steps that ran.
     """
     _check_strategy(strategy)
-    run = Replay(trace, config, config.allocator(strategy), bulk and on_step is None, progress, on_step, max_steps)
-    if on_step is not None:  # (a data plane's tensors and buffers per step: the collector keeps running)
-        return run.run()
-    with cyclic_gc_paused():
-        return run.run()
-
-
-@contextlib.contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off inside, as it was after. A replay allocates a tracked tuple per cached
-    block and group (the prefix cache's ``(group, key)``), most of them alive when a collection runs, and the
-    collector walks every one (10 % of a Gemma 3 replay's CPU time, seven groups). Only a replay without
-    ``on_step``: ``minipaged run`` executes each step on real tensors, whose garbage the collector keeps freeing.
-
-    What a paused replay leaves in reference cycles (``gc.collect()`` after each replay of ``minipaged simulate``
-    on Azure conv, 300 requests, collector off): nothing for qwen3-8b and gpt-oss-20b under v0 and v1, with and
-    without a 16 GiB host tier, but the first replay in a process (~320 one-time objects) and gpt-oss-20b under v1
-    with the host tier (~52,600 objects every paged replay); all collected once the collector runs again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+    return Replay(trace, config, config.allocator(strategy), bulk and on_step is None, progress, on_step,
+                  max_steps).run()
 
 
 def _check_strategy(name: str) -> None:
