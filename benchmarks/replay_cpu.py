@@ -59,6 +59,12 @@ def cpu_seconds(checkout: Path, trace: Path, num_requests: int, max_model_len: i
     return result["cpu_s"]
 
 
+def commit_of(checkout: Path) -> str:
+    """``checkout``'s commit, abbreviated ("?" when it is not a git checkout)."""
+    done = subprocess.run(["git", "-C", str(checkout), "log", "-1", "--format=%h"], capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
 def main() -> None:
     trace_path, num_requests, max_model_len, prefix_caching, scheduler = sys.argv[1:6]
     trace = load_trace(Path(trace_path)).limited(int(num_requests))

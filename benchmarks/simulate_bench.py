@@ -21,11 +21,10 @@ wall time measures the neighbours), and prints the ratio this / baseline.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from pathlib import Path
 
-from replay_cpu import cpu_seconds, default_config
+from replay_cpu import commit_of, cpu_seconds, default_config
 
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import SCHEDULERS, SimConfig
@@ -51,8 +50,7 @@ def timed(trace: Trace, config: SimConfig, strategy: str, bulk: bool = True) -> 
 def compare(baseline: Path, traces: Path, num_requests: int, repeats: int, scheduler: str) -> None:
     """Print best-of-``repeats`` CPU seconds of the same replays under ``baseline`` and this checkout."""
     trace = traces / "AzureLLMInferenceTrace_conv.csv"
-    commit = subprocess.run(["git", "-C", str(baseline), "log", "-1", "--format=%h"], capture_output=True,
-                            text=True).stdout.strip() or "?"
+    commit = commit_of(baseline)
     print(f"baseline {baseline} ({commit}); this checkout {CHECKOUT}; --scheduler {scheduler} where the checkout "
           f"has it; best of {repeats}, CPU seconds, interleaved")
     print(f"{'trace':36} {'strategy':15} {'requests':>8} {'baseline s':>10} {'this s':>8} {'ratio':>7}")

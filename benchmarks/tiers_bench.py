@@ -24,11 +24,10 @@ import argparse
 import cProfile
 import dataclasses
 import pstats
-import subprocess
 import time
 from pathlib import Path
 
-from benchmarks.replay_cpu import cpu_seconds, default_config
+from benchmarks.replay_cpu import commit_of, cpu_seconds, default_config
 from minipaged_cli.sim.config import tier_blocks
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.readers import load_trace
@@ -81,9 +80,8 @@ def main() -> None:
               f"{metrics.mean_ttft_s:>9.1f} {metrics.throughput_tokens_per_s:>9.0f}")
     print(f"goal: every run within {GOAL_RATIO:g}x of the run without tiers (CPU seconds)")
     if args.baseline_path is not None:
-        commit = subprocess.run(["git", "-C", str(args.baseline_path), "log", "-1", "--format=%h"],
-                                capture_output=True, text=True).stdout.strip() or "?"
-        print(f"the run without tiers under {args.baseline_path} ({commit}), in a fresh process: {baseline_s:.1f} s")
+        print(f"the run without tiers under {args.baseline_path} ({commit_of(args.baseline_path)}), in a fresh "
+              f"process: {baseline_s:.1f} s")
         for index, (host, disk, _) in enumerate(runs[1:], start=1):
             ratio = best[index] / baseline_s
             verdict = "within" if ratio <= GOAL_RATIO else "NOT within"
