@@ -65,7 +65,7 @@ def main() -> None:
         for index in (*range(repeat % turns, turns), *range(repeat % turns)):
             if index == len(runs):
                 baseline_s = min(baseline_s, cpu_seconds(args.baseline_path.resolve(), args.traces / args.trace,
-                                                         trace.num_requests, 131072, True, "v1"))
+                                                         trace.num_requests, base.max_model_len, True, "v1"))
                 continue
             start = time.process_time()
             results[index] = replay(trace, runs[index][2], "paged")

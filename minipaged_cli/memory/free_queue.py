@@ -66,8 +66,8 @@ class FreeBlockQueue:
         """The next ``count`` blocks (the caller has checked that there are enough), and how many of them, at
         the end of the list, come from the back part: the ones that may hold cached content to evict."""
         # (the back part's walk would never end)
-        assert count <= self.num_free, f"took {count} of {self.num_free} free blocks: the caller's can_allocate " \
-                                       "check is broken"
+        assert count <= self.num_free, (f"took {count} of {self.num_free} free blocks: the caller's can_allocate "
+                                        "check is broken")
         front = self._front
         # (with prefix caching every freed block is cached, the front stays empty, and most blocks come from the back)
         taken = [front.popleft() for _ in range(min(count, len(front)))] if front else []

@@ -283,8 +283,8 @@ class HybridBlockManager:
             num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
             # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
             # mod B for j <= k), no block to cache, and no slide (the last step's skip, the largest, none new).
-            if (length - 1) % block_size + num_steps < block_size and stop <= num_cached \
-                    and (final - window) // block_size <= num_null:
+            if ((length - 1) % block_size + num_steps < block_size and stop <= num_cached
+                    and (final - window) // block_size <= num_null):
                 continue
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
