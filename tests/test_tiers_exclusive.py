@@ -176,6 +176,7 @@ def test_simulate_writes_the_option_only_when_exclusive(tmp_path) -> None:
                                      "--cpu-kv-memory", "1GiB", "--offload-policy", "on-eviction",
                                      "--tier-inclusion", inclusion, "--check-invariants", "--json", str(out)])
         assert result.exit_code == 0, result.output
+        assert ("lru eviction, whole loads, exclusive)" in result.output) == (inclusion == "exclusive")
         documents[inclusion] = json.loads(out.read_text())["config"]
     assert "tier_inclusion" not in documents["inclusive"]  # (the default's documents keep their bytes)
     assert documents["exclusive"]["tier_inclusion"] == "exclusive"
