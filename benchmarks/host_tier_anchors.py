@@ -10,7 +10,9 @@ decision, so *found* is the figure counted like its own), each summed with the G
 that fit in ``MAX_MODEL_LEN``, 3,983 of the synthetic trace's 3,993) and plain LRU (512-token blocks) of the same
 total, the mean and p99 TTFT, output tokens/s, the stores the tier had no room for, the seconds the stores' copies took
 from their issue (summed: a bound on what evictions that wait for their copy would add), and the replay's CPU
-seconds. ``--gpu-only`` replays instead with the whole total on the GPU. ``--time-scales 1,10`` replays each row
+seconds. ``--gpu-only`` replays instead with the whole total on the GPU; ``--tier-inclusion exclusive`` (with
+``--offload-policy on-eviction``) with a host tier that gives up the blocks the GPU caches (``simulate
+--tier-inclusion``). ``--time-scales 1,10`` replays each row
 at each pace: arrival times multiplied by it (``minipaged simulate --time-scale``), 1 the trace's own (one H200
 falls behind the synthetic trace: requests queue), 10 one where it keeps up (the cache's own figure, as
 LMCache's simulator and Mooncake's Fig. 9 replay count it: no queue). ``--both-tiers`` samples, every thousandth
@@ -18,7 +20,8 @@ of the trace's arrival span of simulated time, how many blocks the GPU's prefix 
 both: the capacity the two tiers spend on one block. One JSON line per replay with ``--jsonl``.
 
     python -m benchmarks.host_tier_anchors [--traces DIR] [--trace conversation|synthetic] [--totals 1M,3M,10M,30M]
-        [--offload-policy write-through,on-eviction] [--gpu-only] [--time-scales 1,10] [--both-tiers]
+        [--offload-policy write-through,on-eviction] [--tier-inclusion inclusive|exclusive] [--gpu-only]
+        [--time-scales 1,10] [--both-tiers]
         [--limit N] [--jsonl PATH]
 """
 
@@ -33,6 +36,7 @@ from types import TracebackType
 
 from benchmarks.lru_reference import TRACES, Request, hit_rate, load_requests
 from benchmarks.replay_cpu import default_config
+from minipaged_cli.sim.config import TIER_INCLUSIONS
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace
@@ -95,6 +99,8 @@ def main() -> None:
     parser.add_argument("--trace", default="conversation", choices=("conversation", "synthetic"))
     parser.add_argument("--totals", default="1M,3M,10M,30M")
     parser.add_argument("--offload-policy", default="write-through,on-eviction")
+    parser.add_argument("--tier-inclusion", default="inclusive", choices=TIER_INCLUSIONS,
+                        help="exclusive: the tiers give up what the GPU caches (needs --offload-policy on-eviction)")
     parser.add_argument("--gpu-only", action="store_true", help="the whole total on the GPU, no host tier")
     parser.add_argument("--time-scales", default="1", help="arrival times multiplied by each (10: no queue)")
     parser.add_argument("--both-tiers", action="store_true", help="sample the blocks held in GPU and host at once")
@@ -109,7 +115,8 @@ def main() -> None:
     base = default_config(MAX_MODEL_LEN, prefix_caching=True, scheduler="v1")
     gpu_tokens = base.num_blocks * base.block_size
     policies = ["none"] if args.gpu_only else args.offload_policy.split(",")
-    print(f"{trace.name}: {trace.num_requests:,} requests; GPU KV {gpu_tokens:,} tokens (% of prompt tokens)")
+    print(f"{trace.name}: {trace.num_requests:,} requests; GPU KV {gpu_tokens:,} tokens; {args.tier_inclusion} "
+          "host tier (% of prompt tokens)")
     print(f"{'total':>6} {'pace':>4} {'policy':<13} {'GPU':>6} {'host ld':>7} {'host fd':>7} {'sum ld':>6} "
           f"{'sum fd':>6} {'LMCache':>7} {'LMC srv':>7} {'LRU512':>6} {'TTFT mean':>9} {'TTFT p99':>9} {'tok/s':>5} "
           f"{'dropped':>8} {'wait s':>7} {'both':>7} {'cpu s':>6}")
@@ -125,7 +132,7 @@ def main() -> None:
                     config = dataclasses.replace(base, num_blocks=capacity // base.block_size)
                 else:
                     config = dataclasses.replace(base, cpu_kv_blocks=(capacity - gpu_tokens) // base.block_size,
-                                                 offload_policy=policy)
+                                                 offload_policy=policy, tier_inclusion=args.tier_inclusion)
                 start = time.process_time()
                 with TierWatch(span_s, 1000 if args.both_tiers else 0) as watch:
                     metrics = replay(paced, config, "paged")
@@ -137,6 +144,7 @@ def main() -> None:
                 wait = host.store_wait_s if host else 0.0
                 row = {"trace": args.trace, "time_scale": pace, "total_tokens": capacity,
                        "gpu_tokens": config.num_blocks * config.block_size, "offload_policy": policy,
+                       "tier_inclusion": config.tier_inclusion,
                        "gpu_hit_pct": gpu, "host_loaded_pct": loaded, "host_found_pct": found,
                        "sum_loaded_pct": gpu + loaded, "sum_found_pct": gpu + found, "lmcache_pct": lmcache,
                        "lmcache_served_pct": lmcache_served, "lru512_pct": lru, "ttft_mean_s": metrics.mean_ttft_s,

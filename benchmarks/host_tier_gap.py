@@ -11,8 +11,9 @@ separated by commas):
 - ``sharedonly``: only the trace's shared segments' blocks are cached, on the GPU and below (no output blocks, no
   request's own prompt tokens take capacity), by wrapping ``BlockPool.cache`` for the run;
 - ``gpuonly``: the whole total on the GPU, no host tier;
-- ``exclusive``: a block the host tier delivers leaves it (a move, where vLLM's CPU LRU, HiCache and LMCache keep a
-  copy), so no loaded block is held by both tiers, by wrapping ``TieredCache.load`` for the run (LRU host tier).
+- ``exclusive``: ``--tier-inclusion exclusive`` (needs ``--offload-policy on-eviction``): a block the GPU caches,
+  loaded or computed, leaves the host tier (a move, where vLLM's CPU LRU, HiCache and LMCache keep a copy), so no
+  block is held by both tiers.
 
 Prints per run the prompt tokens (%) the GPU found, the host tier loaded, and found (loaded + declined). Then the
 naive LRU (``lru_reference``'s cache, requests in timestamp order, nothing in flight) at the GPU's 16-token
@@ -39,7 +40,6 @@ from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
-from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace
 
@@ -68,45 +68,21 @@ def shared_segments_only(trace: Trace, block_size: int) -> Iterator[None]:
         BlockPool.cache = cache  # type: ignore[method-assign]
 
 
-@contextlib.contextmanager
-def exclusive_loads() -> Iterator[None]:
-    """While open, the blocks a load moves from the host tier leave its LRU store."""
-    load = TieredCache.load
-
-    def moving(cache: TieredCache, block_hashes: Sequence[Hashable], num_cached: int, num_prompt: int, now: float,
-               count_hits: bool) -> tuple[int, float]:
-        tokens, ready = load(cache, block_hashes, num_cached, num_prompt, now, count_hits)
-        first = num_cached // cache.block_size
-        entries = cache.tiers[0].store._entries  # (the experiment's only reach inside LRUStore: it has no remove)
-        for block_hash in block_hashes[first:first + tokens // cache.block_size]:
-            entries.pop(block_hash, None)
-        return tokens, ready
-
-    TieredCache.load = moving  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        TieredCache.load = load  # type: ignore[method-assign]
-
-
 def run(trace: Trace, base: SimConfig, total: int, policy: str, variants: list[str]) -> dict[str, object]:
     unknown = set(variants) - set(VARIANTS)
     assert not unknown, f"unknown variants {unknown}; expected some of {VARIANTS}"
-    # (the move reaches into the LRU store's entries; ARC's lists have no such one place to take a block from)
-    assert "exclusive" not in variants or base.tier_eviction == "lru", \
-        f"the exclusive variant needs an LRU host tier, not {base.tier_eviction!r}"
     if "gpuonly" in variants:
         config = dataclasses.replace(base, num_blocks=total // base.block_size)
     else:
         config = dataclasses.replace(base, offload_policy=policy,
-                                     cpu_kv_blocks=(total - base.num_blocks * base.block_size) // base.block_size)
+                                     cpu_kv_blocks=(total - base.num_blocks * base.block_size) // base.block_size,
+                                     tier_inclusion="exclusive" if "exclusive" in variants else "inclusive")
     if "fastlink" in variants:
         config = dataclasses.replace(config, gpu=dataclasses.replace(
             config.gpu, host_bandwidth_bytes_per_s=config.gpu.host_bandwidth_bytes_per_s * 1e6))
     replayed = trace.time_scaled(10.0) if "slow" in variants else trace
     start = time.process_time()
-    with (shared_segments_only(trace, base.block_size) if "sharedonly" in variants else contextlib.nullcontext(),
-          exclusive_loads() if "exclusive" in variants else contextlib.nullcontext()):
+    with shared_segments_only(trace, base.block_size) if "sharedonly" in variants else contextlib.nullcontext():
         metrics = replay(replayed, config, "paged")
     host = metrics.tiers.get("cpu")
     declined = 100 * host.recomputed_tokens / metrics.prefix_cache_queries if host else 0.0

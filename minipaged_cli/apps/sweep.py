@@ -54,13 +54,14 @@ class Axes:
     cpu_kv_memory: tuple[str | None, ...] = (None,)
     offload_policies: tuple[str, ...] = ("write-through",)
     tier_evictions: tuple[str, ...] = ("lru",)
+    tier_inclusions: tuple[str, ...] = ("inclusive",)
     # Models whose paged curve is swept again with every layer as full attention (``all_full_attention_models``)
     all_full_models: tuple[str, ...] = ()
 
     def points(self) -> list[Point]:
-        points = [Point(m, g, k, b, p, s, r, c, o, e) for m, g, k, b, p, c, o, e, s, r in itertools.product(
+        points = [Point(m, g, k, b, p, s, r, c, o, e, i) for m, g, k, b, p, c, o, e, i, s, r in itertools.product(
             self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching, self.cpu_kv_memory,
-            self.offload_policies, self.tier_evictions, self.strategies, self.rates)]
+            self.offload_policies, self.tier_evictions, self.tier_inclusions, self.strategies, self.rates)]
         return points + [replace(point, strategy=ALL_FULL_ATTENTION) for point in points
                          if point.strategy == "paged" and point.model in self.all_full_models]
 
@@ -74,7 +75,7 @@ class Axes:
         values = {"model": self.models, "gpu": self.gpus, "kv_memory": self.kv_memory,
                   "block_size": self.block_sizes, "prefix_caching": self.prefix_caching,
                   "cpu_kv_memory": self.cpu_kv_memory, "offload_policy": self.offload_policies,
-                  "tier_eviction": self.tier_evictions}
+                  "tier_eviction": self.tier_evictions, "tier_inclusion": self.tier_inclusions}
         return [name for name, v in values.items() if len(v) > 1]
 
 

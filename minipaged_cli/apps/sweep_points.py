@@ -84,6 +84,7 @@ class Point:
     cpu_kv_memory: str | None = None  # the host tier under the prefix cache (sim/tiers.py); None or 0: none
     offload_policy: str = "write-through"
     tier_eviction: str = "lru"
+    tier_inclusion: str = "inclusive"
 
     @property
     def curve(self) -> Point:
@@ -98,8 +99,8 @@ class Point:
     def sort_key(self) -> tuple[Any, ...]:
         """Points in a stable order (the GPU's default KV memory, None, first; host tiers by size)."""
         return (self.model, self.gpu, self.kv_memory is not None, self.kv_memory or "", self.block_size,
-                self.prefix_caching, self.host_bytes, self.offload_policy, self.tier_eviction, self.strategy,
-                self.rate)
+                self.prefix_caching, self.host_bytes, self.offload_policy, self.tier_eviction, self.tier_inclusion,
+                self.strategy, self.rate)
 
     @property
     def replayed_strategy(self) -> str:
@@ -151,7 +152,8 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
                        prefix_caching=point.prefix_caching, calibration=calibration,
                        cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
                                                  hybrid=settings.hybrid_manager),
-                       offload_policy=point.offload_policy, tier_eviction=point.tier_eviction, **settings.engine)
+                       offload_policy=point.offload_policy, tier_eviction=point.tier_eviction,
+                       tier_inclusion=point.tier_inclusion, **settings.engine)
     return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
 
 

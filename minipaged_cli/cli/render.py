@@ -139,7 +139,8 @@ def _tiers_table(result: SimulationResult) -> Table:
     """Per strategy and tier below the GPU: hits, what moved over its links, evictions."""
     config = result.config
     title = (f"Prefix-cache tiers below the GPU ({config.offload_policy} stores, {config.tier_eviction} eviction, "
-             f"{'layer-by-layer' if config.layerwise_loads else 'whole'} loads)") if config.prefix_caching else \
+             f"{'layer-by-layer' if config.layerwise_loads else 'whole'} loads"
+             f"{', exclusive' if config.tier_inclusion == 'exclusive' else ''})") if config.prefix_caching else \
         "The host tier below the GPU"
     if config.preemption == "swap":  # (v0: the link busy % counts the swaps too)
         title += ", also the swap space"

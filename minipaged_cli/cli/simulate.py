@@ -47,6 +47,7 @@ from minipaged_cli.cli.tier_options import (
     LayerwiseLoadsOpt,
     OffloadPolicyOpt,
     TierEvictionOpt,
+    TierInclusionOpt,
 )
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -113,6 +114,7 @@ def simulate_command(
     disk_kv_memory: DiskKvMemoryOpt = None,
     offload_policy: OffloadPolicyOpt = "write-through",
     tier_eviction: TierEvictionOpt = "lru",
+    tier_inclusion: TierInclusionOpt = "inclusive",
     layerwise_loads: LayerwiseLoadsOpt = False,
     calibration: CalibrationOpt = None,
     rate: RateOpt = None,
@@ -152,7 +154,8 @@ def simulate_command(
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=hybrid),
                        disk_kv_blocks=tier_blocks(disk_kv_memory, spec, block_size, "--disk-kv-memory",
                                                   hybrid=hybrid),
-                       offload_policy=offload_policy, tier_eviction=tier_eviction, layerwise_loads=layerwise_loads,
+                       offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
+                       layerwise_loads=layerwise_loads,
                        check_invariants=check_invariants,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 

@@ -47,7 +47,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
-from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS
+from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -130,6 +130,9 @@ def sweep_command(
                                                 + ",".join(OFFLOAD_POLICIES) + ".")] = OFFLOAD_POLICIES[0],
     tier_eviction: Annotated[str, typer.Option("--tier-eviction", help="As in simulate, comma-separated: "
                                                + ",".join(TIER_EVICTIONS) + ".")] = TIER_EVICTIONS[0],
+    tier_inclusion: Annotated[str, typer.Option("--tier-inclusion", help="As in simulate, comma-separated: "
+                                                + ",".join(TIER_INCLUSIONS) + " (exclusive needs --offload-policy "
+                                                "on-eviction: sweep that alone with it).")] = TIER_INCLUSIONS[0],
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
@@ -165,6 +168,7 @@ def sweep_command(
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
+                tier_inclusions=options["tier_inclusion"],
                 all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])

@@ -13,7 +13,7 @@ import yaml
 from minipaged_cli.apps.sweep import Slo, make_slo, parse_slo
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS
+from minipaged_cli.sim.config import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
 from minipaged_cli.workloads.presets import KV_CACHE_DTYPES
@@ -23,7 +23,8 @@ from minipaged_cli.workloads.readers import TRACE_FORMATS
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
-             "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction", "hybrid_kv")
+             "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction", "tier_inclusion",
+             "hybrid_kv")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -154,6 +155,7 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "cpu_kv_memory": lambda v, w: _list(v, _size, w),
     "offload_policy": lambda v, w: _list(v, _choice(OFFLOAD_POLICIES), w),
     "tier_eviction": lambda v, w: _list(v, _choice(TIER_EVICTIONS), w),
+    "tier_inclusion": lambda v, w: _list(v, _choice(TIER_INCLUSIONS), w),
     "hybrid_kv": _on_off,
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from minipaged_cli.cli.common import flag
-from minipaged_cli.sim.config import OFFLOAD_POLICIES, TIER_EVICTIONS
+from minipaged_cli.sim.config import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
 
 CpuKvMemoryOpt = Annotated[str | None, typer.Option(
     "--cpu-kv-memory", metavar="SIZE", show_default=False,
@@ -28,6 +28,13 @@ TierEvictionOpt = Annotated[str, typer.Option(
     "--tier-eviction",
     help="How the host and disk tiers evict: " + " or ".join(TIER_EVICTIONS) + " (lru: least recently used; arc: "
          "adaptive replacement, vLLM's ARC policy, which keeps blocks reused twice over blocks seen once).")]
+TierInclusionOpt = Annotated[str, typer.Option(
+    "--tier-inclusion",
+    help="Whether a block the GPU caches stays in the tiers below: " + " or ".join(TIER_INCLUSIONS) + ". "
+         "inclusive: a load copies, the tier keeps its copy (vLLM's OffloadingConnector CPU LRU, LMCache, SGLang "
+         "HiCache); exclusive: a load moves the block up and it leaves the tier it came from, as does any block "
+         "the GPU computes, so each block is in one tier (a victim-cache hierarchy; none of those systems ships "
+         "it: it shows what inclusivity costs). exclusive needs --offload-policy on-eviction.")]
 LayerwiseLoadsOpt = Annotated[bool, flag(
     "layerwise-loads",
     help="A load overlaps the request's prefill layer by layer (LMCache's layerwise mode); off: the request waits "

@@ -6,9 +6,10 @@ A tier holds content, not positions: its entries are block hashes (the prefix ca
 that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
 blocks at once: a replay stores millions, and the dict operations on stores that large are what a replay with
 tiers spends its time on, so ``hit`` answers which blocks it holds and ``insert_new`` takes blocks known to be new
-without asking again. ``reserve`` gives slots to something that is not cached content (vLLM
-v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved slot is never
-evicted, only given back (``unreserve``).
+without asking again. ``remove`` takes out blocks that leave the tier without being evicted (an exclusive
+hierarchy's blocks moving up to the GPU, ``sim/tiers.py``). ``reserve`` gives slots to something that is not cached
+content (vLLM v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved
+slot is never evicted, only given back (``unreserve``).
 
 Invariants (``violations`` checks them): entries plus reserved slots at most ``capacity``, each hash held once;
 ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes each.
@@ -68,6 +69,11 @@ class TierStore(ABC):
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         """A request reused those of ``block_hashes`` that are stored, in order (the last most recently); returns
         whether each is stored."""
+
+    @abstractmethod
+    def remove(self, block_hashes: Sequence[Hashable]) -> None:
+        """Take those of ``block_hashes`` that are stored out of the store: they left the tier (moved up), not
+        evicted by its policy (neither counted as evictions nor remembered as ARC's ghosts)."""
 
     @abstractmethod
     def _evict_one(self) -> Hashable:
@@ -154,6 +160,11 @@ class LRUStore(TierStore):
     def refresh(self, block_hashes: Sequence[Hashable]) -> None:
         deque(map(self._entries.move_to_end, block_hashes), maxlen=0)
 
+    def remove(self, block_hashes: Sequence[Hashable]) -> None:
+        pop = self._entries.pop
+        for block_hash in block_hashes:
+            pop(block_hash, None)
+
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         entries = self._entries
         held = list(map(entries.__contains__, block_hashes))
@@ -230,6 +241,12 @@ class ARCStore(TierStore):
                 continue
             held.append(True)
         return held
+
+    def remove(self, block_hashes: Sequence[Hashable]) -> None:
+        # (no ghost: the policy did not give the block up, so storing it again is no evidence for T1's target)
+        for block_hash in block_hashes:
+            self.t1.pop(block_hash, None)
+            self.t2.pop(block_hash, None)
 
     def _evict_one(self) -> Hashable:
         from_t1 = bool(self.t1) and (len(self.t1) >= int(self.target_t1) or not self.t2)

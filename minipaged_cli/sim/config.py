@@ -26,6 +26,8 @@ V0_MAX_NUM_SEQS = 256
 # The prefix cache's tiers below the GPU (sim/tiers.py): when a block goes down, and how a tier evicts.
 OFFLOAD_POLICIES = ("write-through", "on-eviction")
 TIER_EVICTIONS = ("lru", "arc")
+# Whether a block a tier delivers to the GPU stays in that tier (a copy) or leaves it (a move)
+TIER_INCLUSIONS = ("inclusive", "exclusive")
 
 
 def default_prefix_caching(scheduler: str) -> bool:
@@ -67,8 +69,10 @@ class SimConfig:
     (``block_size`` tokens; one KV cache group's layers under the hybrid manager); ``offload_policy`` says when a
     block goes down (``write-through``: every computed full block, as vLLM's OffloadingConnector and LMCache store;
     ``on-eviction``: when the tier above evicts it), ``tier_eviction`` how each tier evicts (``lru``, or ``arc`` as
-    vLLM's ARC policy), ``layerwise_loads`` whether a load overlaps the request's prefill layer by layer (LMCache's
-    layerwise mode) instead of finishing first (vLLM's connector).
+    vLLM's ARC policy), ``tier_inclusion`` whether a block the GPU caches stays in the tiers below (``inclusive``,
+    as vLLM's connector, LMCache and SGLang HiCache keep it) or leaves them (``exclusive``: one copy of a block in
+    the whole hierarchy; needs ``on-eviction``), ``layerwise_loads`` whether a load overlaps the request's prefill
+    layer by layer (LMCache's layerwise mode) instead of finishing first (vLLM's connector).
     """
 
     model: ModelSpec
@@ -95,6 +99,7 @@ class SimConfig:
     disk_kv_blocks: int = 0  # local-disk tier under it
     offload_policy: str = "write-through"
     tier_eviction: str = "lru"
+    tier_inclusion: str = "inclusive"
     layerwise_loads: bool = False
 
     def __post_init__(self) -> None:
@@ -144,13 +149,19 @@ class SimConfig:
         whole_number(self.cpu_kv_blocks, field="--cpu-kv-memory (blocks)", minimum=0)
         whole_number(self.disk_kv_blocks, field="--disk-kv-memory (blocks)", minimum=0)
         for option, value, names in (("--offload-policy", self.offload_policy, OFFLOAD_POLICIES),
-                                     ("--tier-eviction", self.tier_eviction, TIER_EVICTIONS)):
+                                     ("--tier-eviction", self.tier_eviction, TIER_EVICTIONS),
+                                     ("--tier-inclusion", self.tier_inclusion, TIER_INCLUSIONS)):
             if value not in names:
                 raise InputError(f"expected one of {', '.join(names)}{did_you_mean(str(value), names)}",
                                  field=option, value=value, has_value=True)
         if self.disk_kv_blocks and not self.cpu_kv_blocks:
             raise InputError("a disk tier needs a host tier above it (its blocks pass through host memory); set "
                              "--cpu-kv-memory", field="--disk-kv-memory")
+        if self.tier_inclusion == "exclusive" and self.offload_policy != "on-eviction":
+            # (a block that left the tiers for the GPU must go down again when the GPU evicts it)
+            raise InputError(f"an exclusive tier gets its blocks back only when the GPU evicts them: it needs "
+                             f"--offload-policy on-eviction, not {self.offload_policy}", field="--tier-inclusion",
+                             value=self.tier_inclusion, has_value=True)
         if not self.has_tiers:
             return
         if self.scheduler == "v1" and not self.prefix_caching:
@@ -192,7 +203,10 @@ class SimConfig:
     @property
     def tier_settings(self) -> dict[str, int | str | bool]:
         names = ("cpu_kv_blocks", "disk_kv_blocks", "offload_policy", "tier_eviction", "layerwise_loads")
-        return {name: getattr(self, name) for name in names}
+        settings = {name: getattr(self, name) for name in names}
+        if self.tier_inclusion != "inclusive":  # (documents of the default keep their bytes: absent is inclusive)
+            settings["tier_inclusion"] = self.tier_inclusion
+        return settings
 
     def without_tiers(self) -> SimConfig:
         """The same engine with nothing below the GPU's prefix cache (what the tiers buy is the difference); v0

@@ -31,6 +31,17 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   before its compute needs them); its blocks join the GPU's prefix cache when loaded. Loads queue on the link
   (a disk load crosses the disk's read link, then the host link); they are never dropped.
 - **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load.
+- **Inclusion.** ``inclusive`` (the default): a load copies, and the tier keeps its copy (vLLM's CPU LRU, LMCache,
+  HiCache), so the GPU and the tiers below may spend capacity on the same block. ``exclusive`` (with
+  ``on-eviction`` only): a victim-cache hierarchy, which none of the systems cited ships (it shows what
+  inclusivity costs): a block the GPU caches, loaded or computed, leaves every tier below at once (the pool's
+  ``cached`` report), and goes down again, to the host tier, when the GPU evicts it; a block the host tier evicts
+  goes to the disk tier, and one loaded from the disk leaves it, so each block is in one tier. A load's blocks
+  leave their tier when they join the GPU's prefix cache (the load done), not at its issue: meanwhile the tier may
+  evict them as it may under ``inclusive``. A load declined by the load-or-recompute rule: the tier keeps the
+  blocks until the GPU caches the ones it recomputes (a request preempted first leaves them in the tier), as a
+  block is in one tier, and the GPU's fresh copy is the one reused next. Under v0 the swapped-out blocks are no
+  cached content (a request's own KV, moved out and back: exclusive by nature) and are as under ``inclusive``.
 - **KV cache groups** (a sliding-window model under the hybrid manager): vLLM 0.33.0's connector supports them
   (``SupportsHMA``) and keys a block by (group, hash), as the GPU pool does, so each group's blocks are stored as
   the pool caches them, one pool block (one group's pages) each. A lookup goes as vLLM's ``_lookup_complete_chunks``
@@ -57,8 +68,12 @@ the request); a step's stores are admitted or dropped as one copy (vLLM's schedu
 per request and, where it returns None, skips that request's store and goes on to the next: ``continue``);
 loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
 
-Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once
-per tier; bytes written = blocks stored x bytes per block + bytes swapped out.
+Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once per
+tier; bytes written = blocks stored x bytes per block + bytes swapped out; under ``exclusive``, no block held by the
+GPU's prefix cache and a tier below at once, nor by two tiers, with no exception at a step's end: a block whose load
+is in flight is in its tier and not yet in the GPU's prefix cache (it leaves the tier when it joins), and one whose
+store is in flight is in the tier's store (booked at the store's issue) and not in the GPU's prefix cache (the flush
+skips the blocks cached again, and a block cached later leaves the tier).
 """
 
 from __future__ import annotations
@@ -184,6 +199,7 @@ class TieredCache:
         self.window_blocks = max((num_blocks_for(group.sliding_window or 0, config.block_size) for group in groups),
                                  default=0)
         self.write_through = config.offload_policy == "write-through"
+        self.exclusive = config.tier_inclusion == "exclusive"
         self.layerwise = config.layerwise_loads
         self.num_layers = config.model.num_layers
         self.step_time = step_time
@@ -205,8 +221,12 @@ class TieredCache:
     # -- the pool's reports ------------------------------------------------------------------------------------
 
     def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """The GPU computed (or loaded) these blocks: write-through stores them after the step."""
+        """The GPU computed (or loaded) these blocks: write-through stores them after the step; exclusive tiers
+        give them up (the GPU's copy is the block's one copy until the GPU evicts it)."""
         if not self.write_through:
+            if self.exclusive:
+                for tier in self.tiers:
+                    tier.store.remove(block_hashes)
             return
         pairs = zip(block_hashes, blocks, strict=True)
         outputs = self.output_hashes
@@ -439,6 +459,17 @@ class TieredCache:
 
     def violations(self) -> list[str]:
         found = [f"{tier.name}: {v}" for tier in self.tiers for v in tier.store.violations()]
+        if self.exclusive and self.pool is not None:
+            on_gpu, above = self.pool.is_cached, set()
+            for tier in self.tiers:
+                hashes = tier.store.hashes()
+                if any(map(on_gpu, hashes)):
+                    found.append(f"{tier.name}: holds blocks the GPU's prefix cache holds, under exclusive tiers: "
+                                 "a block the GPU cached was not removed from the tier")
+                if not above.isdisjoint(hashes):
+                    found.append(f"{tier.name}: holds blocks a tier above holds, under exclusive tiers: a block "
+                                 "went down without leaving the tier above, or came up without leaving this one")
+                above.update(hashes)
         for tier in self.tiers:
             if tier.write.num_bytes != tier.stored_blocks * self.bytes_per_block + tier.swap_out_bytes:
                 found.append(f"{tier.name}: bytes written differ from blocks stored x bytes per block + bytes "
