@@ -102,3 +102,40 @@ def test_run_with_cpu_kv_memory_prints_and_writes_the_offload(tmp_path: Path) ->
     offload = json.loads(result.stdout)["offload"]
     assert (offload["host_blocks"], offload["loaded_blocks"], offload["stored_blocks"]) == (8, 4, 8)
     assert "KV loaded from host" in result.stderr
+
+
+@pytest.mark.parametrize(("inclusion", "stores"), [("inclusive", 8), ("exclusive", 16)])
+def test_exclusive_tiers_store_a_block_again_each_time_the_gpu_evicts_it(inclusion: str, stores: int) -> None:
+    # sys, other, sys, other, sys on a GPU of 5 blocks (each request's 66 tokens take all 5), host tier of 8, the
+    # blocks going down as the GPU evicts them. Each request after the first evicts its predecessor's 4 prefix
+    # blocks and the one before that finds its 4 in the host tier: 3 x 4 = 12 loads either way. Inclusive: the
+    # host tier keeps what it loads, so only the first eviction of sys and of other stores them (4 + 4).
+    # Exclusive: a load takes the blocks out of the host tier, so each of the 4 evictions stores 4 (16).
+    requests = [Request(str(i), 10.0 * i, 65, 1, prefix=(name,)) for i, name in enumerate(
+        ["sys", "other", "sys", "other", "sys"])]
+    trace = make_trace("alternating", requests, source="test", segments={"sys": 64, "other": 64})
+    config = SimConfig(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8,
+                       offload_policy="on-eviction", tier_inclusion=inclusion)
+    backend = TorchBackend("cpu")
+    cache = PagedKVCache(1, config.num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
+    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), False,
+                          exclusive=inclusion == "exclusive")
+    executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
+    stored: dict[object, torch.Tensor] = {}
+    loads: list[tuple[object, int]] = []
+
+    def step(work: StepWork, allocator: Allocator) -> None:
+        stored.update((h, content(cache, b)) for h, b in work.stores)  # before this step overwrites them
+        executor(work, allocator)
+        for block_hash, block in work.loads:
+            assert torch.equal(content(cache, block), stored[block_hash]), block_hash
+        loads.extend(work.loads)
+
+    metrics = replay(trace, config, "paged", on_step=step)
+    stats = offload.stats()
+    block_bytes = BLOCK * cache.bytes_per_token
+    assert len(loads) == stats.loaded_blocks == 12
+    assert stats.stored_blocks == stores
+    # the copies the data plane ran are the ones the simulator's host tier counted (its bytes: every layer's)
+    assert metrics.tiers["cpu"].stored_bytes == stores * BLOCK * MODEL.kv_bytes_per_token
+    assert stats.stored_bytes == stores * block_bytes

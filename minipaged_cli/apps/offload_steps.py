@@ -9,7 +9,9 @@ When the copies run, relative to the step's compute:
   an evicted block may be the very one a load fills).
 
 The pool holds what the simulator's host tier holds: a hash the host tier has evicted is discarded from the pool
-when its slot is needed (the tier's capacity is the pool's). The disk tier is not executed.
+when its slot is needed (the tier's capacity is the pool's). Under exclusive tiers a block that left the host tier
+for the GPU is stored again when the GPU evicts it: its old slot goes first, so that the copy runs as the
+simulator counts it. The disk tier is not executed.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ class StepOffload:
     """Executes each step's tier moves on ``pool`` (``before_compute``, ``after_compute``: the run's executor
     calls them around the step's cache writes and attention)."""
 
-    def __init__(self, pool: HostKVPool, write_through: bool) -> None:
+    def __init__(self, pool: HostKVPool, write_through: bool, *, exclusive: bool = False) -> None:
         self.pool = pool
         self.write_through = write_through
+        self.exclusive = exclusive
         self.host_holds: Callable[[Hashable], bool] | None = None  # the simulator's host tier's membership
         self.stored_blocks = 0
         self.loaded_blocks = 0
@@ -83,6 +86,8 @@ class StepOffload:
         if not pairs:
             return
         pool = self.pool
+        if self.exclusive:  # (a hash stored again left the tier since: its slot is stale, the tier holds it anew)
+            pool.discard([block_hash for block_hash, _ in pairs])
         if len(pairs) > pool.num_free_slots:  # the host tier evicted some to take these: so does the pool
             assert self.host_holds is not None
             pool.discard([h for h in list(pool.slots) if not self.host_holds(h)])

@@ -218,8 +218,8 @@ def run_trace(
     model = config.model
     cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          cache_dtype(model.kv_cache_dtype, dtype), backend.device, scale_mode)
-    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks),
-                          config.offload_policy == "write-through") if config.has_tiers else None
+    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), config.offload_policy == "write-through",
+                          exclusive=config.tier_inclusion == "exclusive") if config.has_tiers else None
     executor = _Executor(cache, backend, model.num_q_heads, seed, dtype, offload)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)

@@ -38,7 +38,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
-from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt
+from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt, TierInclusionOpt
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -89,6 +89,7 @@ def run_command(
     cpu_kv_memory: CpuKvMemoryOpt = None,
     offload_policy: OffloadPolicyOpt = "write-through",
     tier_eviction: TierEvictionOpt = "lru",
+    tier_inclusion: TierInclusionOpt = "inclusive",
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
 ) -> None:
@@ -130,7 +131,8 @@ def run_command(
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
-                       offload_policy=offload_policy, tier_eviction=tier_eviction, hybrid_kv=False)
+                       offload_policy=offload_policy, tier_eviction=tier_eviction,
+                       tier_inclusion=tier_inclusion, hybrid_kv=False)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
