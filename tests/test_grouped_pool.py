@@ -61,9 +61,13 @@ def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None
             cached_anywhere = grouped.keyed_cache()[0]
             fresh = len(set(keys)) == len(keys) and all((group, key) not in cached_anywhere for key in keys) and \
                 all(grouped.block_hash[block] is None for block in blocks)
+            hashless = all(grouped.block_hash[block] is None for block in blocks)
             if fresh and rng.random() < 0.5:
                 grouped.cache_new_group(group, keys, blocks)
                 reference.cache_new([(group, key) for key in keys], blocks)
+            elif hashless and rng.random() < 0.5:  # (keys cached already or repeated: its general path)
+                grouped.cache_fresh_group(group, keys, blocks)
+                reference.cache([(group, key) for key in keys], blocks)
             else:
                 grouped.cache_group(group, keys, blocks)
                 reference.cache([(group, key) for key in keys], blocks)
@@ -99,3 +103,19 @@ def test_the_maps_hold_the_callers_keys_themselves() -> None:
     assert all(held is given for held, given in zip(stored, keys, strict=True))
     assert all(pool.block_hash[block] is key for block, key in zip(table, keys, strict=True))
     assert pool.block_group[:4] == [1, 1, 0, 0] and not pool.cached_blocks[0].keys() & set(keys[:2])
+
+
+def test_cache_fresh_group_takes_its_fast_path_only_for_fresh_keys() -> None:
+    # Keys new to the group and distinct: one update, every block entered. A key cached already, or given twice,
+    # goes the general way: the older block keeps the hits, the younger is a duplicate (checked against the
+    # hand-worked entries, not against the fast path itself).
+    pool = GroupedBlockPool(8, 2, enable_caching=True)
+    table: list[int] = []
+    pool.take(8, table)
+    pool.cache_fresh_group(0, [10, 11], table[:2])
+    assert pool.cached_blocks[0] == {10: 0, 11: 1} and pool.block_group[:2] == [0, 0]
+    pool.cache_fresh_group(0, [11, 12], table[2:4])  # 11 is cached (block 1): block 2 becomes its duplicate
+    assert pool.cached_blocks[0] == {10: 0, 11: 1, 12: 3} and pool.duplicate_blocks[0] == {11: [2]}
+    pool.cache_fresh_group(1, [20, 20, 21], table[4:7])  # 20 twice: the first block holds it
+    assert pool.cached_blocks[1] == {20: 4, 21: 6} and pool.duplicate_blocks[1] == {20: [5]}
+    assert pool.block_hash[:7] == [10, 11, 11, 12, 20, 20, 21] and pool.block_group[:7] == [0, 0, 0, 0, 1, 1, 1]
