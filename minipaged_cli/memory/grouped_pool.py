@@ -39,35 +39,24 @@ class GroupedBlockPool(BlockPool):
                             blocks))
 
     def cache_new_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``BlockPool.cache_new`` in one group's map: one dictionary update, then one pass over the blocks."""
-        self.cached_blocks[group].update(zip(block_hashes, blocks, strict=True))
-        self._entered_new(group, block_hashes, blocks)
-
-    def cache_fresh_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``cache_group`` where the caller knows that no block carries a key (a table's blocks past those
-        offered to the cache): as ``cache_new_group`` when no key is cached in the group yet nor appears twice
-        (a prompt's first caching: the usual case, found in C), else ``cache_group``."""
-        cached = self.cached_blocks[group]
-        num_entries = len(cached)
-        if cached.keys().isdisjoint(block_hashes):
-            cached.update(zip(block_hashes, blocks, strict=True))
-            if len(cached) - num_entries == len(block_hashes):
-                self._entered_new(group, block_hashes, blocks)
-                return
-            for key in set(block_hashes):  # a key appears twice: undone, for the general path
-                del cached[key]
-        self.cache_group(group, block_hashes, blocks)
-
-    def _entered_new(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """What caching fresh content does besides the map's update: the listener told, each block's key and
-        group recorded (one pass for both), the entries counted."""
+        """``BlockPool.cache_new`` in one group's map: each block's entry, key and group in one pass."""
         if self.listener is not None:
             self.listener.cached([(group, key) for key in block_hashes], blocks)
-        hashes, groups = self.block_hash, self.block_group
+        cached, hashes, groups = self.cached_blocks[group], self.block_hash, self.block_group
         for key, block in zip(block_hashes, blocks, strict=True):
+            cached[key] = block
             hashes[block] = key
             groups[block] = group
         self._entered(len(block_hashes))
+
+    def cache_fresh_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """``cache_group`` where the caller knows that no block carries a key and no key appears twice (a table's
+        blocks past those offered to the cache, a sequence's content keys): ``cache_new_group`` when no key is
+        cached in the group yet (a prompt's first caching, the usual case: found in C), else ``cache_group``."""
+        if self.cached_blocks[group].keys().isdisjoint(block_hashes):
+            self.cache_new_group(group, block_hashes, blocks)
+        else:
+            self.cache_group(group, block_hashes, blocks)
 
     def _mark(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """Tell the listener, and record ``blocks``' group (a block already cached is this group's: a table holds

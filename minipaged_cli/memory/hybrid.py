@@ -287,20 +287,22 @@ class HybridBlockManager:
         take, slide = takes.append, slides.append
         limit = num_steps + 1
         for order, state in enumerate(states):
-            length, hashes = state.sequence_length, state.block_hashes
-            num_hashes = len(hashes)
+            length = state.sequence_length
             final = length + num_steps
+            num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
+            # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
+            # mod B for j <= k), no block filled past the cached ones, and no slide (the last step's skip, the
+            # largest, none new). Tested first: such a sequence frees nothing, so its hashes need no look.
+            if ((length - 1) % block_size + num_steps < block_size and final // block_size <= num_cached
+                    and (final - window) // block_size <= num_null):
+                continue
+            hashes = state.block_hashes
+            num_hashes = len(hashes)
             if final - window >= block_size * (num_hashes + 1):
                 return False  # a block past the hashes is never cached: freed, it would go to the front
             stop = final // block_size
             if stop > num_hashes:
                 stop = num_hashes
-            num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
-            # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
-            # mod B for j <= k), no block to cache, and no slide (the last step's skip, the largest, none new).
-            if ((length - 1) % block_size + num_steps < block_size and stop <= num_cached
-                    and (final - window) // block_size <= num_null):
-                continue
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
             # more when L + j - W = 0 mod B. (Builtins and bound methods kept out of this loop: it runs per
@@ -325,8 +327,9 @@ class HybridBlockManager:
         # Content cached already, or twice, would make the cached copy depend on the order of caching and
         # evictions (a sequence recomputing its own blocks): then lockstep.
         group_keys = [sliding_keys if slides_g else full_keys for slides_g in group_slides]
-        if any(len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)
-               for cached, keys in zip(pool.cached_blocks, group_keys, strict=True)):
+        # (A sliding group's keys are some of the full groups', in the same order: distinct when those are.)
+        if len(set(full_keys)) != len(full_keys) or not all(
+                cached.keys().isdisjoint(keys) for cached, keys in zip(pool.cached_blocks, group_keys, strict=True)):
             return False
         if takes:
             taken: list[int] = []
@@ -509,7 +512,11 @@ class HybridBlockManager:
         ranges = [(g, max(cached[g], nulls[g])) for g in self.cached_group_ids]
         ranges = [(g, first) for g, first in ranges if stop > first]  # (null entries, a prefix, are never cached)
         hashes, tables = state.block_hashes, state.block_tables
+        # (Entries past the cached ones carry no key; keys that repeat, which no content key does, take the
+        # general path.)
+        keys = hashes[min(first for _, first in ranges):stop] if ranges else []
+        cache = self.pool.cache_fresh_group if len(set(keys)) == len(keys) else self.pool.cache_group
         for g, first in ranges:
-            self.pool.cache_fresh_group(g, hashes[first:stop], tables[g][first:stop])  # (past the cached: no key)
+            cache(g, hashes[first:stop], tables[g][first:stop])
         for g in self.cached_group_ids:
             cached[g] = max(cached[g], stop)
