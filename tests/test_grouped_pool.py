@@ -61,11 +61,11 @@ def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None
             cached_anywhere = grouped.keyed_cache()[0]
             fresh = len(set(keys)) == len(keys) and all((group, key) not in cached_anywhere for key in keys) and \
                 all(grouped.block_hash[block] is None for block in blocks)
-            hashless = all(grouped.block_hash[block] is None for block in blocks) and len(set(keys)) == len(keys)
+            hashless = all(grouped.block_hash[block] is None for block in blocks)
             if fresh and rng.random() < 0.5:
                 grouped.cache_new_group(group, keys, blocks)
                 reference.cache_new([(group, key) for key in keys], blocks)
-            elif hashless and rng.random() < 0.5:  # (keys cached in the group already: its general path)
+            elif hashless and rng.random() < 0.5:  # (keys new, cached already, or repeated)
                 grouped.cache_fresh_group(group, keys, blocks)
                 reference.cache([(group, key) for key in keys], blocks)
             else:
@@ -105,10 +105,10 @@ def test_the_maps_hold_the_callers_keys_themselves() -> None:
     assert pool.block_group[:4] == [1, 1, 0, 0] and not pool.cached_blocks[0].keys() & set(keys[:2])
 
 
-def test_cache_fresh_group_takes_its_fast_path_only_for_fresh_keys() -> None:
-    # Keys new to the group: every block entered in one pass. A key cached in the group already goes the general
-    # way: the older block keeps the hits, the younger is a duplicate (the hand-worked entries, not the fast
-    # path's own answer). Another group's entries do not count.
+def test_cache_fresh_group_enters_keyless_blocks_as_cache_group_does() -> None:
+    # Keyless blocks, keys new, cached in the group already, or repeated: the older block keeps the hits, the
+    # younger is a duplicate (the hand-worked entries, not the fast path's own answer). Another group's entries
+    # do not count.
     pool = GroupedBlockPool(8, 2, enable_caching=True)
     table: list[int] = []
     pool.take(8, table)
@@ -116,6 +116,6 @@ def test_cache_fresh_group_takes_its_fast_path_only_for_fresh_keys() -> None:
     assert pool.cached_blocks[0] == {10: 0, 11: 1} and pool.block_group[:2] == [0, 0]
     pool.cache_fresh_group(0, [11, 12], table[2:4])  # 11 is cached (block 1): block 2 becomes its duplicate
     assert pool.cached_blocks[0] == {10: 0, 11: 1, 12: 3} and pool.duplicate_blocks[0] == {11: [2]}
-    pool.cache_fresh_group(1, [10, 11], table[4:6])  # new to group 1
-    assert pool.cached_blocks[1] == {10: 4, 11: 5} and not pool.duplicate_blocks[1]
-    assert pool.block_hash[:6] == [10, 11, 11, 12, 10, 11] and pool.block_group[:6] == [0, 0, 0, 0, 1, 1]
+    pool.cache_fresh_group(1, [10, 10, 11], table[4:7])  # new to group 1; 10 twice: block 4 holds it
+    assert pool.cached_blocks[1] == {10: 4, 11: 6} and pool.duplicate_blocks[1] == {10: [5]}
+    assert pool.block_hash[:7] == [10, 11, 11, 12, 10, 10, 11] and pool.block_group[:7] == [0, 0, 0, 0, 1, 1, 1]

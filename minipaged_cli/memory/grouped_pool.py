@@ -50,13 +50,20 @@ class GroupedBlockPool(BlockPool):
         self._entered(len(block_hashes))
 
     def cache_fresh_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``cache_group`` where the caller knows that no block carries a key and no key appears twice (a table's
-        blocks past those offered to the cache, a sequence's content keys): ``cache_new_group`` when no key is
-        cached in the group yet (a prompt's first caching, the usual case: found in C), else ``cache_group``."""
-        if self.cached_blocks[group].keys().isdisjoint(block_hashes):
-            self.cache_new_group(group, block_hashes, blocks)
-        else:
-            self.cache_group(group, block_hashes, blocks)
+        """``cache_group`` where the caller knows that no block carries a key (a table's blocks past those offered
+        to the cache): no test per block for one, each block's entry, key and group in one pass."""
+        if self.listener is not None:
+            self.listener.cached([(group, key) for key in block_hashes], blocks)
+        cached, duplicates, hashes, groups = (self.cached_blocks[group], self.duplicate_blocks[group],
+                                              self.block_hash, self.block_group)
+        num_entries = len(cached)
+        add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
+        for key, block in zip(block_hashes, blocks, strict=True):
+            hashes[block] = key
+            groups[block] = group
+            if add(key, block) != block:  # (cached in the group already)
+                duplicates.setdefault(key, []).append(block)
+        self._entered(len(cached) - num_entries)
 
     def _mark(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """Tell the listener, and record ``blocks``' group (a block already cached is this group's: a table holds

@@ -512,11 +512,7 @@ class HybridBlockManager:
         ranges = [(g, max(cached[g], nulls[g])) for g in self.cached_group_ids]
         ranges = [(g, first) for g, first in ranges if stop > first]  # (null entries, a prefix, are never cached)
         hashes, tables = state.block_hashes, state.block_tables
-        # (Entries past the cached ones carry no key; keys that repeat, which no content key does, take the
-        # general path.)
-        keys = hashes[min(first for _, first in ranges):stop] if ranges else []
-        cache = self.pool.cache_fresh_group if len(set(keys)) == len(keys) else self.pool.cache_group
         for g, first in ranges:
-            cache(g, hashes[first:stop], tables[g][first:stop])
+            self.pool.cache_fresh_group(g, hashes[first:stop], tables[g][first:stop])  # (past the cached: no key)
         for g in self.cached_group_ids:
             cached[g] = max(cached[g], stop)
