@@ -64,7 +64,7 @@ def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None
             hashless = all(grouped.block_hash[block] is None for block in blocks)
             if fresh and rng.random() < 0.5:
                 grouped.cache_new_group(group, keys, blocks)
-                reference.cache_new([(group, key) for key in keys], blocks)
+                reference.cache([(group, key) for key in keys], blocks)
             elif hashless and rng.random() < 0.5:  # (keys new, cached already, or repeated)
                 grouped.cache_fresh_group(group, keys, blocks)
                 reference.cache([(group, key) for key in keys], blocks)

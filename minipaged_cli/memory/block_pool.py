@@ -150,14 +150,6 @@ class BlockPool:
             self.listener.cached(block_hashes, blocks)
         self._entered(enter(self.cached_blocks, self.duplicate_blocks, self.block_hash, block_hashes, blocks))
 
-    def cache_new(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``cache`` where the caller knows that no ``block_hashes[i]`` is cached yet, none appears twice, and no
-        block carries a hash (a bulk decode's freshly filled blocks): the entries go in with one dictionary update,
-        each hash computed once."""
-        if self.listener is not None:
-            self.listener.cached(block_hashes, blocks)
-        self._entered(enter_new(self.cached_blocks, self.block_hash, block_hashes, blocks))
-
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
         blocks keep their place in the queue, as in vLLM."""
@@ -247,15 +239,6 @@ def enter(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], bl
         if add(key, block) != block:  # (cached elsewhere already: ``block`` carried no hash)
             duplicates.setdefault(key, []).append(block)
     return len(cached) - num_entries
-
-
-def enter_new(cached: dict[Hashable, int], block_hash: list[Hashable | None], keys: Sequence[Hashable],
-              blocks: Sequence[int]) -> int:
-    """``BlockPool.cache_new``'s entries into one map: one dictionary update, each key hashed once."""
-    for key, block in zip(keys, blocks, strict=True):
-        block_hash[block] = key
-    cached.update(zip(keys, blocks, strict=True))
-    return len(keys)
 
 
 def drop_entry(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], key: Hashable,

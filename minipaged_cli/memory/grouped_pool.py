@@ -39,7 +39,9 @@ class GroupedBlockPool(BlockPool):
                             blocks))
 
     def cache_new_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``BlockPool.cache_new`` in one group's map: each block's entry, key and group in one pass."""
+        """``cache_group`` where the caller knows that no key is cached in the group yet, none appears twice, and
+        no block carries a key (a bulk decode's freshly filled blocks): each block's entry, key and group in one
+        pass."""
         if self.listener is not None:
             self.listener.cached([(group, key) for key in block_hashes], blocks)
         cached, hashes, groups = self.cached_blocks[group], self.block_hash, self.block_group
