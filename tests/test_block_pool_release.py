@@ -76,3 +76,30 @@ def test_uncached_blocks_of_the_later_table_go_ahead_of_the_earlier_ones() -> No
     pool.take(2, second)
     pool.release(first[::-1], second[::-1])
     assert pool.free_blocks.touched() == ([3, 2, 1, 0], [])
+
+
+@pytest.mark.parametrize("sharing", [False, True])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(seed: int, sharing: bool) -> None:
+    # ``release_split``: the caller names each table's keyed blocks (a sequence's cached prefix, possibly shared
+    # by a hit) and its keyless ones (the tail after, its own); the pool tests no block for a key.
+    rng = random.Random(seed)
+    pool = BlockPool(NUM_BLOCKS, enable_caching=True)
+    tables: list[list[int]] = [[], [], []]
+    splits = []
+    for table in tables:
+        pool.take(rng.randint(0, 6), table)
+        splits.append(rng.randint(0, len(table)))
+    keyed_blocks = [block for table, split in zip(tables, splits, strict=True) for block in table[:split]]
+    pool.cache([("content", block) for block in keyed_blocks], keyed_blocks)
+    shared = rng.sample(keyed_blocks, rng.randint(0, len(keyed_blocks))) if sharing else []
+    for block in shared:
+        pool.reference(block)
+    refs, front, back = _naive_release([table[::-1] for table in tables], shared, set(keyed_blocks))
+    pool.release_split([table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
+                       [table[split:][::-1] for table, split in zip(tables, splits, strict=True)])
+    assert pool.free_blocks.touched() == (front, back)
+    assert [pool.ref_counts[block] for block in refs] == list(refs.values())
+    assert pool.num_shared_references == sum(count - 1 for count in refs.values() if count > 1)
+    assert pool.num_frees == len(front) + len(back)

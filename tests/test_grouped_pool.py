@@ -61,9 +61,13 @@ def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None
             cached_anywhere = grouped.keyed_cache()[0]
             fresh = len(set(keys)) == len(keys) and all((group, key) not in cached_anywhere for key in keys) and \
                 all(grouped.block_hash[block] is None for block in blocks)
+            hashless = all(grouped.block_hash[block] is None for block in blocks)
             if fresh and rng.random() < 0.5:
                 grouped.cache_new_group(group, keys, blocks)
-                reference.cache_new([(group, key) for key in keys], blocks)
+                reference.cache([(group, key) for key in keys], blocks)
+            elif hashless and rng.random() < 0.5:  # (keys new, cached already, or repeated)
+                grouped.cache_fresh_group(group, keys, blocks)
+                reference.cache([(group, key) for key in keys], blocks)
             else:
                 grouped.cache_group(group, keys, blocks)
                 reference.cache([(group, key) for key in keys], blocks)
@@ -99,3 +103,19 @@ def test_the_maps_hold_the_callers_keys_themselves() -> None:
     assert all(held is given for held, given in zip(stored, keys, strict=True))
     assert all(pool.block_hash[block] is key for block, key in zip(table, keys, strict=True))
     assert pool.block_group[:4] == [1, 1, 0, 0] and not pool.cached_blocks[0].keys() & set(keys[:2])
+
+
+def test_cache_fresh_group_enters_keyless_blocks_as_cache_group_does() -> None:
+    # Keyless blocks, keys new, cached in the group already, or repeated: the older block keeps the hits, the
+    # younger is a duplicate (the hand-worked entries, not the fast path's own answer). Another group's entries
+    # do not count.
+    pool = GroupedBlockPool(8, 2, enable_caching=True)
+    table: list[int] = []
+    pool.take(8, table)
+    pool.cache_fresh_group(0, [10, 11], table[:2])
+    assert pool.cached_blocks[0] == {10: 0, 11: 1} and pool.block_group[:2] == [0, 0]
+    pool.cache_fresh_group(0, [11, 12], table[2:4])  # 11 is cached (block 1): block 2 becomes its duplicate
+    assert pool.cached_blocks[0] == {10: 0, 11: 1, 12: 3} and pool.duplicate_blocks[0] == {11: [2]}
+    pool.cache_fresh_group(1, [10, 10, 11], table[4:7])  # new to group 1; 10 twice: block 4 holds it
+    assert pool.cached_blocks[1] == {10: 4, 11: 6} and pool.duplicate_blocks[1] == {10: [5]}
+    assert pool.block_hash[:7] == [10, 11, 11, 12, 10, 10, 11] and pool.block_group[:7] == [0, 0, 0, 0, 1, 1, 1]

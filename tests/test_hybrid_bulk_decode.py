@@ -118,6 +118,24 @@ def test_the_checker_names_groups_that_slid_or_cached_alone() -> None:
     assert any("a window slid in one group alone" in problem for problem in manager.invariant_violations())
 
 
+def test_the_checker_names_a_stale_held_count_and_a_key_past_the_cached_blocks() -> None:
+    """The accounting reads a sequence's held blocks as a count, and caching takes every entry past the cached
+    ones for keyless: the checker recounts both from the tables (planted: a count one off, a key one block too
+    far)."""
+    groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(FULL_ATTENTION, (1,), 1, None)]
+    manager = HybridBlockManager(200, 4, groups, enable_prefix_caching=True)
+    manager.create_sequence(0, 30, block_hashes=hash_blocks(("own", i) for i in range(10)))
+    manager.grow(0, 11)  # 41 tokens, 11 entries a group; slid with 30 computed: (30 - 8 + 1) // 4 = 5 null
+    sequence = manager.sequences[0]
+    assert manager.invariant_violations() == []
+    assert sequence.num_held_blocks == 11 + 11 - 5 and sequence.num_cached_blocks == [10, 10]
+    sequence.num_held_blocks += 1
+    assert any("a table changed without its count" in problem for problem in manager.invariant_violations())
+    sequence.num_held_blocks -= 1
+    sequence.num_cached_blocks[:] = [9, 9]  # block 9's key now lies past the blocks offered to the cache
+    assert any("cached twice, or a stale count" in problem for problem in manager.invariant_violations())
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_bulk_profile_against_a_count_per_request_and_step(seed: int) -> None:
     """``HybridPagedAllocator.bulk_profile`` (numpy over requests and steps) against the counts written per request

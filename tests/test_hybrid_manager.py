@@ -177,3 +177,17 @@ def test_groups_as_vllm_forms_them(name: str, layer_types: tuple[str, ...], wind
     # a block of any group: group size x one layer's page (K and V, 8 heads x 64, 2 bytes) x block size 16
     assert block_bytes(model, groups, 16) == expected[0][2] * 16 * 2 * 8 * 64 * 2
     assert [g.kind for g in kv_cache_groups(model, hybrid=False)] == [FULL_ATTENTION]
+
+
+def test_content_keys_that_repeat_in_a_prompt_cache_the_first_block_and_keep_the_rest_as_duplicates() -> None:
+    # Caching takes a prompt's keys for distinct (content keys are chained hashes) and enters them in one pass;
+    # keys that do repeat must still be cached as one at a time caches them: the first block holds the entry,
+    # the later ones wait as duplicates, in every group.
+    groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 8)]
+    manager = HybridBlockManager(20, 4, groups, enable_prefix_caching=True)
+    state = manager.create_sequence("s", 12, block_hashes=[7, 7, 8])
+    pool = manager.pool
+    for g, table in enumerate(state.block_tables):
+        assert pool.cached_blocks[g] == {7: table[0], 8: table[2]}
+        assert pool.duplicate_blocks[g] == {7: [table[1]]}
+    assert manager.invariant_violations() == []

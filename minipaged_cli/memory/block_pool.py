@@ -85,16 +85,7 @@ class BlockPool:
         holds return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back
         (their order kept), without to the front (their order kept, ahead of the blocks already there)."""
         refs, hashes = self.ref_counts, self.block_hash
-        blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
-        if self.num_shared_references:
-            for block in blocks:
-                refs[block] -= 1
-            freed = [block for block in blocks if not refs[block]]
-            self.num_shared_references -= len(blocks) - len(freed)
-        else:  # no block is shared: every one is freed (the usual case: no Python test per block)
-            for block in blocks:
-                refs[block] = 0
-            freed = blocks
+        freed = self._unreference(tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables)))
         to_back = [block for block in freed if hashes[block] is not None] if self.enable_caching else []
         if len(to_back) < len(freed):  # (a window's blocks and a finished sequence's full ones all carry a hash)
             if len(tables) == 1:
@@ -104,6 +95,35 @@ class BlockPool:
                     self.free_blocks.prepend([block for block in table if not refs[block] and hashes[block] is None])
         self.free_blocks.append(to_back)
         self.num_frees += len(freed)
+
+    def release_split(self, keyed: Sequence[Sequence[int]], keyless: Sequence[Sequence[int]]) -> None:
+        """``release`` of tables that the caller has split into their blocks carrying a key (``keyed``, a part
+        per table) and those carrying none (``keyless``: a sequence's blocks past those it offered to the cache,
+        which no other table holds), each part in eviction order: the same queue as ``release``, with no test per
+        block for a key. Freed keyed blocks go to the back in order; each keyless part to the front, ahead of the
+        parts before it."""
+        to_back = self._unreference(keyed[0] if len(keyed) == 1 else list(itertools.chain.from_iterable(keyed)))
+        refs, num_freed = self.ref_counts, len(to_back)
+        for part in keyless:
+            for block in part:
+                refs[block] = 0
+            self.free_blocks.prepend(part)
+            num_freed += len(part)
+        self.free_blocks.append(to_back)
+        self.num_frees += num_freed
+
+    def _unreference(self, blocks: Sequence[int]) -> Sequence[int]:
+        """One table entry fewer for each of ``blocks``; those that no table holds any more, in order."""
+        refs = self.ref_counts
+        if self.num_shared_references:
+            for block in blocks:
+                refs[block] -= 1
+            freed = [block for block in blocks if not refs[block]]
+            self.num_shared_references -= len(blocks) - len(freed)
+            return freed
+        for block in blocks:  # no block is shared: every one is freed (the usual case: no Python test per block)
+            refs[block] = 0
+        return blocks
 
     def lookup(self, block_hashes: list[Hashable]) -> list[int]:
         """The blocks holding the longest cached run of ``block_hashes`` from its start."""
@@ -129,14 +149,6 @@ class BlockPool:
         if self.listener is not None:
             self.listener.cached(block_hashes, blocks)
         self._entered(enter(self.cached_blocks, self.duplicate_blocks, self.block_hash, block_hashes, blocks))
-
-    def cache_new(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``cache`` where the caller knows that no ``block_hashes[i]`` is cached yet, none appears twice, and no
-        block carries a hash (a bulk decode's freshly filled blocks): the entries go in with one dictionary update,
-        each hash computed once."""
-        if self.listener is not None:
-            self.listener.cached(block_hashes, blocks)
-        self._entered(enter_new(self.cached_blocks, self.block_hash, block_hashes, blocks))
 
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
@@ -227,15 +239,6 @@ def enter(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], bl
         if add(key, block) != block:  # (cached elsewhere already: ``block`` carried no hash)
             duplicates.setdefault(key, []).append(block)
     return len(cached) - num_entries
-
-
-def enter_new(cached: dict[Hashable, int], block_hash: list[Hashable | None], keys: Sequence[Hashable],
-              blocks: Sequence[int]) -> int:
-    """``BlockPool.cache_new``'s entries into one map: one dictionary update, each key hashed once."""
-    for key, block in zip(keys, blocks, strict=True):
-        block_hash[block] = key
-    cached.update(zip(keys, blocks, strict=True))
-    return len(keys)
 
 
 def drop_entry(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], key: Hashable,

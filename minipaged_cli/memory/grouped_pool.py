@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
-from minipaged_cli.memory.block_pool import BlockPool, drop_entry, enter, enter_new
+from minipaged_cli.memory.block_pool import BlockPool, drop_entry, enter
 
 
 class GroupedBlockPool(BlockPool):
@@ -39,9 +39,33 @@ class GroupedBlockPool(BlockPool):
                             blocks))
 
     def cache_new_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``BlockPool.cache_new`` in one group's map."""
-        self._mark(group, block_hashes, blocks)
-        self._entered(enter_new(self.cached_blocks[group], self.block_hash, block_hashes, blocks))
+        """``cache_group`` where the caller knows that no key is cached in the group yet, none appears twice, and
+        no block carries a key (a bulk decode's freshly filled blocks): each block's entry, key and group in one
+        pass."""
+        if self.listener is not None:
+            self.listener.cached([(group, key) for key in block_hashes], blocks)
+        cached, hashes, groups = self.cached_blocks[group], self.block_hash, self.block_group
+        for key, block in zip(block_hashes, blocks, strict=True):
+            cached[key] = block
+            hashes[block] = key
+            groups[block] = group
+        self._entered(len(block_hashes))
+
+    def cache_fresh_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """``cache_group`` where the caller knows that no block carries a key (a table's blocks past those offered
+        to the cache): no test per block for one, each block's entry, key and group in one pass."""
+        if self.listener is not None:
+            self.listener.cached([(group, key) for key in block_hashes], blocks)
+        cached, duplicates, hashes, groups = (self.cached_blocks[group], self.duplicate_blocks[group],
+                                              self.block_hash, self.block_group)
+        num_entries = len(cached)
+        add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
+        for key, block in zip(block_hashes, blocks, strict=True):
+            hashes[block] = key
+            groups[block] = group
+            if add(key, block) != block:  # (cached in the group already)
+                duplicates.setdefault(key, []).append(block)
+        self._entered(len(cached) - num_entries)
 
     def _mark(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """Tell the listener, and record ``blocks``' group (a block already cached is this group's: a table holds

@@ -58,7 +58,9 @@ def tail_first(table: list[int], start: int, stop: int) -> list[int]:
 class GroupedSequence:
     """One live sequence under KV cache groups: ``block_tables[g]`` is group g's table (``NULL_BLOCK`` where a
     sliding window let go), ``num_null[g]`` its leading null entries, ``num_cached_blocks[g]`` the entries already
-    offered to the prefix cache (vLLM's ``num_cached_block``)."""
+    offered to the prefix cache (vLLM's ``num_cached_block``; no entry past them carries a key),
+    ``num_held_blocks`` the entries that are not null in all tables (kept as a count: the accounting asks for it
+    per sequence and step)."""
 
     sequence_id: SequenceId
     sequence_length: int
@@ -71,6 +73,7 @@ class GroupedSequence:
     # Tokens after the computed ones that a tier below the GPU loads (sim/tiers.py): their blocks are held, not
     # cached, and a sliding window already counts them (vLLM's num_external_computed_tokens)
     num_loading_tokens: int = 0
+    num_held_blocks: int = 0
 
 
 class HybridBlockManager:
@@ -136,8 +139,7 @@ class HybridBlockManager:
 
     def num_held_blocks(self, sequence_id: SequenceId) -> int:
         """Blocks the sequence holds over all groups (null entries cost nothing)."""
-        state = self.sequences[sequence_id]
-        return len(state.block_tables[0]) * len(self.groups) - sum(state.num_null)
+        return self.sequences[sequence_id].num_held_blocks
 
     def num_held_tokens(self, sequence_id: SequenceId, num_tokens: int) -> int:
         """Of the sequence's first ``num_tokens``, the K/V entries its groups hold: a token counts once per
@@ -204,7 +206,8 @@ class HybridBlockManager:
             tables.append([NULL_BLOCK] * num_null + kept)
             nulls.append(num_null)
         state = GroupedSequence(sequence_id, hit_tokens, tables, nulls, [len(t) for t in tables],
-                                list(block_hashes), hit_tokens, hit_tokens)
+                                list(block_hashes), hit_tokens, hit_tokens,
+                                num_held_blocks=sum(len(t) for t in tables) - sum(nulls))
         self.sequences[sequence_id] = state
         self._take(state, num_prompt_tokens)
         self._computed(state, num_computed_tokens)
@@ -216,10 +219,17 @@ class HybridBlockManager:
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         state = self.sequence(sequence_id)
-        if self.window is not None:
+        block_size = self.block_size
+        # (The calls only where something happens: most decode steps slide no window and take no block. The
+        # window slides once (C - W + 1) // B, the skipped blocks, passes the null entries.)
+        if (self.window is not None and state.num_computed_tokens - self.window
+                >= (state.num_null[self.sliding_ids[0]] + 1) * block_size - 1):
             self._slide(state, state.num_computed_tokens)
         new_length = state.sequence_length + num_tokens
-        self._take(state, new_length)
+        if new_length > len(state.block_tables[0]) * block_size:
+            self._take(state, new_length)
+        else:
+            state.sequence_length = new_length
         if computed:
             self._computed(state, new_length)
         return state
@@ -233,8 +243,12 @@ class HybridBlockManager:
 
     def _slide(self, state: GroupedSequence, num_computed_tokens: int) -> None:
         skipped = min(self.skipped_blocks(num_computed_tokens), len(state.block_tables[0]))
-        if skipped > state.num_null[self.sliding_ids[0]]:  # (the same in every sliding group)
-            self.pool.release(*self._null_out(state, skipped))  # (one call: group by group, as one call each)
+        sliding = self.sliding_ids[0]  # (the counts are the same in every sliding group)
+        if skipped > state.num_null[sliding]:  # (one call: group by group, as one call each)
+            if skipped <= state.num_cached_blocks[sliding]:  # every block freed carries a key
+                self.pool.release_split(self._null_out(state, skipped), ())
+            else:
+                self.pool.release(*self._null_out(state, skipped))
 
     def _null_out(self, state: GroupedSequence, skipped: int) -> list[list[int]]:
         """Replace the sliding groups' blocks before ``skipped`` with null blocks; the blocks they held, per group,
@@ -247,6 +261,7 @@ class HybridBlockManager:
             parts.append(tail_first(table, first, skipped))
             table[first:skipped] = nulls
             state.num_null[g] = skipped
+        state.num_held_blocks -= len(nulls) * len(parts)
         return parts
 
     def decode_in_bulk(self, sequence_ids: Sequence[SequenceId], num_steps: int) -> bool:
@@ -272,20 +287,22 @@ class HybridBlockManager:
         take, slide = takes.append, slides.append
         limit = num_steps + 1
         for order, state in enumerate(states):
-            length, hashes = state.sequence_length, state.block_hashes
-            num_hashes = len(hashes)
+            length = state.sequence_length
             final = length + num_steps
+            num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
+            # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
+            # mod B for j <= k), no block filled past the cached ones, and no slide (the last step's skip, the
+            # largest, none new). Tested first: such a sequence frees nothing, so its hashes need no look.
+            if ((length - 1) % block_size + num_steps < block_size and final // block_size <= num_cached
+                    and (final - window) // block_size <= num_null):
+                continue
+            hashes = state.block_hashes
+            num_hashes = len(hashes)
             if final - window >= block_size * (num_hashes + 1):
                 return False  # a block past the hashes is never cached: freed, it would go to the front
             stop = final // block_size
             if stop > num_hashes:
                 stop = num_hashes
-            num_null, num_cached = state.num_null[sliding], state.num_cached_blocks[0]
-            # Most sequences take, fill and let go of no block in a bulk's few steps: no take (no L + j - 1 = 0
-            # mod B for j <= k), no block to cache, and no slide (the last step's skip, the largest, none new).
-            if ((length - 1) % block_size + num_steps < block_size and stop <= num_cached
-                    and (final - window) // block_size <= num_null):
-                continue
             # Step j takes a block when L + j - 1 = 0 mod B; with L + j - 1 computed (step 1: the sequence's
             # computed tokens, the slide a just-finished prefill left) it skips max(0, L + j - W) // B blocks, one
             # more when L + j - W = 0 mod B. (Builtins and bound methods kept out of this loop: it runs per
@@ -310,17 +327,21 @@ class HybridBlockManager:
         # Content cached already, or twice, would make the cached copy depend on the order of caching and
         # evictions (a sequence recomputing its own blocks): then lockstep.
         group_keys = [sliding_keys if slides_g else full_keys for slides_g in group_slides]
-        if any(len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)
-               for cached, keys in zip(pool.cached_blocks, group_keys, strict=True)):
+        # (A sliding group's keys are some of the full groups', in the same order: distinct when those are.)
+        if len(set(full_keys)) != len(full_keys) or not all(
+                cached.keys().isdisjoint(keys) for cached, keys in zip(pool.cached_blocks, group_keys, strict=True)):
             return False
         if takes:
             taken: list[int] = []
             pool.take(num_taken, taken)
             takes.sort()
             next_taken = iter(taken).__next__
+            num_groups = len(self.groups)
             for _, order in takes:
-                for table in states[order].block_tables:  # group by group, as ``_take``
+                state = states[order]
+                for table in state.block_tables:  # group by group, as ``_take``
                     table.append(next_taken())
+                state.num_held_blocks += num_groups
         if caching:  # (one call a group, its blocks in the order the calls one by one would cache them)
             group_blocks: list[list[int]] = [[] for _ in group_slides]
             for state, first_sliding, num_cached, stop in caching:
@@ -343,8 +364,8 @@ class HybridBlockManager:
                 parts = self._null_out(state, skipped)
                 freed += parts
                 blocks += itertools.chain.from_iterable(parts)
-        if len(set(blocks)) == len(blocks):
-            pool.release(blocks)  # (all to the back, in order: one call frees as the calls one by one)
+        if len(set(blocks)) == len(blocks):  # (all to the back, in order: one call frees as the calls one by one)
+            pool.release_split([blocks], ())
         else:  # a block that two sequences share: the later release frees it
             for part in freed:
                 pool.release(part)
@@ -360,8 +381,12 @@ class HybridBlockManager:
     def release_sequence(self, sequence_id: SequenceId) -> None:
         """Drop the sequence's blocks group by group, each table tail first (vLLM's coordinator ``free``)."""
         state = self.sequence(sequence_id)
-        self.pool.release(*[tail_first(table, nulls, len(table))  # (one call: group by group, as one call each)
-                            for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
+        keyed, keyless = [], []  # each table's blocks offered to the cache, and those after (keyless, its own)
+        for table, nulls, num_cached in zip(state.block_tables, state.num_null, state.num_cached_blocks, strict=True):
+            split = max(nulls, num_cached)
+            keyed.append(tail_first(table, nulls, split))
+            keyless.append(tail_first(table, split, len(table)))
+        self.pool.release_split(keyed, keyless)  # (one call: group by group, as one call each)
         del self.sequences[sequence_id]
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
@@ -466,6 +491,7 @@ class HybridBlockManager:
             self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group takes them)
             for g, table in enumerate(state.block_tables):
                 table += taken[g * per_group:(g + 1) * per_group]
+            state.num_held_blocks += needed
         state.sequence_length = max(state.sequence_length, new_length)
 
     def _computed(self, state: GroupedSequence, num_computed_tokens: int) -> None:
@@ -487,6 +513,6 @@ class HybridBlockManager:
         ranges = [(g, first) for g, first in ranges if stop > first]  # (null entries, a prefix, are never cached)
         hashes, tables = state.block_hashes, state.block_tables
         for g, first in ranges:
-            self.pool.cache_group(g, hashes[first:stop], tables[g][first:stop])
+            self.pool.cache_fresh_group(g, hashes[first:stop], tables[g][first:stop])  # (past the cached: no key)
         for g in self.cached_group_ids:
             cached[g] = max(cached[g], stop)

@@ -43,6 +43,10 @@ def _sequence_violations(manager: Any, state: Any, touched: int) -> list[str]:
     if len({state.num_cached_blocks[g] for g in manager.cached_group_ids}) > 1:
         problems.append(f"sequence {sid!r}: its groups count {state.num_cached_blocks} blocks offered to the cache, "
                         f"expected one count: a group cached alone")
+    num_held = sum(len(table) - nulls for table, nulls in zip(state.block_tables, state.num_null, strict=True))
+    if state.num_held_blocks != num_held:
+        problems.append(f"sequence {sid!r} counts {state.num_held_blocks} held blocks, its tables hold {num_held}: a "
+                        "table changed without its count")
     for g, (table, nulls) in enumerate(zip(state.block_tables, state.num_null, strict=True)):
         if len(table) != expected:
             problems.append(f"sequence {sid!r} group {g} holds {len(table)} entries for {state.sequence_length} "
@@ -73,4 +77,7 @@ def _sequence_violations(manager: Any, state: Any, touched: int) -> list[str]:
                                 f"in sequence {sid!r}: a stale prefix-cache entry")
             elif index >= computed_blocks:
                 problems.append(f"block {table[index]} is cached but sequence {sid!r} has not computed it")
+            elif index >= state.num_cached_blocks[g]:
+                problems.append(f"block {table[index]} of group {g} is cached past the {state.num_cached_blocks[g]} "
+                                f"blocks sequence {sid!r} offered to the cache: cached twice, or a stale count")
     return problems

@@ -73,7 +73,7 @@ class HybridPagedAllocator(PagedAllocator):
         return ((self.num_groups - self.num_sliding) * blocks + self.num_sliding * sliding) * self.block_size
 
     def allocated(self, holding: Holding) -> int:
-        return self.manager.num_held_blocks(holding.sequence_id) * self.block_size
+        return self.manager.sequences[holding.sequence_id].num_held_blocks * self.block_size
 
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
