@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import compress, islice, repeat
+from itertools import islice, repeat
 
 
 class TierStore(ABC):
@@ -166,9 +166,15 @@ class LRUStore(TierStore):
             pop(block_hash, None)
 
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
-        entries = self._entries
-        held = list(map(entries.__contains__, block_hashes))
-        deque(map(entries.move_to_end, compress(block_hashes, held)), maxlen=0)  # (a loop in C: moves them all)
+        # (a Python loop, each block moved right after its test: the move finds what the test just read in the
+        # cache, which makes it faster than testing all the blocks and then moving the held ones in C)
+        entries, move = self._entries, self._entries.move_to_end
+        held = []
+        for block_hash in block_hashes:
+            found = block_hash in entries
+            if found:
+                move(block_hash)
+            held.append(found)
         return held
 
     def _evict_one(self) -> Hashable:
