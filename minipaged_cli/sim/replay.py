@@ -135,7 +135,7 @@ class Replay:
         decoders, chunks = decision.decoders, decision.chunks
         duration = self._duration(decision)
         running = scheduler.running
-        stores = [] if self.tiers is None else self.tiers.flush(self.now + duration)
+        stores = [] if self.tiers is None else self.tiers.flush(self.now + duration, pairs=self.on_step is not None)
         loads, scheduler.loads = scheduler.loads, []
         if self.on_step is not None:
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],

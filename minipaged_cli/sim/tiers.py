@@ -82,8 +82,8 @@ import copy
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import filterfalse
-from operator import itemgetter, or_
+from itertools import compress, filterfalse
+from operator import itemgetter, not_, or_
 from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
@@ -209,7 +209,10 @@ class TieredCache:
         if config.disk_kv_blocks:
             self.tiers.append(Tier("disk", store(config.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
                                    Link(gpu.disk_read_bytes_per_s)))
-        self.pending: list[tuple[Hashable, int]] = []  # (hash, GPU block) to store at the step's end
+        # (hash, GPU block) to store at the step's end, as two lists: a replay names millions, and a pair each
+        # is an allocation each
+        self.pending_hashes: list[Hashable] = []
+        self.pending_blocks: list[int] = []
         # Blocks holding output tokens (a request's keys past its full prompt blocks, named at its first admission),
         # never stored; forgotten when the GPU evicts them, as no request computes them again, or when the request
         # is done without the GPU caching them (``request_done``): at most the GPU's cached blocks and the running
@@ -228,12 +231,7 @@ class TieredCache:
                 for tier in self.tiers:
                     tier.store.remove(block_hashes)
             return
-        pairs = zip(block_hashes, blocks, strict=True)
-        outputs = self.output_hashes
-        if outputs.isdisjoint(block_hashes):  # (a prefill's blocks, the common call: no filter in Python)
-            self.pending.extend(pairs)
-        else:
-            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
+        self._pend(block_hashes, blocks)
 
     def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
         """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
@@ -242,40 +240,54 @@ class TieredCache:
             outputs.difference_update(map(itemgetter(0), pairs))
             return
         hashes = list(map(itemgetter(0), pairs))
-        if outputs.isdisjoint(hashes):  # (the common call: no filter in Python)
-            self.pending.extend(pairs)
+        self._pend(hashes, list(map(itemgetter(1), pairs)))
+        outputs.difference_update(hashes)
+
+    def _pend(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """Gather the prompt blocks among these cached blocks for the step's stores (output blocks are never
+        stored)."""
+        if len(block_hashes) != len(blocks):
+            raise ValueError(f"{len(block_hashes)} block hashes for {len(blocks)} blocks: the pool's report is torn")
+        outputs = self.output_hashes
+        if outputs.isdisjoint(block_hashes):  # (a prefill's blocks, the common call: no filter in Python)
+            self.pending_hashes.extend(block_hashes)
+            self.pending_blocks.extend(blocks)
         else:
-            self.pending.extend(pair for pair in pairs if pair[0] not in outputs)
-            outputs.difference_update(hashes)
+            prompt = [block_hash not in outputs for block_hash in block_hashes]
+            self.pending_hashes.extend(compress(block_hashes, prompt))
+            self.pending_blocks.extend(compress(blocks, prompt))
 
     # -- stores ------------------------------------------------------------------------------------------------
 
-    def flush(self, now: float) -> list[tuple[Hashable, int]]:
+    def flush(self, now: float, *, pairs: bool = True) -> list[tuple[Hashable, int]]:
         """Issue the stores gathered since the last flush at ``now`` (a step's end); the (hash, GPU block) pairs
-        copied to the host tier."""
-        pending, self.pending = self.pending, []
-        if not pending:
+        copied to the host tier (for a data plane; without ``pairs``, [] whatever was copied: a replay without
+        one need not build millions)."""
+        hashes, blocks = self.pending_hashes, self.pending_blocks
+        if not hashes:
             return []
+        self.pending_hashes, self.pending_blocks = [], []
         host = self.tiers[0]
         if not self.write_through:  # a block cached on the GPU again meanwhile needs no copy
-            on_gpu = self.pool.is_cached
-            pending = [pair for pair in pending if not on_gpu(pair[0])]
+            gone = list(map(not_, map(self.pool.is_cached, hashes)))
+            if not all(gone):
+                hashes, blocks = list(compress(hashes, gone)), list(compress(blocks, gone))
         stored = host.store.contains
         # (two requests may compute the same content in one step: one copy, of the last block named; the filters
         # run in C, over a replay's millions of blocks)
-        blocks = dict(pending)
-        hashes = list(filterfalse(stored, blocks))
-        if len(hashes) < len(pending):  # stored again: recently used
-            host.store.refresh(list(filter(stored, map(itemgetter(0), pending))))
-        if not hashes or not self._copy(host, len(hashes), now):
+        block_of = dict(zip(hashes, blocks, strict=True))
+        new = list(filterfalse(stored, block_of))
+        if len(new) < len(hashes):  # stored again: recently used
+            host.store.refresh(list(filter(stored, hashes)))
+        if not new or not self._copy(host, len(new), now):
             return []
-        evicted = host.store.insert_new(hashes)
+        evicted = host.store.insert_new(new)
         if len(self.tiers) > 1:
             disk = self.tiers[1]
-            down = list(filterfalse(disk.store.contains, hashes if self.write_through else evicted))
+            down = list(filterfalse(disk.store.contains, new if self.write_through else evicted))
             if down and self._copy(disk, len(down), now):
                 disk.store.insert_new(down)
-        return list(zip(hashes, map(blocks.__getitem__, hashes), strict=True))
+        return list(zip(new, map(block_of.__getitem__, new), strict=True)) if pairs else []
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
         """One store of ``num_blocks`` into ``tier`` at ``now``, queued on its write link; none (counted dropped)
