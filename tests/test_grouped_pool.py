@@ -24,8 +24,8 @@ class Recorder:
     def cached(self, block_hashes: list, blocks: list[int]) -> None:
         self.calls.append(("cached", list(zip(block_hashes, blocks, strict=True))))
 
-    def evicted(self, pairs: list) -> None:
-        self.calls.append(("evicted", list(pairs)))
+    def evicted(self, block_hashes: list, blocks: list[int]) -> None:
+        self.calls.append(("evicted", list(zip(block_hashes, blocks, strict=True))))
 
 
 def state(pool: BlockPool) -> tuple:

@@ -47,7 +47,7 @@ class BlockPool:
         # (the looked-up hashes, hits) of the last lookup; None once the cache map changes
         self._lookup_memo: tuple[list[Hashable], list[int]] | None = None
         self.cache_version = 0  # moves whenever the cache map changes (what a memo of hits is valid for)
-        # Told what is cached (``cached(hashes, blocks)``) and evicted (``evicted([(hash, block)])``): the tiers
+        # Told what is cached (``cached(hashes, blocks)``) and evicted (``evicted(hashes, blocks)``): the tiers
         # below the GPU (sim/tiers.py), which copy blocks down.
         self.listener: Any = None
 
@@ -197,17 +197,22 @@ class BlockPool:
         """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
         The oldest duplicate of an evicted entry, if any, takes over its hits."""
         if self.listener is not None:
-            self.listener.evicted(self._cached_pairs(blocks))
+            self.listener.evicted(*self._cached_keys(blocks))
         evicted = self._drop_entries(blocks)
         if evicted:
             self._lookup_memo = None
             self.cache_version += 1
             self.num_evictions += evicted
 
-    def _cached_pairs(self, blocks: list[int]) -> list[tuple[Hashable, int]]:
-        """(key, block) of those ``blocks`` that are cached, for the listener."""
+    def _cached_keys(self, blocks: list[int]) -> tuple[list[Hashable], list[int]]:
+        """The keys of those ``blocks`` that are cached, and those blocks, for the listener (two lists, no pair per
+        block: a replay with tiers reports millions)."""
         hashes = self.block_hash
-        return [(hashes[block], block) for block in blocks if hashes[block] is not None]
+        keys = [hashes[block] for block in blocks]
+        if any(key is None for key in keys):  # (blocks freed uncached: rare in the queue's cached part)
+            cached = [key is not None for key in keys]
+            return list(itertools.compress(keys, cached)), list(itertools.compress(blocks, cached))
+        return keys, blocks
 
     def _drop_entries(self, blocks: list[int]) -> int:
         """``_evict``'s entries dropped; how many."""

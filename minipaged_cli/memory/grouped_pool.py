@@ -98,9 +98,10 @@ class GroupedBlockPool(BlockPool):
     def _cache_maps(self) -> list[tuple[dict[Hashable, int], dict[Hashable, list[int]]]]:
         return list(zip(self.cached_blocks, self.duplicate_blocks, strict=True))
 
-    def _cached_pairs(self, blocks: list[int]) -> list[tuple[Hashable, int]]:
+    def _cached_keys(self, blocks: list[int]) -> tuple[list[Hashable], list[int]]:
         hashes, groups = self.block_hash, self.block_group
-        return [((groups[block], hashes[block]), block) for block in blocks if hashes[block] is not None]
+        cached = [block for block in blocks if hashes[block] is not None]
+        return [(groups[block], hashes[block]) for block in cached], cached
 
     def _drop_entries(self, blocks: list[int]) -> int:
         cached, hashes, groups = self.cached_blocks, self.block_hash, self.block_group

@@ -83,7 +83,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import compress, filterfalse
-from operator import itemgetter, not_, or_
+from operator import not_, or_
 from typing import Any
 
 from minipaged_cli.memory.allocators import Allocator
@@ -233,15 +233,11 @@ class TieredCache:
             return
         self._pend(block_hashes, blocks)
 
-    def evicted(self, pairs: list[tuple[Hashable, int]]) -> None:
+    def evicted(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """The GPU is about to overwrite these cached blocks: on-eviction stores the prompt blocks among them."""
-        outputs = self.output_hashes
-        if self.write_through:  # nothing to store: only the names of output blocks no longer cached go
-            outputs.difference_update(map(itemgetter(0), pairs))
-            return
-        hashes = list(map(itemgetter(0), pairs))
-        self._pend(hashes, list(map(itemgetter(1), pairs)))
-        outputs.difference_update(hashes)
+        if not self.write_through:  # (write-through: nothing to store, only output blocks' names to forget)
+            self._pend(block_hashes, blocks)
+        self.output_hashes.difference_update(block_hashes)
 
     def _pend(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """Gather the prompt blocks among these cached blocks for the step's stores (output blocks are never
