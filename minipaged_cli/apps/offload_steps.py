@@ -8,20 +8,26 @@ When the copies run, relative to the step's compute:
 - loads fill the blocks a hit was allocated before the step's compute reads them (after the on-eviction stores:
   an evicted block may be the very one a load fills).
 
-The pool holds what the simulator's host tier holds: a hash the host tier has evicted is discarded from the pool
-when its slot is needed (the tier's capacity is the pool's). Under exclusive tiers a block that left the host tier
-for the GPU is stored again when the GPU evicts it: its old slot goes first, so that the copy runs as the
-simulator counts it. The disk tier is not executed.
+The pool holds what the simulator's host tier holds, and the blocks the step loads: a hash the host tier has
+evicted is discarded from the pool when its slot is needed, unless the step loads it. The simulator hands a step's
+loads over after its scheduling, when the tier may already have let the loaded blocks go (an exclusive tier gives
+them up as the load ends; an inclusive one may have evicted them while the load was in flight), so the pool has
+room for the tier's blocks and one step's loads besides (``StepOffload.under``). Under exclusive tiers a block
+that left the host tier for the GPU is stored again when the GPU evicts it: its old slot goes first, so that the
+copy runs as the simulator counts it. The disk tier is not executed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Container, Hashable
 from dataclasses import dataclass
 
+from minipaged_cli.dataplane.backends import Backend
+from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.offload import HostKVPool
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork
 from minipaged_cli.units import rounded
 
@@ -30,7 +36,7 @@ from minipaged_cli.units import rounded
 class OffloadStats:
     """What the host tier's copies moved and how long the copies took (device <-> host, each way)."""
 
-    host_blocks: int  # the pool's capacity
+    host_blocks: int  # the host tier's capacity
     stored_blocks: int
     loaded_blocks: int
     stored_bytes: int
@@ -54,35 +60,46 @@ class StepOffload:
     """Executes each step's tier moves on ``pool`` (``before_compute``, ``after_compute``: the run's executor
     calls them around the step's cache writes and attention)."""
 
-    def __init__(self, pool: HostKVPool, write_through: bool, *, exclusive: bool = False) -> None:
+    def __init__(self, pool: HostKVPool, write_through: bool, *, exclusive: bool = False,
+                 tier_blocks: int | None = None) -> None:
         self.pool = pool
         self.write_through = write_through
         self.exclusive = exclusive
+        self.tier_blocks = pool.num_slots if tier_blocks is None else tier_blocks
         self.host_holds: Callable[[Hashable], bool] | None = None  # the simulator's host tier's membership
         self.stored_blocks = 0
         self.loaded_blocks = 0
+
+    @classmethod
+    def under(cls, cache: PagedKVCache, backend: Backend, config: SimConfig) -> StepOffload:
+        """The host tier of ``config`` on a pool of real host memory: the tier's blocks and one step's loads (at
+        most the tier's blocks, and no more than the GPU pool holds)."""
+        tier_blocks = config.cpu_kv_blocks
+        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.num_blocks))
+        return cls(pool, config.offload_policy == "write-through", exclusive=config.tier_inclusion == "exclusive",
+                   tier_blocks=tier_blocks)
 
     def before_compute(self, work: StepWork, allocator: Allocator) -> None:
         if self.host_holds is None:
             self.host_holds = _host_tier_membership(allocator)
         if not self.write_through:
-            self._store(work.stores)
+            self._store(work.stores, {block_hash for block_hash, _ in work.loads})
         if work.loads:
             self.loaded_blocks += self.pool.load(work.loads).num_blocks
 
     def after_compute(self, work: StepWork) -> None:
         if self.write_through:
-            self._store(work.stores)
+            self._store(work.stores, ())
 
     def stats(self) -> OffloadStats:
         pool = self.pool
         pool.synchronize()
-        return OffloadStats(host_blocks=pool.num_slots, stored_blocks=self.stored_blocks,
+        return OffloadStats(host_blocks=self.tier_blocks, stored_blocks=self.stored_blocks,
                             loaded_blocks=self.loaded_blocks, stored_bytes=pool.bytes_moved["store"],
                             loaded_bytes=pool.bytes_moved["load"], store_s=pool.link_seconds["store"],
                             load_s=pool.link_seconds["load"])
 
-    def _store(self, pairs: list[tuple[Hashable, int]]) -> None:
+    def _store(self, pairs: list[tuple[Hashable, int]], loading: Container[Hashable]) -> None:
         if not pairs:
             return
         pool = self.pool
@@ -90,7 +107,7 @@ class StepOffload:
             pool.discard([block_hash for block_hash, _ in pairs])
         if len(pairs) > pool.num_free_slots:  # the host tier evicted some to take these: so does the pool
             assert self.host_holds is not None
-            pool.discard([h for h in list(pool.slots) if not self.host_holds(h)])
+            pool.discard([h for h in list(pool.slots) if not self.host_holds(h) and h not in loading])
         self.stored_blocks += pool.store(pairs).num_blocks
 
 

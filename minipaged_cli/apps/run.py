@@ -25,7 +25,6 @@ from minipaged_cli.dataplane.block_tables import padded_block_tables, slot_mappi
 from minipaged_cli.dataplane.fp8 import cache_dtype
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
-from minipaged_cli.dataplane.offload import HostKVPool
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork, check_capacity, replay
@@ -218,8 +217,7 @@ def run_trace(
     model = config.model
     cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          cache_dtype(model.kv_cache_dtype, dtype), backend.device, scale_mode)
-    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), config.offload_policy == "write-through",
-                          exclusive=config.tier_inclusion == "exclusive") if config.has_tiers else None
+    offload = StepOffload.under(cache, backend, config) if config.has_tiers else None
     executor = _Executor(cache, backend, model.num_q_heads, seed, dtype, offload)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)
