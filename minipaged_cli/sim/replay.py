@@ -249,7 +249,7 @@ class Replay:
                                      total_length + n * num_steps)
         self.now += _checked_seconds(duration)  # (an infinity anywhere shows in the sum)
         if self.tiers is not None:
-            self.tiers.flush(self.now)
+            self.tiers.flush(self.now, pairs=False)  # (bulk steps run only without a data plane)
         scheduler.finish(self.now)
         return True
 
