@@ -27,7 +27,8 @@ OffloadPolicyOpt = Annotated[str, typer.Option(
 TierEvictionOpt = Annotated[str, typer.Option(
     "--tier-eviction",
     help="How the host and disk tiers evict: " + " or ".join(TIER_EVICTIONS) + " (lru: least recently used; arc: "
-         "adaptive replacement, vLLM's ARC policy, which keeps blocks reused twice over blocks seen once).")]
+         "adaptive replacement, vLLM's ARC policy, which keeps blocks reused twice over blocks seen once; under "
+         "--tier-inclusion exclusive a reused block leaves the tier, so ARC acts nearly as LRU).")]
 TierInclusionOpt = Annotated[str, typer.Option(
     "--tier-inclusion",
     help="Whether a block the GPU caches stays in the tiers below: " + " or ".join(TIER_INCLUSIONS) + ". "

@@ -30,7 +30,9 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   WAITING_FOR_REMOTE_KVS; with ``layerwise_loads`` it starts as soon as the layers still to come would arrive
   before its compute needs them); its blocks join the GPU's prefix cache when loaded. Loads queue on the link
   (a disk load crosses the disk's read link, then the host link); they are never dropped.
-- **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load.
+- **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load. (Under ``exclusive`` a
+  reused block leaves the tier as its load ends and comes back, seen once, when the GPU evicts it: ARC's T2 holds
+  a block only in between, so ARC acts nearly as LRU.)
 - **Inclusion.** ``inclusive`` (the default): a load copies, and the tier keeps its copy (vLLM's CPU LRU, LMCache,
   HiCache), so the GPU and the tiers below may spend capacity on the same block. ``exclusive`` (with
   ``on-eviction`` only): a victim-cache hierarchy, which none of the systems cited ships (it shows what
