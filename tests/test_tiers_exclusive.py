@@ -183,11 +183,18 @@ def test_simulate_writes_the_option_only_when_exclusive(tmp_path) -> None:
 
 
 def test_sweep_crosses_the_inclusions(tmp_path) -> None:
+    # The hand-worked timeline above as a trace file, swept at one rate (arrivals re-timed, the order kept): each
+    # point replays its own inclusion, 8 host-hit blocks inclusive, 12 exclusive, of 6 x 65 prompt tokens.
+    trace = tmp_path / "xyz.yaml"
+    trace.write_text("version: 1\nname: xyz\nsegments: {x: 64, y: 64, z: 64}\nrequests:\n" + "".join(
+        f"  - {{id: r{i}, arrival_s: {10.0 * i}, prompt_tokens: 65, output_tokens: 1, prefix: [{name}]}}\n"
+        for i, name in enumerate("xyzxyz")))
     out = tmp_path / "sweep.json"
-    result = CliRunner().invoke(app, ["sweep", str(ROOT / "traces" / "burst.yaml"), "--rates", "2",
-                                      "--strategies", "paged", "--cpu-kv-memory", "1GiB", "--offload-policy",
-                                      "on-eviction", "--tier-inclusion", "inclusive,exclusive", "--workers", "1",
-                                      "--json", str(out)])
+    result = CliRunner().invoke(app, ["sweep", str(trace), "--rates", "0.1", "--strategies", "paged",
+                                      "--kv-memory", str(5 * BLOCK_BYTES), "--cpu-kv-memory", str(8 * BLOCK_BYTES),
+                                      "--offload-policy", "on-eviction", "--tier-inclusion", "inclusive,exclusive",
+                                      "--workers", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    rows = json.loads(out.read_text())["points"]
-    assert sorted(row["tier_inclusion"] for row in rows) == ["exclusive", "inclusive"]
+    hits = {row["tier_inclusion"]: row["tier_hit_pct"] for row in json.loads(out.read_text())["points"]}
+    assert hits == pytest.approx({"inclusive": 100 * 8 * BLOCK / 390, "exclusive": 100 * 12 * BLOCK / 390},
+                                 abs=1e-4)
