@@ -14,7 +14,9 @@ loads over after its scheduling, when the tier may already have let the loaded b
 them up as the load ends; an inclusive one may have evicted them while the load was in flight), so the pool has
 room for the tier's blocks and one step's loads besides (``StepOffload.under``). Under exclusive tiers a block
 that left the host tier for the GPU is stored again when the GPU evicts it: its old slot goes first, so that the
-copy runs as the simulator counts it. The disk tier is not executed.
+copy runs as the simulator counts it. The disk tier is not executed. Not covered yet: a load issued steps before
+whose blocks an inclusive tier evicted meanwhile (vLLM's CPU manager keeps a block with a load in flight; the
+simulator's tiers do not yet), which fails the load here.
 """
 
 from __future__ import annotations
