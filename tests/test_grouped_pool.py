@@ -58,14 +58,8 @@ def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None
             group, table = rng.choice(tables)
             blocks = rng.sample(table, rng.randint(1, len(table)))
             keys = [rng.randrange(6) for _ in blocks]
-            cached_anywhere = grouped.keyed_cache()[0]
-            fresh = len(set(keys)) == len(keys) and all((group, key) not in cached_anywhere for key in keys) and \
-                all(grouped.block_hash[block] is None for block in blocks)
             hashless = all(grouped.block_hash[block] is None for block in blocks)
-            if fresh and rng.random() < 0.5:
-                grouped.cache_new_group(group, keys, blocks)
-                reference.cache([(group, key) for key in keys], blocks)
-            elif hashless and rng.random() < 0.5:  # (keys new, cached already, or repeated)
+            if hashless and rng.random() < 0.5:  # (keys new, cached already, or repeated)
                 grouped.cache_fresh_group(group, keys, blocks)
                 reference.cache([(group, key) for key in keys], blocks)
             else:
@@ -98,7 +92,7 @@ def test_the_maps_hold_the_callers_keys_themselves() -> None:
     pool.take(4, table)
     keys = [10**30 + i for i in range(4)]  # (ints past the small-int cache: each its own object)
     pool.cache_group(1, keys[:2], table[:2])
-    pool.cache_new_group(0, keys[2:], table[2:])
+    pool.cache_fresh_group(0, keys[2:], table[2:])
     stored = [*pool.cached_blocks[1], *pool.cached_blocks[0]]
     assert all(held is given for held, given in zip(stored, keys, strict=True))
     assert all(pool.block_hash[block] is key for block, key in zip(table, keys, strict=True))

@@ -85,7 +85,7 @@ class BlockPool:
         holds return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back
         (their order kept), without to the front (their order kept, ahead of the blocks already there)."""
         refs, hashes = self.ref_counts, self.block_hash
-        freed = self._unreference(tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables)))
+        freed = self._unreference(tables)
         to_back = [block for block in freed if hashes[block] is not None] if self.enable_caching else []
         if len(to_back) < len(freed):  # (a window's blocks and a finished sequence's full ones all carry a hash)
             if len(tables) == 1:
@@ -102,7 +102,7 @@ class BlockPool:
         which no other table holds), each part in eviction order: the same queue as ``release``, with no test per
         block for a key. Freed keyed blocks go to the back in order; each keyless part to the front, ahead of the
         parts before it."""
-        to_back = self._unreference(keyed[0] if len(keyed) == 1 else list(itertools.chain.from_iterable(keyed)))
+        to_back = self._unreference(keyed)
         refs, num_freed = self.ref_counts, len(to_back)
         for part in keyless:
             for block in part:
@@ -112,8 +112,9 @@ class BlockPool:
         self.free_blocks.append(to_back)
         self.num_frees += num_freed
 
-    def _unreference(self, blocks: Sequence[int]) -> Sequence[int]:
-        """One table entry fewer for each of ``blocks``; those that no table holds any more, in order."""
+    def _unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
+        """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order."""
+        blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
         refs = self.ref_counts
         if self.num_shared_references:
             for block in blocks:

@@ -38,24 +38,11 @@ class GroupedBlockPool(BlockPool):
         self._entered(enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash, block_hashes,
                             blocks))
 
-    def cache_new_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``cache_group`` where the caller knows that no key is cached in the group yet, none appears twice, and
-        no block carries a key (a bulk decode's freshly filled blocks): each block's entry, key and group in one
-        pass."""
-        if self.listener is not None:
-            self.listener.cached([(group, key) for key in block_hashes], blocks)
-        cached, hashes, groups = self.cached_blocks[group], self.block_hash, self.block_group
-        for key, block in zip(block_hashes, blocks, strict=True):
-            cached[key] = block
-            hashes[block] = key
-            groups[block] = group
-        self._entered(len(block_hashes))
-
     def cache_fresh_group(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """``cache_group`` where the caller knows that no block carries a key (a table's blocks past those offered
-        to the cache): no test per block for one, each block's entry, key and group in one pass."""
-        if self.listener is not None:
-            self.listener.cached([(group, key) for key in block_hashes], blocks)
+        to the cache, a bulk decode's freshly filled ones): no test per block for one, each block's entry, key and
+        group in one pass."""
+        self._tell(group, block_hashes, blocks)
         cached, duplicates, hashes, groups = (self.cached_blocks[group], self.duplicate_blocks[group],
                                               self.block_hash, self.block_group)
         num_entries = len(cached)
@@ -70,11 +57,15 @@ class GroupedBlockPool(BlockPool):
     def _mark(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """Tell the listener, and record ``blocks``' group (a block already cached is this group's: a table holds
         one group's blocks)."""
-        if self.listener is not None:
-            self.listener.cached([(group, key) for key in block_hashes], blocks)
+        self._tell(group, block_hashes, blocks)
         groups = self.block_group
         for block in blocks:
             groups[block] = group
+
+    def _tell(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """Tell the listener what ``group`` caches, each key named (group, key) as vLLM's ``BlockHashWithGroupId``."""
+        if self.listener is not None:
+            self.listener.cached([(group, key) for key in block_hashes], blocks)
 
     @property
     def is_cached(self) -> Callable[[Hashable], bool]:

@@ -350,7 +350,7 @@ class HybridBlockManager:
                 state.num_cached_blocks = [stop] * len(group_slides)  # (offered to the cache, as ``_computed`` counts)
             for g, (keys, blocks) in enumerate(zip(group_keys, group_blocks, strict=True)):
                 # (checked above: fresh content; blocks past the cached ones carry no hash)
-                pool.cache_new_group(g, keys, blocks)
+                pool.cache_fresh_group(g, keys, blocks)
         for state in states:
             state.sequence_length = state.num_computed_tokens = state.sequence_length + num_steps
         if not slides:
