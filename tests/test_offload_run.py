@@ -118,8 +118,7 @@ def test_exclusive_tiers_store_a_block_again_each_time_the_gpu_evicts_it(inclusi
                        offload_policy="on-eviction", tier_inclusion=inclusion)
     backend = TorchBackend("cpu")
     cache = PagedKVCache(1, config.num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
-    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), False,
-                          exclusive=inclusion == "exclusive")
+    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), False)
     executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
     stored: dict[object, torch.Tensor] = {}
     loads: list[tuple[object, int]] = []

@@ -128,12 +128,14 @@ def test_disk_loads_cross_both_links() -> None:
     load_s = 4 * BLOCK_BYTES / (4 * 7.45e9) + 4 * BLOCK_BYTES / HOST_LINK  # disk -> host, then host -> GPU
     assert metrics.mean_ttft_s == pytest.approx((2 * prefill_seconds(model, 65, 0) + load_s
                                                  + prefill_seconds(model, 1, 64)) / 3)
-    # The data plane's view: A's and B's blocks copied down after their steps; C's loaded before its step, and
-    # (the host tier lost them) copied to the host tier after it.
+    # The data plane's view: A's and B's blocks copied down after their steps; C's load starts in a step that
+    # computes nothing (C waits for it), and once C computes, its loaded blocks (the host tier lost them) are
+    # copied to the host tier after its step.
     sys_keys = block_content_keys([("sys", 64), (("prompt", 2), 1), (("output", 2, 0), 1)], BLOCK)
-    assert [len(s.stores) for s in steps] == [4, 4, 4]
+    assert [(len(s.stores), len(s.loads), bool(s.prefills)) for s in steps] == [(4, 0, True), (4, 0, True),
+                                                                                (0, 4, False), (4, 0, True)]
     assert [h for h, _ in steps[2].loads] == sys_keys[:4] == [h for h, _ in steps[0].stores]
-    assert steps[2].stores == steps[2].loads
+    assert steps[3].stores == steps[2].loads
 
 
 def test_stores_queue_on_the_link_and_drop_only_past_the_tiers_room() -> None:

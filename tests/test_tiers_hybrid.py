@@ -99,17 +99,19 @@ SLIDING, FULL = 0, 1  # gpt-oss-20b's groups: the sliding layers come first
 def test_the_hybrid_lookup_rule(full: range, sliding: list[int], end: int, sliding_loaded: range) -> None:
     hashes = [f"h{i}" for i in range(17)]
     tiers = host_tier_holding([(FULL, hashes[i]) for i in full] + [(SLIDING, hashes[i]) for i in sliding])
-    counted, moved = tiers.lookup_groups(hashes, 0, 16)
+    counted, moved, keys = tiers.lookup_groups(hashes, 0, 16)
     assert len(counted) == end
     assert len(moved) == end + len(sliding_loaded)
+    assert keys == [(FULL, hashes[i]) for i in range(end)] + [(SLIDING, hashes[i]) for i in sliding_loaded]
 
 
 def test_the_hybrid_lookup_starts_after_the_gpu_hit() -> None:
     # A GPU hit of 4 blocks: the tiers are asked from block 4 on; a sliding run of 8 ending at 16 is blocks 8..15.
     hashes = [f"h{i}" for i in range(17)]
     tiers = host_tier_holding([(g, hashes[i]) for g in (FULL, SLIDING) for i in range(4, 16)])
-    counted, moved = tiers.lookup_groups(hashes, 4, 16)
+    counted, moved, keys = tiers.lookup_groups(hashes, 4, 16)
     assert len(counted) == 12 and len(moved) == 12 + 8
+    assert keys == [(FULL, h) for h in hashes[4:16]] + [(SLIDING, h) for h in hashes[8:16]]
 
 
 @needs_vllm_venv

@@ -5,18 +5,17 @@ When the copies run, relative to the step's compute:
 
 - ``write-through``: the blocks the step computed are stored after its compute (they hold its K/V then);
 - ``on-eviction``: the blocks the step's allocation evicts are stored before its compute overwrites them;
-- loads fill the blocks a hit was allocated before the step's compute reads them (after the on-eviction stores:
-  an evicted block may be the very one a load fills).
+- loads, in the step that issues them (vLLM's worker starts a load's copy then; the request computes once the
+  simulator's clock says it has ended), fill the blocks a hit was allocated before the step's compute reads them
+  (after the on-eviction stores: an evicted block may be the very one a load fills).
 
 The pool holds what the simulator's host tier holds, and the blocks the step loads: a hash the host tier has
 evicted is discarded from the pool when its slot is needed, unless the step loads it. The simulator hands a step's
-loads over after its scheduling, when the tier may already have let the loaded blocks go (an exclusive tier gives
-them up as the load ends; an inclusive one may have evicted them while the load was in flight), so the pool has
-room for the tier's blocks and one step's loads besides (``StepOffload.under``). Under exclusive tiers a block
-that left the host tier for the GPU is stored again when the GPU evicts it: its old slot goes first, so that the
-copy runs as the simulator counts it. The disk tier is not executed. Not covered yet: a load issued steps before
-whose blocks an inclusive tier evicted meanwhile (vLLM's CPU manager keeps a block with a load in flight; the
-simulator's tiers do not yet), which fails the load here.
+moves over after the step's stores, which may evict a block loaded in the step (the tier pins a load's blocks
+only until its copy ends, and a short one ends within the step), so the pool has room for the tier's blocks and
+one step's loads besides (``StepOffload.under``). A hash the step stores is one the tier did not hold (it evicted
+it, or under exclusive tiers gave it up to the GPU): a slot the pool still has for it is stale and goes first,
+so that the copy runs as the simulator counts it. The disk tier is not executed.
 """
 
 from __future__ import annotations
@@ -62,11 +61,9 @@ class StepOffload:
     """Executes each step's tier moves on ``pool`` (``before_compute``, ``after_compute``: the run's executor
     calls them around the step's cache writes and attention)."""
 
-    def __init__(self, pool: HostKVPool, write_through: bool, *, exclusive: bool = False,
-                 tier_blocks: int | None = None) -> None:
+    def __init__(self, pool: HostKVPool, write_through: bool, *, tier_blocks: int | None = None) -> None:
         self.pool = pool
         self.write_through = write_through
-        self.exclusive = exclusive
         self.tier_blocks = pool.num_slots if tier_blocks is None else tier_blocks
         self.host_holds: Callable[[Hashable], bool] | None = None  # the simulator's host tier's membership
         self.stored_blocks = 0
@@ -78,8 +75,7 @@ class StepOffload:
         most the tier's blocks, and no more than the GPU pool holds)."""
         tier_blocks = config.cpu_kv_blocks
         pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.num_blocks))
-        return cls(pool, config.offload_policy == "write-through", exclusive=config.tier_inclusion == "exclusive",
-                   tier_blocks=tier_blocks)
+        return cls(pool, config.offload_policy == "write-through", tier_blocks=tier_blocks)
 
     def before_compute(self, work: StepWork, allocator: Allocator) -> None:
         if self.host_holds is None:
@@ -105,8 +101,7 @@ class StepOffload:
         if not pairs:
             return
         pool = self.pool
-        if self.exclusive:  # (a hash stored again left the tier since: its slot is stale, the tier holds it anew)
-            pool.discard([block_hash for block_hash, _ in pairs])
+        pool.discard([block_hash for block_hash, _ in pairs])  # (stale slots: the module docstring)
         if len(pairs) > pool.num_free_slots:  # the host tier evicted some to take these: so does the pool
             assert self.host_holds is not None
             pool.discard([h for h in list(pool.slots) if not self.host_holds(h) and h not in loading])

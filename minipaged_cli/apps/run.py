@@ -123,6 +123,10 @@ class _Executor:
     def __call__(self, work: StepWork, allocator: Allocator) -> None:
         if self.offload is not None:
             self.offload.before_compute(work, allocator)
+        if not (work.prefills or work.decodes or work.copies):  # (only copies to and from the host tier: no step)
+            if self.offload is not None:
+                self.offload.after_compute(work)
+            return
         self._copy(work.copies)
         slot_mapping = self._slot_mapping(work, allocator)
         write_s = self._write(slot_mapping)

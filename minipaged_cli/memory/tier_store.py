@@ -9,10 +9,13 @@ tiers spends its time on, so ``hit`` answers which blocks it holds and ``insert_
 without asking again. ``remove`` takes out blocks that leave the tier without being evicted (an exclusive
 hierarchy's blocks moving up to the GPU, ``sim/tiers.py``). ``reserve`` gives slots to something that is not cached
 content (vLLM v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved
-slot is never evicted, only given back (``unreserve``).
+slot is never evicted, only given back (``unreserve``). ``pin`` keeps stored hashes that a load in flight reads
+from eviction until ``unpin`` (vLLM's ``CPUOffloadingManager``: ``prepare_load`` raises a block's ``ref_cnt``,
+``complete_load`` lowers it, and only blocks at 0 are evictable); a pin is counted, as two loads may read one
+block, and ``remove`` takes a block's pins with it.
 
-Invariants (``violations`` checks them): entries plus reserved slots at most ``capacity``, each hash held once;
-ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes each.
+Invariants (``violations`` checks them): entries plus reserved slots at most ``capacity``, each hash held once,
+every pinned hash stored; ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes each.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
-from itertools import islice
+from itertools import filterfalse, islice
 
 
 class TierStore(ABC):
@@ -32,6 +35,7 @@ class TierStore(ABC):
         self.capacity = capacity
         self.num_reserved = 0  # slots held by swapped-out blocks: not content, never evicted
         self.num_evictions = 0
+        self.pinned: dict[Hashable, int] = {}  # stored hash -> loads in flight reading it: never evicted
 
     def __contains__(self, block_hash: Hashable) -> bool:
         return self.contains(block_hash)
@@ -84,8 +88,25 @@ class TierStore(ABC):
         """Entries the store may hold beside the reserved slots."""
         return self.capacity - self.num_reserved
 
+    def pin(self, block_hashes: Sequence[Hashable]) -> None:
+        """A load in flight reads these stored hashes: none is evicted until ``unpin`` (precondition: each
+        stored)."""
+        pinned = self.pinned
+        for block_hash in block_hashes:
+            pinned[block_hash] = pinned.get(block_hash, 0) + 1
+
+    def unpin(self, block_hashes: Sequence[Hashable]) -> None:
+        """A load of these hashes has ended (one that ``remove`` took out meanwhile has no pin left)."""
+        pinned = self.pinned
+        for block_hash in block_hashes:
+            count = pinned.get(block_hash)
+            if count == 1:
+                del pinned[block_hash]
+            elif count:
+                pinned[block_hash] = count - 1
+
     def can_reserve(self, num_slots: int) -> bool:
-        return self.num_reserved + num_slots <= self.capacity
+        return self.num_reserved + num_slots + len(self.pinned) <= self.capacity
 
     def reserve(self, num_slots: int) -> list[Hashable]:
         """Hold ``num_slots`` slots for something else than cached content, evicting stored hashes to make room
@@ -109,6 +130,8 @@ class TierStore(ABC):
                          f"of {self.capacity}: eviction skipped")
         if len(set(hashes)) != len(hashes):
             found.append("a hash is stored twice in one tier: insert did not check for it")
+        if not set(self.pinned) <= set(hashes):
+            found.append("a pinned hash is not stored: a block a load reads was evicted or removed with its pin left")
         return found
 
 
@@ -133,14 +156,15 @@ class LRUStore(TierStore):
         entries, room = self._entries, self.room
         if room < 1:  # every slot reserved: nothing can be stored
             return []
-        move, pop = entries.move_to_end, entries.popitem
+        move, first = entries.move_to_end, self._first_unpinned
         evicted = []
         for block_hash in block_hashes:
             if block_hash in entries:
                 move(block_hash)
                 continue
             if len(entries) >= room:
-                evicted.append(pop(last=False)[0])
+                evicted.append(first())
+                del entries[evicted[-1]]
             entries[block_hash] = None
         self.num_evictions += len(evicted)
         return evicted
@@ -154,7 +178,10 @@ class LRUStore(TierStore):
         # OrderedDict's update and a map over its __delitem__ go through generic slot wrappers, a third slower.)
         for block_hash in block_hashes:
             entries[block_hash] = None
-        evicted = list(islice(entries, len(entries) - room)) if len(entries) > room else []
+        evicted = []
+        if len(entries) > room:  # (the oldest, past those a load reads)
+            oldest = filterfalse(self.pinned.__contains__, entries) if self.pinned else entries
+            evicted = list(islice(oldest, len(entries) - room))
         for block_hash in evicted:
             del entries[block_hash]
         self.num_evictions += len(evicted)
@@ -164,9 +191,10 @@ class LRUStore(TierStore):
         deque(map(self._entries.move_to_end, block_hashes), maxlen=0)
 
     def remove(self, block_hashes: Sequence[Hashable]) -> None:
-        pop = self._entries.pop
+        pop, unpin = self._entries.pop, self.pinned.pop
         for block_hash in block_hashes:
             pop(block_hash, None)
+            unpin(block_hash, None)
 
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         # (a Python loop, each block moved right after its test: the move finds what the test just read in the
@@ -180,9 +208,17 @@ class LRUStore(TierStore):
             held.append(found)
         return held
 
+    def _first_unpinned(self) -> Hashable:
+        """The least recently used hash no load reads (precondition: there is one)."""
+        if not self.pinned:
+            return next(iter(self._entries))
+        return next(filterfalse(self.pinned.__contains__, self._entries))
+
     def _evict_one(self) -> Hashable:
         self.num_evictions += 1
-        return self._entries.popitem(last=False)[0]
+        block_hash = self._first_unpinned()
+        del self._entries[block_hash]
+        return block_hash
 
 
 class ARCStore(TierStore):
@@ -256,11 +292,15 @@ class ARCStore(TierStore):
         for block_hash in block_hashes:
             self.t1.pop(block_hash, None)
             self.t2.pop(block_hash, None)
+            self.pinned.pop(block_hash, None)
 
     def _evict_one(self) -> Hashable:
-        from_t1 = bool(self.t1) and (len(self.t1) >= int(self.target_t1) or not self.t2)
-        source, ghosts = (self.t1, self.b1) if from_t1 else (self.t2, self.b2)
-        block_hash = source.popitem(last=False)[0]
+        # (the policy's list, past the blocks a load reads; the other list when every block in it is read)
+        pinned = self.pinned.__contains__
+        t1, t2 = next(filterfalse(pinned, self.t1), None), next(filterfalse(pinned, self.t2), None)
+        from_t1 = t1 is not None and (len(self.t1) >= int(self.target_t1) or t2 is None)
+        source, ghosts, block_hash = (self.t1, self.b1, t1) if from_t1 else (self.t2, self.b2, t2)
+        del source[block_hash]
         ghosts[block_hash] = None
         if len(ghosts) > self.capacity:
             ghosts.popitem(last=False)

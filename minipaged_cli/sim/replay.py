@@ -130,6 +130,7 @@ class Replay:
         scheduler = self.scheduler
         decision = scheduler.schedule()
         if decision is None:
+            self._start_copies()
             self.now = scheduler.idle_until(self.now)
             return
         decoders, chunks = decision.decoders, decision.chunks
@@ -252,6 +253,19 @@ class Replay:
             self.tiers.flush(self.now, pairs=False)  # (bulk steps run only without a data plane)
         scheduler.finish(self.now)
         return True
+
+    def _start_copies(self) -> None:
+        """A scheduling that runs nothing still starts the copies it issued: the loads of the requests it
+        admitted (all of them loading) and the stores of the blocks their allocations evicted (vLLM's scheduler
+        hands its connector the loads in a step of no tokens, and the worker starts them)."""
+        if self.tiers is None:
+            return
+        stores = self.tiers.flush(self.now, pairs=self.on_step is not None)
+        loads, self.scheduler.loads = self.scheduler.loads, []
+        if self.on_step is not None and (loads or stores):
+            live = sum(r.num_computed for r in self.scheduler.running) - self.allocator.shared_slots
+            self.on_step(StepWork(prefills=[], decodes=[], live_tokens=live, loads=loads, stores=stores),
+                         self.allocator)
 
     def _record_bulk(self, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int, external: int,
                      start: int, stop: int, saturated: bool) -> float:

@@ -227,6 +227,7 @@ class Scheduler:
             if loaded:  # blocks now, compute once loaded (the running loop picks it up then)
                 self.allocator.admit_loading(head, cached, loaded)
                 head.loading_tokens = loaded
+                self._note_loads(head, cached, cached + loaded)  # (the copy starts in this step, as vLLM's)
             else:
                 tokens = self._chunk(head.num_prefill_tokens - cached, budget)
                 self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
@@ -243,15 +244,14 @@ class Scheduler:
 
     def _loaded(self, live: LiveRequest) -> None:
         """A load from a tier below the GPU has finished: its tokens count as computed, its blocks join the
-        GPU's prefix cache, and the step's data plane fills them first (``loads``)."""
-        first = live.num_computed
+        GPU's prefix cache (the data plane filled them in the step that issued the load)."""
         live.num_computed += live.loading_tokens
         live.loading_tokens = 0
         self.allocator.mark_computed(live, live.num_computed)
-        self._note_loads(live, first, live.num_computed)
 
     def _note_loads(self, live: LiveRequest, first: int, stop: int) -> None:
-        """Hand the step's data plane the blocks of tokens ``first`` to ``stop`` that a tier filled."""
+        """Hand the step's data plane the blocks of tokens ``first`` to ``stop`` that a tier fills (the load
+        issued in this step: vLLM's worker starts its copy in the step the scheduler issues it)."""
         if self.allocator.windowed:  # (no data plane runs KV cache groups: a table per group)
             return
         first, stop = first // self.config.block_size, stop // self.config.block_size

@@ -14,7 +14,8 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   tier that eviction cannot take (vLLM's ``CPUOffloadingManager``: an in-flight chunk has ``ref_cnt`` -1, not
   evictable, so ``prepare_store`` returns None, the store skipped, when the idle chunks cannot make room; HiCache's
   ``write_backup`` fails alike when the host pool cannot allocate): a step's copy is dropped (counted) when it and
-  the blocks still in flight at the step's end would not fit in the tier beside its reserved slots. That is the
+  the blocks still in flight at the step's end and the blocks loads are reading (below) would not fit in the tier
+  beside its reserved slots. That is the
   only backlog bound those systems have, so it is the rule, with no knob. Stores take link time, not step time:
   HiCache's write-back makes the eviction wait for the copy and vLLM's scheduler waits for a store whose GPU block
   is reallocated (``jobs_to_flush``); neither wait is charged here (``Tier.store_wait_s`` adds up how long each
@@ -29,7 +30,11 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   A loading request holds its GPU blocks from admission and computes nothing until the load is done (vLLM's
   WAITING_FOR_REMOTE_KVS; with ``layerwise_loads`` it starts as soon as the layers still to come would arrive
   before its compute needs them); its blocks join the GPU's prefix cache when loaded. Loads queue on the link
-  (a disk load crosses the disk's read link, then the host link); they are never dropped.
+  (a disk load crosses the disk's read link, then the host link); they are never dropped. A load's blocks are
+  pinned in their tier from its issue until its copy ends (vLLM's ``prepare_load``/``complete_load``: a chunk being
+  read has ``ref_cnt`` > 0, not evictable); eviction takes the policy's next block instead. A scheduling that runs
+  nothing, its requests all loading, still issues its copies then (``Replay._start_copies``: vLLM's worker starts
+  the loads in a step of no tokens), and so the stores of the blocks those loads' allocations evicted.
 - **Eviction** in each tier: LRU or ARC (``memory/tier_store.py``); reuse is a load. (Under ``exclusive`` a
   reused block leaves the tier as its load ends and comes back, seen once, when the GPU evicts it: ARC's T2 holds
   a block only in between, so ARC acts nearly as LRU.)
@@ -39,8 +44,9 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   inclusivity costs): a block the GPU caches, loaded or computed, leaves every tier below at once (the pool's
   ``cached`` report), and goes down again, to the host tier, when the GPU evicts it; a block the host tier evicts
   goes to the disk tier, and one loaded from the disk leaves it, so each block is in one tier. A load's blocks
-  leave their tier when they join the GPU's prefix cache (the load done), not at its issue: meanwhile the tier may
-  evict them as it may under ``inclusive``. A load declined by the load-or-recompute rule: the tier keeps the
+  leave their tier when they join the GPU's prefix cache (the load done), not at its issue: meanwhile they are
+  pinned there, as under ``inclusive``, and take their room while the blocks the load's allocation evicts come
+  down. A load declined by the load-or-recompute rule: the tier keeps the
   blocks until the GPU caches the ones it recomputes (a request preempted first leaves them in the tier), as a
   block is in one tier, and the GPU's fresh copy is the one reused next. Under v0 the swapped-out blocks are no
   cached content (a request's own KV, moved out and back: exclusive by nature) and are as under ``inclusive``.
@@ -64,18 +70,19 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
 
 Where it differs from vLLM: one block per offloaded chunk (vLLM can group several GPU blocks into one chunk);
 a finished load re-enters the running list, not the waiting queue; a loading request can be preempted (vLLM's
-waits outside the running list); a block being loaded or written may be evicted from its tier meanwhile (vLLM
-pins it); a load may read a block whose store has not ended (vLLM's lookup answers ``HIT_PENDING`` and defers
-the request); a step's stores are admitted or dropped as one copy (vLLM's scheduler calls ``prepare_store`` once
-per request and, where it returns None, skips that request's store and goes on to the next: ``continue``);
-loads and stores are times on a clock, not copies (``StepWork.loads``/``stores`` hand them to a data plane).
+waits outside the running list); a block being written may be evicted from its tier meanwhile (vLLM pins it, as
+it and this module pin a block being read); a load may read a block whose store has not ended (vLLM's lookup
+answers ``HIT_PENDING`` and defers the request); a step's stores are admitted or dropped as one copy (vLLM's
+scheduler calls ``prepare_store`` once per request and, where it returns None, skips that request's store and goes
+on to the next: ``continue``); loads and stores are times on a clock, not copies (``StepWork.loads``/``stores``
+hand them to a data plane).
 
 Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once per
-tier; bytes written = blocks stored x bytes per block + bytes swapped out; under ``exclusive``, no block held by the
-GPU's prefix cache and a tier below at once, nor by two tiers, with no exception at a step's end: a block whose load
-is in flight is in its tier and not yet in the GPU's prefix cache (it leaves the tier when it joins), and one whose
-store is in flight is in the tier's store (booked at the store's issue) and not in the GPU's prefix cache (the flush
-skips the blocks cached again, and a block cached later leaves the tier).
+tier, every pinned block stored; bytes written = blocks stored x bytes per block + bytes swapped out; under
+``exclusive``, no block held by the GPU's prefix cache and a tier below at once, nor by two tiers, with no exception
+at a step's end: a block whose load is in flight is in its tier and not yet in the GPU's prefix cache (it leaves the
+tier when it joins), and one whose store is in flight is in the tier's store (booked at the store's issue) and not
+in the GPU's prefix cache (the flush skips the blocks cached again, and a block cached later leaves the tier).
 """
 
 from __future__ import annotations
@@ -220,6 +227,10 @@ class TieredCache:
         # is done without the GPU caching them (``request_done``): at most the GPU's cached blocks and the running
         # requests' outputs, not a name per request of the trace.
         self.output_hashes: set[Hashable] = set()
+        # The loads whose copies have not ended: (the host link's end of the copy, per tier the keys it reads),
+        # in issue order, which is the order they end in (every load ends on the host link's one queue). Their
+        # blocks are pinned in their tiers until then (``TierStore.pin``).
+        self.loading: deque[tuple[float, list[list[Hashable]]]] = deque()
         if pool is not None:
             pool.listener = self
 
@@ -261,6 +272,7 @@ class TieredCache:
         """Issue the stores gathered since the last flush at ``now`` (a step's end); the (hash, GPU block) pairs
         copied to the host tier (for a data plane; without ``pairs``, [] whatever was copied: a replay without
         one need not build millions)."""
+        self._unpin(now)
         hashes, blocks = self.pending_hashes, self.pending_blocks
         if not hashes:
             return []
@@ -289,12 +301,12 @@ class TieredCache:
 
     def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
         """One store of ``num_blocks`` into ``tier`` at ``now``, queued on its write link; none (counted dropped)
-        when those blocks and the ones whose copies have not ended by ``now`` exceed the tier's room (the module
-        docstring's rule)."""
+        when those blocks, the ones whose copies have not ended by ``now`` and the ones loads in flight read
+        exceed the tier's room (the module docstring's rule)."""
         in_flight = tier.in_flight
         while in_flight and in_flight[0][0] <= now:  # (copies end in issue order: the link is one queue)
             tier.num_in_flight -= in_flight.popleft()[1]
-        if tier.num_in_flight + num_blocks > tier.store.room:
+        if tier.num_in_flight + len(tier.store.pinned) + num_blocks > tier.store.room:
             tier.dropped_blocks += num_blocks
             return False
         end = tier.write.reserve(now, num_blocks * self.bytes_per_block)
@@ -320,9 +332,9 @@ class TieredCache:
         return next((t for t in self.tiers if t.store.contains(key)), None)
 
     def lookup_groups(self, block_hashes: Sequence[Hashable], first: int,
-                      stop: int) -> tuple[list[Tier], list[Tier]]:
+                      stop: int) -> tuple[list[Tier], list[Tier], list[Hashable]]:
         """With KV cache groups (the module docstring's rule): per hit block from ``first``, the tier its tokens
-        count in; and the tier of every (group, block) the load moves."""
+        count in; and every (group, block) the load moves, and its tier."""
         tier_of = self._tier_of
         full: list[list[Tier]] = []  # per block from first, the tier of each full group's copy
         for block_hash in block_hashes[first:stop]:
@@ -337,9 +349,11 @@ class TieredCache:
         order = self.tiers.index
         counted = [max(found, key=order, default=self.tiers[0]) for found in full[:end - first]]
         moved = [tier for found in full[:end - first] for tier in found]
-        moved += [tier_of((g, block_hashes[block]))  # type: ignore[misc]
-                  for block in range(max(first, end - self.window_blocks), end) for g in self.sliding_ids]
-        return counted, moved
+        keys = [(g, block_hash) for block_hash in block_hashes[first:end] for g in self.full_ids]
+        sliding = [(g, block_hashes[block]) for block in range(max(first, end - self.window_blocks), end)
+                   for g in self.sliding_ids]
+        moved += map(tier_of, sliding)  # type: ignore[arg-type]
+        return counted, moved, keys + sliding
 
     def load(self, block_hashes: Sequence[Hashable], num_cached: int, num_prompt: int, now: float,
              count_hits: bool) -> tuple[int, float]:
@@ -355,12 +369,13 @@ class TieredCache:
         outputs = block_hashes[num_prompt // self.block_size:] if count_hits else ()
         if self.grouped:
             prompt, outputs = self._pool_keys(prompt), self._pool_keys(outputs)
-            found, moved = self.lookup_groups(block_hashes, first, stop)
+            found, moved, keys = self.lookup_groups(block_hashes, first, stop)
             for tier in self.tiers:
                 tier.store.hit(prompt[::-1])
         else:  # a hit reorders a store, and does not change what it holds: the lookup reads the hits' answers
             held = [tier.store.hit(prompt[::-1])[::-1] for tier in self.tiers]
             found = moved = self.lookup(held, first, stop)
+            keys = block_hashes[first:first + len(found)]
         self.output_hashes.update(outputs)
         if not found:
             return 0, now
@@ -375,6 +390,7 @@ class TieredCache:
                     tier.recomputed_tokens += hit
             return 0, now
         start, done = self._load_times(counts, now, commit=True)
+        self._pin(moved, keys, done)
         for tier, count, hit in zip(self.tiers, counts, hits, strict=False):
             tier.loaded_blocks += count
             if count_hits:
@@ -383,6 +399,23 @@ class TieredCache:
             done = max(start + (done - start) / self.num_layers,
                        done - self.recompute_seconds(num_cached + tokens, num_prompt - num_cached - tokens))
         return tokens, done
+
+    def _pin(self, tiers: Sequence[Tier], keys: Sequence[Hashable], until: float) -> None:
+        """A load reads ``keys[i]`` from ``tiers[i]`` until ``until``: they stay in their tiers until then."""
+        if len(self.tiers) == 1:
+            by_tier = [list(keys)]
+        else:
+            by_tier = [[key for key, found in zip(keys, tiers, strict=True) if found is tier] for tier in self.tiers]
+        for tier, read in zip(self.tiers, by_tier, strict=True):
+            tier.store.pin(read)
+        self.loading.append((until, by_tier))
+
+    def _unpin(self, now: float) -> None:
+        """The loads whose copies have ended by ``now`` let their blocks go."""
+        loading = self.loading
+        while loading and loading[0][0] <= now:
+            for tier, read in zip(self.tiers, loading.popleft()[1], strict=True):
+                tier.store.unpin(read)
 
     def _pool_keys(self, block_hashes: Sequence[Hashable]) -> list[Hashable]:
         """The GPU pool's keys of ``block_hashes`` under the hybrid manager: (group, hash), each group's."""
@@ -435,6 +468,7 @@ class TieredCache:
         before it on the compute stream) and the write link's earlier copies; when it ends (precondition:
         ``can_swap_out``). Its blocks hold host-tier slots, evicting cached blocks, until ``swap_in``."""
         host = self.tiers[0]
+        self._unpin(earliest)
         host.store.reserve(num_blocks_for(num_slots, self.block_size))
         num_bytes = num_slots * self.kv_bytes_per_token
         host.swap_out_bytes += num_bytes
