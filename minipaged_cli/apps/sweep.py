@@ -59,9 +59,11 @@ class Axes:
     all_full_models: tuple[str, ...] = ()
 
     def points(self) -> list[Point]:
+        """Every combination of the axes, less exclusive tiers under write-through (they need on-eviction)."""
         points = [Point(m, g, k, b, p, s, r, c, o, e, i) for m, g, k, b, p, c, o, e, i, s, r in itertools.product(
             self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching, self.cpu_kv_memory,
-            self.offload_policies, self.tier_evictions, self.tier_inclusions, self.strategies, self.rates)]
+            self.offload_policies, self.tier_evictions, self.tier_inclusions, self.strategies, self.rates)
+            if not (i == "exclusive" and o != "on-eviction")]
         return points + [replace(point, strategy=ALL_FULL_ATTENTION) for point in points
                          if point.strategy == "paged" and point.model in self.all_full_models]
 

@@ -54,6 +54,14 @@ def checked(values: dict[str, Any], from_file: set[str], config: str) -> dict[st
     for key, value in values.items():
         where = {"field": _field_name(key, from_file), "source": config if key in from_file else None}
         out[key] = None if value is None and key in OPTIONAL_KEYS else CHECKS[key](value, where)
+    # (the sweep crosses the two: exclusive points run under on-eviction only, so one of them must be swept)
+    if "exclusive" in out.get("tier_inclusion", ()) and "on-eviction" not in out.get("offload_policy", ()):
+        raise InputError("exclusive tiers get their blocks back only when the GPU evicts them: sweep them with "
+                         f"{_field_name('offload_policy', from_file)} on-eviction (it is "
+                         f"{','.join(out['offload_policy'])})",
+                         field=_field_name("tier_inclusion", from_file),
+                         source=config if "tier_inclusion" in from_file else None,
+                         value=",".join(out["tier_inclusion"]), has_value=True)
     return out
 
 
