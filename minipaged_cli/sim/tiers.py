@@ -15,14 +15,13 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   evictable, so ``prepare_store`` returns None, the store skipped, when the idle chunks cannot make room; HiCache's
   ``write_backup`` fails alike when the host pool cannot allocate): a step's copy is dropped (counted) when it and
   the blocks still in flight at the step's end and the blocks loads are reading (below) would not fit in the tier
-  beside its reserved slots. That is the
-  only backlog bound those systems have, so it is the rule, with no knob. Stores take link time, not step time:
-  HiCache's write-back makes the eviction wait for the copy and vLLM's scheduler waits for a store whose GPU block
-  is reallocated (``jobs_to_flush``); neither wait is charged here (``Tier.store_wait_s`` adds up how long each
-  store's copy took from its issue, the bound of what such waits could cost). Only prompt
-  blocks go down, under either policy: vLLM's connector stores a request's full prompt blocks only by default
-  (``offload_prompt_only``), as LMCache and Mooncake Store do unless told to save the decode cache; the GPU's
-  prefix cache still keeps the output blocks.
+  beside its reserved slots. That is the only backlog bound those systems have, so it is the rule, with no knob.
+  Stores take link time, not step time: HiCache's write-back makes the eviction wait for the copy and vLLM's
+  scheduler waits for a store whose GPU block is reallocated (``jobs_to_flush``); neither wait is charged here
+  (``Tier.store_wait_s`` adds up how long each store's copy took from its issue, the bound of what such waits could
+  cost). Only prompt blocks go down, under either policy: vLLM's connector stores a request's full prompt blocks
+  only by default (``offload_prompt_only``), as LMCache and Mooncake Store do unless told to save the decode cache;
+  the GPU's prefix cache still keeps the output blocks.
 - **Loads.** At admission, after the GPU's prefix-cache hit, the prompt's next full blocks are looked up block by
   block in the host tier, then the disk tier, up to the first miss (``get_num_new_matched_tokens``); the last
   prompt token is always computed. The run is loaded when the load would finish sooner than the GPU would
@@ -46,10 +45,10 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   goes to the disk tier, and one loaded from the disk leaves it, so each block is in one tier. A load's blocks
   leave their tier when they join the GPU's prefix cache (the load done), not at its issue: meanwhile they are
   pinned there, as under ``inclusive``, and take their room while the blocks the load's allocation evicts come
-  down. A load declined by the load-or-recompute rule: the tier keeps the
-  blocks until the GPU caches the ones it recomputes (a request preempted first leaves them in the tier), as a
-  block is in one tier, and the GPU's fresh copy is the one reused next. Under v0 the swapped-out blocks are no
-  cached content (a request's own KV, moved out and back: exclusive by nature) and are as under ``inclusive``.
+  down. A load declined by the load-or-recompute rule: the tier keeps the blocks until the GPU caches the ones it
+  recomputes (a request preempted first leaves them in the tier), as a block is in one tier, and the GPU's fresh
+  copy is the one reused next. Under v0 the swapped-out blocks are no cached content (a request's own KV, moved out
+  and back: exclusive by nature) and are as under ``inclusive``.
 - **KV cache groups** (a sliding-window model under the hybrid manager): vLLM 0.33.0's connector supports them
   (``SupportsHMA``) and keys a block by (group, hash), as the GPU pool does, so each group's blocks are stored as
   the pool caches them, one pool block (one group's pages) each. A lookup goes as vLLM's ``_lookup_complete_chunks``
