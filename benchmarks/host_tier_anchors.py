@@ -73,13 +73,13 @@ class TierWatch:
         every_s = self.every_s
         self.flush = flush = TieredCache.flush
 
-        def watched(cache: TieredCache, now: float) -> list:
+        def watched(cache: TieredCache, now: float, **options: bool) -> list:
             if now >= self.next_s and cache.pool is not None:
                 self.next_s = now + every_s
                 host = cache.tiers[0].store
                 gpu = cache.pool.cached_blocks
                 self.samples.append((len(gpu), len(host), sum(map(host.contains, gpu))))
-            return flush(cache, now)
+            return flush(cache, now, **options)
 
         TieredCache.flush = watched  # type: ignore[method-assign]
         return self

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.host_tier_anchors import served_requests
+from benchmarks.host_tier_anchors import TierWatch, served_requests
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
+from tests.test_tiers import config, three_requests
 
 
 def test_a_repeated_prompt_finds_its_partial_last_block(tmp_path: Path) -> None:
@@ -34,3 +35,16 @@ def test_the_served_hit_rate_counts_the_accepted_among_the_replayed_requests(tmp
                     '{"timestamp": 2, "input_length": 2000, "output_length": 4, "hash_ids": [3, 4, 5, 6]}\n')
     served = served_requests(path, load_trace(path, limit=2))
     assert [request.input_length for request in served] == [1000]
+
+
+def test_the_watch_counts_the_blocks_both_tiers_hold_and_changes_nothing() -> None:
+    # --both-tiers on test_tiers' three requests (write-through, host tier of 8, GPU pool of 5), sampled at every
+    # flush, before its stores: A's and B's steps each end with their 4 blocks on the GPU only (B's allocation
+    # evicted A's). C's load (a scheduling of loads alone) is given the free block and 3 of B's 4 cached ones, the
+    # last first: B's first block stays cached on the GPU, and the host tier holds it: 1 in both. At C's step's
+    # end the GPU caches A's 4 loaded blocks, which the host tier holds too (B's first block went to C's 5th): 4.
+    trace, cfg = three_requests(), config(cpu_kv_blocks=8)
+    with TierWatch(span_s=1.0, num_samples=10**9) as watch:
+        watched = replay(trace, cfg, "paged")
+    assert [both for _, _, both in watch.samples] == [0, 0, 1, 4]
+    assert watched.to_dict() == replay(trace, cfg, "paged").to_dict()
