@@ -46,6 +46,13 @@ def test_sweep_refuses_exclusive_tiers_with_no_on_eviction_point(tmp_path) -> No
     assert "sweep them with offload_policy on-eviction (it is write-through)" in line
 
 
+def test_sweep_refuses_a_policy_with_no_point() -> None:
+    line = one_line_error(["sweep", BURST, "--rates", "1", *TIERS, "--tier-inclusion", "exclusive",
+                           "--offload-policy", "write-through,on-eviction"])
+    assert line.startswith("error: --offload-policy: 'write-through,on-eviction': write-through has no point to "
+                           "sweep: exclusive tiers need on-eviction (sweep --tier-inclusion inclusive too")
+
+
 def test_sweep_crosses_the_policies_and_inclusions_less_exclusive_write_through(tmp_path) -> None:
     out = tmp_path / "sweep.json"
     result = CliRunner().invoke(app, ["sweep", BURST, "--rates", "1", *TIERS, "--offload-policy",

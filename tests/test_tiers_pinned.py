@@ -32,10 +32,11 @@ from tests.test_tiers_hybrid import FULL, SLIDING, host_tier_holding
 
 
 class NaivePinnedLRU:
-    """A list, least recently used first, one block at a time; eviction takes the oldest block not pinned."""
+    """A list, least recently used first, one block at a time; eviction takes the oldest block not pinned; a
+    pinned block removed stays until its last pin goes."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity, self.order, self.pins = capacity, [], {}
+        self.capacity, self.order, self.pins, self.leaving = capacity, [], {}, set()
 
     def insert(self, hashes: list[int]) -> list[int]:
         evicted = []
@@ -50,7 +51,7 @@ class NaivePinnedLRU:
         return evicted
 
 
-operation = st.tuples(st.sampled_from(["insert", "insert_new", "hit", "pin", "unpin", "remove"]),
+operation = st.tuples(st.sampled_from(["insert", "insert_new", "hit", "pin", "unpin", "remove", "keep"]),
                       st.lists(st.integers(0, 12), max_size=6))
 
 
@@ -78,18 +79,25 @@ def test_lru_pins_match_a_naive_lru_that_skips_them(capacity: int, operations: l
             store.pin(held)
             for h in held:
                 naive.pins[h] = naive.pins.get(h, 0) + 1
-        elif name == "unpin":
-            store.unpin(hashes)
-            for h in hashes:
-                if naive.pins.get(h):
-                    naive.pins[h] -= 1
-                    if not naive.pins[h]:
-                        del naive.pins[h]
+        elif name == "unpin":  # its precondition: each pinned (as often as named)
+            ending = [h for h in hashes if h in naive.pins]
+            ending = [h for i, h in enumerate(ending) if ending[:i + 1].count(h) <= naive.pins[h]]
+            store.unpin(ending)
+            for h in ending:
+                naive.pins[h] -= 1
+                if not naive.pins[h]:
+                    del naive.pins[h]
+                    if h in naive.leaving:
+                        naive.leaving.discard(h)
+                        naive.order.remove(h)
+        elif name == "keep":
+            store.keep(hashes)
+            naive.leaving -= set(hashes)
         else:
             store.remove(hashes)
-            naive.order = [h for h in naive.order if h not in hashes]
-            naive.pins = {h: n for h, n in naive.pins.items() if h not in hashes}
-        assert store.hashes() == naive.order and store.pinned == naive.pins
+            naive.leaving |= {h for h in hashes if h in naive.pins}
+            naive.order = [h for h in naive.order if h not in hashes or h in naive.pins]
+        assert store.hashes() == naive.order and store.pinned == naive.pins and store.leaving == naive.leaving
         assert not store.violations()
 
 
@@ -110,10 +118,54 @@ def test_arc_never_evicts_a_pinned_block(capacity: int, operations: list[tuple[s
         elif name == "pin":
             store.pin([h for h in hashes if h in store])
         elif name == "unpin":
-            store.unpin(hashes)
+            store.unpin(list(dict.fromkeys(h for h in hashes if h in store.pinned)))
+        elif name == "keep":
+            store.keep(hashes)
         else:
             store.remove(hashes)
         assert not store.violations() and set(store.pinned) <= set(store.hashes())
+
+
+def test_arc_evicts_the_policys_list_past_its_pinned_blocks() -> None:
+    # T1 (stored once) a b c, T2 (reused) x y; T1's target 0: T1 gives up its oldest, a; with a pinned, b (not
+    # T2's x); with all of T1 pinned, T2's oldest, x (vLLM's ARCCachePolicy.evict falls back to the other list).
+    def arc() -> ARCStore:
+        store = ARCStore(5)
+        store.insert_new(["x", "y"])
+        store.hit(["x", "y"])
+        store.insert_new(["a", "b", "c"])
+        assert (list(store.t1), list(store.t2), store.target_t1) == (["a", "b", "c"], ["x", "y"], 0.0)
+        return store
+
+    assert arc().insert_new(["d"]) == ["a"]
+    store = arc()
+    store.pin(["a"])
+    assert store.insert_new(["d"]) == ["b"]
+    store = arc()
+    store.pin(["a", "b", "c"])
+    assert store.insert_new(["d"]) == ["x"] and list(store.b2) == ["x"]
+
+
+def test_a_pinned_block_removed_leaves_when_its_load_ends() -> None:
+    # Exclusive tiers: the GPU caches a block a load still reads (its request resumed early under layerwise loads):
+    # the block stays, not evictable, until the load's copy ends; a second load's pin on it outlives the first's.
+    store = LRUStore(3)
+    store.insert_new(["a", "b"])
+    store.pin(["a"])
+    store.remove(["a", "b"])
+    assert store.hashes() == ["a"] and store.leaving == {"a"}
+    store.pin(["a"])
+    store.unpin(["a"])
+    assert store.hashes() == ["a"] and store.pinned == {"a": 1}
+    store.unpin(["a"])
+    assert store.hashes() == [] and not store.leaving and not store.violations()
+    # stored again before its load ended (the GPU gave it up): it stays
+    store.insert_new(["c"])
+    store.pin(["c"])
+    store.remove(["c"])
+    store.keep(["c"])
+    store.unpin(["c"])
+    assert store.hashes() == ["c"]
 
 
 def test_a_reservation_leaves_the_pinned_blocks() -> None:
@@ -148,6 +200,19 @@ def test_a_block_being_loaded_stays_until_its_copy_ends() -> None:
     tiers.cached(["h"], [7])
     assert tiers.flush(1.0 + 2 * ONE) == [("h", 7)]  # the load ended: a goes
     assert store.hashes() == list("cdefgh") and store.pinned == {}
+
+
+def test_a_block_both_written_and_read_counts_once_in_the_drop_rule() -> None:
+    """A host tier of 4 stores a, b at 0 (copying until 2 x ONE); a request loads a at ONE / 2, before a's copy
+    ends (the simulator lets it: the module docstring). At ONE, c and d fit beside a and b: 2 in flight, a read
+    among them, 2 new: 4, not 5."""
+    tiers = TieredCache(config(cpu_kv_blocks=4), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers.cached(["a", "b"], [0, 1])
+    tiers.flush(0.0)
+    assert tiers.load(["a", "x"], 0, 17, ONE / 2, True)[0] == 16
+    tiers.cached(["c", "d"], [2, 3])
+    assert tiers.flush(ONE) == [("c", 2), ("d", 3)]
+    assert tiers.tiers[0].dropped_blocks == 0 and len(tiers.tiers[0].store) == 4
 
 
 def test_a_store_that_would_need_a_pinned_block_is_dropped() -> None:

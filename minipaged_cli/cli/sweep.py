@@ -132,7 +132,8 @@ def sweep_command(
                                                + ",".join(TIER_EVICTIONS) + ".")] = TIER_EVICTIONS[0],
     tier_inclusion: Annotated[str, typer.Option("--tier-inclusion", help="As in simulate, comma-separated: "
                                                 + ",".join(TIER_INCLUSIONS) + " (exclusive needs --offload-policy "
-                                                "on-eviction: sweep that alone with it).")] = TIER_INCLUSIONS[0],
+                                                "on-eviction: crossed with write-through it is left out).")] \
+        = TIER_INCLUSIONS[0],
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,

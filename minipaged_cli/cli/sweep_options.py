@@ -62,6 +62,13 @@ def checked(values: dict[str, Any], from_file: set[str], config: str) -> dict[st
                          field=_field_name("tier_inclusion", from_file),
                          source=config if "tier_inclusion" in from_file else None,
                          value=",".join(out["tier_inclusion"]), has_value=True)
+    if "inclusive" not in out.get("tier_inclusion", ("inclusive",)) and "write-through" in out.get("offload_policy",
+                                                                                                  ()):
+        raise InputError(f"write-through has no point to sweep: exclusive tiers need on-eviction (sweep "
+                         f"{_field_name('tier_inclusion', from_file)} inclusive too, or leave write-through out)",
+                         field=_field_name("offload_policy", from_file),
+                         source=config if "offload_policy" in from_file else None,
+                         value=",".join(out["offload_policy"]), has_value=True)
     return out
 
 

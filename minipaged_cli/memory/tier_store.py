@@ -12,10 +12,12 @@ content (vLLM v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evic
 slot is never evicted, only given back (``unreserve``). ``pin`` keeps stored hashes that a load in flight reads
 from eviction until ``unpin`` (vLLM's ``CPUOffloadingManager``: ``prepare_load`` raises a block's ``ref_cnt``,
 ``complete_load`` lowers it, and only blocks at 0 are evictable); a pin is counted, as two loads may read one
-block, and ``remove`` takes a block's pins with it.
+block. A pinned block that ``remove`` takes out stays, ``leaving``, until its last pin goes: its host memory is
+being read until then.
 
 Invariants (``violations`` checks them): entries plus reserved slots at most ``capacity``, each hash held once,
-every pinned hash stored; ARC's ghost lists hold no entry that is stored and at most ``capacity`` hashes each.
+every pinned hash stored, every leaving hash pinned; ARC's ghost lists hold no entry that is stored and at most
+``capacity`` hashes each.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class TierStore(ABC):
         self.num_reserved = 0  # slots held by swapped-out blocks: not content, never evicted
         self.num_evictions = 0
         self.pinned: dict[Hashable, int] = {}  # stored hash -> loads in flight reading it: never evicted
+        self.leaving: set[Hashable] = set()  # pinned hashes removed: they go when their last pin does
 
     def __contains__(self, block_hash: Hashable) -> bool:
         return self.contains(block_hash)
@@ -74,10 +77,24 @@ class TierStore(ABC):
         """A request reused those of ``block_hashes`` that are stored, in order (the last most recently); returns
         whether each is stored."""
 
-    @abstractmethod
     def remove(self, block_hashes: Sequence[Hashable]) -> None:
         """Take those of ``block_hashes`` that are stored out of the store: they left the tier (moved up), not
-        evicted by its policy (neither counted as evictions nor remembered as ARC's ghosts)."""
+        evicted by its policy (neither counted as evictions nor remembered as ARC's ghosts); a pinned one once its
+        last pin goes (``leaving``)."""
+        pinned = self.pinned
+        if pinned:
+            self.leaving.update(filter(pinned.__contains__, block_hashes))
+            block_hashes = list(filterfalse(pinned.__contains__, block_hashes))
+        self._take_out(block_hashes)
+
+    def keep(self, block_hashes: Sequence[Hashable]) -> None:
+        """These hashes are stored again: those leaving stay."""
+        if self.leaving:
+            self.leaving.difference_update(block_hashes)
+
+    @abstractmethod
+    def _take_out(self, block_hashes: Sequence[Hashable]) -> None:
+        """``remove`` of hashes none of which is pinned."""
 
     @abstractmethod
     def _evict_one(self) -> Hashable:
@@ -96,23 +113,30 @@ class TierStore(ABC):
             pinned[block_hash] = pinned.get(block_hash, 0) + 1
 
     def unpin(self, block_hashes: Sequence[Hashable]) -> None:
-        """A load of these hashes has ended (one that ``remove`` took out meanwhile has no pin left)."""
-        pinned = self.pinned
+        """A load of these hashes has ended: a hash whose last pin this is may be evicted, or goes if leaving."""
+        pinned, leaving, gone = self.pinned, self.leaving, []
         for block_hash in block_hashes:
-            count = pinned.get(block_hash)
-            if count == 1:
-                del pinned[block_hash]
-            elif count:
+            count = pinned[block_hash]
+            if count > 1:
                 pinned[block_hash] = count - 1
+                continue
+            del pinned[block_hash]
+            if block_hash in leaving:
+                leaving.discard(block_hash)
+                gone.append(block_hash)
+        if gone:
+            self._take_out(gone)
 
     def can_reserve(self, num_slots: int) -> bool:
+        """Whether ``num_slots`` more slots can be reserved: the blocks loads are reading cannot be evicted."""
         return self.num_reserved + num_slots + len(self.pinned) <= self.capacity
 
     def reserve(self, num_slots: int) -> list[Hashable]:
         """Hold ``num_slots`` slots for something else than cached content, evicting stored hashes to make room
         (precondition: ``can_reserve``); returns the hashes evicted."""
         if not self.can_reserve(num_slots):
-            raise ValueError(f"cannot reserve {num_slots} slots: {self.num_reserved} of {self.capacity} reserved")
+            raise ValueError(f"cannot reserve {num_slots} slots: {self.num_reserved} of {self.capacity} reserved, "
+                             f"{len(self.pinned)} held by loads")
         self.num_reserved += num_slots
         return [self._evict_one() for _ in range(len(self) - self.room)]
 
@@ -131,7 +155,9 @@ class TierStore(ABC):
         if len(set(hashes)) != len(hashes):
             found.append("a hash is stored twice in one tier: insert did not check for it")
         if not set(self.pinned) <= set(hashes):
-            found.append("a pinned hash is not stored: a block a load reads was evicted or removed with its pin left")
+            found.append("a pinned hash is not stored: a block a load reads was evicted or taken out")
+        if not self.leaving <= set(self.pinned):
+            found.append("a leaving hash is not pinned: its last pin went and it stayed")
         return found
 
 
@@ -190,11 +216,10 @@ class LRUStore(TierStore):
     def refresh(self, block_hashes: Sequence[Hashable]) -> None:
         deque(map(self._entries.move_to_end, block_hashes), maxlen=0)
 
-    def remove(self, block_hashes: Sequence[Hashable]) -> None:
-        pop, unpin = self._entries.pop, self.pinned.pop
+    def _take_out(self, block_hashes: Sequence[Hashable]) -> None:
+        pop = self._entries.pop
         for block_hash in block_hashes:
             pop(block_hash, None)
-            unpin(block_hash, None)
 
     def hit(self, block_hashes: Sequence[Hashable]) -> list[bool]:
         # (a Python loop, each block moved right after its test: the move finds what the test just read in the
@@ -287,19 +312,20 @@ class ARCStore(TierStore):
             held.append(True)
         return held
 
-    def remove(self, block_hashes: Sequence[Hashable]) -> None:
+    def _take_out(self, block_hashes: Sequence[Hashable]) -> None:
         # (no ghost: the policy did not give the block up, so storing it again is no evidence for T1's target)
         for block_hash in block_hashes:
             self.t1.pop(block_hash, None)
             self.t2.pop(block_hash, None)
-            self.pinned.pop(block_hash, None)
 
     def _evict_one(self) -> Hashable:
-        # (the policy's list, past the blocks a load reads; the other list when every block in it is read)
+        # (the policy's list, past the blocks a load reads; the other list when every block in it is read, as
+        # vLLM's ARCCachePolicy.evict)
         pinned = self.pinned.__contains__
-        t1, t2 = next(filterfalse(pinned, self.t1), None), next(filterfalse(pinned, self.t2), None)
-        from_t1 = t1 is not None and (len(self.t1) >= int(self.target_t1) or t2 is None)
-        source, ghosts, block_hash = (self.t1, self.b1, t1) if from_t1 else (self.t2, self.b2, t2)
+        t1 = next(filterfalse(pinned, self.t1), None)
+        t2 = None if t1 is not None and len(self.t1) >= int(self.target_t1) else next(filterfalse(pinned, self.t2),
+                                                                                        None)
+        source, ghosts, block_hash = (self.t1, self.b1, t1) if t2 is None else (self.t2, self.b2, t2)
         del source[block_hash]
         ghosts[block_hash] = None
         if len(ghosts) > self.capacity:

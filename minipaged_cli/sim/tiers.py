@@ -45,10 +45,12 @@ and the systems issue 24 names (LMCache, SGLang HiCache, Dynamo KVBM, Mooncake S
   goes to the disk tier, and one loaded from the disk leaves it, so each block is in one tier. A load's blocks
   leave their tier when they join the GPU's prefix cache (the load done), not at its issue: meanwhile they are
   pinned there, as under ``inclusive``, and take their room while the blocks the load's allocation evicts come
-  down. A load declined by the load-or-recompute rule: the tier keeps the blocks until the GPU caches the ones it
-  recomputes (a request preempted first leaves them in the tier), as a block is in one tier, and the GPU's fresh
-  copy is the one reused next. Under v0 the swapped-out blocks are no cached content (a request's own KV, moved out
-  and back: exclusive by nature) and are as under ``inclusive``.
+  down; a block the GPU caches while a load still reads it (the loading request resumed early under
+  ``layerwise_loads``, or another request computed the block) leaves once that copy ends. A load declined by the
+  load-or-recompute rule: the tier keeps the blocks until the GPU caches the ones it recomputes (a request
+  preempted first leaves them in the tier), as a block is in one tier, and the GPU's fresh copy is the one reused
+  next. Under v0 the swapped-out blocks are no cached content (a request's own KV, moved out and back: exclusive by
+  nature) and are as under ``inclusive``.
 - **KV cache groups** (a sliding-window model under the hybrid manager): vLLM 0.33.0's connector supports them
   (``SupportsHMA``) and keys a block by (group, hash), as the GPU pool does, so each group's blocks are stored as
   the pool caches them, one pool block (one group's pages) each. A lookup goes as vLLM's ``_lookup_complete_chunks``
@@ -78,9 +80,10 @@ hand them to a data plane).
 
 Invariants (``violations``): each tier within its capacity (cached and swapped blocks together), each hash once per
 tier, every pinned block stored; bytes written = blocks stored x bytes per block + bytes swapped out; under
-``exclusive``, no block held by the GPU's prefix cache and a tier below at once, nor by two tiers, with no exception
-at a step's end: a block whose load is in flight is in its tier and not yet in the GPU's prefix cache (it leaves the
-tier when it joins), and one whose store is in flight is in the tier's store (booked at the store's issue) and not
+``exclusive``, no block held by the GPU's prefix cache and a tier below at once, nor by two tiers, but a block
+leaving for the GPU while a load reads it (``TierStore.leaving``): a block whose load is in flight is in its tier
+and, unless leaving, not yet in the GPU's prefix cache (it leaves the tier when it joins), and one whose store is
+in flight is in the tier's store (booked at the store's issue) and not
 in the GPU's prefix cache (the flush skips the blocks cached again, and a block cached later leaves the tier).
 """
 
@@ -90,7 +93,7 @@ import copy
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from itertools import compress, filterfalse
+from itertools import chain, compress, filterfalse
 from operator import not_, or_
 from typing import Any
 
@@ -150,7 +153,8 @@ class Tier:
         self.stored_blocks = 0
         self.loaded_blocks = 0
         self.dropped_blocks = 0  # stores the tier had no room for beside the ones in flight
-        self.in_flight: deque[tuple[float, int]] = deque()  # (copy's end, blocks) of the stores issued, in order
+        self.in_flight: deque[tuple[float, list[Hashable]]] = deque()  # (copy's end, blocks) of the stores issued,
+        # in order
         self.num_in_flight = 0  # blocks in ``in_flight``
         self.store_wait_s = 0.0  # seconds from each store's issue to its copy's end, summed
         self.swap_out_bytes = 0  # v0's swapped-out KV, over the write link (host tier only)
@@ -288,28 +292,33 @@ class TieredCache:
         new = list(filterfalse(stored, block_of))
         if len(new) < len(hashes):  # stored again: recently used
             host.store.refresh(list(filter(stored, hashes)))
-        if not new or not self._copy(host, len(new), now):
+        host.store.keep(hashes)  # (under exclusive tiers a block leaving for the GPU that the GPU gave up stays)
+        if not new or not self._copy(host, new, now):
             return []
         evicted = host.store.insert_new(new)
         if len(self.tiers) > 1:
             disk = self.tiers[1]
             down = list(filterfalse(disk.store.contains, new if self.write_through else evicted))
-            if down and self._copy(disk, len(down), now):
+            disk.store.keep(down)
+            if down and self._copy(disk, down, now):
                 disk.store.insert_new(down)
         return list(zip(new, map(block_of.__getitem__, new), strict=True)) if pairs else []
 
-    def _copy(self, tier: Tier, num_blocks: int, now: float) -> bool:
-        """One store of ``num_blocks`` into ``tier`` at ``now``, queued on its write link; none (counted dropped)
+    def _copy(self, tier: Tier, blocks: list[Hashable], now: float) -> bool:
+        """One store of ``blocks`` into ``tier`` at ``now``, queued on its write link; none (counted dropped)
         when those blocks, the ones whose copies have not ended by ``now`` and the ones loads in flight read
-        exceed the tier's room (the module docstring's rule)."""
-        in_flight = tier.in_flight
+        exceed the tier's room (the module docstring's rule; a block being both written and read counted once)."""
+        in_flight, pinned, num_blocks = tier.in_flight, tier.store.pinned, len(blocks)
         while in_flight and in_flight[0][0] <= now:  # (copies end in issue order: the link is one queue)
-            tier.num_in_flight -= in_flight.popleft()[1]
-        if tier.num_in_flight + len(tier.store.pinned) + num_blocks > tier.store.room:
+            tier.num_in_flight -= len(in_flight.popleft()[1])
+        num_read = len(pinned)
+        if pinned and in_flight:  # (a load may read a block whose store has not ended: the module docstring)
+            num_read = len(pinned.keys() - set(chain.from_iterable(written for _, written in in_flight)))
+        if tier.num_in_flight + num_read + num_blocks > tier.store.room:
             tier.dropped_blocks += num_blocks
             return False
         end = tier.write.reserve(now, num_blocks * self.bytes_per_block)
-        in_flight.append((end, num_blocks))
+        in_flight.append((end, blocks))
         tier.num_in_flight += num_blocks
         tier.store_wait_s += end - now
         tier.stored_blocks += num_blocks
@@ -504,8 +513,8 @@ class TieredCache:
         found = [f"{tier.name}: {v}" for tier in self.tiers for v in tier.store.violations()]
         if self.exclusive and self.pool is not None:
             on_gpu, above = self.pool.is_cached, set()
-            for tier in self.tiers:
-                hashes = tier.store.hashes()
+            for tier in self.tiers:  # (a block leaving for the GPU is in both until its load's copy ends)
+                hashes = [key for key in tier.store.hashes() if key not in tier.store.leaving]
                 if any(map(on_gpu, hashes)):
                     found.append(f"{tier.name}: holds blocks the GPU's prefix cache holds, under exclusive tiers: "
                                  "a block the GPU cached was not removed from the tier")
