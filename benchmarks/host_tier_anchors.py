@@ -76,6 +76,7 @@ class TierWatch:
         def watched(cache: TieredCache, now: float, **options: bool) -> list:
             if now >= self.next_s and cache.pool is not None:
                 self.next_s = now + every_s
+                cache.end_loads(now)  # (as the flush does first: a block loaded by now has left an exclusive tier)
                 host = cache.tiers[0].store
                 gpu = cache.pool.cached_blocks
                 self.samples.append((len(gpu), len(host), sum(map(host.contains, gpu))))

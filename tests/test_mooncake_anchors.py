@@ -48,3 +48,14 @@ def test_the_watch_counts_the_blocks_both_tiers_hold_and_changes_nothing() -> No
         watched = replay(trace, cfg, "paged")
     assert [both for _, _, both in watch.samples] == [0, 0, 1, 4]
     assert watched.to_dict() == replay(trace, cfg, "paged").to_dict()
+
+
+def test_the_watch_finds_no_block_twice_under_exclusive_tiers() -> None:
+    # test_tiers_exclusive's X, Y, Z, X, Y, Z: every load's blocks leave the host tier as the GPU caches them, at
+    # the latest when the load's copy ends, before the step's end the watch samples at.
+    from tests.test_tiers_exclusive import three_segments_twice, tiers_config
+
+    with TierWatch(span_s=1.0, num_samples=10**9) as watch:
+        metrics = replay(three_segments_twice(), tiers_config("exclusive", cpu_kv_blocks=8), "paged")
+    assert metrics.tiers["cpu"].loaded_bytes > 0 and len(watch.samples) >= 6
+    assert [both for _, _, both in watch.samples] == [0] * len(watch.samples)

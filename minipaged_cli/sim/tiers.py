@@ -232,7 +232,7 @@ class TieredCache:
         self.output_hashes: set[Hashable] = set()
         # The loads whose copies have not ended: (the host link's end of the copy, per tier the keys it reads),
         # in issue order, which is the order they end in (every load ends on the host link's one queue). Their
-        # blocks are pinned in their tiers until then (``TierStore.pin``).
+        # blocks are pinned in their tiers until then (``TierStore.pin``; ``end_loads``).
         self.loading: deque[tuple[float, list[list[Hashable]]]] = deque()
         if pool is not None:
             pool.listener = self
@@ -275,7 +275,7 @@ class TieredCache:
         """Issue the stores gathered since the last flush at ``now`` (a step's end); the (hash, GPU block) pairs
         copied to the host tier (for a data plane; without ``pairs``, [] whatever was copied: a replay without
         one need not build millions)."""
-        self._unpin(now)
+        self.end_loads(now)
         hashes, blocks = self.pending_hashes, self.pending_blocks
         if not hashes:
             return []
@@ -418,8 +418,9 @@ class TieredCache:
             tier.store.pin(read)
         self.loading.append((until, by_tier))
 
-    def _unpin(self, now: float) -> None:
-        """The loads whose copies have ended by ``now`` let their blocks go."""
+    def end_loads(self, now: float) -> None:
+        """The loads whose copies have ended by ``now`` let their blocks go (called before anything is evicted:
+        a step's stores, a swap-out)."""
         loading = self.loading
         while loading and loading[0][0] <= now:
             for tier, read in zip(self.tiers, loading.popleft()[1], strict=True):
@@ -476,7 +477,7 @@ class TieredCache:
         before it on the compute stream) and the write link's earlier copies; when it ends (precondition:
         ``can_swap_out``). Its blocks hold host-tier slots, evicting cached blocks, until ``swap_in``."""
         host = self.tiers[0]
-        self._unpin(earliest)
+        self.end_loads(earliest)
         host.store.reserve(num_blocks_for(num_slots, self.block_size))
         num_bytes = num_slots * self.kv_bytes_per_token
         host.swap_out_bytes += num_bytes
