@@ -1,6 +1,9 @@
 """Which blocks one tier below the GPU holds, and which it gives up for a new one (vLLM's offloading
 ``CachePolicy``: ``vllm/v1/kv_offload/cpu/policies/``, LRU and ARC).
 
+Over 300 lines: the base and its two policies, whose evictions must each honour the base's reservations, pins and
+leaving blocks; kept together so that the rules and the code that keeps them read side by side.
+
 A tier holds content, not positions: its entries are block hashes (the prefix cache's keys), at most
 ``capacity`` of them. ``insert`` stores some (evicting to make room, and returning what it evicted), ``hit`` says
 that a request reused stored blocks, which is what the policies order by. Both take a step's or a request's
