@@ -325,9 +325,9 @@ class ARCStore(TierStore):
         # (the policy's list, past the blocks a load reads; the other list when every block in it is read, as
         # vLLM's ARCCachePolicy.evict)
         pinned = self.pinned.__contains__
-        t1 = next(filterfalse(pinned, self.t1), None)
-        t2 = None if t1 is not None and len(self.t1) >= int(self.target_t1) else next(filterfalse(pinned, self.t2),
-                                                                                        None)
+        t1, t2 = next(filterfalse(pinned, self.t1), None), None
+        if t1 is None or len(self.t1) < int(self.target_t1):  # (T2 scanned only when T1 does not give the victim)
+            t2 = next(filterfalse(pinned, self.t2), None)
         source, ghosts, block_hash = (self.t1, self.b1, t1) if t2 is None else (self.t2, self.b2, t2)
         del source[block_hash]
         ghosts[block_hash] = None

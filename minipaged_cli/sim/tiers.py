@@ -83,8 +83,8 @@ tier, every pinned block stored; bytes written = blocks stored x bytes per block
 ``exclusive``, no block held by the GPU's prefix cache and a tier below at once, nor by two tiers, but a block
 leaving for the GPU while a load reads it (``TierStore.leaving``): a block whose load is in flight is in its tier
 and, unless leaving, not yet in the GPU's prefix cache (it leaves the tier when it joins), and one whose store is
-in flight is in the tier's store (booked at the store's issue) and not
-in the GPU's prefix cache (the flush skips the blocks cached again, and a block cached later leaves the tier).
+in flight is in the tier's store (booked at the store's issue) and not in the GPU's prefix cache (the flush skips
+the blocks cached again, and a block cached later leaves the tier).
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ class Tier:
         self.stored_blocks = 0
         self.loaded_blocks = 0
         self.dropped_blocks = 0  # stores the tier had no room for beside the ones in flight
-        self.in_flight: deque[tuple[float, list[Hashable]]] = deque()  # (copy's end, blocks) of the stores issued,
-        # in order
+        # (copy's end, blocks) of the stores issued, in order
+        self.in_flight: deque[tuple[float, list[Hashable]]] = deque()
         self.num_in_flight = 0  # blocks in ``in_flight``
         self.store_wait_s = 0.0  # seconds from each store's issue to its copy's end, summed
         self.swap_out_bytes = 0  # v0's swapped-out KV, over the write link (host tier only)
