@@ -138,36 +138,3 @@ def test_exclusive_tiers_store_a_block_again_each_time_the_gpu_evicts_it(inclusi
     # the copies the data plane ran are the ones the simulator's host tier counted (its bytes: every layer's)
     assert metrics.tiers["cpu"].stored_bytes == stores * BLOCK * MODEL.kv_bytes_per_token
     assert stats.stored_bytes == stores * block_bytes
-
-
-@pytest.mark.parametrize("inclusion", ["inclusive", "exclusive"])
-@pytest.mark.parametrize(("seed", "num_blocks", "tier_blocks"), [(0, 10, 6), (2, 12, 8)])  # (both crashed before)
-def test_loads_find_their_blocks_when_the_tier_let_them_go_before_the_step_ran(inclusion: str, seed: int,
-                                                                                num_blocks: int,
-                                                                                tier_blocks: int) -> None:
-    # Overlapping requests on small pools: the simulator's host tier lets a step's loaded blocks go before the data
-    # plane runs the step (exclusive: as the load ends; inclusive: evicted while the load was in flight), and the
-    # step's stores need slots. Every load must still copy what was stored under its hash (the stored content
-    # recorded independently, before each step overwrites it).
-    from tests.test_tiers import random_trace
-
-    config = SimConfig(MODEL, load_gpu("h200"), num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=tier_blocks,
-                       offload_policy="on-eviction", tier_inclusion=inclusion, max_model_len=512)
-    cache = PagedKVCache(1, num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
-    backend = TorchBackend("cpu")
-    offload = StepOffload.under(cache, backend, config)
-    executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
-    stored: dict[object, torch.Tensor] = {}
-    loads: list[tuple[object, int]] = []
-
-    def step(work: StepWork, allocator: Allocator) -> None:
-        stored.update((h, content(cache, b)) for h, b in work.stores)
-        executor(work, allocator)
-        for block_hash, block in work.loads:
-            assert torch.equal(content(cache, block), stored[block_hash]), block_hash
-        loads.extend(work.loads)
-
-    metrics = replay(random_trace(seed, 25, 0.01), config, "paged", on_step=step)
-    assert offload.stats().loaded_blocks == len(loads) > 0  # (every load copied: what the tier read out, below)
-    assert metrics.tiers["cpu"].loaded_bytes == len(loads) * BLOCK * MODEL.kv_bytes_per_token
-    assert offload.stats().host_blocks == tier_blocks

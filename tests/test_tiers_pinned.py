@@ -254,6 +254,9 @@ def test_a_hybrid_load_pins_the_pages_it_moves() -> None:
     ("write-through", "inclusive", 6, 10, 6),
     # and these loaded fewer blocks than the simulator counted (a load preempted before its step ran)
     ("on-eviction", "inclusive", 3, 16, 5), ("on-eviction", "exclusive", 0, 16, 5),
+    # and these crashed before the host pool held a step's loads beside the tier's blocks
+    ("on-eviction", "inclusive", 0, 10, 6), ("on-eviction", "exclusive", 0, 10, 6),
+    ("on-eviction", "inclusive", 2, 12, 8), ("on-eviction", "exclusive", 2, 12, 8),
 ])
 def test_every_load_copies_what_was_stored_under_its_hash(policy: str, inclusion: str, seed: int, num_blocks: int,
                                                            tier_blocks: int) -> None:
@@ -284,3 +287,4 @@ def test_every_load_copies_what_was_stored_under_its_hash(policy: str, inclusion
     assert offload.stats().loaded_blocks == len(loads) > 0
     assert metrics.tiers["cpu"].loaded_bytes == len(loads) * BLOCK * MODEL.kv_bytes_per_token
     assert metrics.tiers["cpu"].stored_bytes == offload.stats().stored_blocks * BLOCK * MODEL.kv_bytes_per_token
+    assert offload.stats().host_blocks == tier_blocks
