@@ -256,14 +256,20 @@ def _sweep(axes: Axes, settings: Settings, runner: LocalRunner | RayRunner, poin
            slos: tuple[Slo, ...], search_steps: int, progress: Callable[[int, int], None] | None) -> SweepResult:
     rows: dict[Point, dict[str, Any]] = {}
     seeds = range(settings.seed, settings.seed + settings.seeds)
-    done, total = [0], [len(points) * len(seeds)]
+    done, total = [0], [0]
 
     def run(batch: list[Point]) -> None:
-        replays: dict[Point, dict[int, dict[str, Any]]] = {point: {} for point in batch}
-        for job, metrics in runner.run([Replay(point, seed) for point in batch for seed in seeds]):
+        groups: dict[Point, list[Point]] = {}  # the points each replay gives the metrics of (Point.replayed)
+        for point in batch:
+            groups.setdefault(point.replayed, []).append(point)
+        sharing = {points[0]: points for points in groups.values()}  # each replay runs as its first point
+        total[0] += len(sharing) * len(seeds)
+        replays: dict[Point, dict[int, dict[str, Any]]] = {point: {} for point in sharing}
+        for job, metrics in runner.run([Replay(point, seed) for point in sharing for seed in seeds]):
             replays[job.point][job.seed] = metrics
             if len(replays[job.point]) == len(seeds):  # averaged in seed order, wherever they ran
-                rows[job.point] = mean_row([replays[job.point][seed] for seed in seeds])
+                row = mean_row([replays[job.point][seed] for seed in seeds])
+                rows.update((point, dict(row)) for point in sharing[job.point])
             done[0] += 1
             if progress is not None:
                 progress(done[0], total[0])
@@ -283,7 +289,6 @@ def _sweep(axes: Axes, settings: Settings, runner: LocalRunner | RayRunner, poin
                 if (rate := search.next_rate()) is not None]
         if not todo:
             break
-        total[0] += len(todo) * len(seeds)
         run(todo)
         record(todo)
     result.capacities = [search.capacity() for search in searches.values()]

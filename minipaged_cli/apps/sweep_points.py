@@ -103,6 +103,14 @@ class Point:
                 self.strategy, self.rate)
 
     @property
+    def replayed(self) -> Point:
+        """The point whose replay gives this one's metrics: without a host tier the tiers' policies change
+        nothing, so the points that differ only in them share one replay."""
+        if self.host_bytes:
+            return self
+        return replace(self, offload_policy="", tier_eviction="", tier_inclusion="")
+
+    @property
     def replayed_strategy(self) -> str:
         """The allocation strategy the point's replays run (the all-full curve's is paged)."""
         return "paged" if self.strategy == ALL_FULL_ATTENTION else self.strategy
