@@ -125,7 +125,8 @@ def sweep_command(
     cpu_blocks: Annotated[int | None, typer.Option(
         "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
     cpu_kv_memory: Annotated[str | None, typer.Option("--cpu-kv-memory", show_default=False, help="Host tiers under "
-        "the prefix cache, e.g. 0,64GiB,1TiB (as in simulate); --plot: hits and TTFT against them.")] = None,
+        "the prefix cache, e.g. 0,64GiB,1TiB (as in simulate); --plot: hits and TTFT against them. The 0 point runs "
+        "once for all the tiers' policies.")] = None,
     offload_policy: Annotated[str, typer.Option("--offload-policy", help="As in simulate, comma-separated: "
                                                 + ",".join(OFFLOAD_POLICIES) + ".")] = OFFLOAD_POLICIES[0],
     tier_eviction: Annotated[str, typer.Option("--tier-eviction", help="As in simulate, comma-separated: "
