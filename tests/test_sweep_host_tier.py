@@ -134,22 +134,28 @@ def test_a_bad_host_size_in_a_config_file_names_the_file(tmp_path: Path, no_swee
     assert result.output.startswith(f"error: {config}: cpu_kv_memory: '1 lot': expected a size"), result.output
 
 
-def test_points_without_a_host_tier_share_one_replay() -> None:
+def test_points_without_a_host_tier_share_one_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     # --cpu-kv-memory 0,1GiB crossed with both policies and both inclusions: 3 combinations exist (exclusive needs
-    # on-eviction); without a host tier they change nothing, so the 0 points share one replay: 1 + 3 per rate.
-    from minipaged_cli.apps.sweep import Axes, Settings, sweep
+    # on-eviction); without a host tier they change nothing, so the 0 points share one replay: 1 + 3 per rate, 2
+    # seeds each. The reference: the same sweep with every point replayed on its own, an SLO search included.
+    from minipaged_cli.apps.sweep import Axes, Settings, parse_slo, sweep
+    from minipaged_cli.apps.sweep_points import Point
     from minipaged_cli.apps.sweep_runners import LocalRunner
     from minipaged_cli.workloads.readers import load_trace
     from tests.test_bad_input_sched import BURST
 
-    totals: list[int] = []
-    axes = Axes(strategies=("paged",), rates=(1.0, 2.0), prefix_caching=(True,), cpu_kv_memory=("0", "1GiB"),
+    axes = Axes(strategies=("paged",), rates=(1.0, 4.0), prefix_caching=(True,), cpu_kv_memory=("0", "1GiB"),
                 offload_policies=("write-through", "on-eviction"), tier_inclusions=("inclusive", "exclusive"))
-    result = sweep(load_trace(BURST), axes, Settings(), LocalRunner(1),
-                   progress=lambda done, total: totals.append(total))
-    rows = result.points()
-    assert len(rows) == 2 * 6 and len(totals) == totals[-1] == 2 * 4
-    for rate in (1.0, 2.0):
-        no_tier = [{k: v for k, v in row.items() if k not in ("offload_policy", "tier_inclusion")}
-                   for row in rows if row["cpu_kv_memory"] == "0" and row["rate"] == rate]
-        assert len(no_tier) == 3 and no_tier[1:] == no_tier[:1] * 2
+
+    def swept() -> tuple[dict, list[int]]:
+        totals: list[int] = []
+        result = sweep(load_trace(BURST), axes, Settings(seeds=2), LocalRunner(1), slos=(parse_slo("ttft-p99=0.1"),),
+                       search_steps=2, progress=lambda done, total: totals.append(total))
+        return result.to_dict(), totals
+
+    shared, shared_totals = swept()
+    assert shared_totals[:2 * 4 * 2] == [2 * 4 * 2] * (2 * 4 * 2)  # the first round: 2 rates x 4 replays x 2 seeds
+    monkeypatch.setattr(Point, "replay_key", property(lambda point: point))
+    alone, alone_totals = swept()
+    assert alone_totals[0] == 2 * 6 * 2 and len(alone_totals) > len(shared_totals)
+    assert shared == alone

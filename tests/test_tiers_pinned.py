@@ -288,3 +288,30 @@ def test_every_load_copies_what_was_stored_under_its_hash(policy: str, inclusion
     assert metrics.tiers["cpu"].loaded_bytes == len(loads) * BLOCK * MODEL.kv_bytes_per_token
     assert metrics.tiers["cpu"].stored_bytes == offload.stats().stored_blocks * BLOCK * MODEL.kv_bytes_per_token
     assert offload.stats().host_blocks == tier_blocks
+
+
+def test_a_block_leaving_the_disk_that_comes_back_down_stays_there() -> None:
+    # Exclusive tiers, a host tier of 4 over a disk of 4 (a disk 4x the preset's read speed: the load of 64 tokens
+    # beats recomputing them, test_tiers_exclusive). A request loads X1-X4 from the disk (pinned there); the GPU
+    # caches them (they are leaving the disk) and, while the load's copy still runs, evicts them to the host tier,
+    # whose next store (Y1-Y4) evicts them down again: the disk, which still holds them, keeps them, and no copy
+    # is needed. Before, they were taken out of the disk when the load ended: in no tier at all.
+    fast = H200.__class__(**{**H200.__dict__, "disk_read_bytes_per_s": 4 * 7.45e9})
+    cfg = SimConfig(QWEN3_8B, fast, num_blocks=10, block_size=BLOCK, cpu_kv_blocks=4, disk_kv_blocks=4,
+                    offload_policy="on-eviction", tier_inclusion="exclusive")
+    tiers = TieredCache(cfg, BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, fast))
+    host, disk = tiers.tiers[0].store, tiers.tiers[1]
+    xs, ys = ["X1", "X2", "X3", "X4"], ["Y1", "Y2", "Y3", "Y4"]
+    disk.store.insert_new(xs)
+    loaded, done = tiers.load([*xs, "x"], 0, 65, 1.0, True)
+    assert loaded == 64 and done > 1.0 + 300e-6  # the disk's copy, then the host link's: 506 us
+    tiers.cached(xs, [0, 1, 2, 3])
+    assert disk.store.leaving == set(xs)
+    tiers.evicted(xs, [0, 1, 2, 3])
+    tiers.flush(1.0 + 1e-6)
+    assert host.hashes() == xs
+    tiers.evicted(ys, [4, 5, 6, 7])
+    tiers.flush(1.0 + 300e-6)  # (X's copy to the host, 4 x 47 us, has ended)
+    assert host.hashes() == ys and disk.store.leaving == set() and disk.stored_blocks == 0
+    tiers.end_loads(done)
+    assert sorted(disk.store.hashes()) == xs and not disk.store.pinned

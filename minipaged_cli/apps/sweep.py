@@ -259,17 +259,16 @@ def _sweep(axes: Axes, settings: Settings, runner: LocalRunner | RayRunner, poin
     done, total = [0], [0]
 
     def run(batch: list[Point]) -> None:
-        groups: dict[Point, list[Point]] = {}  # the points each replay gives the metrics of (Point.replayed)
+        sharing: dict[Point, list[Point]] = {}  # per Point.replay_key, the points of one replay (the first runs)
         for point in batch:
-            groups.setdefault(point.replayed, []).append(point)
-        sharing = {points[0]: points for points in groups.values()}  # each replay runs as its first point
+            sharing.setdefault(point.replay_key, []).append(point)
         total[0] += len(sharing) * len(seeds)
-        replays: dict[Point, dict[int, dict[str, Any]]] = {point: {} for point in sharing}
-        for job, metrics in runner.run([Replay(point, seed) for point in sharing for seed in seeds]):
+        replays: dict[Point, dict[int, dict[str, Any]]] = {group[0]: {} for group in sharing.values()}
+        for job, metrics in runner.run([Replay(group[0], seed) for group in sharing.values() for seed in seeds]):
             replays[job.point][job.seed] = metrics
             if len(replays[job.point]) == len(seeds):  # averaged in seed order, wherever they ran
                 row = mean_row([replays[job.point][seed] for seed in seeds])
-                rows.update((point, dict(row)) for point in sharing[job.point])
+                rows.update((point, dict(row)) for point in sharing[job.point.replay_key])
             done[0] += 1
             if progress is not None:
                 progress(done[0], total[0])

@@ -103,9 +103,9 @@ class Point:
                 self.strategy, self.rate)
 
     @property
-    def replayed(self) -> Point:
-        """The point whose replay gives this one's metrics: without a host tier the tiers' policies change
-        nothing, so the points that differ only in them share one replay."""
+    def replay_key(self) -> Point:
+        """Points with one key share one replay: without a host tier the tiers' policies change nothing, so the
+        key leaves them out."""
         if self.host_bytes:
             return self
         return replace(self, offload_policy="", tier_eviction="", tier_inclusion="")

@@ -298,8 +298,9 @@ class TieredCache:
         evicted = host.store.insert_new(new)
         if len(self.tiers) > 1:
             disk = self.tiers[1]
-            down = list(filterfalse(disk.store.contains, new if self.write_through else evicted))
-            disk.store.keep(down)
+            going = new if self.write_through else evicted
+            disk.store.keep(going)  # (a block leaving the disk for the GPU, back down: the disk keeps it)
+            down = list(filterfalse(disk.store.contains, going))
             if down and self._copy(disk, down, now):
                 disk.store.insert_new(down)
         return list(zip(new, map(block_of.__getitem__, new), strict=True)) if pairs else []
@@ -515,7 +516,11 @@ class TieredCache:
         if self.exclusive and self.pool is not None:
             on_gpu, above = self.pool.is_cached, set()
             for tier in self.tiers:  # (a block leaving for the GPU is in both until its load's copy ends)
-                hashes = [key for key in tier.store.hashes() if key not in tier.store.leaving]
+                leaving = tier.store.leaving
+                if any(not on_gpu(key) and key not in above for key in leaving):
+                    found.append(f"{tier.name}: a block leaving for the GPU is neither there nor in a tier above: "
+                                 "it came back down and the tier did not keep it")
+                hashes = [key for key in tier.store.hashes() if key not in leaving]
                 if any(map(on_gpu, hashes)):
                     found.append(f"{tier.name}: holds blocks the GPU's prefix cache holds, under exclusive tiers: "
                                  "a block the GPU cached was not removed from the tier")
