@@ -54,21 +54,20 @@ def checked(values: dict[str, Any], from_file: set[str], config: str) -> dict[st
     for key, value in values.items():
         where = {"field": _field_name(key, from_file), "source": config if key in from_file else None}
         out[key] = None if value is None and key in OPTIONAL_KEYS else CHECKS[key](value, where)
-    # (the sweep crosses the two: exclusive points run under on-eviction only, so one of them must be swept)
-    if "exclusive" in out.get("tier_inclusion", ()) and "on-eviction" not in out.get("offload_policy", ()):
+    # (the sweep crosses the two, leaving out exclusive tiers under write-through: each value swept needs a point)
+    inclusions, policies = out.get("tier_inclusion", ()), out.get("offload_policy", ())
+    if "exclusive" in inclusions and "on-eviction" not in policies:
         raise InputError("exclusive tiers get their blocks back only when the GPU evicts them: sweep them with "
-                         f"{_field_name('offload_policy', from_file)} on-eviction (it is "
-                         f"{','.join(out['offload_policy'])})",
+                         f"{_field_name('offload_policy', from_file)} on-eviction (it is {','.join(policies)})",
                          field=_field_name("tier_inclusion", from_file),
-                         source=config if "tier_inclusion" in from_file else None,
-                         value=",".join(out["tier_inclusion"]), has_value=True)
-    if "inclusive" not in out.get("tier_inclusion", ("inclusive",)) and "write-through" in out.get("offload_policy",
-                                                                                                  ()):
+                         source=config if "tier_inclusion" in from_file else None, value=",".join(inclusions),
+                         has_value=True)
+    if inclusions and "inclusive" not in inclusions and "write-through" in policies:
         raise InputError(f"write-through has no point to sweep: exclusive tiers need on-eviction (sweep "
                          f"{_field_name('tier_inclusion', from_file)} inclusive too, or leave write-through out)",
                          field=_field_name("offload_policy", from_file),
-                         source=config if "offload_policy" in from_file else None,
-                         value=",".join(out["offload_policy"]), has_value=True)
+                         source=config if "offload_policy" in from_file else None, value=",".join(policies),
+                         has_value=True)
     return out
 
 
