@@ -24,9 +24,14 @@ class NaiveLRU:
             if h in self.order:
                 self.order.remove(h)
             elif len(self.order) >= self.capacity - self.reserved:
-                evicted.append(self.order.pop(0))
+                evicted.append(self._victim())
+                self.order.remove(evicted[-1])
             self.order.append(h)
         return evicted
+
+    def _victim(self) -> int:
+        """The block eviction takes: the least recently used."""
+        return self.order[0]
 
     def hit(self, hashes: list[int]) -> list[bool]:
         held = [h in self.order for h in hashes]

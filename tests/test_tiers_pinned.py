@@ -25,30 +25,24 @@ from minipaged_cli.sim.replay import StepWork, replay
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache
 from tests.test_offload_run import MODEL, content
+from tests.test_tier_store_batches import NaiveLRU
 from tests.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config, random_trace
 from tests.test_tiers_hybrid import FULL, SLIDING, host_tier_holding
 
 # -- the stores ------------------------------------------------------------------------------------------------
 
 
-class NaivePinnedLRU:
-    """A list, least recently used first, one block at a time; eviction takes the oldest block not pinned; a
-    pinned block removed stays until its last pin goes."""
+class NaivePinnedLRU(NaiveLRU):
+    """test_tier_store_batches' naive LRU whose eviction takes the oldest block not pinned; a pinned block removed
+    stays until its last pin goes."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity, self.order, self.pins, self.leaving = capacity, [], {}, set()
+        super().__init__(capacity)
+        self.pins: dict[int, int] = {}
+        self.leaving: set[int] = set()
 
-    def insert(self, hashes: list[int]) -> list[int]:
-        evicted = []
-        for h in hashes:
-            if h in self.order:
-                self.order.remove(h)
-            elif len(self.order) >= self.capacity:
-                victim = next(v for v in self.order if not self.pins.get(v))
-                self.order.remove(victim)
-                evicted.append(victim)
-            self.order.append(h)
-        return evicted
+    def _victim(self) -> int:
+        return next(v for v in self.order if not self.pins.get(v))
 
 
 operation = st.tuples(st.sampled_from(["insert", "insert_new", "hit", "pin", "unpin", "remove", "keep"]),
@@ -69,11 +63,7 @@ def test_lru_pins_match_a_naive_lru_that_skips_them(capacity: int, operations: l
             else:
                 assert store.insert_new(new) == naive.insert(new)
         elif name == "hit":
-            store.hit(hashes)
-            for h in hashes:
-                if h in naive.order:
-                    naive.order.remove(h)
-                    naive.order.append(h)
+            assert store.hit(hashes) == naive.hit(hashes)
         elif name == "pin":  # its precondition: stored
             held = [h for h in hashes if h in naive.order]
             store.pin(held)

@@ -136,8 +136,7 @@ class Replay:
         decoders, chunks = decision.decoders, decision.chunks
         duration = self._duration(decision)
         running = scheduler.running
-        stores = [] if self.tiers is None else self.tiers.flush(self.now + duration, pairs=self.on_step is not None)
-        loads, scheduler.loads = scheduler.loads, []
+        stores, loads = self._copies(self.now + duration)
         if self.on_step is not None:
             work = StepWork(prefills=[(r.sequence_id, r.num_computed, c) for r, c in chunks],
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
@@ -260,12 +259,17 @@ class Replay:
         hands its connector the loads in a step of no tokens, and the worker starts them)."""
         if self.tiers is None:
             return
-        stores = self.tiers.flush(self.now, pairs=self.on_step is not None)
-        loads, self.scheduler.loads = self.scheduler.loads, []
+        stores, loads = self._copies(self.now)
         if self.on_step is not None and (loads or stores):
             live = sum(r.num_computed for r in self.scheduler.running) - self.allocator.shared_slots
             self.on_step(StepWork(prefills=[], decodes=[], live_tokens=live, loads=loads, stores=stores),
                          self.allocator)
+
+    def _copies(self, at: float) -> tuple[list[tuple[Hashable, int]], list[tuple[Hashable, int]]]:
+        """The stores issued at ``at`` (the tiers' flush) and the loads the scheduling issued, for a data plane."""
+        stores = [] if self.tiers is None else self.tiers.flush(at, pairs=self.on_step is not None)
+        loads, self.scheduler.loads = self.scheduler.loads, []
+        return stores, loads
 
     def _record_bulk(self, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int, external: int,
                      start: int, stop: int, saturated: bool) -> float:
