@@ -55,8 +55,10 @@ def test_simulate_shows_every_layer_full_beside_the_groups(windowed_config: str,
     assert "Hybrid KV cache manager vs every layer full attention" in result.output
     document = json.loads(out.read_text())
     assert document["config"]["num_blocks"] == 4096 and document["config"]["kv_cache_groups"] == 2
+    assert document["config"]["hybrid_kv"] is True
     assert document["paged_all_full_attention"]["num_blocks"] == 2048
     result = runner.invoke(app, ["simulate", MIXED, "--model", windowed_config, "--kv-memory", "64MiB",
                                  "--strategies", "paged", "--no-hybrid-kv", "--json", str(out)])
-    assert json.loads(out.read_text())["config"]["num_blocks"] == 2048
-    assert "paged_all_full_attention" not in json.loads(out.read_text())
+    document = json.loads(out.read_text())
+    assert document["config"]["num_blocks"] == 2048 and document["config"]["hybrid_kv"] is False
+    assert "paged_all_full_attention" not in document

@@ -58,3 +58,25 @@ def test_unknown_kv_cache_dtype_in_a_sweep_config(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     line, = result.stderr.strip().splitlines()
     assert "kv_cache_dtype: 'int8': expected one of auto, fp8, fp8_e4m3, fp8_e5m2" in line, line
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "traces/mixed.yaml", "--device", "cpu", "--limit", "3", "--max-steps", "3", "--kv-memory", "256MiB"],
+    ["profile", "traces/mixed.yaml", "--device", "cpu", "--limit", "3", "--block-size", "16", "--kv-memory", "1GiB"],
+])
+def test_the_data_plane_refuses_latent_attention(args: list[str]) -> None:
+    # Its cache holds per-head K and V; DeepSeek-V3 caches one 512 + 64 latent a token (its pool was sized from one
+    # and shaped as the other).
+    pytest.importorskip("torch")
+    result = _cli(*args, "--model", "deepseek-v3")
+    assert result.returncode == 2, result.stderr
+    line, = result.stderr.strip().splitlines()
+    assert line.startswith("error: --model: 'deepseek-v3': multi-head latent attention (a 512 + 64 latent"), line
+
+
+def test_profile_of_a_latent_attention_model_times_no_kernels_by_default() -> None:
+    result = _cli("profile", "traces/mixed.yaml", "--limit", "3", "--block-size", "16", "--kv-memory", "1GiB",
+                  "--model", "deepseek-v3", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["device"] == "none", {key: report[key] for key in report if key != "rows"}

@@ -63,3 +63,52 @@ def test_unknown_kv_cache_dtype_is_refused():
     with pytest.raises(InputError, match="fp8_e4m3") as error:
         with_kv_cache_dtype(model(), "fp8_e4m4")
     assert error.value.field == "--kv-cache-dtype"
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "gpt_oss", "cohere2"])
+@pytest.mark.parametrize("num_layers", [4, 12, 62])
+@pytest.mark.parametrize("window", [None, 512])
+def test_a_config_without_layer_types_gets_hugging_faces_defaults(model_type, num_layers, window):
+    # The reference: transformers' own config class for the type, given the same keys (a config.json that leaves out
+    # layer_types, and sliding_window too where window is None).
+    transformers = pytest.importorskip("transformers")
+    given = {"num_hidden_layers": num_layers} if window is None else {"num_hidden_layers": num_layers,
+                                                                     "sliding_window": window}
+    reference = transformers.CONFIG_MAPPING[model_type](**given)
+    spec = model(model_type=model_type, **given)
+    assert spec.layer_kinds == tuple(reference.layer_types)
+    assert spec.sliding_window == reference.sliding_window
+
+
+def test_gemma_3s_pattern_key_still_sets_the_layers_and_null_is_refused():
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.Gemma3TextConfig(num_hidden_layers=12, sliding_window_pattern=4)
+    spec = model(model_type="gemma3_text", num_hidden_layers=12, sliding_window_pattern=4)
+    assert spec.layer_kinds == tuple(reference.layer_types)
+    with pytest.raises(InputError) as error:  # (transformers fails on it with a TypeError)
+        model(model_type="gemma3_text", sliding_window_pattern=None)
+    assert error.value.field == "sliding_window_pattern"
+
+
+def test_empty_layer_types_are_refused_and_null_ones_take_the_default():
+    with pytest.raises(InputError, match="no entries for 4 layers") as error:
+        model(layer_types=[], sliding_window=128)
+    assert error.value.field == "layer_types"
+    assert model(model_type="gpt_oss", layer_types=None).layer_kinds == (SLIDING_ATTENTION, FULL_ATTENTION) * 2
+
+
+def test_a_shape_the_model_refuses_names_the_file():
+    with pytest.raises(InputError) as error:
+        model(num_key_value_heads=3)  # 4 query heads are not a multiple of 3
+    assert error.value.source == "config.json" and error.value.field == "num_key_value_heads"
+
+
+def test_a_config_that_is_not_text_is_bad_input(tmp_path):
+    from minipaged_cli.workloads.presets import load_gpu, load_model
+
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe\x00{")
+    for load in (load_model, load_gpu):
+        with pytest.raises(InputError, match="cannot read") as error:
+            load(str(path))
+        assert error.value.source == str(path)

@@ -8,6 +8,7 @@ query, prefill position included, is a decode query over the prefix up to it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ DEFAULT_VERIFY_CONFIG = "qwen3-0.6b-4-layers"
 
 
 def load_config_file(name_or_path: str) -> dict[str, Any]:
-    """A Qwen3 config (Hugging Face keys) from ``configs/verify/<name>.yaml`` or a YAML/JSON path."""
+    """A Qwen3 config (Hugging Face keys) from ``configs/verify/<name>.yaml`` or a YAML/JSON path, checked the way
+    the paged model will use it: Hugging Face's ``Qwen3Config`` accepts it, every layer is full attention, and the
+    query heads split evenly over the KV heads."""
     path = Path(name_or_path)
     if not path.is_file():
         path = VERIFY_CONFIG_DIR / f"{name_or_path}.yaml"
@@ -36,19 +39,67 @@ def load_config_file(name_or_path: str) -> dict[str, Any]:
         names = sorted(p.stem for p in VERIFY_CONFIG_DIR.glob("*.yaml"))
         raise InputError(f"no such config; configs/verify has {', '.join(names)}", field="--config",
                          value=name_or_path, has_value=True)
-    config = yaml.safe_load(path.read_text())
+    source = str(path)
+    try:
+        text = path.read_text()
+        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
+        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=source) from None
     if not isinstance(config, dict):
-        raise InputError("expected a mapping of Hugging Face config keys", source=str(path))
+        raise InputError("expected a mapping of Hugging Face config keys", source=source)
+    if config.get("model_type", "qwen3") != "qwen3":
+        raise InputError("not a Qwen3 config: verify checks Qwen3's attention", source=source, field="model_type",
+                         value=config["model_type"], has_value=True)
+    from transformers import Qwen3Config
+
+    try:
+        checked = Qwen3Config(**config)
+    except Exception as error:  # (transformers' checks raise ValueErrors, TypeErrors and huggingface_hub's own)
+        raise InputError(f"Hugging Face's Qwen3Config refuses it: {str(error).strip().splitlines()[-1].strip()}",
+                         source=source) from None
+    if "sliding_attention" in (checked.layer_types or ()):
+        raise InputError("verify checks full attention; this config has sliding-window layers", source=source,
+                         field="layer_types")
+    for field in ("num_attention_heads", "num_key_value_heads", "hidden_size", "num_hidden_layers", "vocab_size"):
+        if not isinstance(getattr(checked, field), int) or getattr(checked, field) < 1:
+            raise InputError("must be a whole number >= 1", source=source, field=field,
+                             value=getattr(checked, field), has_value=True)
+    if checked.num_attention_heads % checked.num_key_value_heads:
+        raise InputError(f"num_attention_heads {checked.num_attention_heads} is not a multiple of it", source=source,
+                         field="num_key_value_heads", value=checked.num_key_value_heads, has_value=True)
     return config
 
 
 def build_random_qwen3(config: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> Any:
-    """A Qwen3 with seeded random weights (Hugging Face's initialisation), eager attention, in eval mode."""
+    """A Qwen3 with seeded random weights (Hugging Face's initialisation), eager attention, in eval mode; refused
+    (bad input) when its weights would not fit in the device's free memory."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    qwen3_config = Qwen3Config(**config, attn_implementation="eager")
+    with torch.device("meta"):  # (the shapes alone: no memory)
+        num_params = sum(p.numel() for p in Qwen3ForCausalLM(qwen3_config).parameters())
+    # (built in float32, Hugging Face's default, then cast: both copies at once)
+    need = num_params * (4 + (dtype.itemsize if dtype != torch.float32 else 0))
+    free = free_memory_bytes(device)
+    if free is not None and need > 0.8 * free:
+        raise InputError(f"random weights of {num_params / 1e9:.2f} B parameters need {need / 2**30:.1f} GiB to "
+                         f"build, more than 80 % of the {free / 2**30:.1f} GiB free on {device.type}: use a smaller "
+                         "config (configs/verify has two)", field="--config")
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**config, attn_implementation="eager"))
+    model = Qwen3ForCausalLM(qwen3_config)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on ``device`` (the host's MemAvailable for the CPU); None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def load_qwen3(model_path: Path, dtype: torch.dtype, device: torch.device) -> Any:

@@ -181,6 +181,16 @@ def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim:
                          has_value=True)
 
 
+def require_per_head_kv(spec: Any, instead: str) -> None:
+    """Bad input, not wrong numbers, when the data plane (its cache of per-head K and V) would run a model with
+    multi-head latent attention, whose cache holds one latent vector a token (``dataplane/mla.py`` is a reference
+    implementation, not a backend)."""
+    if spec.is_mla:
+        raise InputError(f"multi-head latent attention (a {spec.kv_lora_rank} + {spec.qk_rope_head_dim} latent a "
+                         "token) has no kernels in the data plane, which caches per-head K and V; "
+                         f"{instead}", field="--model", value=spec.name, has_value=True)
+
+
 def load_calibration_option(path: Path | None) -> Calibration | None:
     return None if path is None else load_calibration(path)
 

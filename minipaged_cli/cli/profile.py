@@ -29,6 +29,7 @@ from minipaged_cli.cli.common import (
     check_dtype,
     flag,
     handle_errors,
+    require_per_head_kv,
     require_support,
     stderr,
     stdout,
@@ -75,7 +76,8 @@ def profile_command(
     scheduler: SchedulerOpt = "v1",
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
-                         "cpu), cpu, cuda, emulated, or none (no timings).")
+                         "cpu; none for a model with multi-head latent attention, which no kernel runs), cpu, "
+                         "cuda, emulated, or none (no timings).")
     ] = "auto",
     dtype: Annotated[str | None, typer.Option("--dtype", help="KV dtype for the kernel timings. Default: the "
                                                               "model's.", show_default=False)] = None,
@@ -121,10 +123,13 @@ def profile_command(
                                         gpu_memory_utilization, hybrid=hybrid)
     # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
     kv_bytes = blocks * block_bytes(spec, kv_cache_groups(spec, hybrid=hybrid), sizes[0])
+    if device == "auto" and spec.is_mla:
+        device = "none"  # (no kernel of the data plane runs latent attention: nothing to time)
     backend = None
     if device != "none":  # the kernel timings need torch (the [torch] extra); the replays do not
         from minipaged_cli.dataplane.select import select_backend
 
+        require_per_head_kv(spec, "--device none profiles its block sizes without the kernel timings")
         backend = select_backend(device)
         require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
     dtype_name = dtype or spec.dtype

@@ -30,6 +30,7 @@ from minipaged_cli.cli.common import (
     TraceArg,
     check_dtype,
     handle_errors,
+    require_per_head_kv,
     require_support,
     stderr,
     stdout,
@@ -110,6 +111,7 @@ def run_command(
     backend = select_backend(device)
     on_cpu = backend.device.type == "cpu"
     spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype)
+    require_per_head_kv(spec, "simulate and sweep model its KV cache")
     require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name, kv_cache_dtype)
     gpu_spec = load_gpu(gpu)
     if on_cpu and kv_memory is None and num_blocks is None:

@@ -76,7 +76,7 @@ Examples:\n\n
   minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
   --cpu-kv-memory 256GiB --disk-kv-memory 2TiB\n\n
   minipaged simulate traces/mixed.yaml --scheduler v0 --preemption swap --cpu-blocks 20000 --watermark 0\n\n
-  minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --model llama-3.1-70b --kv-cache-dtype
+  minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --kv-cache-dtype
   fp8_e4m3\n\n
   minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
   configs/calibrations/h100-llama-2-7b.yaml

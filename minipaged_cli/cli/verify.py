@@ -12,7 +12,6 @@ from minipaged_cli.cli.common import (
     DeviceOpt,
     JsonOpt,
     KvCacheDtypeOption,
-    SeedOpt,
     check_dtype,
     handle_errors,
     require_support,
@@ -86,7 +85,8 @@ def verify_command(
     device: DeviceOpt = "auto",
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     kv_scales: KvScalesOption = DEFAULT_SCALE_MODE,
-    seed: SeedOpt = 0,
+    seed: Annotated[int, typer.Option(
+        "--seed", help="Seed of the random weights, the prompts' lengths and tokens, and the scrambled blocks.")] = 0,
     json_path: JsonOpt = None,
 ) -> None:
     """Check a Qwen3 attention layer computed through the paged KV cache (scrambled blocks, slots from the block

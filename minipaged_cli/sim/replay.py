@@ -364,6 +364,8 @@ class SimulationResult:
                        **(config.tier_settings if config.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
+        if config.model.is_hybrid:  # (--no-hybrid-kv: every layer as full attention, one group)
+            document["config"]["hybrid_kv"] = config.hybrid_kv
         if self.all_full_attention is not None:
             full_config, full = self.all_full_attention
             document["config"].update(kv_cache_groups=len(config.kv_cache_groups), kv_size_tokens=config.kv_size_tokens)

@@ -39,6 +39,11 @@ CONFIG_DIR = next(
 )
 # Architectures whose MLP has two matrices (up, down); the rest (Llama, Qwen, Mistral...) gate with three.
 _PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
+# What Hugging Face's config classes fill in for a model type whose config.json leaves out ``sliding_window`` or
+# ``layer_types``: (the window, every how many layers one is full attention; the others slide), from transformers'
+# Gemma2Config, Gemma3TextConfig, GptOssConfig and Cohere2Config (tests/test_model_layers.py checks them).
+HF_SLIDING_DEFAULTS = {"gemma2": (4096, 2), "gemma3": (4096, 6), "gemma3_text": (4096, 6), "gpt_oss": (128, 2),
+                       "cohere2": (4096, 4)}
 
 
 # What real kernels achieve, as fractions of the datasheet's peak FLOP/s and HBM bandwidth. A preset states its
@@ -172,28 +177,34 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
                "num_shared_experts": optional("n_shared_experts", minimum=0) or 0,
                "first_k_dense_replace": optional("first_k_dense_replace", minimum=0) or 0}
     check_experts({**experts, "num_layers": num_layers}, source=source)
-    return ModelSpec(
-        name=name,
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        intermediate_size=get("intermediate_size", "ffn_dim"),
-        num_q_heads=num_q_heads,
-        num_kv_heads=get("num_key_value_heads", default=num_q_heads),
-        head_dim=get("head_dim", default=hidden_size // num_q_heads),
-        vocab_size=get("vocab_size"),
-        tie_word_embeddings=tie_word_embeddings,
-        gated_mlp=config.get("model_type") not in _PLAIN_MLP_TYPES,
-        dtype=dtype,
-        max_model_len=get("max_position_embeddings", "max_sequence_length", "seq_length"),
-        layer_types=layer_types,
-        sliding_window=sliding_window,
-        **mla,
-        q_lora_rank=optional("q_lora_rank"),
-        qk_nope_head_dim=optional("qk_nope_head_dim"),
-        v_head_dim=optional("v_head_dim"),
-        **experts,
-        weight_quantization=_hf_weight_quantization(config, source),
-    )
+    try:  # (ModelSpec's own checks name the model; the file is known here)
+        return ModelSpec(
+            name=name,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            intermediate_size=get("intermediate_size", "ffn_dim"),
+            num_q_heads=num_q_heads,
+            num_kv_heads=get("num_key_value_heads", default=num_q_heads),
+            head_dim=get("head_dim", default=hidden_size // num_q_heads),
+            vocab_size=get("vocab_size"),
+            tie_word_embeddings=tie_word_embeddings,
+            gated_mlp=config.get("model_type") not in _PLAIN_MLP_TYPES,
+            dtype=dtype,
+            max_model_len=get("max_position_embeddings", "max_sequence_length", "seq_length"),
+            layer_types=layer_types,
+            sliding_window=sliding_window,
+            **mla,
+            q_lora_rank=optional("q_lora_rank"),
+            qk_nope_head_dim=optional("qk_nope_head_dim"),
+            v_head_dim=optional("v_head_dim"),
+            **experts,
+            weight_quantization=_hf_weight_quantization(config, source),
+        )
+    except InputError as error:
+        if error.source != name:
+            raise
+        raise InputError(error.message, source=source, where=error.where, field=error.field, value=error.value,
+                         has_value=error.has_value) from None
 
 
 def _hf_weight_quantization(config: dict[str, Any], source: str) -> str | None:
@@ -211,23 +222,28 @@ def _hf_weight_quantization(config: dict[str, Any], source: str) -> str | None:
 
 def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tuple[tuple[str, ...], int | None]:
     """Which layers slide, from ``layer_types`` (gpt-oss, Gemma 3, recent transformers), else
-    ``sliding_window_pattern`` (Gemma 3's older configs: every pattern-th layer is global), else a
-    ``sliding_window`` on its own (Mistral 7B v0.1: every layer). ``use_sliding_window: false`` (Qwen2/3) and a
-    null window mean none does."""
-    window = config.get("sliding_window")
+    ``sliding_window_pattern`` (Gemma 3's older configs: every pattern-th layer is global), else the model type's
+    default (``HF_SLIDING_DEFAULTS``), else a ``sliding_window`` on its own (Mistral 7B v0.1: every layer).
+    ``use_sliding_window: false`` (Qwen2/3) and a null window mean none does."""
+    window, pattern = HF_SLIDING_DEFAULTS.get(str(config.get("model_type")), (None, None))
+    window = config.get("sliding_window", window)
     if config.get("use_sliding_window") is False:
         window = None
     if window is not None:
         window = whole_number(window, field="sliding_window", source=source, minimum=1)
-    if "layer_types" in config:
+    if "sliding_window_pattern" in config:  # (null too: Hugging Face computes with it and fails)
+        pattern = whole_number(config["sliding_window_pattern"], field="sliding_window_pattern", source=source,
+                               minimum=1)
+    if config.get("layer_types") is not None:
         layer_types = config["layer_types"]
         if not isinstance(layer_types, list) or not all(isinstance(kind, str) for kind in layer_types):
             raise InputError("expected a list of layer type names", source=source, field="layer_types",
                              value=layer_types, has_value=True)
+        if not layer_types:
+            raise InputError(f"has no entries for {num_layers} layers (num_hidden_layers)", source=source,
+                             field="layer_types")
         types = tuple(layer_types)
-    elif window is not None and config.get("sliding_window_pattern") is not None:
-        pattern = whole_number(config["sliding_window_pattern"], field="sliding_window_pattern", source=source,
-                               minimum=1)
+    elif window is not None and pattern is not None:
         types = tuple(FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION for i in range(num_layers))
     elif window is not None:
         types = (SLIDING_ATTENTION,) * num_layers
@@ -253,7 +269,7 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
     try:
         text = path.read_text()
         config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, json.JSONDecodeError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
         raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
     if not isinstance(config, dict):
         raise InputError("expected a mapping of keys to values", source=str(path))
