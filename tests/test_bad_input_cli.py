@@ -212,3 +212,14 @@ def test_a_plot_path_without_a_suffix_gets_a_png(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert [p.name for p in tmp_path.iterdir()] == ["memory"]  # and no temporary left beside it
+
+
+@pytest.mark.parametrize("option", ["--model", "--gpu", "--calibration", "--config"])
+def test_a_file_that_is_not_text_is_one_line_exit_2(tmp_path: Path, option: str) -> None:
+    path = tmp_path / ("config.json" if option == "--model" else "file.yaml")
+    path.write_bytes(b"\xff\xfe\x00{")
+    command = ["sweep", MIXED] if option == "--config" else ["simulate", MIXED]
+    result = runner.invoke(app, [*command, option, str(path)])
+    assert result.exit_code == 2, result.output
+    line, = result.output.strip().splitlines()
+    assert line.startswith(f"error: {path}: ") and "cannot read: 'utf-8' codec can't decode" in line, line

@@ -31,7 +31,7 @@ def read_config(path: Path) -> dict[str, Any]:
     """The settings a --config file gives, by their keys (``-`` or ``_``)."""
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
     if not isinstance(data, dict):
         raise InputError("expected a mapping of option names to values", source=str(path))

@@ -140,7 +140,7 @@ def load_calibration(path: str | Path) -> Calibration:
     source = str(path)
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=source,
                          field="--calibration") from None
     if not isinstance(data, dict):
