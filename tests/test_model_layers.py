@@ -112,3 +112,14 @@ def test_a_config_that_is_not_text_is_bad_input(tmp_path):
         with pytest.raises(InputError, match="cannot read") as error:
             load(str(path))
         assert error.value.source == str(path)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("extra", [{}, {"max_window_layers": 3}, {"max_window_layers": 0}])
+def test_qwens_sliding_window_starts_at_max_window_layers(model_type, extra):
+    transformers = pytest.importorskip("transformers")
+    given = {"num_hidden_layers": 30, "use_sliding_window": True, "sliding_window": 512, **extra}
+    reference = transformers.CONFIG_MAPPING[model_type](**given)
+    spec = model(model_type=model_type, **given)
+    assert spec.layer_kinds == tuple(reference.layer_types)
+    assert spec.sliding_window == reference.sliding_window

@@ -42,6 +42,9 @@ _PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
 # What Hugging Face's config classes fill in for a model type whose config.json leaves out ``sliding_window`` or
 # ``layer_types``: (the window, every how many layers one is full attention; the others slide), from transformers'
 # Gemma2Config, Gemma3TextConfig, GptOssConfig and Cohere2Config (tests/test_model_layers.py checks them).
+# Qwen2 and Qwen3 with ``use_sliding_window``: the first ``max_window_layers`` layers (transformers' default 28) are
+# full attention, the rest slide.
+_FIRST_LAYERS_FULL = {"qwen2": 28, "qwen3": 28}
 HF_SLIDING_DEFAULTS = {"gemma2": (4096, 2), "gemma3": (4096, 6), "gemma3_text": (4096, 6), "gpt_oss": (128, 2),
                        "cohere2": (4096, 4)}
 
@@ -221,9 +224,10 @@ def _hf_weight_quantization(config: dict[str, Any], source: str) -> str | None:
 
 
 def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tuple[tuple[str, ...], int | None]:
-    """Which layers slide, from ``layer_types`` (gpt-oss, Gemma 3, recent transformers), else
-    ``sliding_window_pattern`` (Gemma 3's older configs: every pattern-th layer is global), else the model type's
-    default (``HF_SLIDING_DEFAULTS``), else a ``sliding_window`` on its own (Mistral 7B v0.1: every layer).
+    """Which layers slide, from ``layer_types`` (gpt-oss, Gemma 3, recent transformers), else Qwen2/3's
+    ``max_window_layers``, else ``sliding_window_pattern`` (Gemma 3's older configs: every pattern-th layer is
+    global), else the model type's default (``HF_SLIDING_DEFAULTS``), else a ``sliding_window`` on its own
+    (Mistral 7B v0.1: every layer).
     ``use_sliding_window: false`` (Qwen2/3) and a null window mean none does."""
     window, pattern = HF_SLIDING_DEFAULTS.get(str(config.get("model_type")), (None, None))
     window = config.get("sliding_window", window)
@@ -243,6 +247,10 @@ def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tup
             raise InputError(f"has no entries for {num_layers} layers (num_hidden_layers)", source=source,
                              field="layer_types")
         types = tuple(layer_types)
+    elif window is not None and str(config.get("model_type")) in _FIRST_LAYERS_FULL:
+        first = whole_number(config.get("max_window_layers", _FIRST_LAYERS_FULL[config["model_type"]]),
+                             field="max_window_layers", source=source, minimum=0)
+        types = tuple(FULL_ATTENTION if i < first else SLIDING_ATTENTION for i in range(num_layers))
     elif window is not None and pattern is not None:
         types = tuple(FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION for i in range(num_layers))
     elif window is not None:
