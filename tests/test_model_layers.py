@@ -115,10 +115,12 @@ def test_a_config_that_is_not_text_is_bad_input(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
-@pytest.mark.parametrize("extra", [{}, {"max_window_layers": 3}, {"max_window_layers": 0}])
+@pytest.mark.parametrize("extra", [{"use_sliding_window": True}, {"use_sliding_window": True, "max_window_layers": 3},
+                                   {"use_sliding_window": True, "max_window_layers": 0}, {"max_window_layers": 3}])
 def test_qwens_sliding_window_starts_at_max_window_layers(model_type, extra):
+    # (without use_sliding_window, Qwen's default is off: the window is never used)
     transformers = pytest.importorskip("transformers")
-    given = {"num_hidden_layers": 30, "use_sliding_window": True, "sliding_window": 512, **extra}
+    given = {"num_hidden_layers": 30, "sliding_window": 512, **extra}
     reference = transformers.CONFIG_MAPPING[model_type](**given)
     spec = model(model_type=model_type, **given)
     assert spec.layer_kinds == tuple(reference.layer_types)

@@ -227,11 +227,12 @@ def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tup
     """Which layers slide, from ``layer_types`` (gpt-oss, Gemma 3, recent transformers), else Qwen2/3's
     ``max_window_layers``, else ``sliding_window_pattern`` (Gemma 3's older configs: every pattern-th layer is
     global), else the model type's default (``HF_SLIDING_DEFAULTS``), else a ``sliding_window`` on its own
-    (Mistral 7B v0.1: every layer).
-    ``use_sliding_window: false`` (Qwen2/3) and a null window mean none does."""
-    window, pattern = HF_SLIDING_DEFAULTS.get(str(config.get("model_type")), (None, None))
+    (Mistral 7B v0.1: every layer). ``use_sliding_window: false`` (Qwen2/3's default) and a null window mean none
+    does."""
+    model_type = str(config.get("model_type"))
+    window, pattern = HF_SLIDING_DEFAULTS.get(model_type, (None, None))
     window = config.get("sliding_window", window)
-    if config.get("use_sliding_window") is False:
+    if config.get("use_sliding_window", model_type not in _FIRST_LAYERS_FULL) is False:
         window = None
     if window is not None:
         window = whole_number(window, field="sliding_window", source=source, minimum=1)
@@ -247,8 +248,8 @@ def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tup
             raise InputError(f"has no entries for {num_layers} layers (num_hidden_layers)", source=source,
                              field="layer_types")
         types = tuple(layer_types)
-    elif window is not None and str(config.get("model_type")) in _FIRST_LAYERS_FULL:
-        first = whole_number(config.get("max_window_layers", _FIRST_LAYERS_FULL[config["model_type"]]),
+    elif window is not None and model_type in _FIRST_LAYERS_FULL:
+        first = whole_number(config.get("max_window_layers", _FIRST_LAYERS_FULL[model_type]),
                              field="max_window_layers", source=source, minimum=0)
         types = tuple(FULL_ATTENTION if i < first else SLIDING_ATTENTION for i in range(num_layers))
     elif window is not None and pattern is not None:
