@@ -63,6 +63,8 @@ def test_unknown_kv_cache_dtype_in_a_sweep_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args", [
     ["run", "traces/mixed.yaml", "--device", "cpu", "--limit", "3", "--max-steps", "3", "--kv-memory", "256MiB"],
     ["profile", "traces/mixed.yaml", "--device", "cpu", "--limit", "3", "--block-size", "16", "--kv-memory", "1GiB"],
+    ["profile", "traces/mixed.yaml", "--offload", "--limit", "3", "--block-size", "16", "--kv-memory", "1GiB"],
+    ["calibrate", "out.yaml", "--device", "cpu", "--quick"],
 ])
 def test_the_data_plane_refuses_latent_attention(args: list[str]) -> None:
     # Its cache holds per-head K and V; DeepSeek-V3 caches one 512 + 64 latent a token (its pool was sized from one

@@ -33,14 +33,19 @@ def _verify(tmp_path: Path, config: dict | bytes) -> tuple[int, str, Path]:
 
 @pytest.mark.parametrize(("config", "says"), [
     ({**SMALL, "model_type": "deepseek_v3"}, "model_type: 'deepseek_v3': not a Qwen3 config"),
-    ({**SMALL, "layer_types": ["full_attention"]},
-     "Hugging Face's Qwen3Config refuses it: ValueError: `num_hidden_layers` (2)"),
+    ({**SMALL, "layer_types": ["full_attention"]}, "Hugging Face cannot build a Qwen3 from it: "
+     "StrictDataclassClassValidationError: ValueError: `num_hidden_layers` (2) must be equal"),
     ({**SMALL, "num_key_value_heads": 5}, "num_key_value_heads: 5: num_attention_heads 12 is not a multiple of it"),
     ({**SMALL, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0},
      "layer_types: verify checks full attention"),
-    ({**SMALL, "num_attention_heads": 0}, "num_attention_heads: 0: must be a whole number >= 1"),
-    ({**SMALL, "hidden_size": "big"},
-     "Hugging Face's Qwen3Config refuses it: TypeError: Field 'hidden_size' expected int"),
+    ({**SMALL, "num_attention_heads": 0}, "Hugging Face cannot build a Qwen3 from it: ZeroDivisionError"),
+    ({**SMALL, "hidden_size": "big"}, "Hugging Face cannot build a Qwen3 from it: "
+     "StrictDataclassFieldValidationError: TypeError: Field 'hidden_size' expected int"),
+    ({**SMALL, "intermediate_size": -1}, "Hugging Face cannot build a Qwen3 from it: RuntimeError: Trying to "
+     "create tensor with negative dimension -1"),
+    ({**SMALL, "hidden_act": "nope"}, "Hugging Face cannot build a Qwen3 from it: KeyError: 'nope'"),
+    ({**SMALL, "head_dim": 3}, "head_dim: 3: RoPE needs an even head_dim and a positive theta"),
+    ({**SMALL, "rope_theta": 0}, "rope_theta: 0.0: RoPE needs an even head_dim and a positive theta"),
     (b"\xff\xfe\x00{", "cannot read: 'utf-8' codec can't decode"),
 ])
 def test_a_config_verify_cannot_build_is_one_line_exit_2(tmp_path: Path, config: dict | bytes, says: str) -> None:
@@ -57,7 +62,9 @@ def test_a_json_config_reads_as_json(tmp_path: Path) -> None:
     assert "all passed" in output
 
 
-def test_weights_too_big_for_the_free_memory_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_weights_too_big_for_the_free_memory_are_refused(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    # Built in float32 on the host whatever --dtype says (4 B a parameter), then cast a parameter at a time
     import torch
 
     from minipaged_cli.apps import qwen3
@@ -65,9 +72,9 @@ def test_weights_too_big_for_the_free_memory_are_refused(monkeypatch: pytest.Mon
     # The reference count: the same model built for real
     num_params = sum(p.numel() for p in qwen3.build_random_qwen3(SMALL, 0, torch.float32,
                                                                  torch.device("cpu")).parameters())
-    monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4)  # float32 needs 4 B each
-    with pytest.raises(InputError, match=f"{num_params / 1e9:.2f} B parameters") as error:
-        qwen3.build_random_qwen3(SMALL, 0, torch.float32, torch.device("cpu"))
+    monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4)  # 4 B a parameter: over 80 %
+    with pytest.raises(InputError, match=f"{num_params / 1e9:.2f} B parameters need .* on cpu") as error:
+        qwen3.build_random_qwen3(SMALL, 0, getattr(torch, dtype), torch.device("cpu"))
     assert error.value.field == "--config"
     monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4 * 2)
-    qwen3.build_random_qwen3(SMALL, 0, torch.float32, torch.device("cpu"))  # fits: within 80 %
+    qwen3.build_random_qwen3(SMALL, 0, getattr(torch, dtype), torch.device("cpu"))  # fits: within 80 %

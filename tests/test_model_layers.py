@@ -65,7 +65,7 @@ def test_unknown_kv_cache_dtype_is_refused():
     assert error.value.field == "--kv-cache-dtype"
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "gpt_oss", "cohere2"])
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "gpt_oss", "cohere2", "mistral"])
 @pytest.mark.parametrize("num_layers", [4, 12, 62])
 @pytest.mark.parametrize("window", [None, 512])
 def test_a_config_without_layer_types_gets_hugging_faces_defaults(model_type, num_layers, window):
@@ -76,7 +76,9 @@ def test_a_config_without_layer_types_gets_hugging_faces_defaults(model_type, nu
                                                                      "sliding_window": window}
     reference = transformers.CONFIG_MAPPING[model_type](**given)
     spec = model(model_type=model_type, **given)
-    assert spec.layer_kinds == tuple(reference.layer_types)
+    # (MistralConfig has no layer_types: its model masks every layer with the window)
+    expected = getattr(reference, "layer_types", None) or [SLIDING_ATTENTION] * num_layers
+    assert spec.layer_kinds == tuple(expected)
     assert spec.sliding_window == reference.sliding_window
 
 
@@ -85,9 +87,24 @@ def test_gemma_3s_pattern_key_still_sets_the_layers_and_null_is_refused():
     reference = transformers.Gemma3TextConfig(num_hidden_layers=12, sliding_window_pattern=4)
     spec = model(model_type="gemma3_text", num_hidden_layers=12, sliding_window_pattern=4)
     assert spec.layer_kinds == tuple(reference.layer_types)
-    with pytest.raises(InputError) as error:  # (transformers fails on it with a TypeError)
+    with pytest.raises(InputError) as error:  # (transformers fails on it with a TypeError, unless layer_types)
         model(model_type="gemma3_text", sliding_window_pattern=None)
     assert error.value.field == "sliding_window_pattern"
+
+
+@pytest.mark.parametrize("pattern", ["LLLG", None, 2])
+def test_layer_types_win_over_any_pattern(pattern):
+    # EXAONE 4's config.json writes its pattern as a string beside layer_types; transformers reads layer_types only
+    layer_types = ["sliding_attention"] * 3 + ["full_attention"]
+    spec = model(model_type="exaone4", layer_types=layer_types, sliding_window=4096, sliding_window_pattern=pattern)
+    assert spec.layer_kinds == tuple(layer_types) and spec.sliding_window == 4096
+
+
+@pytest.mark.parametrize("model_type", [{}, ["llama"], 3])
+def test_a_model_type_that_is_not_a_name_is_refused(model_type):
+    with pytest.raises(InputError) as error:
+        model(model_type=model_type)
+    assert error.value.field == "model_type"
 
 
 def test_empty_layer_types_are_refused_and_null_ones_take_the_default():
@@ -115,12 +132,16 @@ def test_a_config_that_is_not_text_is_bad_input(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
-@pytest.mark.parametrize("extra", [{"use_sliding_window": True}, {"use_sliding_window": True, "max_window_layers": 3},
-                                   {"use_sliding_window": True, "max_window_layers": 0}, {"max_window_layers": 3}])
+@pytest.mark.parametrize("extra", [
+    {"use_sliding_window": True, "sliding_window": 512},
+    {"use_sliding_window": True, "sliding_window": 512, "max_window_layers": 3},
+    {"use_sliding_window": True, "sliding_window": 512, "max_window_layers": 0},
+    {"use_sliding_window": True, "max_window_layers": 3},  # (the window's default)
+    {"sliding_window": 512, "max_window_layers": 3},  # (without use_sliding_window, Qwen's default is off)
+])
 def test_qwens_sliding_window_starts_at_max_window_layers(model_type, extra):
-    # (without use_sliding_window, Qwen's default is off: the window is never used)
     transformers = pytest.importorskip("transformers")
-    given = {"num_hidden_layers": 30, "sliding_window": 512, **extra}
+    given = {"num_hidden_layers": 30, **extra}
     reference = transformers.CONFIG_MAPPING[model_type](**given)
     spec = model(model_type=model_type, **given)
     assert spec.layer_kinds == tuple(reference.layer_types)

@@ -8,13 +8,11 @@ query, prefill position included, is a decode query over the prefix up to it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.block_tables import append_slots, block_table_tensor
@@ -22,7 +20,7 @@ from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.block_manager import KVBlockManager
-from minipaged_cli.workloads.presets import CONFIG_DIR
+from minipaged_cli.workloads.presets import CONFIG_DIR, read_config_file
 
 VERIFY_CONFIG_DIR = CONFIG_DIR / "verify"
 DEFAULT_VERIFY_CONFIG = "qwen3-0.6b-4-layers"
@@ -30,8 +28,8 @@ DEFAULT_VERIFY_CONFIG = "qwen3-0.6b-4-layers"
 
 def load_config_file(name_or_path: str) -> dict[str, Any]:
     """A Qwen3 config (Hugging Face keys) from ``configs/verify/<name>.yaml`` or a YAML/JSON path, checked the way
-    the paged model will use it: Hugging Face's ``Qwen3Config`` accepts it, every layer is full attention, and the
-    query heads split evenly over the KV heads."""
+    the paged model will use it: Hugging Face builds a Qwen3 from it (on the meta device: shapes, no memory), every
+    layer is full attention, and the query heads split evenly over the KV heads."""
     path = Path(name_or_path)
     if not path.is_file():
         path = VERIFY_CONFIG_DIR / f"{name_or_path}.yaml"
@@ -39,54 +37,63 @@ def load_config_file(name_or_path: str) -> dict[str, Any]:
         names = sorted(p.stem for p in VERIFY_CONFIG_DIR.glob("*.yaml"))
         raise InputError(f"no such config; configs/verify has {', '.join(names)}", field="--config",
                          value=name_or_path, has_value=True)
-    source = str(path)
-    try:
-        text = path.read_text()
-        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=source) from None
-    if not isinstance(config, dict):
-        raise InputError("expected a mapping of Hugging Face config keys", source=source)
+    source, config = str(path), read_config_file(path)
     if config.get("model_type", "qwen3") != "qwen3":
         raise InputError("not a Qwen3 config: verify checks Qwen3's attention", source=source, field="model_type",
                          value=config["model_type"], has_value=True)
-    from transformers import Qwen3Config
-
     try:
-        checked = Qwen3Config(**config)
-    except Exception as error:  # (transformers' checks raise ValueErrors, TypeErrors and huggingface_hub's own)
-        raise InputError(f"Hugging Face's Qwen3Config refuses it: {str(error).strip().splitlines()[-1].strip()}",
+        checked = qwen3_on_meta(config).config
+        theta = rope_theta(checked)
+    except ImportError:  # (a missing extra, which the command names)
+        raise
+    except Exception as error:  # (transformers' checks raise ValueErrors, TypeErrors, KeyErrors, its hub's own)
+        reason = str(error).strip().splitlines()[-1].strip() if str(error).strip() else ""
+        raise InputError(f"Hugging Face cannot build a Qwen3 from it: {type(error).__name__}: {reason}",
                          source=source) from None
     if "sliding_attention" in (checked.layer_types or ()):
         raise InputError("verify checks full attention; this config has sliding-window layers", source=source,
                          field="layer_types")
-    for field in ("num_attention_heads", "num_key_value_heads", "hidden_size", "num_hidden_layers", "vocab_size"):
-        if not isinstance(getattr(checked, field), int) or getattr(checked, field) < 1:
-            raise InputError("must be a whole number >= 1", source=source, field=field,
-                             value=getattr(checked, field), has_value=True)
+    head_dim = checked.head_dim
+    for field, value in (("num_attention_heads", checked.num_attention_heads),
+                         ("num_key_value_heads", checked.num_key_value_heads), ("head_dim", head_dim)):
+        if not isinstance(value, int) or value < 1:
+            raise InputError("must be a whole number >= 1", source=source, field=field, value=value, has_value=True)
     if checked.num_attention_heads % checked.num_key_value_heads:
         raise InputError(f"num_attention_heads {checked.num_attention_heads} is not a multiple of it", source=source,
                          field="num_key_value_heads", value=checked.num_key_value_heads, has_value=True)
+    if head_dim % 2 or not theta > 0:
+        field, value = ("head_dim", head_dim) if head_dim % 2 else ("rope_theta", theta)
+        raise InputError("RoPE needs an even head_dim and a positive theta", source=source, field=field, value=value,
+                         has_value=True)
     return config
+
+
+def qwen3_on_meta(config: dict[str, Any]) -> Any:
+    """Hugging Face's Qwen3 of ``config`` on the meta device: its shapes and parameter count, no memory."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    with torch.device("meta"):
+        return Qwen3ForCausalLM(Qwen3Config(**config, attn_implementation="eager"))
 
 
 def build_random_qwen3(config: dict[str, Any], seed: int, dtype: torch.dtype, device: torch.device) -> Any:
     """A Qwen3 with seeded random weights (Hugging Face's initialisation), eager attention, in eval mode; refused
-    (bad input) when its weights would not fit in the device's free memory."""
+    (bad input) when its weights would not fit: built in float32 (Hugging Face's default) in the host's memory,
+    then moved and cast a parameter at a time to ``device``."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    qwen3_config = Qwen3Config(**config, attn_implementation="eager")
-    with torch.device("meta"):  # (the shapes alone: no memory)
-        num_params = sum(p.numel() for p in Qwen3ForCausalLM(qwen3_config).parameters())
-    # (built in float32, Hugging Face's default, then cast: both copies at once)
-    need = num_params * (4 + (dtype.itemsize if dtype != torch.float32 else 0))
-    free = free_memory_bytes(device)
-    if free is not None and need > 0.8 * free:
-        raise InputError(f"random weights of {num_params / 1e9:.2f} B parameters need {need / 2**30:.1f} GiB to "
-                         f"build, more than 80 % of the {free / 2**30:.1f} GiB free on {device.type}: use a smaller "
-                         "config (configs/verify has two)", field="--config")
+    num_params = sum(p.numel() for p in qwen3_on_meta(config).parameters())
+    needs = [(torch.device("cpu"), num_params * 4)]
+    if device.type != "cpu":
+        needs.append((device, num_params * dtype.itemsize))
+    for where, need in needs:
+        free = free_memory_bytes(where)
+        if free is not None and need > 0.8 * free:
+            raise InputError(f"random weights of {num_params / 1e9:.2f} B parameters need {need / 2**30:.1f} GiB "
+                             f"on {where.type}, more than 80 % of its {free / 2**30:.1f} GiB free: use a smaller "
+                             "config (configs/verify has two)", field="--config")
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(qwen3_config)
+    model = Qwen3ForCausalLM(Qwen3Config(**config, attn_implementation="eager"))
     return model.to(device=device, dtype=dtype).eval()
 
 

@@ -21,6 +21,7 @@ from minipaged_cli.cli.common import (
     check_dtype,
     flag,
     handle_errors,
+    require_per_head_kv,
     require_support,
     stderr,
     stdout,
@@ -99,6 +100,7 @@ def calibrate_command(
         from minipaged_cli.apps.host_link import LINK_SIZES, QUICK_LINK_SIZES, measure_host_link
         from minipaged_cli.dataplane.select import select_backend
 
+        require_per_head_kv(spec, "simulate times its steps with the GPU's efficiency model")
         backend = select_backend(device)
         require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
         torch_dtype = getattr(torch, check_dtype(dtype or spec.dtype))

@@ -16,6 +16,7 @@ from rich.console import Console
 from minipaged_cli.errors import InputError
 from minipaged_cli.extras import FallbackWarning, missing_extra, needs
 from minipaged_cli.sim.calibration import Calibration, load_calibration
+from minipaged_cli.workloads.presets import ModelSpec
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
 # Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
@@ -181,7 +182,7 @@ def require_support(backend: Any, num_q_heads: int, num_kv_heads: int, head_dim:
                          has_value=True)
 
 
-def require_per_head_kv(spec: Any, instead: str) -> None:
+def require_per_head_kv(spec: ModelSpec, instead: str) -> None:
     """Bad input, not wrong numbers, when the data plane (its cache of per-head K and V) would run a model with
     multi-head latent attention, whose cache holds one latent vector a token (``dataplane/mla.py`` is a reference
     implementation, not a backend)."""

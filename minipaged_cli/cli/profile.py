@@ -123,13 +123,14 @@ def profile_command(
                                         gpu_memory_utilization, hybrid=hybrid)
     # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
     kv_bytes = blocks * block_bytes(spec, kv_cache_groups(spec, hybrid=hybrid), sizes[0])
-    if device == "auto" and spec.is_mla:
-        device = "none"  # (no kernel of the data plane runs latent attention: nothing to time)
+    if spec.is_mla:  # (no kernel of the data plane runs latent attention or moves its cache: nothing to time)
+        if offload or device not in ("auto", "none"):
+            require_per_head_kv(spec, "--device none without --offload profiles its block sizes without timings")
+        device = "none"
     backend = None
     if device != "none":  # the kernel timings need torch (the [torch] extra); the replays do not
         from minipaged_cli.dataplane.select import select_backend
 
-        require_per_head_kv(spec, "--device none profiles its block sizes without the kernel timings")
         backend = select_backend(device)
         require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
     dtype_name = dtype or spec.dtype

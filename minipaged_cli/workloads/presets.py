@@ -29,7 +29,7 @@ from minipaged_cli.workloads.model_spec import (
 # Callers find the model's types here, beside the presets that fill them.
 __all__ = ["CONFIG_DIR", "DEFAULT_EFFICIENCIES", "FULL_ATTENTION", "KV_CACHE_DTYPES", "LAYER_TYPES",
            "SLIDING_ATTENTION", "GpuSpec", "ModelSpec", "check_gpu_fields", "check_kv_cache_dtype", "load_gpu",
-           "load_model", "model_from_hf_config", "preset_names", "with_kv_cache_dtype"]
+           "load_model", "model_from_hf_config", "preset_names", "read_config_file", "with_kv_cache_dtype"]
 
 # An installed wheel carries configs/ inside the package; a source checkout has it beside the package.
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -39,14 +39,16 @@ CONFIG_DIR = next(
 )
 # Architectures whose MLP has two matrices (up, down); the rest (Llama, Qwen, Mistral...) gate with three.
 _PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
-# What Hugging Face's config classes fill in for a model type whose config.json leaves out ``sliding_window`` or
-# ``layer_types``: (the window, every how many layers one is full attention; the others slide), from transformers'
-# Gemma2Config, Gemma3TextConfig, GptOssConfig and Cohere2Config (tests/test_model_layers.py checks them).
-# Qwen2 and Qwen3 with ``use_sliding_window``: the first ``max_window_layers`` layers (transformers' default 28) are
-# full attention, the rest slide.
+# What transformers' config classes fill in for a model type whose config.json leaves out ``sliding_window`` or
+# ``layer_types``: (the window, every how many layers one is full attention, or None: every layer slides), from
+# Gemma2Config, Gemma3TextConfig, GptOssConfig, Cohere2Config, MistralConfig, Qwen2Config and Qwen3Config
+# (tests/test_model_layers.py checks them against those classes).
+_HF_SLIDING_DEFAULTS = {"gemma2": (4096, 2), "gemma3": (4096, 6), "gemma3_text": (4096, 6), "gpt_oss": (128, 2),
+                        "cohere2": (4096, 4), "mistral": (4096, None), "qwen2": (4096, None), "qwen3": (4096, None)}
+# Qwen's windows are off unless ``use_sliding_window`` is true; then Qwen2/3 keep the first ``max_window_layers``
+# layers (28 by default) full attention.
+_SLIDING_OFF_BY_DEFAULT = {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}
 _FIRST_LAYERS_FULL = {"qwen2": 28, "qwen3": 28}
-HF_SLIDING_DEFAULTS = {"gemma2": (4096, 2), "gemma3": (4096, 6), "gemma3_text": (4096, 6), "gpt_oss": (128, 2),
-                       "cohere2": (4096, 4)}
 
 
 # What real kernels achieve, as fractions of the datasheet's peak FLOP/s and HBM bandwidth. A preset states its
@@ -143,6 +145,9 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     a multimodal config's ``text_config`` is the decoder's)."""
     if isinstance(config.get("text_config"), dict):
         config = {**config, **config["text_config"]}
+    if not isinstance(config.get("model_type", ""), str):
+        raise InputError("expected a name", source=source, field="model_type", value=config["model_type"],
+                         has_value=True)
 
     def optional(key: str, *alternatives: str, minimum: int = 1) -> int | None:
         for k in (key, *alternatives):
@@ -226,20 +231,18 @@ def _hf_weight_quantization(config: dict[str, Any], source: str) -> str | None:
 def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tuple[tuple[str, ...], int | None]:
     """Which layers slide, from ``layer_types`` (gpt-oss, Gemma 3, recent transformers), else Qwen2/3's
     ``max_window_layers``, else ``sliding_window_pattern`` (Gemma 3's older configs: every pattern-th layer is
-    global), else the model type's default (``HF_SLIDING_DEFAULTS``), else a ``sliding_window`` on its own
-    (Mistral 7B v0.1: every layer). ``use_sliding_window: false`` (Qwen2/3's default) and a null window mean none
-    does."""
+    global), else the model type's default (``_HF_SLIDING_DEFAULTS``), else a ``sliding_window`` on its own
+    (Mistral 7B v0.1: every layer). ``use_sliding_window: false`` (Qwen's default) means none slides; so does a
+    null window (a choice: transformers keeps the sliding layers, and its model then has no window to mask
+    with)."""
     model_type = str(config.get("model_type"))
-    window, pattern = HF_SLIDING_DEFAULTS.get(model_type, (None, None))
+    window, pattern = _HF_SLIDING_DEFAULTS.get(model_type, (None, None))
     window = config.get("sliding_window", window)
-    if config.get("use_sliding_window", model_type not in _FIRST_LAYERS_FULL) is False:
+    if config.get("use_sliding_window", model_type not in _SLIDING_OFF_BY_DEFAULT) is False:
         window = None
     if window is not None:
         window = whole_number(window, field="sliding_window", source=source, minimum=1)
-    if "sliding_window_pattern" in config:  # (null too: Hugging Face computes with it and fails)
-        pattern = whole_number(config["sliding_window_pattern"], field="sliding_window_pattern", source=source,
-                               minimum=1)
-    if config.get("layer_types") is not None:
+    if config.get("layer_types") is not None:  # (then transformers reads no pattern: EXAONE 4 writes "LLLG")
         layer_types = config["layer_types"]
         if not isinstance(layer_types, list) or not all(isinstance(kind, str) for kind in layer_types):
             raise InputError("expected a list of layer type names", source=source, field="layer_types",
@@ -252,10 +255,12 @@ def _hf_layer_types(config: dict[str, Any], num_layers: int, source: str) -> tup
         first = whole_number(config.get("max_window_layers", _FIRST_LAYERS_FULL[model_type]),
                              field="max_window_layers", source=source, minimum=0)
         types = tuple(FULL_ATTENTION if i < first else SLIDING_ATTENTION for i in range(num_layers))
-    elif window is not None and pattern is not None:
-        types = tuple(FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION for i in range(num_layers))
     elif window is not None:
-        types = (SLIDING_ATTENTION,) * num_layers
+        if "sliding_window_pattern" in config:  # (null too: transformers computes with it and fails)
+            pattern = whole_number(config["sliding_window_pattern"], field="sliding_window_pattern",
+                                   source=source, minimum=1)
+        types = tuple(FULL_ATTENTION if pattern is not None and (i + 1) % pattern == 0 else SLIDING_ATTENTION
+                      for i in range(num_layers))
     else:
         types = ()
     check_layer_types(types, num_layers, window, source=source)
@@ -275,6 +280,12 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
         names = preset_names(kind)
         raise InputError(f"no such preset or file{did_you_mean(name_or_path, names)}; presets: {', '.join(names)}",
                          field=option, value=name_or_path, has_value=True)
+    return str(path), read_config_file(path)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The keys and values of a config file: JSON by its suffix, else YAML; bad input when it cannot be read or
+    holds no mapping."""
     try:
         text = path.read_text()
         config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -282,4 +293,4 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
         raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
     if not isinstance(config, dict):
         raise InputError("expected a mapping of keys to values", source=str(path))
-    return str(path), config
+    return config
