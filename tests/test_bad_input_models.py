@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from minipaged_cli.cli.main import app
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.presets import model_from_hf_config
 from tests.conftest import ROOT
@@ -66,19 +68,24 @@ def test_unknown_kv_cache_dtype_in_a_sweep_config(tmp_path: Path) -> None:
     ["profile", "traces/mixed.yaml", "--offload", "--limit", "3", "--block-size", "16", "--kv-memory", "1GiB"],
     ["calibrate", "out.yaml", "--device", "cpu", "--quick"],
 ])
-def test_the_data_plane_refuses_latent_attention(args: list[str]) -> None:
+def test_the_data_plane_refuses_latent_attention(args: list[str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # Its cache holds per-head K and V; DeepSeek-V3 caches one 512 + 64 latent a token (its pool was sized from one
     # and shaped as the other).
     pytest.importorskip("torch")
-    result = _cli(*args, "--model", "deepseek-v3")
-    assert result.returncode == 2, result.stderr
+    monkeypatch.chdir(ROOT)
+    args = [str(tmp_path / arg) if arg == "out.yaml" else arg for arg in args]
+    result = CliRunner().invoke(app, [*args, "--model", "deepseek-v3"])
+    assert result.exit_code == 2, result.output
     line, = result.stderr.strip().splitlines()
     assert line.startswith("error: --model: 'deepseek-v3': multi-head latent attention (a 512 + 64 latent"), line
+    assert not list(tmp_path.iterdir())
 
 
-def test_profile_of_a_latent_attention_model_times_no_kernels_by_default() -> None:
-    result = _cli("profile", "traces/mixed.yaml", "--limit", "3", "--block-size", "16", "--kv-memory", "1GiB",
-                  "--model", "deepseek-v3", "--json", "-")
-    assert result.returncode == 0, result.stderr
+def test_profile_of_a_latent_attention_model_times_no_kernels_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, ["profile", "traces/mixed.yaml", "--limit", "3", "--block-size", "16",
+                                      "--kv-memory", "1GiB", "--model", "deepseek-v3", "--json", "-"])
+    assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["device"] == "none", {key: report[key] for key in report if key != "rows"}
