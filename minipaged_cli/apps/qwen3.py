@@ -47,8 +47,9 @@ def load_config_file(name_or_path: str) -> dict[str, Any]:
     except ImportError:  # (a missing extra, which the command names)
         raise
     except Exception as error:  # (transformers' checks raise ValueErrors, TypeErrors, KeyErrors, its hub's own)
-        reason = str(error).strip().splitlines()[-1].strip() if str(error).strip() else ""
-        raise InputError(f"Hugging Face cannot build a Qwen3 from it: {type(error).__name__}: {reason}",
+        lines = str(error).strip().splitlines()  # (the last says what; a hub error's first names the class)
+        raise InputError(f"Hugging Face cannot build a Qwen3 from it: {type(error).__name__}: "
+                         f"{lines[-1].strip() if lines else ''}",
                          source=source) from None
     if "sliding_attention" in (checked.layer_types or ()):
         raise InputError("verify checks full attention; this config has sliding-window layers", source=source,
