@@ -20,6 +20,7 @@ from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import CONFIG_DIR, read_config_file
 
 VERIFY_CONFIG_DIR = CONFIG_DIR / "verify"
@@ -54,11 +55,9 @@ def load_config_file(name_or_path: str) -> dict[str, Any]:
     if "sliding_attention" in (checked.layer_types or ()):
         raise InputError("verify checks full attention; this config has sliding-window layers", source=source,
                          field="layer_types")
-    head_dim = checked.head_dim
-    for field, value in (("num_attention_heads", checked.num_attention_heads),
-                         ("num_key_value_heads", checked.num_key_value_heads), ("head_dim", head_dim)):
-        if not isinstance(value, int) or value < 1:
-            raise InputError("must be a whole number >= 1", source=source, field=field, value=value, has_value=True)
+    head_dim = whole_number(checked.head_dim, field="head_dim", source=source, minimum=1)
+    for field in ("num_attention_heads", "num_key_value_heads"):
+        whole_number(getattr(checked, field), field=field, source=source, minimum=1)
     if checked.num_attention_heads % checked.num_key_value_heads:
         raise InputError(f"num_attention_heads {checked.num_attention_heads} is not a multiple of it", source=source,
                          field="num_key_value_heads", value=checked.num_key_value_heads, has_value=True)
