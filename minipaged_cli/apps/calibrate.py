@@ -5,7 +5,8 @@ weight GEMMs are torch's (what an engine runs), and so are the element-wise kern
 K, the activation, a residual add: unfused, as Vidur profiles them); decode attention and cache writes are this
 project's kernels (``--device`` picks them, as for ``run``); prefill attention is torch's
 ``scaled_dot_product_attention`` with a causal mask (an engine's flash-attention prefill; this project has no
-prefill kernel). Each point is the median of ``repeat`` timed calls after a warm-up. The full grid runs prompts
+prefill kernel). Each point is the median of ``repeat`` timed calls after untimed warm-up calls
+(``Backend.median_seconds``): what a first call pays is not in the tables. The full grid runs prompts
 and contexts up to the model's context length; prefill stops early where the device runs out of memory (the
 calibration's ``source`` says where), and :func:`coverage` lists every table that ends short of the context.
 
@@ -219,5 +220,5 @@ def _activation(gate: torch.Tensor, up: torch.Tensor, gated: bool) -> torch.Tens
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.getdevice_name(device)
+        return torch.cuda.get_device_name(device)
     return str(device)

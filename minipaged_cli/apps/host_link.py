@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from minipaged_cli.apps.calibrate import device_name
+from minipaged_cli.dataplane.backends import WARMUP_CALLS
 from minipaged_cli.workloads.presets import GpuSpec
 
 # Copy sizes of the host-link measurement: a 16-token block of one layer's K of Qwen3-8B is 32 KiB, one block of
@@ -74,7 +75,7 @@ def measure_host_link(device: torch.device, sizes: tuple[int, ...], repeat: int)
 
 def _median_copy_seconds(target: torch.Tensor, source: torch.Tensor, repeat: int, on_cuda: bool) -> float:
     times = []
-    for attempt in range(repeat + 1):  # the first is the warm-up
+    for attempt in range(WARMUP_CALLS + repeat):  # the warm-up calls first, untimed
         if on_cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -86,7 +87,7 @@ def _median_copy_seconds(target: torch.Tensor, source: torch.Tensor, repeat: int
             started = time.perf_counter()
             target.copy_(source)
             elapsed = time.perf_counter() - started
-        if attempt:
+        if attempt >= WARMUP_CALLS:
             times.append(elapsed)
     return float(np.median(times))
 
