@@ -4,8 +4,14 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+
+# Hypothesis times every example on the machine's clock (its deadline, its too_slow health check): on a busy
+# machine that fails property tests that are right. No property test here depends on it.
+settings.register_profile("minipaged", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("minipaged")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
