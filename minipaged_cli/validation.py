@@ -12,6 +12,15 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 
+# The most tokens one count may hold: vLLM keeps token positions and sequence lengths in int32 (``seq_lens``, the
+# block tables' positions), so no model is longer. A larger count is refused where it is read, before anything is
+# sized by it (a list of its blocks' keys, an array of its lengths); one within it but longer than the model is a
+# rejected request, as in vLLM.
+MAX_TOKENS = 2**31 - 1
+# The most requests one generated group, or samples one request (``n``), may make: each is an object in memory,
+# and the public traces hold some 30,000 requests in all.
+MAX_REQUESTS = 1_000_000
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -55,6 +64,16 @@ def whole_number(value: Any, *, field: str, source: str | None = None, where: st
     if maximum is not None and value > maximum:
         raise refuse(f"must be <= {maximum}")
     return int(value)
+
+
+def token_count(value: Any, *, field: str, source: str | None = None, where: str | None = None,
+                minimum: int = 1) -> int:
+    """A whole number of tokens, at least ``minimum`` and at most ``MAX_TOKENS``."""
+    count = whole_number(value, field=field, source=source, where=where, minimum=minimum)
+    if count > MAX_TOKENS:
+        raise InputError(f"must be <= {MAX_TOKENS} (2**31 - 1: vLLM's token positions are int32)", source=source,
+                         where=where, field=field, value=value, has_value=True)
+    return count
 
 
 def number_from_text(text: Any) -> Any:
