@@ -8,6 +8,7 @@ value (``InputError``; exit 2 on the command line), never passed on to hang or c
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from minipaged_cli.errors import InputError
@@ -26,6 +27,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """(``math.isfinite`` cannot take an int past a float's range: every int is finite.)"""
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def finite_number(value: Any, *, field: str, source: str | None = None, where: str | None = None,
                   minimum: float | None = None, maximum: float | None = None,
                   exclusive_minimum: bool = False, exclusive_maximum: bool = False) -> float:
@@ -35,7 +41,7 @@ def finite_number(value: Any, *, field: str, source: str | None = None, where: s
     def refuse(message: str) -> InputError:
         return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
 
-    if not _is_number(value) or not math.isfinite(value):
+    if not _is_number(value) or not _is_finite(value) or abs(value) > sys.float_info.max:
         raise refuse("must be a finite number")
     if minimum is not None and (value < minimum or (exclusive_minimum and value == minimum)):
         raise refuse(f"must be {'>' if exclusive_minimum else '>='} {minimum:g}")
@@ -57,7 +63,7 @@ def whole_number(value: Any, *, field: str, source: str | None = None, where: st
     def refuse(message: str) -> InputError:
         return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
 
-    if not _is_number(value) or not math.isfinite(value) or (isinstance(value, float) and not value.is_integer()):
+    if not _is_number(value) or not _is_finite(value) or (isinstance(value, float) and not value.is_integer()):
         raise refuse("must be a whole number")
     if minimum is not None and value < minimum:
         raise refuse(f"must be >= {minimum}")
