@@ -1,13 +1,13 @@
 """vLLM v0's scheduling (the engine the vLLM paper measured; removed from vLLM since), kept as ``--scheduler v0``.
 
 Unchunked (``max_batched_tokens`` None, v0's default, ``_schedule_default`` in vllm/core/scheduler.py of vLLM
-0.6): while no request is swapped out, a step first admits waiting requests first come first served while the
-strategy can place their whole prompt (the paged strategy keeps the watermark free) and ``prefill_token_limit``
-allows, and a step that admits any prefills those prompts whole and nothing else: no decode runs in it ("Don't
-schedule decodes if prefills are scheduled"). Otherwise every decoding request grows by one token, preempting the
-latest admitted request while the pool cannot give it (the victim swaps out to a CPU pool of
-``SimConfig.swap_blocks`` if it has room, else is recomputed later), and, if nobody was preempted, swapped-out
-requests come back in.
+0.6): unless the queue's head is swapped out, a step first admits waiting requests first come first served while
+the strategy can place their whole prompt (the paged strategy keeps the watermark free) and
+``prefill_token_limit`` allows, and a step that admits any prefills those prompts whole and nothing else: no
+decode runs in it ("Don't schedule decodes if prefills are scheduled"). Otherwise every decoding request grows by
+one token, preempting the latest admitted request while the pool cannot give it (the victim swaps out to a CPU
+pool of ``SimConfig.swap_blocks`` if it has room, else is recomputed later), and, if nobody was preempted,
+swapped-out requests at the head of the queue come back in.
 
 Chunked (``--max-batched-tokens`` given: v0's ``enable_chunked_prefill``, ``_schedule_chunked_prefill``) mixes
 them: the decodes grow first, then waiting requests are admitted and the rest of the budget goes to prefill chunks
@@ -57,9 +57,9 @@ class V0Scheduler(Scheduler):
         self.forward_start = self.now
         copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
         chunked = self.config.max_batched_tokens is not None
-        if not chunked and not self.cpu_used:
-            # v0's default (``_schedule_default``): prompts first, unless a request is swapped out; "don't schedule
-            # decodes if prefills are scheduled", so every running request stalls for the step that admits one.
+        if not chunked and not (self.waiting and self.waiting[0].swapped_slots):
+            # v0's default (``_schedule_default``): prompts first, unless a swapped-out request comes back first;
+            # "don't schedule decodes if prefills are scheduled": every running request stalls for that step.
             saturated = self.waiting_for_memory()
             if self._admit_prompts(self.config.prefill_token_limit, swapped_only=False):
                 return self._decision([], copied, saturated)
