@@ -41,7 +41,7 @@ class DuplicateKeyError(ValueError):
         """The error for the file ``source``; ``where``, when given, places the mapping instead of its lines."""
         first = f" (first on line {self.first_line})" if self.first_line and where is None else ""
         return InputError(f"duplicate key{first}; write each key once", source=source,
-                          where=where or f"line {self.line}", field=str(self.key))
+                          where=where or (f"line {self.line}" if self.line else None), field=str(self.key))
 
 
 class UniqueKeyLoader(_SAFE_LOADER):  # type: ignore[valid-type, misc]
@@ -87,8 +87,8 @@ def parse_json(text: str, source: str, where: str | None = None) -> Any:
     """The JSON value in ``text``, duplicate keys refused; ``where`` places ``text`` in its file (a JSONL line)."""
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs)
-    except DuplicateKeyError as error:
-        raise (error if where is not None else _locate_duplicate(text)).input_error(source, where) from None
+    except DuplicateKeyError as repeat:
+        raise (repeat if where is not None else _located(repeat, text)).input_error(source, where) from None
     except json.JSONDecodeError as error:
         raise InputError(f"not valid JSON: {error.msg}", source=source,
                          where=where or f"line {error.lineno}") from None
@@ -151,6 +151,15 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         key = next(k for i, (k, _) in enumerate(pairs) if any(k == other for other, _ in pairs[:i]))
         raise DuplicateKeyError(key, 0, 0)
     return document
+
+
+def _located(repeat: DuplicateKeyError, text: str) -> DuplicateKeyError:
+    """``repeat`` with its lines in ``text``, or without them where ``text`` nests too deep for the pure-Python
+    scanner."""
+    try:
+        return _locate_duplicate(text)
+    except RecursionError:
+        return repeat
 
 
 def _locate_duplicate(text: str) -> DuplicateKeyError:

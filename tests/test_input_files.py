@@ -112,6 +112,8 @@ def test_what_is_not_a_repeat_still_reads() -> None:
     ("digits.yaml", "a: " + "9" * 5000, "not valid YAML: Exceeds the limit (4300 digits)"),
     ("digits.json", '{"a": ' + "9" * 5000 + "}", "not valid JSON: Exceeds the limit (4300 digits)"),
     ("date.yaml", "a: 2001-13-45", "not valid YAML: month must be in 1..12"),
+    # a repeat nested deeper than the pure-Python scanner that finds its lines can go: the key, without them
+    ("deep_repeat.json", "[" * 600 + '{"a": 1, "a": 2}' + "]" * 600, "a: duplicate key; write each key once"),
 ])
 def test_a_document_the_parser_cannot_take_is_bad_input(tmp_path: Path, name: str, text: str, says: str) -> None:
     path = tmp_path / name
