@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork, replay
@@ -56,3 +58,23 @@ def test_chunked_v0_mixes_decodes_and_prefills(tiny_model: ModelSpec, ten_ms_gpu
     assert result.mean_e2e_s == pytest.approx(0.0425)
     assert result.makespan_s == pytest.approx(0.05)
     assert result.throughput_tokens_per_s == pytest.approx(160)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(st.tuples(st.floats(0, 0.05), st.integers(1, 60), st.integers(1, 12), st.integers(1, 3)),
+                         min_size=1, max_size=8),
+       num_blocks=st.integers(8, 40), swap=st.booleans())
+def test_no_unchunked_v0_step_mixes_prefills_and_decodes(tiny_model: ModelSpec, clock_gpu: GpuSpec,
+                                                         requests: list[tuple[float, int, int, int]],
+                                                         num_blocks: int, swap: bool) -> None:
+    # Whatever arrives, preempts (by recompute or swap) or forks: a step prefills or decodes, never both.
+    trace = make_trace("t", [Request(str(i), arrival, prompt, output, n=n)
+                             for i, (arrival, prompt, output, n) in enumerate(requests)], source="test")
+    config = SimConfig(tiny_model, clock_gpu, num_blocks=num_blocks, block_size=4, max_model_len=128,
+                       scheduler="v0", preemption="swap" if swap else "recompute", cpu_blocks=8 if swap else 0,
+                       check_invariants=True)
+    steps: list[StepWork] = []
+    result = replay(trace, config, "paged", bulk=False, on_step=lambda work, _: steps.append(work))
+    assert result.invariant_violations == 0
+    assert result.completed_requests + result.rejected_requests == len(requests)
+    assert not [w for w in steps if w.prefills and w.decodes]
