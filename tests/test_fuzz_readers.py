@@ -183,6 +183,7 @@ def csv_text(header: list[str], rows: list[list[str]]) -> str:
        mutation=st.sampled_from(MUTATIONS), cut=st.floats(0, 1))
 @example(rows=[("2023-11-16 18:15:46.68", "12", "2")], mutation="garbage byte", cut=0.9)  # UnicodeDecodeError
 @example(rows=[("2023-11-16 18:15:46.68", "1" * 200_000, "2")], mutation="none", cut=0.0)  # csv's field limit
+@example(rows=[("2023-11-16 18:15:46.68", "1", str(10**400))], mutation="none", cut=0.0)  # isfinite: OverflowError
 def test_azure_csv(tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[str, str, str]], mutation: str,
                    cut: float) -> None:
     text = csv_text(["TIMESTAMP", "ContextTokens", "GeneratedTokens"], [list(r) for r in rows])
