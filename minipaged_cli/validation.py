@@ -8,13 +8,28 @@ value (``InputError``; exit 2 on the command line), never passed on to hang or c
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from minipaged_cli.errors import InputError
 
+# The most tokens one count may hold: vLLM keeps token positions and sequence lengths in int32 (``seq_lens``, the
+# block tables' positions), so no model is longer. A larger count is refused where it is read, before anything is
+# sized by it (a list of its blocks' keys, an array of its lengths); one within it but longer than the model is a
+# rejected request, as in vLLM.
+MAX_TOKENS = 2**31 - 1
+# The most requests one generated group, or samples one request (``n``), may make: each is an object in memory,
+# and the public traces hold some 30,000 requests in all.
+MAX_REQUESTS = 1_000_000
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    """(``math.isfinite`` cannot take an int past a float's range: every int is finite.)"""
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def finite_number(value: Any, *, field: str, source: str | None = None, where: str | None = None,
@@ -26,7 +41,7 @@ def finite_number(value: Any, *, field: str, source: str | None = None, where: s
     def refuse(message: str) -> InputError:
         return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
 
-    if not _is_number(value) or not math.isfinite(value):
+    if not _is_number(value) or not _is_finite(value) or abs(value) > sys.float_info.max:
         raise refuse("must be a finite number")
     if minimum is not None and (value < minimum or (exclusive_minimum and value == minimum)):
         raise refuse(f"must be {'>' if exclusive_minimum else '>='} {minimum:g}")
@@ -48,13 +63,23 @@ def whole_number(value: Any, *, field: str, source: str | None = None, where: st
     def refuse(message: str) -> InputError:
         return InputError(message, source=source, where=where, field=field, value=value, has_value=True)
 
-    if not _is_number(value) or not math.isfinite(value) or (isinstance(value, float) and not value.is_integer()):
+    if not _is_number(value) or not _is_finite(value) or (isinstance(value, float) and not value.is_integer()):
         raise refuse("must be a whole number")
     if minimum is not None and value < minimum:
         raise refuse(f"must be >= {minimum}")
     if maximum is not None and value > maximum:
         raise refuse(f"must be <= {maximum}")
     return int(value)
+
+
+def token_count(value: Any, *, field: str, source: str | None = None, where: str | None = None,
+                minimum: int = 1) -> int:
+    """A whole number of tokens, at least ``minimum`` and at most ``MAX_TOKENS``."""
+    count = whole_number(value, field=field, source=source, where=where, minimum=minimum)
+    if count > MAX_TOKENS:
+        raise InputError(f"must be <= {MAX_TOKENS} (2**31 - 1: vLLM's token positions are int32)", source=source,
+                         where=where, field=field, value=value, has_value=True)
+    return count
 
 
 def number_from_text(text: Any) -> Any:

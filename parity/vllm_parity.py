@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -33,6 +32,7 @@ from minipaged_cli.cli.common import (
     handle_errors,
 )
 from minipaged_cli.errors import InputError
+from minipaged_cli.input_files import read_yaml
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.trace import Trace
 from parity.steps import (
@@ -163,10 +163,7 @@ TABLE_HEADER = ("| case | steps | preemptions | prefix hit rate | mean KV usage 
 
 def read_cases(path: Path) -> list[ParityCase]:
     """A YAML list of mappings of ``ParityCase`` fields; relative trace paths are relative to the file."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read: {error}", source=str(path)) from None
+    raw = read_yaml(path)
     if not isinstance(raw, list) or not raw:
         raise InputError("expected a non-empty list of cases", source=str(path))
     names = {f.name for f in dataclasses.fields(ParityCase)}

@@ -101,7 +101,8 @@ WatermarkOpt = Annotated[float | None, typer.Option(
 SchedulerOpt = Annotated[str, typer.Option(
     "--scheduler", help="The vLLM engine whose scheduling the replay follows: v1 (vLLM today: one token budget a "
                         "step, running requests first, blocks allocated chunk by chunk) or v0 (the vLLM paper's: "
-                        "whole prompts reserved at admission, swap preemption, forked samples).")]
+                        "whole prompts reserved at admission, a step that prefills runs no decode, swap preemption, "
+                        "forked samples; with --max-batched-tokens, v0's chunked prefill, which mixes them).")]
 MaxNumSeqsOpt = Annotated[int | None, typer.Option(
     "--max-num-seqs", help="Most requests running at once. Default: v1, vllm serve's for the GPU (1024 on GPUs "
                            "of 70 GiB or more but the A100, else 256: vllm/engine/arg_utils.py "
@@ -110,7 +111,8 @@ MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
     "--max-batched-tokens", help="Tokens one step computes (vLLM's max_num_batched_tokens; chunked prefill). "
                                  "Default: v1, vllm serve's for the GPU (8192 on GPUs of 70 GiB or more but the "
                                  "A100, else 2048); v0, whole prompts, up to max(max-model-len, 2048) prompt "
-                                 "tokens a step.", show_default=False)]
+                                 "tokens a step, in steps without decodes. Given under v0, it turns on v0's "
+                                 "chunked prefill: decodes and prompt chunks share a step.", show_default=False)]
 PrefixCachingOpt = Annotated[bool | None, flag(
     "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML 'prefix', "
                            "Mooncake hash_ids); reports prefix_cache_hits / queries. Default: on in v1 (vllm "

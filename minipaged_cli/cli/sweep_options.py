@@ -8,10 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from minipaged_cli.apps.sweep import Slo, make_slo, parse_slo
 from minipaged_cli.errors import InputError
+from minipaged_cli.input_files import read_mapping
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.units import parse_bytes
@@ -29,12 +28,7 @@ FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes"
 
 def read_config(path: Path) -> dict[str, Any]:
     """The settings a --config file gives, by their keys (``-`` or ``_``)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
-    if not isinstance(data, dict):
-        raise InputError("expected a mapping of option names to values", source=str(path))
+    data = read_mapping(path, "of option names to values")
     data = {str(k).replace("-", "_"): v for k, v in data.items()}
     unknown = sorted(set(data) - set(FILE_KEYS))
     if unknown:

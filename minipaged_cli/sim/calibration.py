@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.input_files import read_mapping
 from minipaged_cli.validation import positive_number, whole_number
 from minipaged_cli.workloads.presets import ModelSpec, model_from_hf_config
 
@@ -138,13 +139,7 @@ class Calibration:
 
 def load_calibration(path: str | Path) -> Calibration:
     source = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=source,
-                         field="--calibration") from None
-    if not isinstance(data, dict):
-        raise InputError("expected a mapping with gpu, model, source and tables", source=source)
+    data = read_mapping(Path(path), "with gpu, model, source and tables", field="--calibration")
     known = {"gpu", "model", "source", *TABLES}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -151,13 +151,15 @@ class Scheduler:
                                    request_index=self.next_arrival, sample=sample,
                                    num_prefill_tokens=request.prompt_tokens,
                                    forked=self.samples_at_arrival)
-                if self.keyed:
-                    live.block_hashes = self._content_keys(request, self.next_arrival, sample)
+                # Checked against the model's length and the pool before anything (its blocks' keys) is built
+                # for it: a count of 2**62 tokens is one rejection, not a list of 2**58 keys.
                 if request.total_tokens > self.config.model_len:
                     self._reject(live, "longer than --max-model-len")
                 elif (reason := self.allocator.rejection_reason(live)) is not None:
                     self._reject(live, reason)
                 else:
+                    if self.keyed:
+                        live.block_hashes = self._content_keys(request, self.next_arrival, sample)
                     self._enqueue(live, front=False)
             self.next_arrival += 1
 

@@ -1,11 +1,18 @@
 """vLLM v0's scheduling (the engine the vLLM paper measured; removed from vLLM since), kept as ``--scheduler v0``.
 
-Each step every decoding request grows by one token, preempting the latest admitted request while the pool cannot
-give it (the victim swaps out to a CPU pool of ``SimConfig.swap_blocks`` if it has room, else is recomputed later);
-then, if nobody was preempted, waiting requests are admitted first come first served while the strategy can place
-their whole prompt (the paged strategy keeps the watermark free), and the prefill budget goes out: whole prompts,
-or chunks of ``max_batched_tokens`` in admission order after the decodes. A request with ``n`` > 1 forks its other
-samples after its prefill, sharing the prompt's blocks until copy-on-write.
+Unchunked (``max_batched_tokens`` None, v0's default, ``_schedule_default`` in vllm/core/scheduler.py of vLLM
+0.6): unless the queue's head is swapped out, a step first admits waiting requests first come first served while
+the strategy can place their whole prompt (the paged strategy keeps the watermark free) and
+``prefill_token_limit`` allows, and a step that admits any prefills those prompts whole and nothing else: no
+decode runs in it ("Don't schedule decodes if prefills are scheduled"). Otherwise every decoding request grows by
+one token, preempting the latest admitted request while the pool cannot give it (the victim swaps out to a CPU
+pool of ``SimConfig.swap_blocks`` if it has room, else is recomputed later), and, if nobody was preempted,
+swapped-out requests at the head of the queue come back in.
+
+Chunked (``--max-batched-tokens`` given: v0's ``enable_chunked_prefill``, ``_schedule_chunked_prefill``) mixes
+them: the decodes grow first, then waiting requests are admitted and the rest of the budget goes to prefill chunks
+in admission order. A request with ``n`` > 1 forks its other samples after its prefill, sharing the prompt's blocks
+until copy-on-write.
 
 With a host tier (``--cpu-kv-memory``, ``sim/tiers.py``) the CPU pool is that tier: swapped-out blocks take its
 slots, and every swap and every load from it is a copy over its link that the step's forward waits for, in the
@@ -48,8 +55,35 @@ class V0Scheduler(Scheduler):
 
     def schedule(self) -> StepDecision | None:
         self.forward_start = self.now
-        decoders = [r for r in self.running if r.prefill_done]
         copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
+        chunked = self.config.max_batched_tokens is not None
+        if not chunked and not (self.waiting and self.waiting[0].swapped_slots):
+            # v0's default (``_schedule_default``): prompts first, unless a swapped-out request comes back first;
+            # "don't schedule decodes if prefills are scheduled": every running request stalls for that step.
+            saturated = self.waiting_for_memory()
+            if self._admit_prompts(self.config.prefill_token_limit, swapped_only=False):
+                return self._decision([], copied, saturated)
+        decoders, preempted, moved = self._grow_decoders()
+        copied += moved
+        saturated = preempted or self.waiting_for_memory()
+        if not preempted:
+            # Chunked, what is left of the budget goes to waiting prompts after the decodes (v0 mixes them);
+            # unchunked, only swapped-out requests come back in a decode step.
+            budget = self.config.prefill_token_limit - (len(decoders) if chunked else 0)
+            self._admit_prompts(budget, swapped_only=not chunked)
+        if not self.running:
+            if not preempted:
+                # Nothing runs and the head still does not fit: it never will (only reachable when its
+                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
+                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
+            return None
+        return self._decision(decoders, copied, saturated)
+
+    def _grow_decoders(self) -> tuple[list[LiveRequest], bool, int]:
+        """Every decoding request grows by one token, the latest admitted preempted while the pool cannot give it;
+        returns the decoders left, whether any was preempted, and the tokens copied for the growth."""
+        decoders = [r for r in self.running if r.prefill_done]
+        copied = 0
         preempted = False
         for live in decoders:
             while live in self.running:
@@ -62,21 +96,14 @@ class V0Scheduler(Scheduler):
         if preempted:
             decoders = [r for r in decoders if r in self.running]
         self.forked = False
+        return decoders, preempted, copied
+
+    def _decision(self, decoders: list[LiveRequest], copied: int, saturated: bool) -> StepDecision:
+        """The step: ``decoders``, and the prefill of every running prompt, whole (admitted this step) or in
+        chunks of what the decodes leave of the budget, in admission order."""
         copies = self.allocator.take_copies()
         copied += len(copies) * self.config.block_size
-
-        budget = self.config.prefill_token_limit - (len(decoders) if self.config.max_batched_tokens else 0)
-        saturated = preempted or self.waiting_for_memory()
-        if not preempted:
-            self._admit_prompts(budget)
-        if not self.running:
-            if not preempted:
-                # Nothing runs and the head still does not fit: it never will (only reachable when its
-                # recompute prompt outgrew what the strategy can place); reject it so the replay ends.
-                self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
-            return None
-
-        # Prefill: whole prompts (admitted this step), or chunks of the budget in admission order.
+        budget = self.config.prefill_token_limit - len(decoders)
         chunks: list[tuple[LiveRequest, int]] = []
         for live in self.running:
             if live.prefill_done:
@@ -125,18 +152,22 @@ class V0Scheduler(Scheduler):
             self.pending_forks.append((leader.sequence_id, child.sequence_id))
             self.forked = True
 
-    def _admit_prompts(self, budget: int) -> None:
-        admitted_tokens = 0
+    def _admit_prompts(self, budget: int, *, swapped_only: bool) -> int:
+        """Admit waiting requests first come first served while the strategy can place them and the budget
+        allows (``swapped_only``: up to the first that is not swapped out); returns how many."""
+        admitted, admitted_tokens = 0, 0
         accounting = self.accounting
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
+            if swapped_only and not head.swapped_slots:
+                break
             if not self.allocator.can_admit(head, head.num_prefill_tokens):
-                return
+                break
             if self.config.max_batched_tokens is not None:
                 if budget - admitted_tokens <= 0:
-                    return
+                    break
             elif admitted_tokens and admitted_tokens + head.num_prefill_tokens > budget:
-                return
+                break
             # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
             # chunk is reported as it is scheduled.
             computed = None if self.config.max_batched_tokens is None else \
@@ -168,6 +199,8 @@ class V0Scheduler(Scheduler):
                     accounting.prefix_cache_queries += head.num_prefill_tokens
                     accounting.prefix_cache_hits += cached
             admitted_tokens += head.num_prefill_tokens - head.num_computed
+            admitted += 1
+        return admitted
 
     def _preempt(self, victim: LiveRequest) -> None:
         """Swap the victim's KV out to the CPU pool if it has room (it comes back on readmission), else

@@ -3,14 +3,12 @@ cache and the roofline of a step (the model's, and what derives from them, in ``
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from minipaged_cli.errors import InputError, did_you_mean
+from minipaged_cli.input_files import read_mapping
 from minipaged_cli.validation import finite_number, positive_number, whole_number
 from minipaged_cli.workloads.model_spec import (
     DTYPE_BYTES,
@@ -284,13 +282,6 @@ def _load_config(kind: str, name_or_path: str, option: str) -> tuple[str, dict[s
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The keys and values of a config file: JSON by its suffix, else YAML; bad input when it cannot be read or
-    holds no mapping."""
-    try:
-        text = path.read_text()
-        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read: {str(error).splitlines()[0]}", source=str(path)) from None
-    if not isinstance(config, dict):
-        raise InputError("expected a mapping of keys to values", source=str(path))
-    return config
+    """The keys and values of a config file: JSON by its suffix, else YAML; bad input when it cannot be read, holds
+    no mapping or repeats a key."""
+    return read_mapping(path, "of keys to values")

@@ -14,15 +14,16 @@ public production traces into the same ``Trace``.
 from __future__ import annotations
 
 import csv
-import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
+from minipaged_cli.input_files import parse_json
+from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
 TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
@@ -87,10 +88,7 @@ def read_mooncake(path: Path) -> Trace:
             if not text.strip():
                 continue
             where = f"line {line}"
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise InputError(f"not JSON: {error.msg}", source=source, where=where) from None
+            row = parse_json(text, source, where)
             if not isinstance(row, dict):
                 raise InputError("expected a JSON object", source=source, where=where)
             for key in ("timestamp", "input_length", "output_length"):
@@ -141,11 +139,18 @@ def read_lengths_csv(path: Path) -> Trace:
     return make_trace(path.stem, requests, source=source, description=f"lengths from {path.name}")
 
 
-def _open(path: Path) -> Any:
+@contextmanager
+def _open(path: Path) -> Iterator[TextIO]:
+    """The file as UTF-8 text; what goes wrong reading it, in the ``with`` block too, is bad input naming it."""
     try:
-        return path.open(newline="", encoding="utf-8")
+        with path.open(newline="", encoding="utf-8") as handle:
+            yield handle
     except OSError as error:
         raise InputError(f"cannot read: {error.strerror}", source=str(path)) from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"cannot read: {error}", source=str(path)) from None
+    except csv.Error as error:  # a cell past csv's field size limit, a NUL byte
+        raise InputError(f"not valid CSV: {error}", source=str(path)) from None
 
 
 def _csv_header(path: Path) -> list[str]:
@@ -175,8 +180,8 @@ def _azure_time(text: str, source: str, where: str) -> datetime:
 
 
 def _token_count(value: Any, source: str, where: str, field: str) -> int:
-    """A CSV cell (text) or a JSON value: a whole number of tokens >= 1."""
-    return whole_number(number_from_text(value), field=field, source=source, where=where, minimum=1)
+    """A CSV cell (text) or a JSON value: a whole number of tokens, 1 to ``MAX_TOKENS``."""
+    return token_count(number_from_text(value), field=field, source=source, where=where)
 
 
 def load_trace(
