@@ -35,19 +35,20 @@ OVER_LINEAR = 1.05  # x10 within 10.5x of x1
 
 
 def best_runs(checkouts: list[Path], trace: Path, copies: list[int], repeats: int,
-              kv_memory: int) -> dict[tuple[Path, int], dict[str, Any]]:
-    """(checkout, copies) -> the run of least CPU time over ``repeats``, sizes and checkouts interleaved."""
-    best: dict[tuple[Path, int], dict[str, Any]] = {}
+              kv_memory: int) -> dict[tuple[int, int], dict[str, Any]]:
+    """(checkout's position, copies) -> the run of least CPU time over ``repeats``, sizes and checkouts
+    interleaved."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
     for repeat in range(repeats):
         # Alternate the order, so that no size or checkout always runs in the same spell of the neighbours' load.
         for count in copies if repeat % 2 == 0 else copies[::-1]:
-            for checkout in checkouts if repeat % 2 == 0 else checkouts[::-1]:
+            order = list(enumerate(checkouts))
+            for position, checkout in order if repeat % 2 == 0 else order[::-1]:
                 run = measure(checkout, trace, 10**9, None, False, "v1", count, kv_memory)
                 print(f"  run {repeat + 1}/{repeats}: {checkout.name} x{count}: {run['cpu_s']:.2f} s CPU, "
                       f"peak {run['peak_rss_mb']:.0f} MiB", file=sys.stderr, flush=True)
-                key = (checkout, count)
-                if key not in best or run["cpu_s"] < best[key]["cpu_s"]:
-                    best[key] = run
+                if (position, count) not in best or run["cpu_s"] < best[(position, count)]["cpu_s"]:
+                    best[(position, count)] = run
     return best
 
 
@@ -57,25 +58,22 @@ def replay_mb(run: dict[str, Any]) -> float:
     return run["peak_rss_mb"] - run["loaded_rss_mb"]
 
 
-def table(best: dict[tuple[Path, int], dict[str, Any]], checkouts: list[Path], copies: list[int],
-          labels: dict[Path, str]) -> list[list[str]]:
-    """Rows of strings: per checkout and size, CPU seconds and their ratio to x1 against the goal, memory."""
+def table(best: dict[tuple[int, int], dict[str, Any]], labels: list[str], copies: list[int]) -> list[list[str]]:
+    """Rows of strings: per checkout and size, CPU seconds and their ratio to the first size against the goal,
+    memory, and (after the baseline, the first checkout) the ratio to the baseline's CPU seconds."""
     rows = []
-    for checkout in checkouts:
-        first = best[(checkout, copies[0])]
+    for position, label in enumerate(labels):
+        first = best[(position, copies[0])]
         for count in copies:
-            run = best[(checkout, count)]
+            run = best[(position, count)]
             ratio = run["cpu_s"] / first["cpu_s"]
-            scale = count / copies[0]
-            goal = scale * OVER_LINEAR
-            verdict = "" if count == copies[0] else f"{'within' if ratio <= goal else 'NOT within'} {goal:.2f}x"
+            goal = count / copies[0] * OVER_LINEAR
+            verdict = f"{'within' if ratio <= goal else 'NOT within'} {goal:.2f}x" if count != copies[0] else ""
             added = run["requests"] - first["requests"]
             per_request = f"{(replay_mb(run) - replay_mb(first)) * 2**20 / added:,.0f}" if added else ""
-            versus = f"{run['cpu_s'] / best[(checkouts[0], count)]['cpu_s']:.3f}x" \
-                if len(checkouts) > 1 and checkout != checkouts[0] else ""
-            rows.append([labels[checkout], f"x{count}", f"{run['requests']:,}", f"{run['cpu_s']:.2f}",
-                         f"{ratio:.2f}x", verdict, f"{run['peak_rss_mb']:.0f}", f"{replay_mb(run):.0f}", per_request,
-                         versus])
+            versus = f"{run['cpu_s'] / best[(0, count)]['cpu_s']:.3f}x" if position else ""
+            rows.append([label, f"x{count}", f"{run['requests']:,}", f"{run['cpu_s']:.2f}", f"{ratio:.2f}x", verdict,
+                         f"{run['peak_rss_mb']:.0f}", f"{replay_mb(run):.0f}", per_request, versus])
     return rows
 
 
@@ -102,10 +100,10 @@ def main() -> None:
     args = parser.parse_args()
     copies = [int(c) for c in args.copies.split(",")]
     checkouts = [CHECKOUT] if args.baseline_path is None else [args.baseline_path.resolve(), CHECKOUT]
-    labels = {checkout: f"{'this' if checkout == CHECKOUT else 'baseline'} ({commit_of(checkout)})"
-              for checkout in checkouts}
+    labels = [f"{name} ({commit_of(checkout)})" for name, checkout in zip(("baseline", "this")[-len(checkouts):],
+                                                                           checkouts, strict=True)]
     best = best_runs(checkouts, args.traces / TRACE, copies, args.repeats, parse_bytes(args.kv_memory))
-    rows = table(best, checkouts, copies, labels)
+    rows = table(best, labels, copies)
     widths = [max(len(cell) for cell in column) for column in zip(HEADER, *rows, strict=True)]
     print(f"{TRACE} repeated, paged, {args.kv_memory} KV memory; best of {args.repeats}, CPU seconds, "
           f"each replay in a fresh process, interleaved")
