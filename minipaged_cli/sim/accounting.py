@@ -7,6 +7,7 @@ The scheduler and the replay loop report events here; ``metrics`` turns them int
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +134,64 @@ def current_categories(running: Sequence[LiveRequest], allocator: Allocator, ext
                           allocator.shared_slots)
 
 
+class Latencies:
+    """The latencies of finished sequences and completed requests, each kept as one float64 (8 bytes a figure,
+    nothing of the request itself): the exact percentiles need every value, and a replay's memory must not grow
+    by a request's records each time one finishes.
+
+    Invariants: the values are in the order the sequences finished (for ``e2e_s``, the order a request's first
+    sample finished), so the means over them are the means over the lists they replace, to the last digit; a
+    request enters ``e2e_s`` at its first finished sample, unless rejected, and holds its latest sample's finish;
+    ``pending`` holds only requests with samples still running, so it is bounded by the running requests.
+    """
+
+    def __init__(self) -> None:
+        self.ttft_s = array("d")  # per request (its sample 0): first token - arrival
+        self.tpot_s = array("d")  # per finished sample of more than one output token
+        self.e2e_s = array("d")  # per request: its latest finished sample's finish - arrival
+        self.normalized_s = array("d")  # per request: e2e_s / output tokens
+        self.pending: dict[int, int] = {}  # request index -> its slot in e2e_s, while it has samples left
+        self.dropped: set[int] = set()  # slots of requests rejected after a sample finished
+        self.output_tokens = 0  # of every finished sample
+        self.last_finish_s: float | None = None
+
+    def sample_done(self, live: LiveRequest, now: float, samples_left: int, rejected: bool) -> None:
+        """``live`` finished at ``now``; ``samples_left``: its request's samples still running after it;
+        ``rejected``: one of them was rejected (the request is not completed: no end-to-end latency)."""
+        self.output_tokens += live.output_tokens
+        self.last_finish_s = now  # (the replay's clock never goes back)
+        if live.sample == 0:
+            self.ttft_s.append(live.first_token_s - live.request.arrival_s)
+        if live.output_tokens > 1:
+            self.tpot_s.append((now - live.first_token_s) / (live.output_tokens - 1))
+        if rejected:
+            return
+        slot = self.pending.pop(live.request_index, len(self.e2e_s))
+        if slot == len(self.e2e_s):
+            self.e2e_s.append(0.0)
+            self.normalized_s.append(0.0)
+        seconds = now - live.request.arrival_s
+        self.e2e_s[slot] = seconds
+        self.normalized_s[slot] = seconds / live.output_tokens
+        if samples_left:
+            self.pending[live.request_index] = slot
+
+    def rejected(self, request_index: int) -> None:
+        """A sample of the request was rejected: a latency it entered leaves (the request did not complete)."""
+        slot = self.pending.pop(request_index, None)
+        if slot is not None:
+            self.dropped.add(slot)
+
+    def request_latencies(self) -> tuple[np.ndarray, np.ndarray]:
+        """(end-to-end, normalized) latencies of the requests not rejected, [num_requests] float64 each."""
+        e2e, normalized = np.frombuffer(self.e2e_s), np.frombuffer(self.normalized_s)
+        if self.dropped:
+            kept = np.ones(len(e2e), dtype=bool)
+            kept[list(self.dropped)] = False
+            e2e, normalized = e2e[kept], normalized[kept]
+        return e2e, normalized
+
+
 class Accounting:
     """The running totals of one replay."""
 
@@ -149,8 +208,9 @@ class Accounting:
         self.peak_tokens = -1
         self.busiest_seq_lens: list[int] = []
         self.peak_used_slots = 0
-        self.finished: list[tuple[LiveRequest, float]] = []  # (sequence, finish time), every sample
-        self.samples_left: dict[int, int] = {}  # request index -> its sequences not yet finished or rejected
+        self.latencies = Latencies()
+        # request index -> its sequences not yet finished or rejected, while it has any
+        self.samples_left: dict[int, int] = {}
         self.num_completed = 0
         self.rejected: set[int] = set()  # request indices
         self.rejection_reasons: dict[str, int] = {}
@@ -197,43 +257,37 @@ class Accounting:
         self.samples_left[request_index] = num_samples
 
     def sample_done(self, live: LiveRequest, now: float) -> None:
-        self.finished.append((live, now))
-        self._count_done(live)
+        samples_left = self._count_done(live)
+        self.latencies.sample_done(live, now, samples_left, live.request_index in self.rejected)
 
     def rejected_sample(self, live: LiveRequest, reason: str) -> None:
         if live.request_index not in self.rejected:
             self.rejected.add(live.request_index)
             self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + 1
+            self.latencies.rejected(live.request_index)
         self._count_done(live)
 
-    def _count_done(self, live: LiveRequest) -> None:
-        self.samples_left[live.request_index] -= 1
-        if not self.samples_left[live.request_index] and live.request_index not in self.rejected:
+    def _count_done(self, live: LiveRequest) -> int:
+        """One of the request's sequences is done; returns how many it has left (0: the request is done)."""
+        index = live.request_index
+        left = self.samples_left.pop(index) - 1
+        if left:
+            self.samples_left[index] = left
+        elif index not in self.rejected:
             self.num_completed += 1
+        return left
 
     # -- the result --------------------------------------------------------------------------------------------
-
-    def _request_latencies(self) -> list[tuple[float, int]]:
-        """Per completed request: (seconds from arrival to its last sample's finish, its output tokens)."""
-        last: dict[int, tuple[LiveRequest, float]] = {}
-        for live, finish in self.finished:
-            if live.request_index not in self.rejected and finish >= last.get(live.request_index, (live, -1.0))[1]:
-                last[live.request_index] = (live, finish)
-        return [(finish - live.request.arrival_s, live.output_tokens) for live, finish in last.values()]
 
     def metrics(self, allocator: Allocator, first_arrival_s: float) -> StrategyMetrics:
         counters = allocator.counters()
         averaged_over, averages = self.integrator.averages(self.capacity_tokens)
         busy = self.integrator.sums["busy"]
-        finished = [r for r, _ in self.finished]
-        finish_times = [t for _, t in self.finished]
-        firsts = [r.first_token_s - r.request.arrival_s for r in finished if r.sample == 0]
-        tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in self.finished if r.output_tokens > 1]
-        latencies = self._request_latencies()
-        e2e = [seconds for seconds, _ in latencies]
-        normalized = [seconds / tokens for seconds, tokens in latencies]
-        makespan = max(finish_times) - first_arrival_s if finish_times else 0.0
-        output_tokens = sum(r.output_tokens for r in finished)
+        latencies = self.latencies
+        firsts, tpots = np.frombuffer(latencies.ttft_s), np.frombuffer(latencies.tpot_s)
+        e2e, normalized = latencies.request_latencies()
+        makespan = latencies.last_finish_s - first_arrival_s if latencies.last_finish_s is not None else 0.0
+        output_tokens = latencies.output_tokens
         return StrategyMetrics(
             token_state_pct=float(averages[0]),
             reserved_future_pct=float(averages[1]),
@@ -250,13 +304,13 @@ class Accounting:
             max_batch_size=self.max_batch_size,
             throughput_tokens_per_s=output_tokens / makespan if makespan > 0 else 0.0,
             makespan_s=makespan,
-            mean_ttft_s=float(np.mean(firsts)) if firsts else None,
-            p99_ttft_s=float(np.percentile(firsts, 99)) if firsts else None,
-            mean_tpot_s=float(np.mean(tpots)) if tpots else None,
-            mean_e2e_s=float(np.mean(e2e)) if e2e else None,
-            p99_e2e_s=float(np.percentile(e2e, 99)) if e2e else None,
-            mean_normalized_latency_s=float(np.mean(normalized)) if normalized else None,
-            p99_normalized_latency_s=float(np.percentile(normalized, 99)) if normalized else None,
+            mean_ttft_s=float(np.mean(firsts)) if firsts.size else None,
+            p99_ttft_s=float(np.percentile(firsts, 99)) if firsts.size else None,
+            mean_tpot_s=float(np.mean(tpots)) if tpots.size else None,
+            mean_e2e_s=float(np.mean(e2e)) if e2e.size else None,
+            p99_e2e_s=float(np.percentile(e2e, 99)) if e2e.size else None,
+            mean_normalized_latency_s=float(np.mean(normalized)) if normalized.size else None,
+            p99_normalized_latency_s=float(np.percentile(normalized, 99)) if normalized.size else None,
             invariant_violations=self.invariant_violations,
             rejection_reasons=dict(sorted(self.rejection_reasons.items())),
             prefix_cache_queries=self.prefix_cache_queries,
