@@ -101,8 +101,10 @@ class Replay:
 
     @property
     def first_arrival_s(self) -> float:
-        """The first request's arrival (a fleet's replica is handed its requests as the replay runs)."""
-        return self.scheduler.requests[0].arrival_s
+        """The first request's arrival (a fleet's replica is handed its requests as the replay runs; one sent none
+        measures from 0)."""
+        requests = self.scheduler.requests
+        return requests[0].arrival_s if requests else 0.0
 
     def run(self) -> StrategyMetrics:
         while self.scheduler.has_work:

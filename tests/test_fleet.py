@@ -1,0 +1,148 @@
+"""The fleet against independent references: ``simulate`` run alone (one replica; each round-robin slice), a
+hand-built prefix trace routed by hand, a hand count of what a too-small approximate index forgets, and a property:
+nothing is lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.fleet.config import FleetConfig, KvLink, ReplicaPool, RouterConfig
+from minipaged_cli.fleet.fleet import run_fleet
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import simulate
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.readers import load_trace
+from minipaged_cli.workloads.trace import Request, Trace
+
+TRACES = sorted(Path(__file__).parent.parent.joinpath("traces").glob("*.yaml"))
+
+
+def config(num_blocks: int = 4000, **kwargs: object) -> SimConfig:
+    return SimConfig(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=num_blocks, **kwargs)
+
+
+def fleet(num_replicas: int, sim: SimConfig, router: str = "round-robin", **kwargs: object) -> FleetConfig:
+    return FleetConfig((ReplicaPool("replicas", num_replicas, sim),), RouterConfig(router), **kwargs)
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("num_blocks", [4000, 300])
+def test_one_replica_is_simulate(path: Path, num_blocks: int) -> None:
+    """Every field of simulate's paged metrics, to the last digit (300 blocks: preemptions and rejections)."""
+    trace, sim = load_trace(path, "auto"), config(num_blocks)
+    expected = simulate(trace, sim, ("paged",)).strategies["paged"].to_dict()
+    replica = run_fleet(trace, fleet(1, sim, "prefix-aware")).to_dict()["replicas"][0]
+    assert {key: replica[key] for key in expected} == expected
+
+
+def test_one_replica_with_tiers_is_simulate() -> None:
+    trace, sim = load_trace(TRACES[-1], "auto"), config(600, cpu_kv_blocks=2000)
+    expected = simulate(trace, sim, ("paged",)).strategies["paged"].to_dict()
+    replica = run_fleet(trace, fleet(1, sim)).to_dict()["replicas"][0]
+    assert {key: replica[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3])
+def test_round_robin_is_independent_slices(num_replicas: int) -> None:
+    """No shared prefixes: replica i replays requests i, i + N, ... exactly as simulate replays that slice alone."""
+    trace, sim = load_trace(Path("traces/azure_conv_1k.yaml"), "auto"), config(600)
+    replicas = run_fleet(trace, fleet(num_replicas, sim)).to_dict()["replicas"]
+    for index, replica in enumerate(replicas):
+        alone = Trace(f"slice-{index}", trace.requests[index::num_replicas], trace.segments)
+        expected = simulate(alone, sim, ("paged",)).strategies["paged"].to_dict()
+        assert replica["num_requests"] == alone.num_requests
+        assert {key: replica[key] for key in expected} == expected
+
+
+def prefix_trace(num_prefixes: int, rounds: int) -> Trace:
+    """Prefix k of 4 blocks (64 tokens) plus 8 tokens of its own: the request's full blocks are the prefix's.
+    The first round sends p0..p(K-1) 1 ms apart (they spread over the replicas); the later rounds send them in
+    the same order 5 s apart, each alone in an idle fleet."""
+    requests = [Request(f"r0-p{k}", 0.001 * k, 72, 20, prefix=(f"p{k}",)) for k in range(num_prefixes)]
+    requests += [Request(f"r{1 + i // num_prefixes}-p{i % num_prefixes}", 10.0 + 5.0 * i, 72, 20,
+                         prefix=(f"p{i % num_prefixes}",)) for i in range((rounds - 1) * num_prefixes)]
+    return Trace("prefixes", tuple(requests), {f"p{k}": 64 for k in range(num_prefixes)})
+
+
+def test_prefix_aware_sends_every_repeat_to_its_holder() -> None:
+    trace = prefix_trace(4, 3)
+    result = run_fleet(trace, FleetConfig((ReplicaPool("r", 3, config()),), RouterConfig("prefix-aware"),
+                                          log_decisions=True))
+    chosen = [d.replica for d in result.decisions]
+    holders = chosen[:4]
+    assert len(set(holders)) == 3  # the first round spreads (least loaded)
+    assert chosen[4:] == holders * 2
+    # every repeat found its 4 prefix blocks on its replica: 8 repeats x 64 tokens of 12 x 72 looked up
+    document = result.to_dict()
+    assert (document["prefix_cache_hits"], document["prefix_cache_queries"]) == (8 * 64, 12 * 72)
+
+
+@pytest.mark.parametrize("capacity", [16, 12])
+def test_approximate_index_too_small_forgets(capacity: int) -> None:
+    """4 prefixes of 4 blocks sent in turn. An index of 16 entries remembers every one: 8 repeats x 4 blocks
+    matched, every repeat to its holder, the precise router's 8 x 64 hit tokens. One of 12 entries (3 prefixes):
+    LRU forgets each prefix just before it recurs (the cyclic pattern), nothing is ever matched, and the idle
+    fleet's tie-break sends every later request to replica 0. Hand count of its hits: in round 2, the prefixes
+    the first round left on replica 0; in round 3, all 4 (round 2 put them there)."""
+    trace = prefix_trace(4, 3)
+    router = RouterConfig("prefix-aware", prefix_index="approximate", index_capacity=capacity)
+    result = run_fleet(trace, FleetConfig((ReplicaPool("r", 3, config()),), router, log_decisions=True))
+    chosen = [d.replica for d in result.decisions]
+    holders = chosen[:4]
+    hits = result.to_dict()["prefix_cache_hits"]
+    if capacity == 16:
+        assert sum(max(d.scores) for d in result.decisions) == 8 * 4
+        assert chosen[4:] == holders * 2
+        assert hits == 8 * 64
+    else:
+        assert sum(max(d.scores) for d in result.decisions) == 0
+        assert chosen[4:] == [0] * 8
+        assert hits == 64 * (holders.count(0) + 4) < 8 * 64
+
+
+requests_strategy = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.integers(1, 40),
+                                       st.sampled_from([(), ("a",), ("b",)])), min_size=1, max_size=10)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests_strategy, st.integers(1, 3), st.sampled_from(["round-robin", "least-loaded", "prefix-aware",
+                                                             "weighted"]),
+       st.integers(12, 60), st.booleans())
+def test_nothing_lost(rows: list, num_replicas: int, router: str, num_blocks: int, disaggregated: bool) -> None:
+    """Every request finishes exactly once somewhere in the fleet, or is rejected once."""
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
+                  {"a": 32, "b": 48})
+    trace = Trace(trace.name, tuple(r for r in trace.requests if r.prompt_tokens > sum(trace.segments[s] for s in
+                                                                                      r.prefix)), trace.segments)
+    if not trace.requests:
+        return
+    sim = config(num_blocks, max_model_len=400)
+    if disaggregated:
+        decode = config(max(num_blocks, 26), max_model_len=400)
+        spec = FleetConfig((ReplicaPool("p", num_replicas, sim, role="prefill"),
+                            ReplicaPool("d", 1, decode, role="decode")), RouterConfig(router),
+                           kv_link=KvLink(50e9, 20e-6), prefill_threshold=64)
+    else:
+        spec = fleet(num_replicas, sim, router)
+    try:
+        result = run_fleet(trace, spec)
+    except Exception as error:  # a trace no replica can hold at all is bad input, refused before the replay
+        assert "too small for any request" in str(error) or "longer" in str(error)
+        return
+    finishes: dict[int, int] = {}
+    for replica in result.replicas:
+        for live, _ in replica.replay.accounting.finished:
+            if replica.role == "prefill" and trace.requests[replica.fleet_indices[live.request_index]
+                                                            ].output_tokens > 1:
+                continue  # its decode replica finishes it
+            index = replica.fleet_indices[live.request_index]
+            finishes[index] = finishes.get(index, 0) + 1
+    rejected = sum(len(r.replay.accounting.rejected) for r in result.replicas)
+    assert all(count == 1 for count in finishes.values())
+    assert len(finishes) + rejected == trace.num_requests
+    assert result.to_dict()["completed_requests"] == len(finishes)
