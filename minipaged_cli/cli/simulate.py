@@ -39,6 +39,22 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.fleet_options import (
+    DecodeReplicasOpt,
+    FleetFileOpt,
+    IndexCapacityOpt,
+    LinkBandwidthOpt,
+    LinkLatencyOpt,
+    PrefillReplicasOpt,
+    PrefillThresholdOpt,
+    PrefixIndexOpt,
+    ReplicasOpt,
+    RouterOpt,
+    SharedStoreOpt,
+    WeightsOpt,
+    fleet_config,
+    run_fleet_command,
+)
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
 from minipaged_cli.cli.tier_options import (
@@ -50,6 +66,7 @@ from minipaged_cli.cli.tier_options import (
     TierInclusionOpt,
 )
 from minipaged_cli.errors import InputError
+from minipaged_cli.fleet.config import DEFAULT_INDEX_CAPACITY
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import (
     DEFAULT_BLOCK_SIZE,
@@ -79,7 +96,11 @@ Examples:\n\n
   minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --kv-cache-dtype
   fp8_e4m3\n\n
   minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
-  configs/calibrations/h100-llama-2-7b.yaml
+  configs/calibrations/h100-llama-2-7b.yaml\n\n
+  minipaged simulate traces/mixed.yaml --replicas 4 --router prefix-aware --json -\n\n
+  minipaged simulate traces/azure_conv_1k.yaml --prefill-replicas 1 --decode-replicas 1 --kv-link-bandwidth
+  50GB/s --kv-link-latency 20us\n\n
+  minipaged simulate traces/mixed.yaml --fleet configs/fleets/pd-2p1d.yaml
 """
 
 
@@ -130,6 +151,18 @@ def simulate_command(
         "--plot-layout", help="Draw the physical KV memory over time to this PNG: a colour per sequence, free space "
                               "blank, one panel per strategy (contiguous holes and paged scatter).", metavar="PNG",
         show_default=False)] = None,
+    replicas: ReplicasOpt = None,
+    router: RouterOpt = "round-robin",
+    prefix_index: PrefixIndexOpt = "precise",
+    prefix_index_capacity: IndexCapacityOpt = DEFAULT_INDEX_CAPACITY,
+    router_weights: WeightsOpt = "prefix:2,queue:1,kv:1",
+    prefill_replicas: PrefillReplicasOpt = None,
+    decode_replicas: DecodeReplicasOpt = None,
+    kv_link_bandwidth: LinkBandwidthOpt = "50GB/s",
+    kv_link_latency: LinkLatencyOpt = "20us",
+    prefill_threshold: PrefillThresholdOpt = 0,
+    shared_kv_store: SharedStoreOpt = False,
+    fleet_file: FleetFileOpt = None,
 ) -> None:
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
@@ -160,6 +193,14 @@ def simulate_command(
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 
     console = tables_console(json_path)
+    fleet = fleet_config(config, replicas=replicas, router=router, prefix_index=prefix_index,
+                         index_capacity=prefix_index_capacity, weights=router_weights,
+                         prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
+                         link_bandwidth=kv_link_bandwidth, link_latency=kv_link_latency,
+                         prefill_threshold=prefill_threshold, shared_kv_store=shared_kv_store, fleet_file=fleet_file,
+                         record_timeline=plot is not None)
+    if fleet is not None:  # (paged only: the fleet's replicas are vLLM engines)
+        return run_fleet_command(trace, config, fleet, console, stdout, json_path, plot)
     with ReplayProgress(stderr, trace.num_requests, names) as progress:
         result = simulate(trace, config, names, progress=progress)
     for renderable in simulation_tables(result, origin):

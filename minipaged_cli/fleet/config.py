@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, positive_number, whole_number
 
 ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "weighted")
@@ -157,3 +158,33 @@ class FleetConfig:
     @property
     def num_replicas(self) -> int:
         return sum(pool.num_replicas for pool in self.pools)
+
+
+_DURATIONS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # units per second
+
+
+def parse_bandwidth(text: str, *, field: str = "--kv-link-bandwidth", source: str | None = None) -> float:
+    """``"50GB/s"`` -> 5e10 bytes per second (a size as ``--kv-memory`` takes it, per second); refused unless
+    finite and positive."""
+    size = str(text).strip()
+    size = size[:-2] if size.lower().endswith("/s") else size
+    try:
+        value = float(parse_bytes(size, field=field, allow_zero=True))
+    except InputError:
+        raise InputError("expected a bandwidth such as 50GB/s or 400GB/s", source=source, field=field, value=text,
+                         has_value=True) from None
+    if not value > 0:
+        raise InputError("must be > 0", source=source, field=field, value=text, has_value=True)
+    return value
+
+
+def parse_duration(text: str, *, field: str = "--kv-link-latency", source: str | None = None) -> float:
+    """``"20us"`` -> 2e-05 seconds (s, ms, us, ns; a bare number is seconds)."""
+    written = str(text).strip()
+    unit = next((u for u in sorted(_DURATIONS, key=len, reverse=True) if written.endswith(u)), "")
+    try:
+        value = float(written[:len(written) - len(unit)]) / _DURATIONS.get(unit, 1.0)
+    except ValueError:
+        raise InputError("expected a duration such as 20us, 1.5ms or 0", source=source, field=field, value=text,
+                         has_value=True) from None
+    return finite_number(value, field=field, source=source, minimum=0.0)
