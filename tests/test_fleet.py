@@ -146,3 +146,60 @@ def test_nothing_lost(rows: list, num_replicas: int, router: str, num_blocks: in
     assert all(count == 1 for count in finishes.values())
     assert len(finishes) + rejected == trace.num_requests
     assert result.to_dict()["completed_requests"] == len(finishes)
+
+
+def test_one_request_through_1p1d_ttft_by_hand() -> None:
+    """TTFT = prefill time + KV bytes / bandwidth + latency + the first decode step (the last prompt token
+    recomputed on the decode replica, vLLM's rule). Qwen3-8B: 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes
+    = 147,456 B/token in bf16; 1000 tokens over 50 GB/s = 2.94912 ms, plus 20 us."""
+    from minipaged_cli.sim.step_time import StepTimeModel
+
+    sim = config()
+    assert sim.model.kv_bytes_per_token == 147_456
+    step = StepTimeModel(sim.model, sim.gpu, None)
+    prefill = float(step.step_seconds(new_tokens=1000, sequences=1, prefill_tokens=1000,
+                                      prefill_attended=1000 * 1001 / 2, prefill_context=1000, decodes=0,
+                                      decode_context=0, copied_tokens=0))
+    first_decode = float(step.step_seconds(new_tokens=1, sequences=1, prefill_tokens=1, prefill_attended=1000,
+                                           prefill_context=1000, decodes=0, decode_context=0, copied_tokens=0))
+    transfer = 1000 * 147_456 / 50e9 + 20e-6
+    trace = Trace("one", (Request("a", 0.0, 1000, 10),))
+    spec = FleetConfig((ReplicaPool("p", 1, sim, role="prefill"), ReplicaPool("d", 1, sim, role="decode")),
+                       kv_link=KvLink(50e9, 20e-6))
+    document = run_fleet(trace, spec).to_dict()
+    assert document["mean_ttft_s"] == pytest.approx(prefill + transfer + first_decode, abs=1e-6)
+    assert document["mean_transfer_s"] == pytest.approx(transfer, abs=1e-6)
+    assert document["kv_link"]["bytes"] == 147_456_000
+
+
+def test_kv_link_queues_transfers() -> None:
+    """Two prompts finishing their prefill in the same step: the second transfer waits for the first."""
+    sim = config()
+    trace = Trace("two", (Request("a", 0.0, 1000, 10), Request("b", 0.0, 1000, 10)))
+    spec = FleetConfig((ReplicaPool("p", 1, sim, role="prefill"), ReplicaPool("d", 1, sim, role="decode")),
+                       kv_link=KvLink(50e9, 20e-6))
+    link = run_fleet(trace, spec).to_dict()["kv_link"]
+    assert link["transfers"] == 2
+    assert link["queued_s"] == pytest.approx(1000 * 147_456 / 50e9, abs=1e-6)
+
+
+def test_short_prompts_stay_on_the_decode_replica() -> None:
+    sim = config()
+    trace = Trace("two", (Request("short", 0.0, 100, 10), Request("long", 0.0, 1000, 10)))
+    spec = FleetConfig((ReplicaPool("p", 1, sim, role="prefill"), ReplicaPool("d", 1, sim, role="decode")),
+                       kv_link=KvLink(50e9, 20e-6), prefill_threshold=256)
+    result = run_fleet(trace, spec)
+    assert [len(r.requests) for r in result.replicas] == [1, 2]
+    assert result.to_dict()["kv_link"]["transfers"] == 1
+
+
+def test_shared_store_serves_another_replicas_blocks() -> None:
+    """Round-robin sends a prefix's two requests to two replicas: with per-replica tiers the second misses; with
+    one shared store it loads what the first stored."""
+    trace = Trace("shared", (Request("a", 0.0, 1040, 4, prefix=("s",)), Request("b", 5.0, 1040, 4, prefix=("s",))),
+                  {"s": 1024})
+    sim = config(cpu_kv_blocks=1000)
+    alone = run_fleet(trace, fleet(2, sim)).to_dict()
+    shared = run_fleet(trace, fleet(2, sim, shared_kv_store=True)).to_dict()
+    assert alone["tiers"]["cpu"]["hit_tokens"] == 0
+    assert shared["tiers"]["cpu"]["hit_tokens"] == 1024
