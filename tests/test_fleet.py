@@ -39,6 +39,16 @@ def test_one_replica_is_simulate(path: Path, num_blocks: int) -> None:
     assert {key: replica[key] for key in expected} == expected
 
 
+@pytest.mark.parametrize("model", ["gemma-3-27b", "deepseek-v3"])
+def test_one_replica_is_simulate_hybrid_and_latent(model: str) -> None:
+    """Sliding windows (the hybrid manager's groups, KV events named (group, key)) and latent attention."""
+    trace = load_trace(Path("traces/mixed.yaml"), "auto")
+    sim = SimConfig(model=load_model(model), gpu=load_gpu("h200"), num_blocks=3000)
+    expected = simulate(trace, sim, ("paged",)).strategies["paged"].to_dict()
+    replica = run_fleet(trace, fleet(1, sim, "prefix-aware")).to_dict()["replicas"][0]
+    assert {key: replica[key] for key in expected} == expected
+
+
 def test_one_replica_with_tiers_is_simulate() -> None:
     trace, sim = load_trace(TRACES[-1], "auto"), config(600, cpu_kv_blocks=2000)
     expected = simulate(trace, sim, ("paged",)).strategies["paged"].to_dict()

@@ -14,7 +14,6 @@ from minipaged_cli.cli.fleet_render import fleet_table
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import (
-    DEFAULT_INDEX_CAPACITY,
     PREFIX_INDEXES,
     ROUTERS,
     FleetConfig,

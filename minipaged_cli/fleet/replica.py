@@ -13,6 +13,7 @@ as of its last step ended by ``t`` (a step that started before ``t`` and ends af
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
 from minipaged_cli.fleet.kv_events import KvEvents
@@ -52,6 +53,12 @@ class Replica:
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
         self.events: KvEvents | None = None
+        # Under the hybrid manager the pool names a key (group, key) (vLLM's BlockHashWithGroupId): a prefix is
+        # matched in the first full-attention group
+        groups = config.kv_cache_groups
+        grouped = len(groups) > 1 or any(group.is_sliding for group in groups)
+        self.match_group = next((g for g, group in enumerate(groups) if not group.is_sliding), 0) if grouped \
+            else None
         if kv_events and scheduler.keyed:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = pool.listener = KvEvents(pool.listener)
@@ -99,12 +106,14 @@ class Replica:
         state = self.state_at(at)
         return state.num_waiting + len(self.requests) - state.num_arrived
 
-    def matched_blocks(self, block_hashes: list, at: float) -> int:
+    def matched_blocks(self, block_hashes: Sequence[Hashable], at: float) -> int:
         """Leading ``block_hashes`` cached on the replica as of its last step ended by ``at`` (0 without KV
         events)."""
         if self.events is None:
             return 0
         self.state_at(at)  # (publishes the last step's events once it has ended)
+        if self.match_group is not None:
+            block_hashes = [(self.match_group, key) for key in block_hashes]
         return self.events.matched_blocks(block_hashes)
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:
