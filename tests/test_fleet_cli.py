@@ -65,3 +65,24 @@ def test_bad_fleet_options(options: list[str], expected: str) -> None:
     result = runner.invoke(app, ["simulate", "traces/burst.yaml", *options])
     assert result.exit_code == 2, result.output
     assert expected in result.stderr and "\n" not in result.stderr.strip()
+
+
+def test_sweep_takes_replicas_and_routers_as_axes() -> None:
+    """3 routers x 2 fleet sizes (+ the engine alone), each point a replay as any other; a fleet point's row is
+    the fleet's totals."""
+    result = runner.invoke(app, ["sweep", "traces/burst.yaml", "--rates", "4", "--strategies", "paged",
+                                 "--replicas", "1,2,3", "--routers", "round-robin,least-loaded,prefix-aware",
+                                 "--workers", "1", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    points = json.loads(result.stdout[result.stdout.index("{"):])["points"]
+    assert sorted((p["replicas"], p["router"]) for p in points) == [(1, "")] + sorted(
+        (n, r) for n in (2, 3) for r in ("least-loaded", "prefix-aware", "round-robin"))
+    assert all(p["completed_requests"] == 12 for p in points)
+
+
+def test_fleet_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "fleet.png"
+    result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--replicas", "3", "--plot", str(path)])
+    assert result.exit_code == 0, result.output
+    assert path.read_bytes()[:4] == b"\x89PNG"
