@@ -2,7 +2,8 @@
 
 ``round-robin`` cycles; ``least-loaded`` takes the fewest queued requests, then the lowest KV usage, then the
 fewest running; ``prefix-aware`` the longest cached prefix of the request's blocks (``precise``: the replicas' KV
-events; ``approximate``: the router's own index, ``prefix_index.py``); ``weighted`` the highest sum of weighted
+events; ``approximate``: the router's own index, ``prefix_index.py``) among the replicas with room (no request
+waiting at their last step; all of them when none has room); ``weighted`` the highest sum of weighted
 scores in [0, 1], as llm-d's scorers: prefix (matched / prompt blocks), queue ((max - q) / (max - min) over the
 pool; 1 when all are equal), kv (1 - usage). Ties, which llm-d, SGLang's gateway and Dynamo break at random, go
 to the least loaded, then to the lowest index: every run routes the same way.
@@ -71,7 +72,11 @@ class Router:
             return [0.0] * len(loads)  # every replica ties: the least loaded wins
         prefix = [self._matched(r, block_hashes, at) for r in self.replicas]
         if self.config.name == "prefix-aware":
-            return [float(p) for p in prefix]
+            # A replica with requests waiting has no room (vLLM admits whatever fits): the prefix goes elsewhere
+            # while another has room, as SGLang's cache-aware router balances (pure affinity would send every
+            # request sharing a system prompt to one replica)
+            room = [r.state_at(at).num_waiting == 0 for r in self.replicas]
+            return [float(p) if has_room or not any(room) else -1.0 for p, has_room in zip(prefix, room, strict=True)]
         weights = dict(self.config.weights)
         queues = [q for q, _, _ in loads]
         low, high = min(queues), max(queues)
