@@ -13,17 +13,7 @@ from minipaged_cli.cli.common import flag
 from minipaged_cli.cli.fleet_render import fleet_table
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.fleet.config import (
-    PREFIX_INDEXES,
-    ROUTERS,
-    FleetConfig,
-    KvLink,
-    ReplicaPool,
-    RouterConfig,
-    parse_bandwidth,
-    parse_duration,
-    parse_weights,
-)
+from minipaged_cli.fleet import config as fleets
 from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.fleet.fleet_file import load_fleet_file
 from minipaged_cli.sim.config import SimConfig
@@ -35,10 +25,10 @@ ReplicasOpt = Annotated[int | None, typer.Option(
     "--replicas", min=1, rich_help_panel=PANEL, show_default=False,
     help="Replay over this many identical replicas behind --router (one engine each).")]
 RouterOpt = Annotated[str, typer.Option(
-    "--router", rich_help_panel=PANEL, help="Which replica takes a request: " + ", ".join(ROUTERS) + ".")]
+    "--router", rich_help_panel=PANEL, help="Which replica takes a request: " + ", ".join(fleets.ROUTERS) + ".")]
 PrefixIndexOpt = Annotated[str, typer.Option(
     "--prefix-index", rich_help_panel=PANEL,
-    help="What prefix-aware and weighted routers read: " + " or ".join(PREFIX_INDEXES) + " (precise: the "
+    help="What prefix-aware and weighted routers read: " + " or ".join(fleets.PREFIX_INDEXES) + " (precise: the "
          "replicas' published KV events; approximate: the router's own LRU index of what it sent where).")]
 IndexCapacityOpt = Annotated[int, typer.Option(
     "--prefix-index-capacity", min=1, rich_help_panel=PANEL, help="Blocks the approximate index remembers.")]
@@ -67,14 +57,14 @@ FleetFileOpt = Annotated[Path | None, typer.Option(
 def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix_index: str, index_capacity: int,
                  weights: str, prefill_replicas: int | None, decode_replicas: int | None, link_bandwidth: str,
                  link_latency: str, prefill_threshold: int, shared_kv_store: bool, fleet_file: Path | None,
-                 record_timeline: bool) -> FleetConfig | None:
+                 record_timeline: bool) -> fleets.FleetConfig | None:
     """The fleet the options ask for, or None (one engine: ``simulate`` as ever)."""
     options = {"record_timeline": record_timeline}
     if fleet_file is not None:
         return load_fleet_file(fleet_file, config, **options)
     if replicas is None and prefill_replicas is None and decode_replicas is None and not shared_kv_store:
         return None
-    router_config = RouterConfig(router, prefix_index, index_capacity, parse_weights(weights))
+    router_config = fleets.RouterConfig(router, prefix_index, index_capacity, fleets.parse_weights(weights))
     if (prefill_replicas is None) != (decode_replicas is None):
         raise InputError("P/D disaggregation takes both --prefill-replicas and --decode-replicas",
                          field="--prefill-replicas" if prefill_replicas is None else "--decode-replicas")
@@ -82,15 +72,15 @@ def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix
         if replicas is not None:
             raise InputError("give --replicas or --prefill-replicas/--decode-replicas, not both", field="--replicas",
                              value=replicas, has_value=True)
-        link = KvLink(parse_bandwidth(link_bandwidth), parse_duration(link_latency))
-        pools = (ReplicaPool("prefill", prefill_replicas, config, "prefill", "--prefill-replicas"),
-                 ReplicaPool("decode", decode_replicas, config, "decode", "--decode-replicas"))
-        return FleetConfig(pools, router_config, link, prefill_threshold, shared_kv_store, **options)
-    return FleetConfig((ReplicaPool("replicas", replicas or 1, config, source="--replicas"),), router_config,
-                       shared_kv_store=shared_kv_store, **options)
+        link = fleets.KvLink(fleets.parse_bandwidth(link_bandwidth), fleets.parse_duration(link_latency))
+        pools = (fleets.ReplicaPool("prefill", prefill_replicas, config, "prefill", "--prefill-replicas"),
+                 fleets.ReplicaPool("decode", decode_replicas, config, "decode", "--decode-replicas"))
+        return fleets.FleetConfig(pools, router_config, link, prefill_threshold, shared_kv_store, **options)
+    pool = fleets.ReplicaPool("replicas", replicas or 1, config, source="--replicas")
+    return fleets.FleetConfig((pool,), router_config, shared_kv_store=shared_kv_store, **options)
 
 
-def run_fleet_command(trace: Trace, config: SimConfig, fleet: FleetConfig, console: Console, stdout: Console,
+def run_fleet_command(trace: Trace, config: SimConfig, fleet: fleets.FleetConfig, console: Console, stdout: Console,
                       json_path: str | None, plot: Path | None) -> None:
     """Replay, print the table, write the JSON (``fleet`` beside simulate's ``trace`` and ``config``) and plot."""
     result = run_fleet(trace, fleet)
