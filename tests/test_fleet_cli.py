@@ -75,8 +75,8 @@ def test_sweep_takes_replicas_and_routers_as_axes() -> None:
                                  "--workers", "1", "--json", "-"])
     assert result.exit_code == 0, result.output
     points = json.loads(result.stdout[result.stdout.index("{"):])["points"]
-    assert sorted((p["replicas"], p["router"]) for p in points) == [(1, "")] + sorted(
-        (n, r) for n in (2, 3) for r in ("least-loaded", "prefix-aware", "round-robin"))
+    fleets = sorted((n, r) for n in (2, 3) for r in ("least-loaded", "prefix-aware", "round-robin"))
+    assert sorted((p["replicas"], p["router"]) for p in points) == [(1, ""), *fleets]
     assert all(p["completed_requests"] == 12 for p in points)
 
 
