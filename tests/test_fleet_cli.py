@@ -16,13 +16,15 @@ FLEETS = sorted(Path(__file__).parent.parent.joinpath("configs/fleets").glob("*.
 
 def test_replicas_table_and_json() -> None:
     result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--replicas", "3", "--router", "weighted",
-                                 "--json", "-"])
+                                 "--log-decisions", "--json", "-"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout[result.stdout.index("{"):])
     fleet = document["fleet"]
     assert len(fleet["replicas"]) == 3
     assert sum(r["num_requests"] for r in fleet["replicas"]) == 100
     assert fleet["completed_requests"] == 100
+    assert [d["request"] for d in fleet["decisions"]] == list(range(100))
+    assert all(len(d["scores"]) == 3 for d in fleet["decisions"])
     assert fleet["router"] == {"name": "weighted", "prefix_index": "precise",
                                "weights": {"prefix": 2.0, "queue": 1.0, "kv": 1.0}}
 

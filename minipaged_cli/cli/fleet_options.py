@@ -49,6 +49,9 @@ PrefillThresholdOpt = Annotated[int, typer.Option(
 SharedStoreOpt = Annotated[bool, flag(
     "shared-kv-store", help="The --cpu-kv-memory / --disk-kv-memory tiers become one store of that size shared "
                             "by every replica (instead of one each).")]
+LogDecisionsOpt = Annotated[bool, flag(
+    "log-decisions", help="Every routing decision (time, request, replica, each candidate's score) in the --json "
+                          "document's fleet.decisions.")]
 FleetFileOpt = Annotated[Path | None, typer.Option(
     "--fleet", rich_help_panel=PANEL, metavar="FLEET.yaml", show_default=False,
     help="A fleet file (configs/fleets/): pools with their own model, GPU and KV memory, router, link, store.")]
@@ -57,9 +60,9 @@ FleetFileOpt = Annotated[Path | None, typer.Option(
 def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix_index: str, index_capacity: int,
                  weights: str, prefill_replicas: int | None, decode_replicas: int | None, link_bandwidth: str,
                  link_latency: str, prefill_threshold: int, shared_kv_store: bool, fleet_file: Path | None,
-                 record_timeline: bool) -> fleets.FleetConfig | None:
+                 log_decisions: bool, record_timeline: bool) -> fleets.FleetConfig | None:
     """The fleet the options ask for, or None (one engine: ``simulate`` as ever)."""
-    options = {"record_timeline": record_timeline}
+    options = {"log_decisions": log_decisions, "record_timeline": record_timeline}
     if fleet_file is not None:
         return load_fleet_file(fleet_file, config, **options)
     if replicas is None and prefill_replicas is None and decode_replicas is None and not shared_kv_store:
@@ -82,7 +85,8 @@ def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix
 
 def run_fleet_command(trace: Trace, config: SimConfig, fleet: fleets.FleetConfig, console: Console, stdout: Console,
                       json_path: str | None, plot: Path | None) -> None:
-    """Replay, print the table, write the JSON (``fleet`` beside simulate's ``trace`` and ``config``) and plot."""
+    """Replay, print the table, write the JSON (``fleet`` beside simulate's ``trace`` and ``config``) and plot;
+    exit 1 on an invariant violation (``--check-invariants``: a bug in the allocator)."""
     result = run_fleet(trace, fleet)
     console.print(fleet_table(result))
     if json_path is not None:
@@ -95,3 +99,5 @@ def run_fleet_command(trace: Trace, config: SimConfig, fleet: fleets.FleetConfig
 
         plot_fleet_timeline(result, plot)
         console.print(f"plot: {plot}", markup=False)
+    if result.figures.totals["invariant_violations"]:
+        raise typer.Exit(1)

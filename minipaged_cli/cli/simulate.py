@@ -45,6 +45,7 @@ from minipaged_cli.cli.fleet_options import (
     IndexCapacityOpt,
     LinkBandwidthOpt,
     LinkLatencyOpt,
+    LogDecisionsOpt,
     PrefillReplicasOpt,
     PrefillThresholdOpt,
     PrefixIndexOpt,
@@ -163,6 +164,7 @@ def simulate_command(
     prefill_threshold: PrefillThresholdOpt = 0,
     shared_kv_store: SharedStoreOpt = False,
     fleet_file: FleetFileOpt = None,
+    log_decisions: LogDecisionsOpt = False,
 ) -> None:
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
@@ -198,7 +200,7 @@ def simulate_command(
                          prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
                          link_bandwidth=kv_link_bandwidth, link_latency=kv_link_latency,
                          prefill_threshold=prefill_threshold, shared_kv_store=shared_kv_store, fleet_file=fleet_file,
-                         record_timeline=plot is not None)
+                         log_decisions=log_decisions, record_timeline=plot is not None)
     if fleet is not None:  # (paged only: the fleet's replicas are vLLM engines)
         return run_fleet_command(trace, config, fleet, console, stdout, json_path, plot)
     with ReplayProgress(stderr, trace.num_requests, names) as progress:
