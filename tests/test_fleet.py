@@ -213,3 +213,15 @@ def test_shared_store_serves_another_replicas_blocks() -> None:
     shared = run_fleet(trace, fleet(2, sim, shared_kv_store=True)).to_dict()
     assert alone["tiers"]["cpu"]["hit_tokens"] == 0
     assert shared["tiers"]["cpu"]["hit_tokens"] == 1024
+
+
+@pytest.mark.parametrize(("prefix_index", "second"), [("precise", 1), ("approximate", 0)])
+def test_router_sees_a_replica_as_of_its_last_completed_step(prefix_index: str, second: int) -> None:
+    """Two requests sharing a prefix, 1 us apart: the first's step has not ended when the second arrives, so its
+    blocks are not yet published (precise: no match; the first replica counts one request sent since, the second
+    is less loaded) while the router's own index knows where it sent them (approximate: the first replica)."""
+    trace = Trace("two", (Request("a", 0.0, 1040, 4, prefix=("s",)), Request("b", 1e-6, 1040, 4, prefix=("s",))),
+                  {"s": 1024})
+    router = RouterConfig("prefix-aware", prefix_index=prefix_index)
+    result = run_fleet(trace, FleetConfig((ReplicaPool("r", 2, config()),), router, log_decisions=True))
+    assert [d.replica for d in result.decisions] == [0, second]
