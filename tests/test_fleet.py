@@ -225,3 +225,20 @@ def test_router_sees_a_replica_as_of_its_last_completed_step(prefix_index: str, 
     router = RouterConfig("prefix-aware", prefix_index=prefix_index)
     result = run_fleet(trace, FleetConfig((ReplicaPool("r", 2, config()),), router, log_decisions=True))
     assert [d.replica for d in result.decisions] == [0, second]
+
+
+def test_transfer_bytes_follow_the_kv_layout() -> None:
+    """Qwen3-8B: every layer full attention, 147,456 B/token; fp8 halves it; a sliding-window model moves only the
+    window's tokens in its sliding layers; latent attention its latent."""
+    from minipaged_cli.fleet.disaggregation import transfer_bytes
+    from minipaged_cli.workloads.presets import with_kv_cache_dtype
+
+    assert transfer_bytes(config(), 1000) == 147_456_000
+    fp8 = SimConfig(model=with_kv_cache_dtype(load_model("qwen3-8b"), "fp8_e4m3"), gpu=load_gpu("h200"),
+                    num_blocks=4000)
+    assert transfer_bytes(fp8, 1000) == 73_728_000
+    gemma = SimConfig(model=load_model("gemma-3-27b"), gpu=load_gpu("h200"), num_blocks=4000)
+    assert transfer_bytes(gemma, 100_000) < 100_000 * gemma.model.kv_bytes_per_token
+    assert transfer_bytes(gemma, 100) == 100 * gemma.model.kv_bytes_per_token  # (inside every window)
+    latent = SimConfig(model=load_model("deepseek-v3"), gpu=load_gpu("h200"), num_blocks=4000)
+    assert transfer_bytes(latent, 1000) == 1000 * latent.model.kv_bytes_per_token

@@ -2,9 +2,9 @@
 not see), the KV crosses a link to a decode replica, which admits the request once the transfer has landed and its
 blocks are free, recomputes the last prompt token (vLLM's rule for a full external hit) and decodes.
 
-``KvTransfers`` is the link: one queue of transfers, each ``prompt_tokens * kv_bytes_per_token`` bytes (the model's
-KV layout: KV cache groups, latent attention, an fp8 cache all change the bytes per token) at the link's bandwidth,
-plus its latency. ``RemoteKv`` stands where a decode replica's scheduler looks for KV below its GPU (vLLM's KV
+``KvTransfers`` is the link: one queue of transfers, each the prompt's KV as the pool holds it (``transfer_bytes``:
+KV cache groups, sliding windows, latent attention and an fp8 cache all count) at the link's bandwidth, plus its
+latency. ``RemoteKv`` stands where a decode replica's scheduler looks for KV below its GPU (vLLM's KV
 connector, ``WAITING_FOR_REMOTE_KVS``): at a request's first admission every prompt token but the last is there,
 unless the prompt is short enough that it prefilled locally (``prefill_threshold``).
 """
@@ -14,7 +14,18 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from minipaged_cli.fleet.config import KvLink
+from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.tiers import Link
+
+
+def transfer_bytes(config: SimConfig, num_tokens: int) -> int:
+    """The KV of ``num_tokens`` prompt tokens: in each KV cache group's layers, every token for full attention,
+    the last ``sliding_window`` for a sliding window (what the pool keeps); the bytes per token and layer carry
+    latent attention and the KV cache's element type."""
+    per_layer = config.model.kv_bytes_per_token_per_layer
+    return sum(len(group.layer_indices) * per_layer
+               * (min(num_tokens, group.sliding_window or num_tokens) if group.is_sliding else num_tokens)
+               for group in config.kv_cache_groups)
 
 
 class KvTransfers:

@@ -8,7 +8,7 @@ from typing import Any
 
 from minipaged_cli.fleet.clock import FleetClock
 from minipaged_cli.fleet.config import FleetConfig
-from minipaged_cli.fleet.disaggregation import KvTransfers, RemoteKv
+from minipaged_cli.fleet.disaggregation import KvTransfers, RemoteKv, transfer_bytes
 from minipaged_cli.fleet.replica import Replica
 from minipaged_cli.fleet.report import FleetFigures, RequestRecord, fleet_figures
 from minipaged_cli.fleet.routers import Decision, Router
@@ -112,7 +112,7 @@ class Fleet:
             record = self.records[fleet_index]
             if replica.role == "prefill" and record.output_tokens > 1:
                 record.prefilled_s = finish_s
-                num_bytes = live.prompt_tokens * replica.config.model.kv_bytes_per_token
+                num_bytes = transfer_bytes(replica.config, live.prompt_tokens)
                 self.clock.schedule(self.transfers.send(num_bytes, finish_s), -fleet_index - 1)
                 continue
             record.finished(live, finish_s)
