@@ -121,9 +121,10 @@ requests_strategy = st.lists(st.tuples(st.floats(0, 2), st.integers(1, 300), st.
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests_strategy, st.integers(1, 3), st.sampled_from(["round-robin", "least-loaded", "prefix-aware",
                                                              "weighted"]),
-       st.integers(12, 60), st.booleans())
-def test_nothing_lost(rows: list, num_replicas: int, router: str, num_blocks: int, disaggregated: bool) -> None:
-    """Every request finishes exactly once somewhere in the fleet, or is rejected once."""
+       st.integers(12, 60), st.sampled_from(["alone", "disaggregated", "tiers", "shared store"]))
+def test_nothing_lost(rows: list, num_replicas: int, router: str, num_blocks: int, layout: str) -> None:
+    """Every request finishes exactly once somewhere in the fleet, or is rejected once: co-located replicas alone,
+    with host tiers each, with one shared store, or P/D."""
     rows.sort(key=lambda row: row[0])
     trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
                   {"a": 32, "b": 48})
@@ -131,14 +132,14 @@ def test_nothing_lost(rows: list, num_replicas: int, router: str, num_blocks: in
                                                                                       r.prefix)), trace.segments)
     if not trace.requests:
         return
-    sim = config(num_blocks, max_model_len=400)
-    if disaggregated:
+    sim = config(num_blocks, max_model_len=400, cpu_kv_blocks=8 if "tiers" in layout or "store" in layout else 0)
+    if layout == "disaggregated":
         decode = config(max(num_blocks, 26), max_model_len=400)
         spec = FleetConfig((ReplicaPool("p", num_replicas, sim, role="prefill"),
                             ReplicaPool("d", 1, decode, role="decode")), RouterConfig(router),
                            kv_link=KvLink(50e9, 20e-6), prefill_threshold=64)
     else:
-        spec = fleet(num_replicas, sim, router)
+        spec = fleet(num_replicas, sim, router, shared_kv_store=layout == "shared store")
     try:
         result = run_fleet(trace, spec)
     except Exception as error:  # a trace no replica can hold at all is bad input, refused before the replay
