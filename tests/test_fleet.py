@@ -104,6 +104,8 @@ def test_approximate_index_too_small_forgets(capacity: int) -> None:
     chosen = [d.replica for d in result.decisions]
     holders = chosen[:4]
     hits = result.to_dict()["prefix_cache_hits"]
+    # 12 requests send 4 entries each; 16 entries hold them all (repeats refresh), 12 forget all but the last 12
+    assert result.to_dict()["router"]["index_forgotten"] == (0 if capacity == 16 else 48 - 12)
     if capacity == 16:
         assert sum(max(d.scores) for d in result.decisions) == 8 * 4
         assert chosen[4:] == holders * 2

@@ -28,9 +28,10 @@ class FleetResult:
     figures: FleetFigures
     transfers: KvTransfers | None = None
     decisions: list[Decision] = field(default_factory=list)
+    router: dict[str, int] = field(default_factory=dict)  # the routers' own figures (``Router.figures``)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.figures.to_dict(self.fleet, self.transfers, self.decisions)
+        return self.figures.to_dict(self.fleet, self.transfers, self.decisions, self.router)
 
 
 class Fleet:
@@ -81,9 +82,12 @@ class Fleet:
                         clock.schedule(requests[index].arrival_s, index)
                 else:
                     self._land(-payload - 1, at)
+        routers = [self.entry] if self.decode is None else [self.entry, self.decode]
+        figures = {name: sum(router.figures().get(name, 0) for router in routers)
+                   for name in self.entry.figures()}
         return FleetResult(self.trace, self.config, self.replicas,
                            fleet_figures(self.replicas, self.records, self.transfers), self.transfers,
-                           self.decisions)
+                           self.decisions, figures)
 
     def _route(self, fleet_index: int, at: float) -> None:
         request = self.trace.requests[fleet_index]

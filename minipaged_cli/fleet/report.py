@@ -65,9 +65,9 @@ class FleetFigures:
     replicas: list[dict[str, Any]]
     totals: dict[str, Any]
 
-    def to_dict(self, fleet: FleetConfig, transfers: KvTransfers | None,
-                decisions: list[Decision]) -> dict[str, Any]:
-        document: dict[str, Any] = {"num_replicas": fleet.num_replicas, "router": fleet.router.to_dict(),
+    def to_dict(self, fleet: FleetConfig, transfers: KvTransfers | None, decisions: list[Decision],
+                router: dict[str, int]) -> dict[str, Any]:
+        document: dict[str, Any] = {"num_replicas": fleet.num_replicas, "router": {**fleet.router.to_dict(), **router},
                                     "shared_kv_store": fleet.shared_kv_store, "replicas": self.replicas,
                                     **self.totals}
         if transfers is not None:

@@ -43,6 +43,12 @@ class Router:
         self.index = ApproximateIndex(config.index_capacity) \
             if config.reads_prefixes and config.prefix_index == "approximate" else None
 
+    def figures(self) -> dict[str, int]:
+        """What the router itself holds: the approximate index's entries and how many it forgot."""
+        if self.index is None:
+            return {}
+        return {"index_entries": len(self.index.entries), "index_forgotten": self.index.num_forgotten}
+
     @property
     def needs_block_hashes(self) -> bool:
         return self.config.reads_prefixes
