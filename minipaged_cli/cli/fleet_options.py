@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from minipaged_cli.cli.common import flag
 from minipaged_cli.cli.fleet_render import fleet_table
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
@@ -46,11 +45,11 @@ LinkLatencyOpt = Annotated[str, typer.Option(
 PrefillThresholdOpt = Annotated[int, typer.Option(
     "--prefill-threshold", min=0, rich_help_panel=PANEL,
     help="P/D: prompts of at most this many tokens prefill on their decode replica.")]
-SharedStoreOpt = Annotated[bool, flag(
-    "shared-kv-store", help="The --cpu-kv-memory / --disk-kv-memory tiers become one store of that size shared "
+SharedStoreOpt = Annotated[bool, typer.Option(
+    "--shared-kv-store/--no-shared-kv-store", rich_help_panel=PANEL, help="The --cpu-kv-memory / --disk-kv-memory tiers become one store of that size shared "
                             "by every replica (instead of one each).")]
-LogDecisionsOpt = Annotated[bool, flag(
-    "log-decisions", help="Every routing decision (time, request, replica, each candidate's score) in the --json "
+LogDecisionsOpt = Annotated[bool, typer.Option(
+    "--log-decisions/--no-log-decisions", rich_help_panel=PANEL, help="Every routing decision (time, request, replica, each candidate's score) in the --json "
                           "document's fleet.decisions.")]
 FleetFileOpt = Annotated[Path | None, typer.Option(
     "--fleet", rich_help_panel=PANEL, metavar="FLEET.yaml", show_default=False,
