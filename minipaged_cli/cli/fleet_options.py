@@ -46,11 +46,13 @@ PrefillThresholdOpt = Annotated[int, typer.Option(
     "--prefill-threshold", min=0, rich_help_panel=PANEL,
     help="P/D: prompts of at most this many tokens prefill on their decode replica.")]
 SharedStoreOpt = Annotated[bool, typer.Option(
-    "--shared-kv-store/--no-shared-kv-store", rich_help_panel=PANEL, help="The --cpu-kv-memory / --disk-kv-memory tiers become one store of that size shared "
-                            "by every replica (instead of one each).")]
+    "--shared-kv-store/--no-shared-kv-store", rich_help_panel=PANEL,
+    help="The --cpu-kv-memory / --disk-kv-memory tiers become one store of that size shared by every replica "
+         "(instead of one each).")]
 LogDecisionsOpt = Annotated[bool, typer.Option(
-    "--log-decisions/--no-log-decisions", rich_help_panel=PANEL, help="Every routing decision (time, request, replica, each candidate's score) in the --json "
-                          "document's fleet.decisions.")]
+    "--log-decisions/--no-log-decisions", rich_help_panel=PANEL,
+    help="Every routing decision (time, request, replica, each candidate's score) in the --json document's "
+         "fleet.decisions.")]
 FleetFileOpt = Annotated[Path | None, typer.Option(
     "--fleet", rich_help_panel=PANEL, metavar="FLEET.yaml", show_default=False,
     help="A fleet file (configs/fleets/): pools with their own model, GPU and KV memory, router, link, store.")]
