@@ -10,7 +10,8 @@ from tests.conftest import ROOT
 
 PACKAGE = ROOT / "minipaged_cli"
 # Each layer may import its own and lower layers only (errors and units serve everyone).
-LAYERS = {"errors": 0, "units": 0, "memory": 1, "workloads": 1, "sim": 2, "dataplane": 2, "apps": 3, "cli": 4}
+LAYERS = {"errors": 0, "units": 0, "memory": 1, "workloads": 1, "sim": 2, "dataplane": 2, "apps": 3, "fleet": 3,
+          "cli": 4}
 MAX_LINES = 330  # about 300; a longer module says why at its top ("Over 300 lines ...")
 
 

@@ -55,6 +55,8 @@ class Axes:
     offload_policies: tuple[str, ...] = ("write-through",)
     tier_evictions: tuple[str, ...] = ("lru",)
     tier_inclusions: tuple[str, ...] = ("inclusive",)
+    replicas: tuple[int, ...] = (1,)  # fleets of paged replicas (fleet/): each count > 1 behind each router
+    routers: tuple[str, ...] = ("round-robin",)
     # Models whose paged curve is swept again with every layer as full attention (``all_full_attention_models``)
     all_full_models: tuple[str, ...] = ()
 
@@ -64,6 +66,8 @@ class Axes:
             self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching, self.cpu_kv_memory,
             self.offload_policies, self.tier_evictions, self.tier_inclusions, self.strategies, self.rates)
             if not (i == "exclusive" and o != "on-eviction")]
+        points = [replace(p, replicas=n, router=router) for p in points for n in self.replicas
+                  for router in (self.routers if n > 1 else ("",)) if n == 1 or p.strategy == "paged"]
         return points + [replace(point, strategy=ALL_FULL_ATTENTION) for point in points
                          if point.strategy == "paged" and point.model in self.all_full_models]
 
@@ -77,7 +81,8 @@ class Axes:
         values = {"model": self.models, "gpu": self.gpus, "kv_memory": self.kv_memory,
                   "block_size": self.block_sizes, "prefix_caching": self.prefix_caching,
                   "cpu_kv_memory": self.cpu_kv_memory, "offload_policy": self.offload_policies,
-                  "tier_eviction": self.tier_evictions, "tier_inclusion": self.tier_inclusions}
+                  "tier_eviction": self.tier_evictions, "tier_inclusion": self.tier_inclusions,
+                  "replicas": self.replicas, "router": self.routers}
         return [name for name, v in values.items() if len(v) > 1]
 
 

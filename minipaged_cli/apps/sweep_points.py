@@ -11,6 +11,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from minipaged_cli.errors import InputError
+from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
+from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -85,6 +87,9 @@ class Point:
     offload_policy: str = "write-through"
     tier_eviction: str = "lru"
     tier_inclusion: str = "inclusive"
+    # A fleet of this many paged replicas behind ``router`` (fleet/); one replica is the engine alone (no router)
+    replicas: int = 1
+    router: str = ""
 
     @property
     def curve(self) -> Point:
@@ -100,7 +105,7 @@ class Point:
         """Points in a stable order (the GPU's default KV memory, None, first; host tiers by size)."""
         return (self.model, self.gpu, self.kv_memory is not None, self.kv_memory or "", self.block_size,
                 self.prefix_caching, self.host_bytes, self.offload_policy, self.tier_eviction, self.tier_inclusion,
-                self.strategy, self.rate)
+                self.replicas, self.router, self.strategy, self.rate)
 
     @property
     def replay_key(self) -> Point:
@@ -175,24 +180,32 @@ def all_full_attention_models(models: Iterable[str], strategies: Collection[str]
 
 
 def run_replay(work: Work, job: Replay) -> dict[str, float | int | None]:
-    """One replay: the metrics of a sweep row, unrounded (``mean_row`` averages and rounds them)."""
+    """One replay: the metrics of a sweep row, unrounded (``mean_row`` averages and rounds them); a fleet point's
+    from the fleet's totals, which carry the engine's names."""
     point = job.point
-    metrics = replay(work.trace.with_poisson_arrivals(point.rate, job.seed), work.configs[point.curve],
-                     point.replayed_strategy)
+    trace, config = work.trace.with_poisson_arrivals(point.rate, job.seed), work.configs[point.curve]
+    if point.replicas > 1:
+        pool = ReplicaPool("replicas", point.replicas, config)
+        figures = run_fleet(trace, FleetConfig((pool,), RouterConfig(point.router))).to_dict()
+    else:
+        metrics = replay(trace, config, point.replayed_strategy)
+        tiers = {name: {"hit_pct": tier.hit_pct} for name, tier in metrics.tiers.items()}
+        figures = {**metrics.measurements(), "tiers": tiers}
     return {
-        "normalized_latency_mean_s": metrics.mean_normalized_latency_s,
-        "normalized_latency_p99_s": metrics.p99_normalized_latency_s,
-        "ttft_mean_s": metrics.mean_ttft_s,
-        "ttft_p99_s": metrics.p99_ttft_s,
-        "tpot_mean_s": metrics.mean_tpot_s,
-        "mean_batch_size": metrics.mean_batch_size,
-        "throughput_tokens_per_s": metrics.throughput_tokens_per_s,
-        "num_preemptions": metrics.num_preemptions,
-        "token_state_pct": metrics.token_state_pct,
-        "prefix_cache_hit_pct": metrics.prefix_cache_hit_pct,  # found on the GPU, of the prompt tokens
-        "tier_hit_pct": sum(tier.hit_pct for tier in metrics.tiers.values()),  # loaded from the tiers under it
-        "completed_requests": metrics.completed_requests,
-        "rejected_requests": metrics.rejected_requests,
+        "normalized_latency_mean_s": figures["mean_normalized_latency_s"],
+        "normalized_latency_p99_s": figures["p99_normalized_latency_s"],
+        "ttft_mean_s": figures["mean_ttft_s"],
+        "ttft_p99_s": figures["p99_ttft_s"],
+        "tpot_mean_s": figures["mean_tpot_s"],
+        "mean_batch_size": figures["mean_batch_size"],
+        "throughput_tokens_per_s": figures["throughput_tokens_per_s"],
+        "num_preemptions": figures["num_preemptions"],
+        "token_state_pct": figures["token_state_pct"],
+        "prefix_cache_hit_pct": figures["prefix_cache_hit_pct"],  # found on the GPU, of the prompt tokens
+        # loaded from the tiers under it
+        "tier_hit_pct": sum(tier["hit_pct"] for tier in figures.get("tiers", {}).values()),
+        "completed_requests": figures["completed_requests"],
+        "rejected_requests": figures["rejected_requests"],
     }
 
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from minipaged_cli.cli import fleet_options
 from minipaged_cli.cli.common import (
     BlockSizeOpt,
     CalibrationOpt,
@@ -50,6 +51,7 @@ from minipaged_cli.cli.tier_options import (
     TierInclusionOpt,
 )
 from minipaged_cli.errors import InputError
+from minipaged_cli.fleet.config import DEFAULT_INDEX_CAPACITY
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import (
     DEFAULT_BLOCK_SIZE,
@@ -79,7 +81,11 @@ Examples:\n\n
   minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --kv-cache-dtype
   fp8_e4m3\n\n
   minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
-  configs/calibrations/h100-llama-2-7b.yaml
+  configs/calibrations/h100-llama-2-7b.yaml\n\n
+  minipaged simulate traces/mixed.yaml --replicas 4 --router prefix-aware --json -\n\n
+  minipaged simulate traces/azure_conv_1k.yaml --prefill-replicas 1 --decode-replicas 1 --kv-link-bandwidth
+  50GB/s --kv-link-latency 20us\n\n
+  minipaged simulate traces/mixed.yaml --fleet configs/fleets/pd-2p1d.yaml
 """
 
 
@@ -130,6 +136,19 @@ def simulate_command(
         "--plot-layout", help="Draw the physical KV memory over time to this PNG: a colour per sequence, free space "
                               "blank, one panel per strategy (contiguous holes and paged scatter).", metavar="PNG",
         show_default=False)] = None,
+    replicas: fleet_options.ReplicasOpt = None,
+    router: fleet_options.RouterOpt = "round-robin",
+    prefix_index: fleet_options.PrefixIndexOpt = "precise",
+    prefix_index_capacity: fleet_options.IndexCapacityOpt = DEFAULT_INDEX_CAPACITY,
+    router_weights: fleet_options.WeightsOpt = "prefix:2,queue:1,kv:1",
+    prefill_replicas: fleet_options.PrefillReplicasOpt = None,
+    decode_replicas: fleet_options.DecodeReplicasOpt = None,
+    kv_link_bandwidth: fleet_options.LinkBandwidthOpt = "50GB/s",
+    kv_link_latency: fleet_options.LinkLatencyOpt = "20us",
+    prefill_threshold: fleet_options.PrefillThresholdOpt = 0,
+    shared_kv_store: fleet_options.SharedStoreOpt = False,
+    fleet_file: fleet_options.FleetFileOpt = None,
+    log_decisions: fleet_options.LogDecisionsOpt = False,
 ) -> None:
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
@@ -160,6 +179,14 @@ def simulate_command(
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 
     console = tables_console(json_path)
+    fleet = fleet_options.fleet_config(
+        config, replicas=replicas, router=router, prefix_index=prefix_index, index_capacity=prefix_index_capacity,
+        weights=router_weights, prefill_replicas=prefill_replicas, decode_replicas=decode_replicas,
+        link_bandwidth=kv_link_bandwidth, link_latency=kv_link_latency, prefill_threshold=prefill_threshold,
+        shared_kv_store=shared_kv_store, fleet_file=fleet_file, log_decisions=log_decisions,
+        record_timeline=plot is not None)
+    if fleet is not None:  # (paged only: the fleet's replicas are vLLM engines)
+        return fleet_options.run_fleet_command(trace, config, fleet, console, stdout, json_path, plot)
     with ReplayProgress(stderr, trace.num_requests, names) as progress:
         result = simulate(trace, config, names, progress=progress)
     for renderable in simulation_tables(result, origin):

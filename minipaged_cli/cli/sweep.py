@@ -49,6 +49,7 @@ from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.errors import InputError
+from minipaged_cli.fleet.config import ROUTERS
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.validation import whole_number
@@ -139,6 +140,10 @@ def sweep_command(
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
     hybrid_kv: HybridKvOpt = None,
+    replicas: Annotated[str, typer.Option("--replicas", help="Fleet sizes, comma-separated: N > 1 replays paged over N "
+                                          "replicas behind each of --routers.")] = "1",
+    routers: Annotated[str, typer.Option("--routers", help="Fleet routers, comma-separated: " + ", ".join(ROUTERS)
+                                         + ".")] = "round-robin",
     json_path: JsonOpt = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
@@ -170,7 +175,7 @@ def sweep_command(
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
-                tier_inclusions=options["tier_inclusion"],
+                tier_inclusions=options["tier_inclusion"], replicas=options["replicas"], routers=options["routers"],
                 all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])

@@ -90,7 +90,6 @@ class Replay:
         self.progress = progress
         self.on_step = on_step
         self.max_steps = max_steps
-        self.first_arrival_s = trace.requests[0].arrival_s
         self.accounting = Accounting(allocator.capacity_tokens, config.model.kv_bytes_per_token,
                                      config.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
@@ -100,28 +99,44 @@ class Replay:
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
                                      / 400 or 0.01) if config.record_layout else None
 
+    @property
+    def first_arrival_s(self) -> float:
+        """The first request's arrival (a fleet's replica is handed its requests as the replay runs; one sent none
+        measures from 0)."""
+        requests = self.scheduler.requests
+        return requests[0].arrival_s if requests else 0.0
+
     def run(self) -> StrategyMetrics:
-        scheduler, accounting = self.scheduler, self.accounting
-        while scheduler.has_work:
-            if self.max_steps is not None and accounting.num_steps >= self.max_steps:
+        while self.scheduler.has_work:
+            if self.max_steps is not None and self.accounting.num_steps >= self.max_steps:
                 break
-            scheduler.arrive(self.now)
-            if not scheduler.running and not scheduler.waiting:
-                if scheduler.next_arrival_s is not None:  # idle until the next arrival
-                    self.now = max(self.now, scheduler.next_arrival_s)
-                continue
-            if not (self.bulk and self._bulk_step()):
-                self._single_step()
-            if self.config.check_invariants:
-                accounting.invariant_violations += bool(self.allocator.invariant_violations()
-                                                        or (self.tiers is not None and self.tiers.violations()))
-            if self.layout is not None:
-                self.layout.maybe_record(self.now, self.allocator)
-            if self.progress is not None:
-                self.progress(accounting.num_done)
-        metrics = accounting.metrics(self.allocator, self.first_arrival_s)
+            self.iterate()
+        return self.metrics()
+
+    def iterate(self) -> None:
+        """One pass of the loop: queue what has arrived, then run a step (or a bulk advance), or idle to the next
+        arrival. ``run`` calls it while there is work; a fleet's replica (``fleet/replica.py``) until a time."""
+        scheduler, accounting = self.scheduler, self.accounting
+        scheduler.arrive(self.now)
+        if not scheduler.running and not scheduler.waiting:
+            if scheduler.next_arrival_s is not None:  # idle until the next arrival
+                self.now = max(self.now, scheduler.next_arrival_s)
+            return
+        if not (self.bulk and self._bulk_step()):
+            self._single_step()
+        if self.config.check_invariants:
+            accounting.invariant_violations += bool(self.allocator.invariant_violations()
+                                                    or (self.tiers is not None and self.tiers.violations()))
+        if self.layout is not None:
+            self.layout.maybe_record(self.now, self.allocator)
+        if self.progress is not None:
+            self.progress(accounting.num_done)
+
+    def metrics(self) -> StrategyMetrics:
+        """The replay's report so far (all of it once ``run`` returns)."""
+        metrics = self.accounting.metrics(self.allocator, self.first_arrival_s)
         if self.tiers is not None:
-            metrics.tiers = self.tiers.metrics(accounting.prefix_cache_queries, metrics.makespan_s)
+            metrics.tiers = self.tiers.metrics(self.accounting.prefix_cache_queries, metrics.makespan_s)
         if self.layout is not None:
             metrics.layout = self.layout.result()
         return metrics

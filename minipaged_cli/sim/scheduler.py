@@ -92,6 +92,11 @@ class Scheduler:
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
         self.loads: list[tuple[Hashable, int]] = []  # (hash, GPU block) loaded for the step being scheduled
+        # A fleet's replica (fleet/replica.py) is handed its requests as they arrive: ``horizon_s`` is when the
+        # router may next send one (the fleet's next arrival), ``fleet_indices`` each request's index in the
+        # fleet's trace (what its own blocks' keys name, so that two replicas' requests never share a key)
+        self.horizon_s: float | None = None
+        self.fleet_indices: list[int] | None = None
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -110,7 +115,10 @@ class Scheduler:
 
     @property
     def next_arrival_s(self) -> float | None:
-        return self.requests[self.next_arrival].arrival_s if self.next_arrival < len(self.requests) else None
+        own = self.requests[self.next_arrival].arrival_s if self.next_arrival < len(self.requests) else None
+        if self.horizon_s is None or (own is not None and own <= self.horizon_s):
+            return own
+        return self.horizon_s
 
     @property
     def can_bulk(self) -> bool:
@@ -329,11 +337,19 @@ class Scheduler:
         self.accounting.sample_done(live, now)
 
     def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
-        """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of
-        this sample. Only the segments can match another request's; the rest lets a recomputed sequence find its
-        own blocks while they are still cached."""
-        runs: list[tuple[Hashable, int]] = [(name, self.segments[name]) for name in request.prefix]
-        own_prompt = request.prompt_tokens - sum(length for _, length in runs)
-        runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
-        return block_content_keys(runs, self.config.block_size)
+        """Keys of a sequence's full blocks (``content_keys``), its own named by its index in the fleet's trace
+        when it runs on a fleet's replica."""
+        if self.fleet_indices is not None:
+            request_index = self.fleet_indices[request_index]
+        return content_keys(request, request_index, sample, self.segments, self.config.block_size)
 
+
+def content_keys(request: Request, request_index: int, sample: int, segments: dict[str, int],
+                 block_size: int) -> list[Hashable]:
+    """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of this
+    sample. Only the segments can match another request's; the rest lets a recomputed sequence find its own blocks
+    while they are still cached. (A fleet's router names a request's blocks with it too.)"""
+    runs: list[tuple[Hashable, int]] = [(name, segments[name]) for name in request.prefix]
+    own_prompt = request.prompt_tokens - sum(length for _, length in runs)
+    runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
+    return block_content_keys(runs, block_size)

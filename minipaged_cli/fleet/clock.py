@@ -1,0 +1,56 @@
+"""The fleet's one discrete-event clock (SPEC section 9): replicas step on their own and idle when out of work; at a
+moment T the steps ending at T complete, then the requests arriving at T (trace order; then KV transfers landing at
+T) are routed one by one, then idle replicas admit what they were sent and start a step. A request that reaches a
+replica mid-step waits for the step's end, as in vLLM's engine loop.
+
+The replica whose clock is earliest always runs next, so no replica runs past a moment another one's event
+(a prefill finishing, a transfer landing) could change what it is sent. Cost: a pass per step of each replica,
+as many steps as the requests need, whatever the number of replicas (bulk decode advances included).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+
+from minipaged_cli.fleet.replica import Replica
+
+
+class FleetClock:
+    """Events at known times (arrivals, landings), and the replicas advanced between them."""
+
+    def __init__(self, replicas: Sequence[Replica]) -> None:
+        self.replicas = list(replicas)
+        self.events: list[tuple[float, int, int]] = []  # (time, order, payload): a heap
+        self._order = 0
+
+    def schedule(self, at: float, payload: int) -> None:
+        heapq.heappush(self.events, (at, self._order, payload))
+        self._order += 1
+
+    @property
+    def next_event_s(self) -> float:
+        return self.events[0][0] if self.events else math.inf
+
+    def advance(self, on_pass: Callable[[Replica], None]) -> None:
+        """Run the earliest busy replica one pass at a time until every busy replica has reached the next event
+        (which a pass may bring closer: ``on_pass`` may schedule one)."""
+        while True:
+            until = self.next_event_s
+            replica = min((r for r in self.replicas if r.has_work and r.now < until), default=None,
+                          key=lambda r: (r.now, r.index))
+            if replica is None:
+                return
+            replica.iterate(None if until == math.inf else until)
+            on_pass(replica)
+
+    def pop_due(self) -> tuple[float, list[int]]:
+        """The earliest time and the payloads of every event then, in the order scheduled ([] when none is left)."""
+        if not self.events:
+            return math.inf, []
+        at = self.events[0][0]
+        due = []
+        while self.events and self.events[0][0] == at:
+            due.append(heapq.heappop(self.events)[2])
+        return at, due

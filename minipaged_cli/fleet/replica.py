@@ -1,0 +1,133 @@
+"""One replica of a fleet: today's engine (scheduler, block manager, step-time model, tiers) as an object that is
+handed requests and advanced by the fleet's clock.
+
+The replica wraps ``sim.replay.Replay`` and runs its loop one pass at a time (``Replay.iterate``): no second
+scheduler. Its requests are a list the router appends to; the scheduler's ``horizon_s`` (the fleet's next event)
+keeps a bulk advance from running past a moment when a request may reach it, so one replica driven by the fleet
+takes exactly the steps ``simulate`` takes.
+
+What a router may read (SPEC section 9) is what vLLM publishes at the end of a step: ``state_at(t)`` is the replica
+as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and
+``matched_blocks`` reads its KV events as of then (``kv_events.py``). A bulk advance publishes at its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+
+from minipaged_cli.fleet.kv_events import KvEvents
+from minipaged_cli.sim.accounting import StrategyMetrics
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.replay import Replay
+from minipaged_cli.workloads.trace import Request, Trace
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """A replica's scheduler stats at a step's end (vLLM's ``SchedulerStats``): ``kv_usage`` is the fraction of
+    blocks requests hold (a cached block nobody holds is free, as vLLM counts it); ``num_arrived`` the requests of
+    its own it had queued by then."""
+
+    num_waiting: int
+    num_running: int
+    kv_usage: float
+    num_arrived: int
+
+
+class Replica:
+    """One engine of a fleet (the module docstring). ``role``: ``mixed`` (prefill and decode), ``prefill`` or
+    ``decode`` (P/D disaggregation, ``fleet/disaggregation.py``)."""
+
+    def __init__(self, index: int, config: SimConfig, segments: dict[str, int], num_fleet_requests: int, *,
+                 role: str = "mixed", kv_events: bool = False, record_timeline: bool = False) -> None:
+        self.index = index
+        self.config = config
+        self.role = role
+        self.requests: list[Request] = []  # what the router sent, in the order sent
+        self.fleet_indices: list[int] = []  # each one's index in the fleet's trace
+        trace = Trace(f"replica-{index}", self.requests, segments)  # type: ignore[arg-type] - a list that grows
+        self.replay = Replay(trace, config, config.allocator("paged"), True, None)
+        scheduler = self.replay.scheduler
+        scheduler.fleet_indices = self.fleet_indices
+        scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
+        self.events: KvEvents | None = None
+        # Under the hybrid manager the pool names a key (group, key) (vLLM's BlockHashWithGroupId): a prefix is
+        # matched in the first full-attention group
+        groups = config.kv_cache_groups
+        grouped = len(groups) > 1 or any(group.is_sliding for group in groups)
+        self.match_group = next((g for g, group in enumerate(groups) if not group.is_sliding), 0) if grouped \
+            else None
+        if kv_events and scheduler.keyed:
+            pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
+            self.events = pool.listener = KvEvents(pool.listener)
+        self._state = self._before = self._read_state()
+        self._num_finished_seen = 0
+        # (time, requests waiting or running, KV usage %) after each pass, for the fleet's plot
+        self.timeline: list[tuple[float, int, float]] | None = [] if record_timeline else None
+
+    @property
+    def now(self) -> float:
+        """The end of the replica's last step (or where it idles)."""
+        return self.replay.now
+
+    @property
+    def has_work(self) -> bool:
+        return self.replay.scheduler.has_work
+
+    def send(self, request: Request, fleet_index: int, at: float) -> None:
+        """Hand the replica a request that reaches it at ``at`` (mid-step, it waits for the step's end)."""
+        self.requests.append(request if request.arrival_s == at else replace(request, arrival_s=at))
+        self.fleet_indices.append(fleet_index)
+
+    def iterate(self, horizon_s: float | None) -> None:
+        """One pass of the replay's loop; ``horizon_s``: when the router may next send a request (None: never)."""
+        if self.events is not None:
+            self.events.publish()  # the step before this pass has ended
+        self.replay.scheduler.horizon_s = horizon_s
+        self._before = self._state
+        self.replay.iterate()
+        self._state = self._read_state()
+        if self.timeline is not None:
+            state = self._state
+            self.timeline.append((self.now, state.num_waiting + state.num_running, 100.0 * state.kv_usage))
+
+    def state_at(self, at: float) -> ReplicaState:
+        """The replica as a router sees it at ``at``: as of its last step ended by then."""
+        if self.now <= at:
+            if self.events is not None:
+                self.events.publish()
+            return self._state
+        return self._before
+
+    def queue_depth(self, at: float) -> int:
+        """Requests waiting at its last published step, plus those the router sent since."""
+        state = self.state_at(at)
+        return state.num_waiting + len(self.requests) - state.num_arrived
+
+    def matched_blocks(self, block_hashes: Sequence[Hashable], at: float) -> int:
+        """Leading ``block_hashes`` cached on the replica as of its last step ended by ``at`` (0 without KV
+        events)."""
+        if self.events is None:
+            return 0
+        self.state_at(at)  # (publishes the last step's events once it has ended)
+        if self.match_group is not None:
+            block_hashes = [(self.match_group, key) for key in block_hashes]
+        return self.events.matched_blocks(block_hashes)
+
+    def take_finished(self) -> list[tuple[LiveRequest, float]]:
+        """The sequences finished since the last call, with their finish times."""
+        finished = self.replay.accounting.finished
+        new = finished[self._num_finished_seen:]
+        self._num_finished_seen = len(finished)
+        return new
+
+    def metrics(self) -> StrategyMetrics:
+        """``simulate``'s metrics of this replica's replay (the same fields)."""
+        return self.replay.metrics()
+
+    def _read_state(self) -> ReplicaState:
+        scheduler, allocator = self.replay.scheduler, self.replay.allocator
+        return ReplicaState(len(scheduler.waiting), len(scheduler.running),
+                            allocator.used_slots / allocator.capacity_tokens, scheduler.next_arrival)

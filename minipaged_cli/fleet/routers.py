@@ -1,0 +1,97 @@
+"""Routers: which replica of a pool takes a request, from what the replicas publish (SPEC section 9).
+
+``round-robin`` cycles; ``least-loaded`` takes the fewest queued requests, then the lowest KV usage, then the
+fewest running; ``prefix-aware`` the longest cached prefix of the request's blocks (``precise``: the replicas' KV
+events; ``approximate``: the router's own index, ``prefix_index.py``) among the replicas with room (no request
+waiting at their last step; all of them when none has room); ``weighted`` the highest sum of weighted
+scores in [0, 1], as llm-d's scorers: prefix (matched / prompt blocks), queue ((max - q) / (max - min) over the
+pool; 1 when all are equal), kv (1 - usage). Ties, which llm-d, SGLang's gateway and Dynamo break at random, go
+to the least loaded, then to the lowest index: every run routes the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from minipaged_cli.fleet.config import RouterConfig
+from minipaged_cli.fleet.prefix_index import ApproximateIndex
+from minipaged_cli.fleet.replica import Replica
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One routing decision: the chosen replica (its fleet index) and each candidate's score."""
+
+    time_s: float
+    request: int  # its index in the fleet's trace
+    replica: int
+    scores: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"time_s": round(self.time_s, 6), "request": self.request, "replica": self.replica,
+                "scores": [round(s, 6) for s in self.scores]}
+
+
+class Router:
+    """Routes over one pool's ``replicas``; ``choose`` returns the chosen replica and the decision."""
+
+    def __init__(self, config: RouterConfig, replicas: Sequence[Replica]) -> None:
+        self.config = config
+        self.replicas = list(replicas)
+        self.next_index = 0  # round-robin's turn
+        self.index = ApproximateIndex(config.index_capacity) \
+            if config.reads_prefixes and config.prefix_index == "approximate" else None
+
+    def figures(self) -> dict[str, int]:
+        """What the router itself holds: the approximate index's entries and how many it forgot."""
+        if self.index is None:
+            return {}
+        return {"index_entries": len(self.index.entries), "index_forgotten": self.index.num_forgotten}
+
+    @property
+    def needs_block_hashes(self) -> bool:
+        return self.config.reads_prefixes
+
+    def choose(self, fleet_index: int, block_hashes: Sequence[Hashable], at: float) -> tuple[Replica, Decision]:
+        """The replica that takes request ``fleet_index`` (its prompt's full blocks ``block_hashes``) at ``at``."""
+        replicas, name = self.replicas, self.config.name
+        if name == "round-robin":
+            chosen = self.next_index % len(replicas)
+            self.next_index += 1
+            scores = tuple(float(i == chosen) for i in range(len(replicas)))
+        else:
+            loads = [(r.queue_depth(at), r.state_at(at).kv_usage, r.state_at(at).num_running) for r in replicas]
+            scores = tuple(self._scores(block_hashes, loads, at))
+            best = max(scores)
+            # (a tie within rounding counts as a tie: weighted sums of floats)
+            tied = [i for i, score in enumerate(scores) if score >= best - 1e-12]
+            chosen = min(tied, key=lambda i: (loads[i], i))
+        replica = replicas[chosen]
+        if self.index is not None:
+            self.index.sent(replica.index, block_hashes)
+        return replica, Decision(at, fleet_index, replica.index, scores)
+
+    def _scores(self, block_hashes: Sequence[Hashable], loads: list[tuple[int, float, int]],
+                at: float) -> list[float]:
+        if self.config.name == "least-loaded":
+            return [0.0] * len(loads)  # every replica ties: the least loaded wins
+        prefix = [self._matched(r, block_hashes, at) for r in self.replicas]
+        if self.config.name == "prefix-aware":
+            # A replica with requests waiting has no room (vLLM admits whatever fits): the prefix goes elsewhere
+            # while another has room, as SGLang's cache-aware router balances (pure affinity would send every
+            # request sharing a system prompt to one replica)
+            room = [r.state_at(at).num_waiting == 0 for r in self.replicas]
+            return [float(p) if has_room or not any(room) else -1.0 for p, has_room in zip(prefix, room, strict=True)]
+        weights = dict(self.config.weights)
+        queues = [q for q, _, _ in loads]
+        low, high = min(queues), max(queues)
+        return [weights.get("prefix", 0.0) * (p / len(block_hashes) if block_hashes else 0.0)
+                + weights.get("queue", 0.0) * ((high - q) / (high - low) if high > low else 1.0)
+                + weights.get("kv", 0.0) * (1.0 - usage)
+                for p, (q, usage, _) in zip(prefix, loads, strict=True)]
+
+    def _matched(self, replica: Replica, block_hashes: Sequence[Hashable], at: float) -> int:
+        if self.index is not None:
+            return self.index.matched_blocks(replica.index, block_hashes)
+        return replica.matched_blocks(block_hashes, at)
