@@ -119,8 +119,8 @@ def profile_command(
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
     spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)
     hybrid = resolve_hybrid_kv(None, scheduler)
-    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
-                                        gpu_memory_utilization, hybrid=hybrid)
+    blocks, origin, _ = resolve_num_blocks(spec, gpu_spec, sizes[0], num_blocks, kv_memory,
+                                           gpu_memory_utilization, hybrid=hybrid)
     # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
     kv_bytes = blocks * block_bytes(spec, kv_cache_groups(spec, hybrid=hybrid), sizes[0])
     if spec.is_mla:  # (no kernel of the data plane runs latent attention or moves its cache: nothing to time)

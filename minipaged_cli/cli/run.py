@@ -117,8 +117,9 @@ def run_command(
     if on_cpu and kv_memory is None and num_blocks is None:
         kv_memory = CPU_KV_MEMORY
     # the data plane keeps one block table for every layer: a sliding-window model runs as all full attention
-    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
-                                        gpu_memory_utilization, hybrid=False)
+    blocks, origin, _ = resolve_num_blocks(spec, gpu_spec, block_size, num_blocks, kv_memory,
+                                           gpu_memory_utilization, hybrid=False,
+                                           max_num_batched_tokens=max_batched_tokens)
     num_layers = layers if layers is not None else (CPU_LAYERS if on_cpu else spec.num_layers)
     if not 1 <= num_layers <= spec.num_layers:
         raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--layers", value=num_layers,

@@ -1,0 +1,117 @@
+"""The KV cache's memory as vLLM sizes it at startup, under each release's rule (``sim/vllm_releases.py``).
+
+Both rules start from the device's memory as CUDA reports it (``GpuSpec.reported_memory_bytes``, T) and take away
+what is not KV cache: the weights (W, every tensor: ``ModelSpec.weight_bytes``), the CUDA graphs' pool (G), what
+the engine allocates outside torch (R), and the activation peak of a profiling step (A, ``activation_peak_bytes``).
+
+- **Profiling estimate** (vLLM 0.33.0, ``Worker.determine_available_memory``): KV = ceil(u * T) - W - R - A - G,
+  with u = gpu_memory_utilization, 0.92 by default. The CUDA context (C) predates vLLM's first snapshot: it
+  comes out of the (1 - u) left over.
+- **Extensible KV cache** (vLLM 0.34.0, ``measure_kv_cache_bytes``): the cache is sized from the memory measured
+  free after warmup and graph capture, everything but the cache (U = W + G + R) being resident then:
+  KV = min(ceil(u * T) - U, T - C - U - margin) - A, margin = max(1 GiB, 0.75 A); u is 1.0 by default, so the
+  device bound (the second term) decides.
+
+G, R and C are constants of the GPU preset (``configs/gpus/*.yaml``, with their sources; a GPU file may set its
+own), A an estimate from the model's shapes: what vLLM measures at startup is what a user's log shows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from minipaged_cli.sim.vllm_releases import GIB, VllmRelease
+from minipaged_cli.units import format_bytes
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+
+# 0.34.0's vllm/v1/worker/extensible_kv_cache.py: the margin kept below the device's headroom on CUDA.
+KV_CACHE_MARGIN_FLOOR_BYTES = 1 * GIB
+KV_CACHE_MARGIN_FRACTION = 0.75
+# The sampler's dummy run at max_num_seqs rows: the float32 logits and three working copies of them (the
+# temperature-scaled logits, the probabilities, the sorted values of top-k/top-p), vocab_size wide.
+SAMPLER_LOGITS_COPIES = 4
+FLOAT32_BYTES = 4
+
+
+def activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+    """The activation peak of vLLM's profiling step (``profile_run``): a forward of ``max_num_batched_tokens``
+    tokens, then the sampler on ``max_num_seqs`` rows. An estimate from the shapes, not a measurement:
+
+    - the forward's peak is a layer's MLP: its gate/up output (2 x the MLP width) and the activation's (1 x),
+      beside the hidden states and the residual (2 x hidden), one element each per token in the model's dtype;
+      the MLP width is intermediate_size in a dense layer, (num_experts_per_tok + shared experts) x
+      moe_intermediate_size in a MoE one (the fused MoE kernel's intermediate cache), the larger where both are;
+    - the sampler's: ``SAMPLER_LOGITS_COPIES`` float32 copies of the logits.
+
+    Checked against vLLM's own profiles (``tests/test_kv_sizing.py``: Llama-3-8B at 8,192 tokens and 256
+    sequences, 1.19-1.26 GiB published, 1.27 GiB here)."""
+    widths = [model.intermediate_size] if model.num_layers > model.num_moe_layers else []
+    if model.is_moe:
+        routed = (model.num_experts_per_tok or 0) + model.num_shared_experts
+        widths.append(routed * (model.moe_intermediate_size or model.intermediate_size))
+    per_token = (3 * max(widths) + 2 * model.hidden_size) * model.dtype_bytes
+    sampler = max_num_seqs * model.vocab_size * FLOAT32_BYTES * SAMPLER_LOGITS_COPIES
+    return max_num_batched_tokens * per_token + sampler
+
+
+@dataclass(frozen=True)
+class KvSizing:
+    """What vLLM's startup sizing takes from the device and leaves to the KV cache, in bytes."""
+
+    release: str
+    extensible: bool  # the rule: measured after warmup (0.34.0), else the profiling estimate (0.33.0)
+    total_memory_bytes: int
+    gpu_memory_utilization: float
+    weight_bytes: int
+    activation_bytes: int
+    cuda_graph_bytes: int
+    non_torch_bytes: int
+    cuda_context_bytes: int  # only the extensible rule counts it
+    margin_bytes: int  # the extensible rule's
+    kv_memory_bytes: int
+
+    @property
+    def phrase(self) -> str:
+        """Where the KV memory came from, as the header of ``simulate`` shows it."""
+        gib = format_bytes
+        terms = [f"weights {gib(self.weight_bytes)}", f"activations {gib(self.activation_bytes)}",
+                 f"CUDA graphs {gib(self.cuda_graph_bytes)}", f"non-torch {gib(self.non_torch_bytes)}"]
+        if self.extensible:
+            terms += [f"CUDA context {gib(self.cuda_context_bytes)}", f"margin {gib(self.margin_bytes)}"]
+        rule = "extensible KV cache" if self.extensible else "profiling estimate"
+        return (f"vLLM {self.release} sizing ({rule}): {self.gpu_memory_utilization:g} of "
+                f"{gib(self.total_memory_bytes)} minus {', '.join(terms)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"vllm_version": self.release, "rule": "extensible" if self.extensible else "profiling-estimate",
+                "total_memory_bytes": self.total_memory_bytes,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "weight_bytes": self.weight_bytes,
+                "activation_bytes": self.activation_bytes, "cuda_graph_bytes": self.cuda_graph_bytes,
+                "non_torch_bytes": self.non_torch_bytes, "cuda_context_bytes": self.cuda_context_bytes,
+                "margin_bytes": self.margin_bytes, "kv_memory_bytes": self.kv_memory_bytes}
+
+
+def size_kv_cache(model: ModelSpec, gpu: GpuSpec, release: VllmRelease, *, gpu_memory_utilization: float | None,
+                  max_num_batched_tokens: int, max_num_seqs: int) -> KvSizing:
+    """The KV cache's bytes under ``release``'s rule (the module's docstring); ``gpu_memory_utilization`` None
+    takes the release's default."""
+    utilization = release.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
+    total = int(gpu.reported_memory_bytes)
+    requested = math.ceil(total * utilization)
+    weights, graphs = math.ceil(model.weight_bytes), int(gpu.cuda_graph_bytes)
+    non_torch, context = int(gpu.non_torch_bytes), int(gpu.cuda_context_bytes)
+    activations = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs)
+    resident = weights + graphs + non_torch
+    if release.extensible_kv_cache:
+        margin = max(KV_CACHE_MARGIN_FLOOR_BYTES, int(activations * KV_CACHE_MARGIN_FRACTION))
+        available = min(requested - resident, total - context - resident - margin) - activations
+    else:
+        margin = 0
+        available = requested - resident - activations
+    return KvSizing(release=release.version, extensible=release.extensible_kv_cache, total_memory_bytes=total,
+                    gpu_memory_utilization=utilization, weight_bytes=weights, activation_bytes=activations,
+                    cuda_graph_bytes=graphs, non_torch_bytes=non_torch,
+                    cuda_context_bytes=context if release.extensible_kv_cache else 0, margin_bytes=margin,
+                    kv_memory_bytes=max(available, 0))
