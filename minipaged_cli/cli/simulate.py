@@ -60,8 +60,8 @@ from minipaged_cli.sim.config import (
     resolve_num_blocks,
     tier_blocks,
 )
-from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.sim.replay import simulate
+from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
