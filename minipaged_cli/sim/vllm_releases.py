@@ -31,7 +31,7 @@ class BatchTier:
     def applies(self, gpu: GpuSpec) -> bool:
         if self.excludes_a100 and "a100" in gpu.name.lower():
             return False
-        return gpu.total_memory_bytes >= self.min_memory_gib * GIB
+        return gpu.reported_memory_bytes >= self.min_memory_gib * GIB
 
 
 # vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults, in the order it tests them (the same in 0.33.0 and
