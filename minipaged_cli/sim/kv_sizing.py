@@ -93,6 +93,19 @@ class KvSizing:
                 "margin_bytes": self.margin_bytes, "kv_memory_bytes": self.kv_memory_bytes}
 
 
+def extensible_margin_bytes(activation_bytes: int) -> int:
+    """0.34.0's margin below the device's headroom: max(1 GiB, 0.75 x the transient peak)."""
+    return max(KV_CACHE_MARGIN_FLOOR_BYTES, int(activation_bytes * KV_CACHE_MARGIN_FRACTION))
+
+
+def extensible_kv_bytes(requested: int, free_at_start: int, resident: int, activation_bytes: int) -> int:
+    """0.34.0's extensible KV cache (``measure_kv_cache_bytes``): the budget ``requested`` less what is resident
+    besides the cache, capped by the device's headroom (what was free when vLLM started, less the same) less the
+    margin, then the transient peak kept free."""
+    headroom = free_at_start - resident
+    return min(requested - resident, headroom - extensible_margin_bytes(activation_bytes)) - activation_bytes
+
+
 def size_kv_cache(model: ModelSpec, gpu: GpuSpec, release: VllmRelease, *, gpu_memory_utilization: float | None,
                   max_num_batched_tokens: int, max_num_seqs: int) -> KvSizing:
     """The KV cache's bytes under ``release``'s rule (the module's docstring); ``gpu_memory_utilization`` None
@@ -105,8 +118,8 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, release: VllmRelease, *, gpu_m
     activations = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs)
     resident = weights + graphs + non_torch
     if release.extensible_kv_cache:
-        margin = max(KV_CACHE_MARGIN_FLOOR_BYTES, int(activations * KV_CACHE_MARGIN_FRACTION))
-        available = min(requested - resident, total - context - resident - margin) - activations
+        margin = extensible_margin_bytes(activations)
+        available = extensible_kv_bytes(requested, total - context, resident, activations)
     else:
         margin = 0
         available = requested - resident - activations
