@@ -58,13 +58,17 @@ def build_scheduler(config: SimConfig) -> Scheduler:
     """vLLM's v1 scheduler on minipaged's settings: the same pool, block size, budget, batch limit, watermark,
     max model length and prefix caching."""
     max_model_len = config.model_len
+    cache_aware = {}
+    if config.cache_aware_admission_window:  # (0.34.0's options; 0.33.0 has none and refuses them)
+        cache_aware = {"cache_aware_admission_window": config.cache_aware_admission_window,
+                       "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.prefill_token_limit,
         max_model_len=max_model_len, enable_chunked_prefill=config.max_batched_tokens is not None,
         watermark=config.watermark, is_encoder_decoder=False,
         # What the CPU platform set, written out (no platform sets it here): synchronous scheduling, one
         # schedule() and then its output, as this replay drives it.
-        async_scheduling=False)
+        async_scheduling=False, **cache_aware)
     model_config = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype="float16", seed=0,
                                max_model_len=max_model_len)
     cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=config.prefix_caching)
