@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
-from minipaged_cli.sim.kv_sizing import activation_peak_bytes, size_kv_cache
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.kv_sizing import activation_peak_bytes, resolve_num_blocks, size_kv_cache
 from minipaged_cli.sim.vllm_releases import vllm_release
 from minipaged_cli.workloads.presets import GpuSpec, load_gpu, load_model, model_from_hf_config
 

@@ -17,9 +17,8 @@ from minipaged_cli.sim.config import (
     SimConfig,
     default_prefix_caching,
     resolve_hybrid_kv,
-    resolve_num_blocks,
-    tier_blocks,
 )
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import parse_bytes, rounded
 from minipaged_cli.validation import whole_number

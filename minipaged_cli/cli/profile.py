@@ -106,7 +106,8 @@ def profile_command(
         time_offload,
     )
     from minipaged_cli.memory.kv_groups import block_bytes, kv_cache_groups
-    from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv, resolve_num_blocks
+    from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv
+    from minipaged_cli.sim.kv_sizing import resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
 
     check_outputs({"--json": json_path, "--plot": plot})

@@ -104,7 +104,8 @@ def run_command(
 
     from minipaged_cli.apps.run import run_trace
     from minipaged_cli.dataplane.select import select_backend
-    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks, tier_blocks
+    from minipaged_cli.sim.config import SimConfig
+    from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 
     check_outputs({"--json": json_path, "--plot": plot})
     check_scale_mode(kv_scales)

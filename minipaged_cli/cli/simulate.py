@@ -52,14 +52,8 @@ from minipaged_cli.cli.tier_options import (
 )
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    SimConfig,
-    resolve_block_size,
-    resolve_hybrid_kv,
-    resolve_num_blocks,
-    tier_blocks,
-)
+from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_block_size, resolve_hybrid_kv
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import simulate
 from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
