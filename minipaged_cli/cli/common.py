@@ -109,9 +109,9 @@ MaxNumSeqsOpt = Annotated[int | None, typer.Option(
                            "EngineArgs.get_batch_defaults); v0, 256.", show_default=False)]
 MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
     "--max-batched-tokens", help="Tokens one step computes (vLLM's max_num_batched_tokens; chunked prefill). "
-                                 "Default: v1, vllm serve's for the GPU (8192 on GPUs of 70 GiB or more but the "
-                                 "A100, else 2048); v0, whole prompts, up to max(max-model-len, 2048) prompt "
-                                 "tokens a step.", show_default=False)]
+                                 "Default: v1, vllm serve's for the GPU (16384 on GPUs of 160 GiB or more, 8192 "
+                                 "on 70 GiB or more but the A100, else 2048); v0, whole prompts, up to "
+                                 "max(max-model-len, 2048) prompt tokens a step.", show_default=False)]
 PrefixCachingOpt = Annotated[bool | None, flag(
     "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML 'prefix', "
                            "Mooncake hash_ids); reports prefix_cache_hits / queries. Default: on in v1 (vllm "

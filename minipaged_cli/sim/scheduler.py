@@ -7,9 +7,9 @@ queues and the step's budget (vLLM keeps them in one ``schedule`` too), and this
 the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
 vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
 
-``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, pinned to vLLM 0.33.0): one budget of
-``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute (one
-token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set), capped by
+``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, as in vLLM 0.33.0 and 0.34.0): one
+budget of ``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to
+compute (one token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set), capped by
 the budget left, and the blocks for it; when the pool cannot give them the last running request is preempted
 (recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted, waiting
 requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is looked
