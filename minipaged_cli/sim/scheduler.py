@@ -7,19 +7,19 @@ queues and the step's budget (vLLM keeps them in one ``schedule`` too), and this
 the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
 vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
 
-``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, as in vLLM 0.33.0 and 0.34.0): one
-budget of ``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to
-compute (one token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set), capped by
-the budget left, and the blocks for it; when the pool cannot give them the last running request is preempted
-(recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted, waiting
-requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is looked
-up, the strategy admits it only if its whole prompt would fit (``scheduler_reserve_full_isl``, with the watermark
-while something runs) and allocates its first chunk; full blocks join the prefix cache as they are allocated, so a
-request admitted later in the same step hits them. ``n`` > 1 arrives as ``n`` requests sharing the prompt through
-the prefix cache (v1's parallel sampling). vLLM 0.34.0's cache-aware admission (``cache_aware_admission_window``,
-off by default): before the waiting pass, while the KV cache's usage is at least the threshold, the first N
-waiting requests that were never admitted are reordered deepest cached prefix first, in place among themselves
-(``_reorder_waiting_by_cached_prefix``).
+``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, as in vLLM 0.33.0 and 0.34.0): one budget
+of ``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute
+(one token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set),
+capped by the budget left, and the blocks for it; when the pool cannot give them the last running request is
+preempted (recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted,
+waiting requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is
+looked up, the strategy admits it only if its whole prompt would fit (``scheduler_reserve_full_isl``, with the
+watermark while something runs) and allocates its first chunk; full blocks join the prefix cache as they are
+allocated, so a request admitted later in the same step hits them. ``n`` > 1 arrives as ``n`` requests sharing the
+prompt through the prefix cache (v1's parallel sampling). vLLM 0.34.0's cache-aware admission
+(``cache_aware_admission_window``, off by default): before the waiting pass, while the KV cache's usage is at least
+the threshold, the first N waiting requests that were never admitted are reordered deepest cached prefix first, in
+place among themselves (``_reorder_waiting_by_cached_prefix``).
 
 Not modelled, because a trace cannot reach it or it is off in ``vllm serve``'s defaults: partial-prefill limits
 (``max_num_partial_prefills``: its long-prefill threshold defaults to 0 when it is 1, the default, and v1's
