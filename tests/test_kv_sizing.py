@@ -120,3 +120,21 @@ def test_each_release_sizes_its_own_way_and_options_win() -> None:
     # 0.34 gives the KV cache what 0.33's 8 % headroom kept back, less its margin and the CUDA context
     assert newest[2].kv_memory_bytes > older[2].kv_memory_bytes
     assert resolve_num_blocks(model, gpu, 16, 1234, None, None)[:2] == (1234, "--num-blocks")
+
+
+def test_bad_input_names_the_option_or_field(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from minipaged_cli.cli.main import app
+    from tests.conftest import ROOT
+
+    trace = str(ROOT / "traces" / "burst.yaml")
+    result = CliRunner().invoke(app, ["simulate", trace, "--vllm-version", "0.32"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert "--vllm-version: '0.32': expected one of 0.34, 0.33" in result.output
+    gpu = tmp_path / "mine.yaml"
+    preset = (ROOT / "configs" / "gpus" / "h100.yaml").read_text()
+    gpu.write_text("\n".join("cuda_graph_bytes: -1" if line.startswith("cuda_graph_bytes:") else line
+                             for line in preset.splitlines()))
+    result = CliRunner().invoke(app, ["simulate", trace, "--gpu", str(gpu)])
+    assert result.exit_code == 2 and "cuda_graph_bytes" in result.output and str(gpu) in result.output
