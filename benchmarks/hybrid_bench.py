@@ -12,12 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from minipaged_cli.sim.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    SimConfig,
-    num_blocks_for_memory,
-)
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, SimConfig
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
@@ -36,8 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     model, gpu = load_model(args.model), load_gpu("h200")
     trace = load_trace(args.trace, "auto", limit=args.limit)
-    kv_memory = int(DEFAULT_GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
-    hybrid = SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, DEFAULT_BLOCK_SIZE),
+    num_blocks, _, _ = resolve_num_blocks(model, gpu, DEFAULT_BLOCK_SIZE, None, None, None)  # simulate's default pool
+    hybrid = SimConfig(model, gpu, num_blocks=num_blocks, block_size=DEFAULT_BLOCK_SIZE,
                        max_model_len=args.max_model_len)
     configs = {"hybrid groups": hybrid, "all full attention": hybrid.all_full_attention()}
     seconds, metrics = dict.fromkeys(configs, float("inf")), {}

@@ -32,12 +32,8 @@ from vllm.v1.request import Request as VllmRequest
 
 from minipaged_cli.memory.hybrid import HybridBlockManager
 from minipaged_cli.memory.prefix import hash_blocks
-from minipaged_cli.sim.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    SimConfig,
-    num_blocks_for_memory,
-)
+from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, SimConfig
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 
@@ -164,8 +160,8 @@ def main() -> None:
     args = parser.parse_args()
     init_none_hash(sha256)
     model, gpu = load_model(args.model), load_gpu("h200")
-    kv_memory = int(DEFAULT_GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
-    hybrid = SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, DEFAULT_BLOCK_SIZE),
+    num_blocks, _, _ = resolve_num_blocks(model, gpu, DEFAULT_BLOCK_SIZE, None, None, None)  # simulate's default pool
+    hybrid = SimConfig(model, gpu, num_blocks=num_blocks, block_size=DEFAULT_BLOCK_SIZE,
                        max_model_len=MAX_MODEL_LEN)
     configs = {"KV cache groups": hybrid, "all full attention": hybrid.all_full_attention()}
     requests = workload(args.trace, args.limit, seed=0)

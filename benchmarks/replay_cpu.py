@@ -35,9 +35,10 @@ from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace
 
-# simulate's defaults: Qwen3-8B on an H200, KV = 0.9 of its memory minus the weights (checkouts before the
-# constant was named used 0.9 too).
-GPU_MEMORY_UTILIZATION = getattr(sim_config, "DEFAULT_GPU_MEMORY_UTILIZATION", 0.9)
+# One capacity for every checkout, so that their times compare: Qwen3-8B on an H200, KV = 0.9 of its memory minus
+# the weights in blocks of 16 (simulate's defaults until vLLM's release profiles, which size it as vLLM does).
+GPU_MEMORY_UTILIZATION = getattr(sim_config, "DEFAULT_GPU_MEMORY_UTILIZATION", None) or 0.9
+BLOCK_SIZE = 16
 
 
 def default_config(max_model_len: int | None, prefix_caching: bool, scheduler: str,
@@ -46,11 +47,10 @@ def default_config(max_model_len: int | None, prefix_caching: bool, scheduler: s
     checkout has a choice."""
     model, gpu = load_model("qwen3-8b"), load_gpu("h200")
     fields = {field.name: field for field in dataclasses.fields(SimConfig)}
-    block_size = fields["block_size"].default
     if kv_memory is None:
         kv_memory = int(GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
     engine = {"scheduler": scheduler} if "scheduler" in fields else {}
-    return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, block_size),
+    return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, BLOCK_SIZE), block_size=BLOCK_SIZE,
                      max_model_len=max_model_len, prefix_caching=prefix_caching, **engine)
 
 

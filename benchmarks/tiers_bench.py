@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks.replay_cpu import commit_of, cpu_seconds, default_config
-from minipaged_cli.sim.config import tier_blocks
+from minipaged_cli.sim.kv_sizing import tier_blocks
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.readers import load_trace
 

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Builds the reference environment for the vLLM parity harness: vLLM 0.33.0's own v1 scheduler, KV-cache manager
+# Builds the reference environment for the vLLM parity harness: a vLLM release's own v1 scheduler, KV-cache manager
 # and block pool, importable on a CPU machine without a model or a GPU. A separate venv, so vLLM is never a
 # dependency of minipaged. Idempotent: a complete venv (stamp file) is left as it is.
 #
-#   MINIPAGED_VLLM_VENV   where the venv lives (default ~/.cache/minipaged/vllm-0.33.0)
+#   MINIPAGED_VLLM_VERSION  the release (default 0.34.0, the newest minipaged supports; 0.33.0 also)
+#   MINIPAGED_VLLM_VENV     where the venv lives (default ~/.cache/minipaged/vllm-$MINIPAGED_VLLM_VERSION)
 #
 # Prints the venv's path on its last line.
 set -euo pipefail
 
-VENV="${MINIPAGED_VLLM_VENV:-$HOME/.cache/minipaged/vllm-0.33.0}"
+VERSION="${MINIPAGED_VLLM_VERSION:-0.34.0}"
+case "$VERSION" in
+    0.34.0|0.33.0) ;;
+    *) echo "MINIPAGED_VLLM_VERSION=$VERSION: the harness supports 0.34.0 and 0.33.0" >&2; exit 2 ;;
+esac
+VENV="${MINIPAGED_VLLM_VENV:-$HOME/.cache/minipaged/vllm-$VERSION}"
 STAMP="$VENV/.minipaged-parity-complete"
 PYTHON="${PYTHON:-python3}"
 
@@ -17,7 +23,7 @@ if [[ -f "$STAMP" ]]; then
     exit 0
 fi
 
-echo "building the vLLM reference venv in $VENV (about 2 GB, a few minutes)" >&2
+echo "building the vLLM $VERSION reference venv in $VENV (about 2 GB, a few minutes)" >&2
 rm -rf "$VENV"
 "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
@@ -28,7 +34,7 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 # vLLM itself without its dependencies: they name triton, CUDA wheels and more that the scheduler never imports.
 WHEELS="$(mktemp -d)"
 trap 'rm -rf "$WHEELS"' EXIT
-"$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps -d "$WHEELS" "vllm==0.33.0"
+"$VENV/bin/python" -m pip download --quiet --disable-pip-version-check --no-deps -d "$WHEELS" "vllm==$VERSION"
 "${PIP[@]}" --no-deps "$WHEELS"/vllm-*.whl
 
 # What importing the scheduler and building a ModelConfig need, pinned to the versions the harness was checked with;

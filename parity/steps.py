@@ -135,6 +135,9 @@ class ParityCase:
     model: str = "qwen3-8b"
     gpu: str = "h200"
     scheduler: str = "v1"
+    # vLLM 0.34.0's cache-aware admission (0: off, its default; only a 0.34.0 venv runs a case that sets it)
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
 
     @property
     def label(self) -> str:
@@ -149,6 +152,9 @@ class ParityCase:
         if self.max_num_seqs != 256:
             parts.append(f"{self.max_num_seqs} seqs")
         parts.append("prefix caching" if self.prefix_caching else "no prefix caching")
+        if self.cache_aware_admission_window:
+            parts.append(f"cache-aware window {self.cache_aware_admission_window} above "
+                         f"{self.cache_aware_admission_threshold:g}")
         return ", ".join(parts)
 
     def load(self) -> tuple[Trace, SimConfig]:
@@ -159,7 +165,8 @@ class ParityCase:
                            block_size=self.block_size, max_model_len=self.max_model_len,
                            max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
                            prefix_caching=self.prefix_caching, watermark=self.watermark,
-                           scheduler=self.scheduler)
+                           scheduler=self.scheduler, cache_aware_admission_window=self.cache_aware_admission_window,
+                           cache_aware_admission_threshold=self.cache_aware_admission_threshold)
         if config.model_len > config.kv_capacity_tokens:
             # vLLM refuses to start an engine whose pool cannot hold one request of max_model_len
             # (v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory).

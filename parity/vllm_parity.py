@@ -47,7 +47,6 @@ from parity.steps import (
 
 stdout = Console(width=200)
 CONTEXT_STEPS = 3  # steps shown either side of the first difference
-VLLM_VERSION = "0.33.0"  # parity/setup_env.sh installs it
 
 
 @dataclasses.dataclass
@@ -124,7 +123,9 @@ def steps_table(result: CaseResult, indices: range) -> Table:
 
 def totals_table(result: CaseResult) -> Table:
     table = Table(title=f"{result.case.label}: totals")
-    for column in ("", f"vLLM {VLLM_VERSION}", "minipaged"):
+    from vllm import __version__ as vllm_version  # (the venv's release: parity/setup_env.sh)
+
+    for column in ("", f"vLLM {vllm_version}", "minipaged"):
         table.add_column(column, justify="right")
     ours = result.minipaged.totals()
     for name, value in result.vllm.totals().items():

@@ -13,20 +13,21 @@ prompt another, each sample's output another, so vLLM's block hashes match exact
 do. A request with ``n`` > 1 enters as n requests with the same prompt (v1's parallel sampling: the children share
 the prompt through prefix caching).
 
-Import this module only in the reference venv (``parity/setup_env.sh``); it needs ``VLLM_TARGET_DEVICE=cpu``.
+Import this module only in the reference venv (``parity/setup_env.sh``), with ``VLLM_TARGET_DEVICE`` unset on a
+machine without an accelerator: vLLM then selects no platform (its ``UnspecifiedPlatform``, which leaves every config
+as given), and the ``DeviceConfig`` below names the device. vLLM 0.34.0's CPU platform refuses to build a
+``VllmConfig`` on x86 without triton-cpu, which the scheduler never uses (parity/README.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 from collections import deque
 from pathlib import Path
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # else VllmConfig cannot infer a device on this machine
-
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -42,10 +43,11 @@ from parity.steps import ReplayRecord, StepClock, StepRecord, request_key
 
 TINY_MODEL = Path(__file__).parent / "tiny-qwen3"
 
-# Token-id ranges that keep the three kinds of content apart (the scheduler never looks a token id up).
+# Token-id ranges that keep the three kinds of content apart (the scheduler never looks a token id up), all within
+# int32: 0.34.0 keeps a request's token ids in an int32 array.
 _SEGMENT_BASE = 1
 _PROMPT_BASE = 1 << 24
-_OUTPUT_BASE = 1 << 40
+_OUTPUT_BASE = 1 << 30
 
 
 class VllmError(RuntimeError):
@@ -56,14 +58,23 @@ def build_scheduler(config: SimConfig) -> Scheduler:
     """vLLM's v1 scheduler on minipaged's settings: the same pool, block size, budget, batch limit, watermark,
     max model length and prefix caching."""
     max_model_len = config.model_len
+    cache_aware = {}
+    if config.cache_aware_admission_window:  # (0.34.0's options; 0.33.0 has none and refuses them)
+        cache_aware = {"cache_aware_admission_window": config.cache_aware_admission_window,
+                       "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
     scheduler_config = SchedulerConfig(
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.prefill_token_limit,
         max_model_len=max_model_len, enable_chunked_prefill=config.max_batched_tokens is not None,
-        watermark=config.watermark, is_encoder_decoder=False)
+        watermark=config.watermark, is_encoder_decoder=False,
+        # What the CPU platform set, written out (no platform sets it here): synchronous scheduling, one
+        # schedule() and then its output, as this replay drives it.
+        async_scheduling=False, **cache_aware)
     model_config = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype="float16", seed=0,
                                max_model_len=max_model_len)
     cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=config.prefix_caching)
-    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
+    # DeviceConfig's device is deprecated in 0.34.0, and still the documented way to name one no platform infers.
+    vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
+                             device_config=DeviceConfig(device="cpu"))
     num_blocks = config.num_blocks + 1  # block 0 is the null block
     # One layer of one head of size 1: the scheduler counts blocks, never bytes.
     spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
@@ -73,6 +84,15 @@ def build_scheduler(config: SimConfig) -> Scheduler:
     return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                      structured_output_manager=StructuredOutputManager(vllm_config), block_size=config.block_size,
                      log_stats=True)
+
+
+def _runner_output(ids: list[str], sampled: list[list[int]]) -> ModelRunnerOutput:
+    """The model runner's output: one list of sampled token ids a request, in ``ids``' order (0.33.0 also took the
+    index of each id; 0.34.0 derives it)."""
+    if "req_id_to_index" in {field.name for field in dataclasses.fields(ModelRunnerOutput)}:
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={key: i for i, key in enumerate(ids)},
+                                 sampled_token_ids=sampled)
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled)
 
 
 def vllm_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
@@ -117,13 +137,14 @@ def vllm_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
         preempted = sorted(output.preempted_req_ids or ())
         if not scheduled and not preempted:
             if arrivals:
-                scheduler.update_from_output(output, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+                scheduler.update_from_output(output, _runner_output([], []))
                 now = max(now, arrivals[0][1].arrival_s)
                 continue
             raise VllmError(f"vLLM scheduled nothing at t = {now:.3f} s with "
                             f"{scheduler.get_num_unfinished_requests()} requests left (none can ever fit)")
-        admitted = {data.req_id for data in output.scheduled_new_reqs} | \
-            set(output.scheduled_cached_reqs.resumed_req_ids)
+        # 0.34.0 re-sends a resumed request among the new ones; 0.33.0 listed it apart
+        resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", ())
+        admitted = {data.req_id for data in output.scheduled_new_reqs} | set(resumed)
         decodes, chunks, sampled = [], [], []
         for key, tokens in scheduled.items():
             request = scheduler.requests[key]
@@ -140,8 +161,7 @@ def vllm_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
                             pool.num_gpu_blocks - 1 - pool.get_num_free_blocks())
         steps.append(record)
         ids = list(scheduled)
-        scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={key: i for i, key in enumerate(ids)}, sampled_token_ids=sampled))
+        scheduler.update_from_output(output, _runner_output(ids, sampled))
         record.finished = [key for key in ids if key not in scheduler.requests]
         if scheduled:
             record.duration_s = clock.seconds(decodes, chunks)

@@ -35,8 +35,11 @@ def clock_gpu() -> GpuSpec:
 REQUIRE_SHARED = "MINIPAGED_REQUIRE_SHARED"  # CI sets it: ../shared and nvcc are there, so a skip is a bug
 REQUIRE_GPU = "MINIPAGED_REQUIRE_GPU"  # benchmarks/gpu_session.sh sets it: on the GPU machine a GPU test must run
 
-# vLLM 0.33.0's reference venv (parity/setup_env.sh): the parity tests run vLLM's own classes in it
-VLLM_VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV", Path.home() / ".cache" / "minipaged" / "vllm-0.33.0"))
+# The reference venv of one vLLM release (parity/setup_env.sh, the same variables and paths): the parity tests run
+# vLLM's own classes in it. MINIPAGED_VLLM_VERSION picks the release (0.34.0 by default, 0.33.0 also).
+VLLM_VERSION = os.environ.get("MINIPAGED_VLLM_VERSION", "0.34.0")
+VLLM_VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV",
+                                Path.home() / ".cache" / "minipaged" / f"vllm-{VLLM_VERSION}"))
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 needs_vllm_venv = pytest.mark.skipif(not VLLM_PYTHON.exists(),
                                      reason=f"no vLLM reference venv at {VLLM_VENV} (parity/setup_env.sh builds it)")

@@ -20,7 +20,7 @@ from tests.test_bad_input_sched import BURST, one_line_error
     (["--cpu-kv-memory", "-1GiB"], "--cpu-kv-memory: '-1GiB': expected a size"),
     (["--cpu-kv-memory", "nan"], "--cpu-kv-memory: 'nan': expected a size"),
     (["--cpu-kv-memory", "inf"], "--cpu-kv-memory: 'inf': expected a size"),
-    (["--cpu-kv-memory", "1KiB"], "--cpu-kv-memory: '1KiB': holds no block of 16 tokens"),
+    (["--cpu-kv-memory", "1KiB", "--block-size", "16"], "--cpu-kv-memory: '1KiB': holds no block of 16 tokens"),
     (["--cpu-kv-memory", "1GiB", "--disk-kv-memory", "-5GB"], "--disk-kv-memory: '-5GB': expected a size"),
     (["--disk-kv-memory", "1TiB"], "--disk-kv-memory: a disk tier needs a host tier"),
     (["--cpu-kv-memory", "1GiB", "--offload-policy", "write-back"],

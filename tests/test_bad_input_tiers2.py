@@ -56,7 +56,7 @@ def test_library_refuses_swap_without_room() -> None:
 def test_run_names_only_options_run_has() -> None:
     # `run` has no --prefix-caching (its v0 never caches): its refusal of a host tier that would hold nothing
     # must not send the user to an option it lacks.
-    line = one_line_error(["run", BURST, "--scheduler", "v0", "--cpu-kv-memory", "1GiB"])
+    line = one_line_error(["run", BURST, "--scheduler", "v0", "--cpu-kv-memory", "1GiB", "--block-size", "16"])
     assert "--cpu-kv-memory (blocks): 455" in line
     run_help = CliRunner().invoke(app, ["run", "--help"], terminal_width=200).output
     assert set(re.findall(r"--[a-z][a-z-]+", line)) <= set(re.findall(r"--[a-z][a-z-]+", run_help))

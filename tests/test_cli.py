@@ -33,7 +33,7 @@ def test_simulate_mixed_prints_a_row_per_strategy() -> None:
 
 
 def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["simulate", MIXED, "--json", "-", "--kv-memory", "64GiB",
+    result = runner.invoke(app, ["simulate", MIXED, "--json", "-", "--kv-memory", "64GiB", "--block-size", "16",
                                  "--strategies", "paged,oracle-reserve"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
@@ -41,7 +41,9 @@ def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path
     assert set(document["config"]) == {"model", "gpu", "block_size", "num_blocks", "kv_capacity_tokens",
                                        "kv_cache_dtype", "kv_bytes_per_token", "max_model_len", "prefix_caching",
                                        "preemption", "cpu_blocks", "watermark", "calibration", "scheduler",
-                                       "max_num_seqs", "max_batched_tokens", "long_prefill_token_threshold"}
+                                       "max_num_seqs", "max_batched_tokens", "long_prefill_token_threshold",
+                                       "vllm_version", "kv_size_tokens", "max_concurrency", "kv_sizing"}
+    assert document["config"]["kv_sizing"] is None  # --kv-memory is exact: nothing sized
     assert document["config"]["kv_bytes_per_token"] == 2 * 36 * 8 * 128 * 2  # qwen3-8b, bf16
     assert document["config"]["num_blocks"] == 64 * 2**30 // (16 * 147456)
     assert list(document["strategies"]) == ["paged", "oracle-reserve"]
@@ -52,8 +54,8 @@ def test_json_to_stdout_has_the_documented_keys_and_the_printed_numbers(tmp_path
     assert f"{paged['token_state_pct']:.1f}" in result.stderr
 
     path = tmp_path / "out.json"
-    result = runner.invoke(app, ["simulate", MIXED, "--json", str(path), "--kv-memory", "64GiB",
-                                 "--strategies", "paged,oracle-reserve"])
+    result = runner.invoke(app, ["simulate", MIXED, "--json", str(path), "--kv-memory", "64GiB", "--block-size",
+                                 "16", "--strategies", "paged,oracle-reserve"])
     assert result.exit_code == 0
     assert json.loads(path.read_text())["strategies"]["paged"] == paged
 

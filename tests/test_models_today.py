@@ -89,17 +89,23 @@ def test_parameter_counts_worked_by_hand_match_the_published(name, hand, publish
 
 
 def test_weight_bytes_count_each_format() -> None:
-    # gpt-oss: routed experts in MXFP4 (4 bits + one 8-bit scale per 32 = 4.25 bits), the rest bf16.
+    # gpt-oss: routed experts in MXFP4 (4 bits + one 8-bit scale per 32 = 4.25 bits), the rest bf16; every model's
+    # norms in its dtype (ModelSpec.norm_params: gpt-oss's 36 layers x 2 x 2,880 + the final 2,880).
     experts = 36 * 128 * GATED * 2880 * 2880
-    expected = experts * 4.25 / 8 + (GPT_OSS_120B[0] - experts) * 2
+    norms = 36 * 2 * 2880 + 2880
+    expected = experts * 4.25 / 8 + (GPT_OSS_120B[0] - experts + norms) * 2
     model = load_model("gpt-oss-120b")
+    assert model.norm_params == norms
     assert model.weight_bytes == pytest.approx(expected, rel=1e-12)
     assert model.weight_bytes < 80e9  # the model card: gpt-oss-120b runs on a single 80 GB GPU
     assert load_model("gpt-oss-20b").weight_bytes < 16e9  # ... and gpt-oss-20b within 16 GB
     # DeepSeek-V3: every layer's weights in fp8 (1 byte), the embeddings and LM head in bf16.
+    # Its norms: 61 layers x (2 x 7,168 + the latents' q_lora_rank 1,536 and kv_lora_rank 512) + the final 7,168.
     embeddings = 2 * 129280 * 7168
-    assert load_model("deepseek-v3").weight_bytes == (deepseek_v3()[0] - embeddings) + 2 * embeddings
-    assert load_model("llama-3.1-8b").weight_bytes == 2 * dense(32, 4096, 14336, 32, 8, 128256, False)
+    norms = 61 * (2 * 7168 + 1536 + 512) + 7168
+    assert load_model("deepseek-v3").weight_bytes == (deepseek_v3()[0] - embeddings) + 2 * (embeddings + norms)
+    assert load_model("llama-3.1-8b").weight_bytes == 2 * (dense(32, 4096, 14336, 32, 8, 128256, False)
+                                                           + 32 * 2 * 4096 + 4096)
 
 
 @pytest.mark.parametrize(("name", "kv_bytes"), [

@@ -70,7 +70,7 @@ def test_blocks_from_memory_as_vllm_sizes_them() -> None:
     assert num_blocks_for_memory(2**30, model, 16, hybrid=False) == 1365
     # vLLM's "KV cache size": max_model_len 131,072 takes 8,192 blocks in the full group and, in the sliding one,
     # ceil((128 - 1 + 8,192) / 16) + 1 = 521 (a window plus a step of 8,192 tokens): 2,730 / 8,713 x 131,072
-    config = SimConfig(model, load_gpu("h200"), num_blocks=2730, max_model_len=131072)
+    config = SimConfig(model, load_gpu("h200"), num_blocks=2730, block_size=16, max_model_len=131072)
     assert config.kv_size_tokens == int(2730 / (8192 + 521) * 131072)
     assert config.all_full_attention().kv_size_tokens == 1365 * 16
     assert config.kv_memory_bytes == config.all_full_attention().kv_memory_bytes == 2730 * 12 * 32 * 1024

@@ -217,7 +217,8 @@ def test_a_points_configuration_is_the_one_simconfig_builds_for_its_engine(sched
     trace = load_trace(AZURE, limit=20)
     settings = Settings(engine={"scheduler": scheduler, "max_model_len": 8192})
     caching = settings.engine_prefix_caching()
-    points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",), prefix_caching=(caching,)).points()
+    points = Axes(rates=(1.0,), strategies=("paged",), kv_memory=("2GiB",), prefix_caching=(caching,),
+                  block_sizes=(16,)).points()
     config = prepare(trace, settings, points).configs[points[0].curve]
     # The reference: SimConfig built directly for that engine, everything it resolves (limits, prefix caching,
     # watermark) left to it; 2 GiB of Qwen3-8B's 144 KiB per token in blocks of 16.

@@ -321,7 +321,8 @@ def test_simulate_prints_and_writes_the_tiers(tmp_path) -> None:
 
     out = tmp_path / "r.json"
     result = CliRunner().invoke(app, ["simulate", str(ROOT / "traces" / "burst.yaml"), "--strategies", "paged",
-                                      "--cpu-kv-memory", "1GiB", "--disk-kv-memory", "4GiB", "--json", str(out)])
+                                      "--cpu-kv-memory", "1GiB", "--disk-kv-memory", "4GiB", "--block-size", "16",
+                                      "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "Prefix-cache tiers below the GPU" in result.output and "With and without the tiers" in result.output
     document = json.loads(out.read_text())

@@ -200,7 +200,7 @@ def test_sweep_crosses_the_inclusions(tmp_path) -> None:
     result = CliRunner().invoke(app, ["sweep", str(trace), "--rates", "0.1", "--strategies", "paged",
                                       "--kv-memory", str(5 * BLOCK_BYTES), "--cpu-kv-memory", str(8 * BLOCK_BYTES),
                                       "--offload-policy", "on-eviction", "--tier-inclusion", "inclusive,exclusive",
-                                      "--workers", "1", "--json", str(out)])
+                                      "--block-sizes", "16", "--workers", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     hits = {row["tier_inclusion"]: row["tier_hit_pct"] for row in json.loads(out.read_text())["points"]}
     assert hits == pytest.approx({"inclusive": 100 * 8 * BLOCK / 390, "exclusive": 100 * 9 * BLOCK / 390},

@@ -1,5 +1,6 @@
 """The vLLM parity harness (parity/): its records and comparison against hand-worked schedules, and minipaged against
-vLLM 0.33.0's own v1 scheduler on a few small cases.
+the venv's vLLM release's own v1 scheduler (0.34.0 by default, 0.33.0 with MINIPAGED_VLLM_VERSION) on a few small
+cases.
 
 The replay against vLLM needs the reference venv (parity/setup_env.sh, about 2 GB): without it the test is skipped,
 except in CI (MINIPAGED_REQUIRE_SHARED=1, and .ci/run builds the venv), where it must run.
@@ -101,6 +102,21 @@ def test_identical_to_vllm_v1() -> None:
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "blocks" in line]
     assert len(rows) == 4, result.stdout
     assert result.returncode == 0, f"minipaged's v1 scheduling parts from vLLM's:\n{result.stdout}"
+
+
+def test_cache_aware_admission_identical_to_vllm_034() -> None:
+    # vLLM 0.34.0's cache-aware admission on cases built to trigger it (parity/cache_aware_cases.yaml); 0.33.0 has
+    # no such option, so its venv runs none of them.
+    if not (VLLM_VENV / ".minipaged-parity-complete").is_file():
+        skip_unless_required(f"no vLLM reference venv at {VLLM_VENV}: build it with parity/setup_env.sh (about 2 GB)",
+                             REQUIRE_SHARED)
+    if not list(VLLM_VENV.glob("lib/python*/site-packages/vllm-0.34.*.dist-info")):
+        pytest.skip(f"the venv at {VLLM_VENV} is not vLLM 0.34: cache-aware admission is 0.34.0's")
+    result = _harness("--table", "parity/cache_aware_cases.yaml")
+    assert result.returncode in (0, 1), result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and "cache-aware" in line]
+    assert len(rows) == 4, result.stdout
+    assert result.returncode == 0, f"minipaged's cache-aware admission parts from vLLM's:\n{result.stdout}"
 
 
 def test_the_package_never_imports_vllm_or_the_harness() -> None:

@@ -19,9 +19,8 @@ from minipaged_cli.sim.config import (
     SimConfig,
     default_prefix_caching,
     resolve_hybrid_kv,
-    resolve_num_blocks,
-    tier_blocks,
 )
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
 from minipaged_cli.units import parse_bytes, rounded
 from minipaged_cli.validation import whole_number
@@ -45,7 +44,7 @@ class Settings:
 
     seed: int = 0  # the first arrival seed
     seeds: int = 1  # arrival seeds seed, seed + 1, ...: a point's metrics are the mean over their replays
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: float | None = DEFAULT_GPU_MEMORY_UTILIZATION  # None: the vLLM release's
     calibration: str | None = None  # a path: it must match the one GPU of the sweep
     kv_cache_dtype: str = "auto"  # every model's KV cache element type (with_kv_cache_dtype)
     engine: Mapping[str, Any] = field(default_factory=dict)
@@ -159,8 +158,10 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
 
 def _config(point: Point, settings: Settings, calibration: Calibration | None) -> SimConfig:
     model, gpu = with_kv_cache_dtype(load_model(point.model), settings.kv_cache_dtype), load_gpu(point.gpu)
-    num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, point.block_size, None, point.kv_memory,
-                                       settings.gpu_memory_utilization, hybrid=settings.hybrid_manager)
+    num_blocks, _, _ = resolve_num_blocks(model, gpu, point.block_size, None, point.kv_memory,
+                                          settings.gpu_memory_utilization, hybrid=settings.hybrid_manager,
+                                          max_num_batched_tokens=settings.engine.get("max_batched_tokens"),
+                                          max_num_seqs=settings.engine.get("max_num_seqs"))
     config = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
                        prefix_caching=point.prefix_caching, calibration=calibration,
                        cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",

@@ -16,6 +16,7 @@ from rich.console import Console
 from minipaged_cli.errors import InputError
 from minipaged_cli.extras import FallbackWarning, missing_extra, needs
 from minipaged_cli.sim.calibration import Calibration, load_calibration
+from minipaged_cli.sim.vllm_releases import VLLM_RELEASES
 from minipaged_cli.workloads.presets import ModelSpec
 from minipaged_cli.workloads.readers import TRACE_FORMATS
 
@@ -109,10 +110,11 @@ MaxNumSeqsOpt = Annotated[int | None, typer.Option(
                            "EngineArgs.get_batch_defaults); v0, 256.", show_default=False)]
 MaxBatchedTokensOpt = Annotated[int | None, typer.Option(
     "--max-batched-tokens", help="Tokens one step computes (vLLM's max_num_batched_tokens; chunked prefill). "
-                                 "Default: v1, vllm serve's for the GPU (8192 on GPUs of 70 GiB or more but the "
-                                 "A100, else 2048); v0, whole prompts, up to max(max-model-len, 2048) prompt "
-                                 "tokens a step, in steps without decodes. Given under v0, it turns on v0's "
-                                 "chunked prefill: decodes and prompt chunks share a step.", show_default=False)]
+                                 "Default: v1, vllm serve's for the GPU (16384 on GPUs of 160 GiB or more, 8192 "
+                                 "on 70 GiB or more but the A100, else 2048); v0, whole prompts, up to "
+                                 "max(max-model-len, 2048) prompt tokens a step, in steps without decodes. Given "
+                                 "under v0, it turns on v0's chunked prefill: decodes and prompt chunks share a "
+                                 "step.", show_default=False)]
 PrefixCachingOpt = Annotated[bool | None, flag(
     "prefix-caching", help="Paged only: prompts share cached full blocks of their prefix segments (YAML 'prefix', "
                            "Mooncake hash_ids); reports prefix_cache_hits / queries. Default: on in v1 (vllm "
@@ -126,13 +128,24 @@ LongPrefillOpt = Annotated[int, typer.Option(
     "--long-prefill-threshold", help="v1: most prompt tokens one request prefills a step (vLLM's "
                                      "long_prefill_token_threshold); 0, vllm serve's default: no limit.")]
 BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
+ProfileBlockSizeOpt = Annotated[int | None, typer.Option(
+    "--block-size", help="Tokens per KV block. Default: the vLLM release's for the model and GPU (0.34: 64; "
+                         "0.33: 16, 64 for latent attention with an fp8 KV cache on Hopper); v0's 16.",
+    show_default=False)]
 NumBlocksOpt = Annotated[int | None, typer.Option(
     "--num-blocks", help="KV capacity in blocks (instead of --kv-memory).", show_default=False)]
 KvMemoryOpt = Annotated[str | None, typer.Option(
-    "--kv-memory", help="KV capacity in bytes, e.g. 16GiB. Default: --gpu-memory-utilization of the GPU's "
-                        "memory minus the model's weights, as vLLM sizes it.", show_default=False)]
-GpuUtilOpt = Annotated[float, typer.Option(
-    "--gpu-memory-utilization", help="Share of GPU memory for weights + KV when --kv-memory is not given.")]
+    "--kv-memory", help="KV capacity in bytes, e.g. 16GiB. Default: as the vLLM release sizes it: the GPU's "
+                        "memory less the weights, the activation peak of a profiling step, CUDA graphs and "
+                        "non-torch memory (the GPU preset's).", show_default=False)]
+GpuUtilOpt = Annotated[float | None, typer.Option(
+    "--gpu-memory-utilization", help="Share of GPU memory vLLM may use when --kv-memory is not given. Default: "
+                                     "the vLLM release's (0.34: 1.0, the KV cache sized from the memory free "
+                                     "after warmup; 0.33: 0.92).", show_default=False)]
+VllmVersionOpt = Annotated[str, typer.Option(
+    "--vllm-version", help="The vLLM release whose defaults apply where an option is not given: block size, "
+                           "KV sizing, batch limits, scheduler options (docs/vllm-releases.md): "
+                           + ", ".join(VLLM_RELEASES) + ".")]
 MaxModelLenOpt = Annotated[int | None, typer.Option(
     "--max-model-len", help="Longest request (prompt + output) served; longer ones are rejected and counted. "
                             "Default: the model's.", show_default=False)]

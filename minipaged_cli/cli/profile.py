@@ -26,6 +26,7 @@ from minipaged_cli.cli.common import (
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
+    VllmVersionOpt,
     check_dtype,
     flag,
     handle_errors,
@@ -39,6 +40,7 @@ from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
+from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
@@ -74,6 +76,7 @@ def profile_command(
     max_model_len: MaxModelLenOpt = None,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     scheduler: SchedulerOpt = "v1",
+    vllm_version: VllmVersionOpt = LATEST_VLLM,
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
                          "cpu; none for a model with multi-head latent attention, which no kernel runs), cpu, "
@@ -106,7 +109,8 @@ def profile_command(
         time_offload,
     )
     from minipaged_cli.memory.kv_groups import block_bytes, kv_cache_groups
-    from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv, resolve_num_blocks
+    from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv
+    from minipaged_cli.sim.kv_sizing import resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
 
     check_outputs({"--json": json_path, "--plot": plot})
@@ -119,8 +123,8 @@ def profile_command(
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
     spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)
     hybrid = resolve_hybrid_kv(None, scheduler)
-    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
-                                        gpu_memory_utilization, hybrid=hybrid)
+    blocks, origin, _ = resolve_num_blocks(spec, gpu_spec, sizes[0], num_blocks, kv_memory,
+                                           gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version)
     # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
     kv_bytes = blocks * block_bytes(spec, kv_cache_groups(spec, hybrid=hybrid), sizes[0])
     if spec.is_mla:  # (no kernel of the data plane runs latent attention or moves its cache: nothing to time)
@@ -137,7 +141,7 @@ def profile_command(
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len,
-                     scheduler=scheduler)
+                     scheduler=scheduler, vllm_version=vllm_version)
     check_capacity(trace, base, ("paged",))
 
     rows = []

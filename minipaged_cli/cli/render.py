@@ -94,7 +94,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
                  _maybe(m.mean_tpot_s, "{:.1f}", 1000),
                  f"{_maybe(m.mean_e2e_s, '{:.2f}')}/{_maybe(m.p99_e2e_s, '{:.2f}')}"]
         service.add_row(*cells, *([str(m.invariant_violations)] if len(columns) > 9 else []))
-    tables = [header, f"{kv_format(config.model)} · {scheduling(config)}", memory, service]
+    tables = [header, f"{kv_format(config.model)} · {scheduling(config)}", vllm_startup_line(config), memory,
+              service]
     if result.all_full_attention is not None:
         tables.append(_hybrid_table(result))
     sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
@@ -103,6 +104,12 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     if result.without_tiers:
         tables += [_tiers_table(result), _tiers_gain_table(result)]
     return tables
+
+
+def vllm_startup_line(config: SimConfig) -> str:
+    """The pool as vLLM's startup log reports it (``kv_cache_utils.update_kv_cache_capacity``)."""
+    return (f"vLLM {config.vllm_version}: GPU KV cache size: {config.kv_size_tokens:,} tokens, Maximum concurrency "
+            f"for {config.model_len:,} tokens per request: {config.max_concurrency:.2f}x")
 
 
 def kv_groups_phrase(config: SimConfig) -> str:

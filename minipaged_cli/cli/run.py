@@ -9,7 +9,6 @@ import typer
 from rich.markup import escape
 
 from minipaged_cli.cli.common import (
-    BlockSizeOpt,
     DeviceOpt,
     FormatOpt,
     GpuOpt,
@@ -23,11 +22,13 @@ from minipaged_cli.cli.common import (
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
+    ProfileBlockSizeOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    VllmVersionOpt,
     check_dtype,
     handle_errors,
     require_per_head_kv,
@@ -42,7 +43,8 @@ from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
 from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt, TierInclusionOpt
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
-from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
+from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
+from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
@@ -68,7 +70,8 @@ def run_command(
     gpu: GpuOpt = "h200",
     dtype: Annotated[str | None, typer.Option(
         "--dtype", help="float32, float16 or bfloat16. Default: the model's.", show_default=False)] = None,
-    block_size: BlockSizeOpt = DEFAULT_BLOCK_SIZE,
+    vllm_version: VllmVersionOpt = LATEST_VLLM,
+    block_size: ProfileBlockSizeOpt = None,
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -104,7 +107,8 @@ def run_command(
 
     from minipaged_cli.apps.run import run_trace
     from minipaged_cli.dataplane.select import select_backend
-    from minipaged_cli.sim.config import SimConfig, resolve_num_blocks, tier_blocks
+    from minipaged_cli.sim.config import SimConfig, resolve_block_size
+    from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 
     check_outputs({"--json": json_path, "--plot": plot})
     check_scale_mode(kv_scales)
@@ -117,8 +121,10 @@ def run_command(
     if on_cpu and kv_memory is None and num_blocks is None:
         kv_memory = CPU_KV_MEMORY
     # the data plane keeps one block table for every layer: a sliding-window model runs as all full attention
-    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
-                                        gpu_memory_utilization, hybrid=False)
+    block_size = resolve_block_size(block_size, spec, gpu_spec, scheduler, vllm_version)
+    blocks, origin, _ = resolve_num_blocks(spec, gpu_spec, block_size, num_blocks, kv_memory,
+                                           gpu_memory_utilization, hybrid=False, vllm_version=vllm_version,
+                                           max_num_batched_tokens=max_batched_tokens)
     num_layers = layers if layers is not None else (CPU_LAYERS if on_cpu else spec.num_layers)
     if not 1 <= num_layers <= spec.num_layers:
         raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--layers", value=num_layers,
@@ -134,7 +140,7 @@ def run_command(
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
                        offload_policy=offload_policy, tier_eviction=tier_eviction,
-                       tier_inclusion=tier_inclusion, hybrid_kv=False)
+                       tier_inclusion=tier_inclusion, hybrid_kv=False, vllm_version=vllm_version)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:

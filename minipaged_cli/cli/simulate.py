@@ -9,7 +9,6 @@ import typer
 
 from minipaged_cli.cli import fleet_options
 from minipaged_cli.cli.common import (
-    BlockSizeOpt,
     CalibrationOpt,
     FormatOpt,
     GpuOpt,
@@ -27,11 +26,13 @@ from minipaged_cli.cli.common import (
     NumBlocksOpt,
     PlotOpt,
     PrefixCachingOpt,
+    ProfileBlockSizeOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    VllmVersionOpt,
     WatermarkOpt,
     flag,
     handle_errors,
@@ -53,15 +54,10 @@ from minipaged_cli.cli.tier_options import (
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import DEFAULT_INDEX_CAPACITY
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    SimConfig,
-    resolve_hybrid_kv,
-    resolve_num_blocks,
-    tier_blocks,
-)
+from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_block_size, resolve_hybrid_kv
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import simulate
+from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
 
@@ -95,7 +91,8 @@ def simulate_command(
     trace_format: FormatOpt = "auto",
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
-    block_size: BlockSizeOpt = DEFAULT_BLOCK_SIZE,
+    vllm_version: VllmVersionOpt = LATEST_VLLM,
+    block_size: ProfileBlockSizeOpt = None,
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -160,8 +157,11 @@ def simulate_command(
     spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype)
     gpu_spec = load_gpu(gpu)
     hybrid = resolve_hybrid_kv(hybrid_kv, scheduler)
-    blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
-                                        gpu_memory_utilization, hybrid=hybrid)
+    block_size = resolve_block_size(block_size, spec, gpu_spec, scheduler, vllm_version)
+    blocks, origin, sizing = resolve_num_blocks(spec, gpu_spec, block_size, num_blocks, kv_memory,
+                                                gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version,
+                                                max_num_batched_tokens=max_batched_tokens,
+                                                max_num_seqs=max_num_seqs)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
@@ -175,7 +175,7 @@ def simulate_command(
                                                   hybrid=hybrid),
                        offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
                        layerwise_loads=layerwise_loads,
-                       check_invariants=check_invariants,
+                       check_invariants=check_invariants, vllm_version=vllm_version,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 
     console = tables_console(json_path)
@@ -192,7 +192,12 @@ def simulate_command(
     for renderable in simulation_tables(result, origin):
         console.print(renderable)
     if json_path is not None:
-        write_json(result.to_dict(), json_path, stdout)
+        document = result.to_dict()
+        # what vLLM's startup log says of this pool, and how the default pool was sized (None: an exact option)
+        document["config"].update(vllm_version=config.vllm_version, kv_size_tokens=config.kv_size_tokens,
+                                  max_concurrency=config.max_concurrency,
+                                  kv_sizing=None if sizing is None else sizing.to_dict())
+        write_json(document, json_path, stdout)
     if plot is not None:
         from minipaged_cli.cli.plot import plot_memory_timeline
 

@@ -172,4 +172,4 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
                  "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "cpu_kv_memory",
-                 "hybrid_kv")
+                 "hybrid_kv", "gpu_memory_utilization")

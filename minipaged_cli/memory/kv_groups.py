@@ -73,12 +73,18 @@ def sliding_admission_blocks(window: int, block_size: int, max_in_flight_tokens:
     return num_blocks_for(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1
 
 
-def kv_cache_size_tokens(groups: tuple[KVCacheGroup, ...], num_blocks: int, block_size: int, max_model_len: int,
-                         max_in_flight_tokens: int) -> int:
-    """vLLM's "KV cache size: N tokens" (``get_kv_cache_capacity``): max_model_len times the requests of that
-    length the pool holds at once, a request taking ceil(max_model_len / B) blocks in a full group and at most
-    ``sliding_admission_blocks`` in a sliding one."""
+def max_concurrency(groups: tuple[KVCacheGroup, ...], num_blocks: int, block_size: int, max_model_len: int,
+                    max_in_flight_tokens: int) -> float:
+    """vLLM's "Maximum concurrency for max_model_len tokens per request" (``get_max_concurrency_for_kv_cache_config``):
+    the requests of that length the pool holds at once, a request taking ceil(max_model_len / B) blocks in a full
+    group and at most ``sliding_admission_blocks`` in a sliding one."""
     per_request = sum(
         sliding_admission_blocks(g.sliding_window, block_size, max_in_flight_tokens, max_model_len)
         if g.is_sliding else num_blocks_for(max_model_len, block_size) for g in groups)
-    return int(num_blocks / per_request * max_model_len)
+    return num_blocks / per_request
+
+
+def kv_cache_size_tokens(groups: tuple[KVCacheGroup, ...], num_blocks: int, block_size: int, max_model_len: int,
+                         max_in_flight_tokens: int) -> int:
+    """vLLM's "KV cache size: N tokens" (``get_kv_cache_capacity``): max_model_len times ``max_concurrency``."""
+    return int(max_concurrency(groups, num_blocks, block_size, max_model_len, max_in_flight_tokens) * max_model_len)

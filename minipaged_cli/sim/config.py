@@ -7,22 +7,29 @@ from dataclasses import dataclass, replace
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes, kv_cache_groups, kv_cache_size_tokens
+from minipaged_cli.memory.kv_groups import (
+    KVCacheGroup,
+    block_bytes,
+    kv_cache_groups,
+    kv_cache_size_tokens,
+    max_concurrency,
+)
 from minipaged_cli.memory.strategies import make_allocator
 from minipaged_cli.sim.calibration import Calibration
-from minipaged_cli.units import format_bytes, parse_bytes
+from minipaged_cli.sim.vllm_releases import LATEST_VLLM, VllmRelease, vllm_release
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 
 PREEMPTION_MODES = ("recompute", "swap")
 SCHEDULERS = ("v1", "v0")  # vLLM's v1 engine (the default), and its removed v0 engine (the paper's)
 
-# Defaults every command shares, written once.
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization
-V1_WATERMARK = 0.0  # vLLM v1: SchedulerConfig.watermark (vllm/config/scheduler.py)
+# Defaults every command shares, written once. Those that follow vLLM are its release's (sim/vllm_releases.py):
+# the newest supported release's here, for the commands that take no --vllm-version.
+DEFAULT_BLOCK_SIZE = vllm_release(LATEST_VLLM).default_block_size
+DEFAULT_GPU_MEMORY_UTILIZATION = None  # vLLM's --gpu-memory-utilization: None, the release's default
 V0_WATERMARK = 0.01  # vLLM v0: BlockSpaceManager's watermark
 V0_MAX_NUM_SEQS = 256
+V0_BLOCK_SIZE = 16  # vLLM v0's block size (the paper's); its engine predates the release profiles
 # The prefix cache's tiers below the GPU (sim/tiers.py): when a block goes down, and how a tier evicts.
 OFFLOAD_POLICIES = ("write-through", "on-eviction")
 TIER_EVICTIONS = ("lru", "arc")
@@ -30,9 +37,18 @@ TIER_EVICTIONS = ("lru", "arc")
 TIER_INCLUSIONS = ("inclusive", "exclusive")
 
 
-def default_prefix_caching(scheduler: str) -> bool:
-    """Prefix caching where it is not set: on in vLLM v1 (``vllm serve``'s default), off in v0."""
-    return scheduler == "v1"
+def default_prefix_caching(scheduler: str, version: str = LATEST_VLLM) -> bool:
+    """Prefix caching where it is not set: ``vllm serve``'s default in v1 (on), off in v0."""
+    return scheduler == "v1" and vllm_release(version).enable_prefix_caching
+
+
+def resolve_block_size(block_size: int | None, model: ModelSpec, gpu: GpuSpec, scheduler: str,
+                       version: str = LATEST_VLLM) -> int:
+    """The block size asked for, else the release's for the model and GPU (``VllmRelease.block_size``); v0's
+    16 under ``--scheduler v0``."""
+    if block_size is not None:
+        return block_size
+    return vllm_release(version).block_size(model, gpu) if scheduler == "v1" else V0_BLOCK_SIZE
 
 
 def resolve_hybrid_kv(hybrid_kv: bool | None, scheduler: str) -> bool:
@@ -40,13 +56,10 @@ def resolve_hybrid_kv(hybrid_kv: bool | None, scheduler: str) -> bool:
     return scheduler == "v1" if hybrid_kv is None else hybrid_kv
 
 
-def vllm_serve_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) as ``vllm serve`` sets them when not given: vLLM's
-    ``EngineArgs.get_batch_defaults`` (vllm/engine/arg_utils.py), OPENAI_API_SERVER usage context: 8192 tokens
-    and 1024 sequences on a GPU of 70 GiB or more that is not an A100, else 2048 and 256."""
-    if gpu.memory_bytes >= 70 * 2**30 and "a100" not in gpu.name.lower():
-        return 8192, 1024
-    return 2048, V0_MAX_NUM_SEQS
+def vllm_serve_batch_defaults(gpu: GpuSpec, version: str = LATEST_VLLM) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) as ``vllm serve`` sets them when not given
+    (``VllmRelease.batch_defaults``)."""
+    return vllm_release(version).batch_defaults(gpu)
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,10 @@ class SimConfig:
     | max_batched_tokens | ``vllm_serve_batch_defaults``: 8192 or 2048  | None: whole prompts|
     | prefix_caching     | True                                         | False              |
     | watermark          | 0.0                                          | 0.01               |
+    | block_size         | ``VllmRelease.block_size``: 64 (0.34), 16    | 16                 |
+    | cache-aware window | 0: off (0.34.0's option; 0.33 has none)      | -                  |
+
+    ``vllm_version`` picks the release whose defaults apply (``sim/vllm_releases.py``).
 
     Tiers below the GPU's prefix cache (``sim/tiers.py``; paged with prefix caching; under v0 the host tier
     alone, which is also the swap space, ``swap_blocks``):
@@ -78,7 +95,7 @@ class SimConfig:
     model: ModelSpec
     gpu: GpuSpec
     num_blocks: int
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int | None = None  # None: the release's (resolve_block_size)
     max_model_len: int | None = None  # None: the model's
     max_num_seqs: int | None = None
     max_batched_tokens: int | None = None  # v0: None prefills whole prompts (no chunking)
@@ -101,16 +118,26 @@ class SimConfig:
     tier_eviction: str = "lru"
     tier_inclusion: str = "inclusive"
     layerwise_loads: bool = False
+    vllm_version: str = LATEST_VLLM  # the release whose defaults fill what is None (sim/vllm_releases.py)
+    # v1, vLLM 0.34.0's cache-aware admission: while the KV cache's usage is at least the threshold, the first
+    # `window` waiting requests are admitted deepest cached prefix first (0: arrival order). None: the release's.
+    cache_aware_admission_window: int | None = None
+    cache_aware_admission_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise InputError(f"expected one of {', '.join(SCHEDULERS)}", field="--scheduler", value=self.scheduler,
                              has_value=True)
         v1 = self.scheduler == "v1"
-        batched_tokens, num_seqs = vllm_serve_batch_defaults(self.gpu) if v1 else (None, V0_MAX_NUM_SEQS)
+        release = vllm_release(self.vllm_version)
+        object.__setattr__(self, "vllm_version", release.version)  # frozen: "0.34.0" is "0.34"
+        batched_tokens, num_seqs = release.batch_defaults(self.gpu) if v1 else (None, V0_MAX_NUM_SEQS)
         defaults = {"max_num_seqs": num_seqs, "max_batched_tokens": batched_tokens,
-                    "prefix_caching": default_prefix_caching(self.scheduler),
-                    "watermark": V1_WATERMARK if v1 else V0_WATERMARK}
+                    "prefix_caching": default_prefix_caching(self.scheduler, release.version),
+                    "watermark": release.watermark if v1 else V0_WATERMARK,
+                    "block_size": resolve_block_size(None, self.model, self.gpu, self.scheduler, release.version),
+                    "cache_aware_admission_window": release.cache_aware_admission_window or 0,
+                    "cache_aware_admission_threshold": release.cache_aware_admission_threshold or 0.0}
         defaults["hybrid_kv"] = resolve_hybrid_kv(None, self.scheduler)
         for name, default in defaults.items():
             if getattr(self, name) is None:
@@ -136,6 +163,7 @@ class SimConfig:
             raise InputError("must be in [0, 1)", field="--watermark", value=self.watermark, has_value=True)
         if self.calibration is not None:
             self.calibration.check_gpu(self.gpu.name)
+        self._check_cache_aware_admission(release)
         if self.hybrid_kv and self.model.is_hybrid and not v1:
             raise InputError("the hybrid KV cache manager is vLLM v1's (v0 kept every layer's tokens); pass "
                              "--no-hybrid-kv with --scheduler v0", field="--hybrid-kv", value=self.model.name,
@@ -144,6 +172,20 @@ class SimConfig:
         if self.preemption == "swap" and not self.swap_blocks:
             raise InputError("swap needs a CPU pool; set --cpu-blocks or --cpu-kv-memory", field="--cpu-blocks",
                              value=0, has_value=True)
+
+    def _check_cache_aware_admission(self, release: VllmRelease) -> None:
+        window = whole_number(self.cache_aware_admission_window, field="--cache-aware-admission-window", minimum=0)
+        if window and release.cache_aware_admission_window is None:
+            raise InputError(f"cache-aware admission is vLLM 0.34.0's; vLLM {release.wheel} admits in arrival "
+                             "order (--vllm-version 0.34)", field="--cache-aware-admission-window", value=window,
+                             has_value=True)
+        if window and self.scheduler != "v1":
+            raise InputError("cache-aware admission is a v1 scheduler option (--scheduler v1)",
+                             field="--cache-aware-admission-window", value=window, has_value=True)
+        threshold = self.cache_aware_admission_threshold
+        if threshold is None or not 0.0 <= threshold <= 1.0:
+            raise InputError("must be in [0, 1]", field="--cache-aware-admission-threshold", value=threshold,
+                             has_value=True)
 
     def _check_tiers(self) -> None:
         whole_number(self.cpu_kv_blocks, field="--cpu-kv-memory (blocks)", minimum=0)
@@ -236,6 +278,12 @@ class SimConfig:
         return kv_cache_size_tokens(self.kv_cache_groups, self.num_blocks, self.block_size, self.model_len,
                                     self.max_batched_tokens or self.model_len)
 
+    @property
+    def max_concurrency(self) -> float:
+        """vLLM's "Maximum concurrency for max_model_len tokens per request" for this pool."""
+        return max_concurrency(self.kv_cache_groups, self.num_blocks, self.block_size, self.model_len,
+                               self.max_batched_tokens or self.model_len)
+
     def all_full_attention(self) -> SimConfig:
         """The same KV memory with every layer treated as full attention (vLLM's
         --disable-hybrid-kv-cache-manager): fewer, larger blocks."""
@@ -268,51 +316,3 @@ def num_blocks_for_memory(kv_memory_bytes: int, model: ModelSpec, block_size: in
     available memory // the bytes of one block (``kv_groups.block_bytes``: every layer's page for a uniform
     model or without the hybrid manager, one group's pages with it)."""
     return math.floor(kv_memory_bytes / block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
-
-
-def resolve_num_blocks(model: ModelSpec, gpu_memory_bytes: float, block_size: int, num_blocks: int | None,
-                       kv_memory: str | None, gpu_memory_utilization: float, *,
-                       hybrid: bool = True) -> tuple[int, str]:
-    """The KV capacity in blocks, and a phrase saying where it came from."""
-    if block_size < 1:
-        raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
-    if num_blocks is not None and kv_memory is not None:
-        raise InputError("give either --num-blocks or --kv-memory, not both", field="--num-blocks")
-    if num_blocks is not None:
-        if num_blocks < 1:
-            raise InputError("must be >= 1", field="--num-blocks", value=num_blocks, has_value=True)
-        return num_blocks, "--num-blocks"
-    if kv_memory is not None:
-        memory = parse_bytes(kv_memory)
-        origin = f"--kv-memory {kv_memory}"
-    else:
-        if not 0 < gpu_memory_utilization <= 1:
-            raise InputError("must be in (0, 1]", field="--gpu-memory-utilization", value=gpu_memory_utilization,
-                             has_value=True)
-        memory = int(gpu_memory_utilization * gpu_memory_bytes - model.weight_bytes)
-        origin = (f"{gpu_memory_utilization:g} of {format_bytes(gpu_memory_bytes)} minus "
-                  f"{format_bytes(model.weight_bytes)} of weights")
-        if memory <= 0:
-            raise InputError(f"the model's weights ({format_bytes(model.weight_bytes)}) leave no KV memory on this "
-                             "GPU; pass --kv-memory", field="--gpu")
-    blocks = num_blocks_for_memory(memory, model, block_size, hybrid=hybrid)
-    if blocks < 1:
-        one_block = format_bytes(block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
-        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field="--kv-memory",
-                         value=kv_memory, has_value=True)
-    return blocks, origin
-
-
-def tier_blocks(size: str | None, model: ModelSpec, block_size: int, option: str, *, hybrid: bool) -> int:
-    """A tier's capacity written as a size (``64GiB``; ``0`` or None: no tier) in blocks of the GPU pool's size:
-    ``block_size`` tokens of ``model``'s KV in one KV cache group's layers under the hybrid manager (``hybrid``),
-    in every layer without it."""
-    if size is None:
-        return 0
-    memory = parse_bytes(size, field=option, allow_zero=True)
-    blocks = num_blocks_for_memory(memory, model, block_size, hybrid=hybrid)
-    if memory and not blocks:
-        one_block = format_bytes(block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
-        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field=option, value=size,
-                         has_value=True)
-    return blocks

@@ -7,16 +7,19 @@ queues and the step's budget (vLLM keeps them in one ``schedule`` too), and this
 the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
 vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
 
-``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, pinned to vLLM 0.33.0): one budget of
-``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute (one
-token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set), capped by
-the budget left, and the blocks for it; when the pool cannot give them the last running request is preempted
-(recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted, waiting
-requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is looked
-up, the strategy admits it only if its whole prompt would fit (``scheduler_reserve_full_isl``, with the watermark
-while something runs) and allocates its first chunk; full blocks join the prefix cache as they are allocated, so a
-request admitted later in the same step hits them. ``n`` > 1 arrives as ``n`` requests sharing the prompt through
-the prefix cache (v1's parallel sampling).
+``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, as in vLLM 0.33.0 and 0.34.0): one budget
+of ``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute
+(one token for a decode, the rest of its prompt otherwise, at most ``long_prefill_token_threshold`` when set),
+capped by the budget left, and the blocks for it; when the pool cannot give them the last running request is
+preempted (recomputed later, to the front of the queue), possibly the request itself. Then, if nobody was preempted,
+waiting requests first come first served while budget and ``max_num_seqs`` allow: a request's prefix-cache hit is
+looked up, the strategy admits it only if its whole prompt would fit (``scheduler_reserve_full_isl``, with the
+watermark while something runs) and allocates its first chunk; full blocks join the prefix cache as they are
+allocated, so a request admitted later in the same step hits them. ``n`` > 1 arrives as ``n`` requests sharing the
+prompt through the prefix cache (v1's parallel sampling). vLLM 0.34.0's cache-aware admission
+(``cache_aware_admission_window``, off by default): before the waiting pass, while the KV cache's usage is at least
+the threshold, the first N waiting requests that were never admitted are reordered deepest cached prefix first, in
+place among themselves (``_reorder_waiting_by_cached_prefix``).
 
 Not modelled, because a trace cannot reach it or it is off in ``vllm serve``'s defaults: partial-prefill limits
 (``max_num_partial_prefills``: its long-prefill threshold defaults to 0 when it is 1, the default, and v1's
@@ -31,6 +34,7 @@ each sample's output), and a chunk's blocks join the cache when the chunk is sch
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -88,6 +92,8 @@ class Scheduler:
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[LiveRequest] = []
         self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
+        # vLLM 0.34.0 reorders only with a prefix cache to consult
+        self.cache_aware_window = config.cache_aware_admission_window if self.keyed else 0
         self.prefill_cap = 0  # this step's long-prefill threshold
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
@@ -224,6 +230,8 @@ class Scheduler:
 
     def _admit(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
         """Admit waiting requests first come first served into what is left of the budget; returns the rest."""
+        if self.cache_aware_window:
+            self._reorder_waiting_by_cached_prefix()
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
@@ -251,6 +259,21 @@ class Scheduler:
                 scheduled.append((head, tokens))
                 budget -= tokens
         return budget
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """vLLM 0.34.0's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``): at a KV cache usage
+        of at least the threshold, the requests among the first ``cache_aware_window`` waiting ones that were never
+        admitted (a preempted one keeps its place, and nothing moves past it) take those same places deepest cached
+        prefix first, arrival order breaking ties. The cache is only probed: no hit is counted."""
+        usage = self.allocator.used_slots / self.config.kv_capacity_tokens
+        if len(self.waiting) < 2 or usage < self.config.cache_aware_admission_threshold:
+            return
+        head = list(itertools.islice(self.waiting, self.cache_aware_window))
+        slots = [i for i, live in enumerate(head) if not live.queried]
+        cached = {i: self.allocator.cached_prefix(head[i], head[i].num_prefill_tokens) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        for slot, source in zip(slots, order, strict=True):
+            self.waiting[slot] = head[source]
 
     def _loaded(self, live: LiveRequest) -> None:
         """A load from a tier below the GPU has finished: its tokens count as computed, its blocks join the

@@ -63,6 +63,11 @@ class ModelSpec:
     num_shared_experts: int = 0
     first_k_dense_replace: int = 0
     weight_quantization: str | None = None  # a WEIGHT_QUANTIZATIONS key; None: every weight in dtype
+    # The small tensors that memory counts and a step's time can neglect (``norm_params``): norms per layer (2:
+    # before attention and before the MLP; Gemma 2/3's 4 add one after each), Qwen3's and Gemma 3's per-head
+    # RMSNorm on q and k, and the LayerNorm family's (OPT, GPT-2: ``gated_mlp`` False) biases.
+    norms_per_layer: int = 2
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads",
@@ -239,10 +244,27 @@ class ModelSpec:
         return (self.layers_params - self.routed_expert_params) * self.layer_weight_bytes
 
     @property
+    def norm_params(self) -> int:
+        """The weights ``num_params`` leaves out, every one of them a vector: the layers' norms and the final
+        one, the per-head q/k norms, MLA's norms of its low-rank latents; for the LayerNorm family (no gated MLP:
+        OPT, GPT-2), each norm's bias and every linear layer's (q, k, v, o, the MLP's two). Other models' few
+        biases (Qwen2's q/k/v, gpt-oss's) and learned position tables stay left out: under 0.1 % of any preset."""
+        hidden = self.hidden_size
+        per_layer = self.norms_per_layer * hidden + (2 * self.qk_head_dim if self.qk_norm else 0)
+        per_layer += (self.q_lora_rank or 0) + (self.kv_lora_rank or 0)
+        final = hidden
+        if not self.gated_mlp:  # LayerNorm: a bias beside each weight; linear layers with biases
+            per_layer, final = 2 * per_layer, 2 * final
+            per_layer += self.num_q_heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim + hidden
+            per_layer += self.intermediate_size + hidden
+        return self.num_layers * per_layer + final
+
+    @property
     def weight_bytes(self) -> float:
-        """Memory the weights take, in their stored formats (``WEIGHT_QUANTIZATIONS``)."""
+        """Memory the weights take, in their stored formats (``WEIGHT_QUANTIZATIONS``): every tensor, norms
+        included (kept in the model's dtype, as vLLM loads them)."""
         return (self.read_weight_bytes + self.routed_expert_params * self.expert_weight_bytes
-                + self.embedding_params * self.dtype_bytes)
+                + (self.embedding_params + self.norm_params) * self.dtype_bytes)
 
     @property
     def attention_flops_per_context_token(self) -> int:

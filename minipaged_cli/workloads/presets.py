@@ -47,6 +47,10 @@ _HF_SLIDING_DEFAULTS = {"gemma2": (4096, 2), "gemma3": (4096, 6), "gemma3_text":
 # layers (28 by default) full attention.
 _SLIDING_OFF_BY_DEFAULT = {"qwen2", "qwen3", "qwen2_moe", "qwen3_moe"}
 _FIRST_LAYERS_FULL = {"qwen2": 28, "qwen3": 28}
+# Norms beyond the two of every layer (ModelSpec.norm_params): Gemma 2/3 norm after attention and after the MLP
+# too; Qwen3 and Gemma 3 norm each head's q and k (transformers' Qwen3Attention, Gemma3Attention).
+_FOUR_NORM_TYPES = {"gemma2", "gemma3", "gemma3_text"}
+_QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
 
 
 # What real kernels achieve, as fractions of the datasheet's peak FLOP/s and HBM bandwidth. A preset states its
@@ -63,6 +67,12 @@ DEFAULT_HOST_BANDWIDTH_EFFICIENCY = 0.78
 DEFAULT_DISK_READ_BYTES_PER_S = 7.45e9
 DEFAULT_DISK_WRITE_BYTES_PER_S = 6.9e9
 LINK_FIELDS = ("host_bandwidth_bytes_per_s", "disk_read_bytes_per_s", "disk_write_bytes_per_s")
+# What vLLM's KV sizing finds on the device besides the weights and activations (sim/kv_sizing.py), for a GPU file
+# that does not say: an 8B model's, single GPU, as the presets in configs/gpus/ cite them.
+DEFAULT_CUDA_GRAPH_BYTES = 0.7 * 2**30
+DEFAULT_NON_TORCH_BYTES = 0.2 * 2**30
+DEFAULT_CUDA_CONTEXT_BYTES = 0.5 * 2**30
+SIZING_FIELDS = ("total_memory_bytes", "cuda_graph_bytes", "non_torch_bytes", "cuda_context_bytes")
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,22 @@ class GpuSpec:
     gemm_bandwidth_efficiency: float = DEFAULT_EFFICIENCIES["gemm_bandwidth_efficiency"]
     attention_flops_efficiency: float = DEFAULT_EFFICIENCIES["attention_flops_efficiency"]
     attention_bandwidth_efficiency: float = DEFAULT_EFFICIENCIES["attention_bandwidth_efficiency"]
+    # What vLLM's KV sizing reads (sim/kv_sizing.py): the memory CUDA reports (torch.cuda.mem_get_info's total,
+    # less than the datasheet's; None: memory_bytes), the CUDA graphs' pool, what the engine allocates outside
+    # torch while profiling (cuBLAS workspaces, NCCL), the CUDA context present before vLLM measures anything.
+    total_memory_bytes: float | None = None
+    cuda_graph_bytes: float = DEFAULT_CUDA_GRAPH_BYTES
+    non_torch_bytes: float = DEFAULT_NON_TORCH_BYTES
+    cuda_context_bytes: float = DEFAULT_CUDA_CONTEXT_BYTES
+    compute_capability: float = 9.0  # major.minor: which attention backends vLLM can pick (sim/vllm_releases.py)
 
     def __post_init__(self) -> None:
         check_gpu_fields(vars(self), source=self.name)
+
+    @property
+    def reported_memory_bytes(self) -> float:
+        """The device's memory as CUDA reports it, what vLLM sizes from."""
+        return self.memory_bytes if self.total_memory_bytes is None else self.total_memory_bytes
 
     @property
     def host_link_bytes_per_s(self) -> float:
@@ -106,6 +129,13 @@ def check_gpu_fields(fields: dict[str, Any], *, source: str) -> None:
             finite_number(fields[name], source=source, field=name, minimum=0.0, exclusive_minimum=True, maximum=1.0)
     if "step_overhead_s" in fields:
         finite_number(fields["step_overhead_s"], source=source, field="step_overhead_s", minimum=0.0)
+    if fields.get("total_memory_bytes") is not None:
+        positive_number(fields["total_memory_bytes"], source=source, field="total_memory_bytes")
+    for name in ("cuda_graph_bytes", "non_torch_bytes", "cuda_context_bytes"):
+        if name in fields:
+            finite_number(fields[name], source=source, field=name, minimum=0.0)
+    if "compute_capability" in fields:
+        finite_number(fields["compute_capability"], source=source, field="compute_capability", minimum=1.0)
 
 def preset_names(kind: str) -> list[str]:
     """Names of the presets in ``configs/<kind>/`` (kind: 'models' or 'gpus')."""
@@ -125,7 +155,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 def load_gpu(name_or_path: str) -> GpuSpec:
     source, config = _load_config("gpus", name_or_path, "--gpu")
-    optional = {*LINK_FIELDS, "host_bandwidth_efficiency", *DEFAULT_EFFICIENCIES}
+    optional = {*LINK_FIELDS, "host_bandwidth_efficiency", *DEFAULT_EFFICIENCIES, *SIZING_FIELDS, "compute_capability"}
     fields = {"name", "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "step_overhead_s"}
     unknown = sorted(set(config) - fields - optional)
     if unknown:
@@ -205,6 +235,8 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
             v_head_dim=optional("v_head_dim"),
             **experts,
             weight_quantization=_hf_weight_quantization(config, source),
+            norms_per_layer=4 if config.get("model_type") in _FOUR_NORM_TYPES else 2,
+            qk_norm=config.get("model_type") in _QK_NORM_TYPES,
         )
     except InputError as error:
         if error.source != name:
