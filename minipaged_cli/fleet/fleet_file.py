@@ -31,7 +31,8 @@ from minipaged_cli.fleet.config import (
     parse_bandwidth,
     parse_duration,
 )
-from minipaged_cli.sim.config import SimConfig, resolve_num_blocks
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.kv_sizing import resolve_num_blocks
 from minipaged_cli.workloads.presets import load_gpu, load_model
 
 _TOP = ("version", "router", "pools", "kv_link", "prefill_threshold", "shared_kv_store")
@@ -92,8 +93,11 @@ def _pool(pool: Any, index: int, base: SimConfig, source: str) -> ReplicaPool:
     config = base
     if {"model", "gpu", "kv_memory", "num_blocks"} & pool.keys():
         try:
-            num_blocks, _ = resolve_num_blocks(model, gpu.memory_bytes, base.block_size, pool.get("num_blocks"),
-                                               pool.get("kv_memory"), 0.9, hybrid=bool(base.hybrid_kv))
+            num_blocks, _, _ = resolve_num_blocks(model, gpu, base.block_size, pool.get("num_blocks"),
+                                                  pool.get("kv_memory"), None, hybrid=bool(base.hybrid_kv),
+                                                  vllm_version=base.vllm_version,
+                                                  max_num_batched_tokens=base.max_batched_tokens,
+                                                  max_num_seqs=base.max_num_seqs)
         except InputError as error:
             raise InputError(error.message, source=source, field=f"pools.{name}.kv_memory",
                              value=pool.get("kv_memory", pool.get("num_blocks")), has_value=True) from None
