@@ -37,6 +37,7 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
+from minipaged_cli.cli.sweep_options import CHECKS
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
@@ -48,9 +49,8 @@ if TYPE_CHECKING:
 EPILOG = """\
 Examples:\n\n
   minipaged profile\n\n
-  minipaged profile --block-size 16\n\n
-  minipaged profile ../shared/traces/mooncake_conversation_trace.jsonl --limit 500 --max-model-len 131072
-  --block-size 16 --block-size 64 --block-size 512 --kv-memory 40GiB --json profile.json --plot profile.png
+  minipaged profile traces/azure_conv_1k.yaml --block-sizes 16,64,256 --device none\n\n
+  minipaged profile traces/mixed.yaml --block-size 16 --offload --json profile.json --plot profile.png
 """
 # Live tokens of the timed attention batch, at most: the CPU reference and, far slower, the emulated kernels.
 KERNEL_TOKEN_CAP = {"torch": 65_536, "emulated": 2_048}
@@ -62,9 +62,9 @@ OFFLOAD_BYTES = {"cuda": 256 * 2**20, "torch": 32 * 2**20, "emulated": 2**20}
 def profile_command(
     trace_path: Annotated[Path, typer.Argument(help="Request trace (default: traces/mixed.yaml).",
                                                metavar="[TRACE]")] = Path("traces/mixed.yaml"),
-    block_sizes: Annotated[list[int] | None, typer.Option(
-        "--block-size", help="A block size to profile; repeat for several. Default: 1, 8, 16, 32, 64, 128.",
-        show_default=False)] = None,
+    block_sizes: Annotated[list[str] | None, typer.Option(
+        "--block-sizes", "--block-size", help="Block sizes to profile, comma-separated (--block-size 16: one). "
+                                              "Default: 1,8,16,32,64,128.", show_default=False)] = None,
     trace_format: FormatOpt = "auto",
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
@@ -111,10 +111,8 @@ def profile_command(
 
     check_outputs({"--json": json_path, "--plot": plot})
 
-    sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES
-    if min(sizes) < 1 or len(set(sizes)) != len(sizes):
-        raise InputError("block sizes must be distinct integers >= 1", field="--block-size", value=list(sizes),
-                         has_value=True)
+    sizes = CHECKS["block_sizes"](",".join(block_sizes), {"field": "--block-sizes"}) if block_sizes \
+        else DEFAULT_BLOCK_SIZES
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
     spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)

@@ -49,9 +49,8 @@ from minipaged_cli.workloads.readers import load_trace
 EPILOG = """\
 Examples:\n\n
   minipaged run traces/mixed.yaml\n\n
-  minipaged run traces/azure_conv_1k.yaml --device cpu --kv-memory 2GiB --max-steps 500 --json run.json\n\n
-  minipaged run traces/mixed.yaml --device cuda --dtype bfloat16 --plot steps.png\n\n
-  minipaged run traces/mixed.yaml --kv-cache-dtype fp8_e4m3
+  minipaged run traces/azure_conv_1k.yaml --device cpu --num-layers 4 --max-steps 500 --json run.json\n\n
+  minipaged run traces/mixed.yaml --device cuda --kv-cache-dtype fp8_e4m3 --plot steps.png
 """
 
 CPU_KV_MEMORY = "4GiB"  # a pool the CPU can read every step: about 29k tokens of Qwen3-8B
@@ -73,9 +72,9 @@ def run_command(
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
-    layers: Annotated[int | None, typer.Option(
-        "--layers", help=f"Layers to allocate and run. Default: all on cuda, {CPU_LAYERS} on cpu.",
-        show_default=False)] = None,
+    num_layers: Annotated[int | None, typer.Option(
+        "--num-layers", help=f"How many of the model's layers to allocate and run. Default: all on cuda, "
+                             f"{CPU_LAYERS} on cpu.", show_default=False)] = None,
     max_steps: Annotated[int | None, typer.Option(
         "--max-steps", help=f"Stop after this many steps (0: run the whole trace). Default: the whole trace on "
                             f"cuda, {CPU_MAX_STEPS} on cpu.", show_default=False)] = None,
@@ -119,9 +118,10 @@ def run_command(
     # the data plane keeps one block table for every layer: a sliding-window model runs as all full attention
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
                                         gpu_memory_utilization, hybrid=False)
-    num_layers = layers if layers is not None else (CPU_LAYERS if on_cpu else spec.num_layers)
+    if num_layers is None:
+        num_layers = CPU_LAYERS if on_cpu else spec.num_layers
     if not 1 <= num_layers <= spec.num_layers:
-        raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--layers", value=num_layers,
+        raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--num-layers", value=num_layers,
                          has_value=True)
     if max_steps is None:
         max_steps = CPU_MAX_STEPS if on_cpu else 0

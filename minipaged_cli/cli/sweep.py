@@ -56,12 +56,9 @@ from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
 Examples:\n\n
-  minipaged sweep traces/azure_conv_1k.yaml --rates 0.5,1,2,4 --kv-memory 16GiB\n\n
-  minipaged sweep ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --limit 2000 --model opt-13b
-  --gpu a100-40gb --max-model-len 2048 --rates 0.5,1,2,4 --slo normalized-latency=0.4 --plot latency.png\n\n
-  minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json --csv sweep.csv\n\n
-  minipaged sweep ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
-  --rates 1 --cpu-kv-memory 0,64GiB,256GiB,1TiB,4TiB --tier-eviction lru,arc --plot fig9.png
+  minipaged sweep traces/azure_conv_1k.yaml --rates 1,2,4 --kv-memory 3GiB --slo ttft-p99=1\n\n
+  minipaged sweep traces/mixed.yaml --block-sizes 16,64 --prefix-caching off,on --rates 1 --csv sweep.csv\n\n
+  minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json
 """
 
 def _engine_default(name: str) -> str:
