@@ -75,14 +75,15 @@ def presets_table() -> str:
     """The model and GPU presets, as the simulator reads them."""
     from minipaged_cli.workloads.presets import load_gpu, load_model, preset_names
 
-    rows = ["| model | layers | q / kv heads | head dim | attention | params (active) | weights GB | KV bytes a token |",
-            "|---|---:|---:|---:|---|---:|---:|---:|"]
+    rows = ["| model | layers | q / kv heads | head dim | attention | params (active) | weights GB "
+            "| KV bytes a token |", "|---|---:|---:|---:|---|---:|---:|---:|"]
     for name in preset_names("models"):
         spec = load_model(name)
         if spec.is_mla:
             attention = "MLA"
         elif spec.is_hybrid:
-            attention = f"{spec.num_sliding_layers} sliding ({spec.sliding_window}) + {spec.num_layers - spec.num_sliding_layers} full"
+            full = spec.num_layers - spec.num_sliding_layers
+            attention = f"{spec.num_sliding_layers} sliding ({spec.sliding_window}) + {full} full"
         else:
             attention = "full"
         active = f" ({spec.num_active_params / 1e9:.2f} B)" if spec.is_moe else ""

@@ -149,7 +149,7 @@ def write(path: Path) -> int:
             continue
         command = "$ " + example.command.replace(" --", " \\\n    --") if len(example.command) > 110 \
             else "$ " + example.command
-        body = command + "\n" + "\n".join(line.rstrip() for line in printed.rstrip("\n").splitlines()) + "\n"
+        body = command + "\n" + "\n".join(line.rstrip() for line in printed.rstrip().splitlines()) + "\n"
         if text[example.start:example.end] != body:
             text = text[:example.start] + body + text[example.end:]
             changed += 1
