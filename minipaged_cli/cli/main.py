@@ -12,7 +12,7 @@ from minipaged_cli import __version__
 from minipaged_cli.cli import calibrate, convert, profile, run, simulate, sweep, verify
 from minipaged_cli.cli.common import stderr
 from minipaged_cli.cli.grammar import assign_panels, renamed
-from minipaged_cli.cli.settings import print_settings, settings_params
+from minipaged_cli.cli.settings import name_the_file, print_settings, settings_params
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -38,6 +38,13 @@ class _Command(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return assign_panels(_flags_untyped(super().get_params(ctx)))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as error:
+            name_the_file(error, ctx)
+            raise
 
     def invoke(self, ctx: Any) -> Any:
         if ctx.meta.get("minipaged.print_config"):

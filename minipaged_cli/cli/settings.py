@@ -29,6 +29,10 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     return data
 
 
+# ctx.meta's key for the settings a --config file gave: parameter name -> "FILE: key: value".
+FROM_FILE = "minipaged.settings_file"
+
+
 def _key(name: str) -> str:
     return name.lstrip("-").replace("-", "_")
 
@@ -75,8 +79,18 @@ def load_settings(ctx: Any, param: Any, value: Path | None) -> Path | None:
             raise typer.BadParameter(f"{value}: {key}: not an option of 'minipaged {ctx.info_name}'; expected trace "
                                      f"or some of {', '.join(keys)}")
         defaults[target.name] = _as_option_value(target, setting)
+        ctx.meta.setdefault(FROM_FILE, {})[target.name] = f"{value}: {key}: {setting!r}"
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def name_the_file(error: Any, ctx: Any) -> None:
+    """A value of a settings file that the option's type refuses: the message names the file, the key and the
+    value (click's would name only the option)."""
+    param = getattr(error, "param", None)
+    source = ctx.get_parameter_source(param.name) if param is not None else None
+    if source is not None and source.name == "DEFAULT_MAP" and param.name in ctx.meta.get(FROM_FILE, {}):
+        error.param_hint = ctx.meta[FROM_FILE][param.name]
 
 
 def note_print_config(ctx: Any, param: Any, value: bool) -> bool:
