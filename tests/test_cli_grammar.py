@@ -158,3 +158,27 @@ def test_simulate_without_a_trace_names_the_bundled_ones() -> None:
     result = runner.invoke(app, ["simulate"])
     assert result.exit_code == 2
     assert "traces/mixed.yaml" in result.stderr and result.stderr.count("\n") == 1
+
+
+# The engine's options: every command that runs the engine takes each (and refuses in one line what it cannot honour).
+ENGINE_OPTIONS = ("--kv-memory", "--num-blocks", "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs",
+                  "--max-batched-tokens", "--scheduler", "--watermark", "--kv-cache-dtype", "--cpu-kv-memory",
+                  "--disk-kv-memory", "--offload-policy", "--tier-eviction", "--tier-inclusion")
+ENGINE_COMMANDS = ("simulate", "sweep", "run", "profile")
+
+
+@pytest.mark.parametrize("name", ENGINE_COMMANDS)
+def test_every_engine_command_takes_every_engine_option(name: str) -> None:
+    command = _commands()[name]
+    options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    assert set(ENGINE_OPTIONS) - options == set()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["profile", BURST, "--device", "none", "--cpu-kv-memory", "64GiB"], "--cpu-kv-memory: '64GiB': profile compares"),
+    (["sweep", BURST, "--rates", "1", "--num-blocks", "100"], "--num-blocks: 100: sweep sizes each point's KV"),
+    (["sweep", BURST, "--rates", "1", "--disk-kv-memory", "1TiB"], "--disk-kv-memory: '1TiB': sweep's points"),
+])
+def test_an_engine_option_a_command_cannot_honour_is_refused_in_one_line(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr

@@ -211,6 +211,14 @@ def require_per_head_kv(spec: ModelSpec, instead: str) -> None:
                          f"{instead}", field="--model", value=spec.name, has_value=True)
 
 
+def refuse_options(given: dict[str, object], why: str) -> None:
+    """An engine option a command accepts (every engine command takes every engine option) but cannot honour:
+    bad input in one line saying why, when it was given (not None, not False)."""
+    for option, value in given.items():
+        if value is not None and value is not False:
+            raise InputError(why, field=option, value=value, has_value=True)
+
+
 def load_calibration_option(path: Path | None) -> Calibration | None:
     return None if path is None else load_calibration(path)
 

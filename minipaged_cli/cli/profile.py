@@ -18,7 +18,9 @@ from minipaged_cli.cli.common import (
     KvCacheDtypeOption,
     KvMemoryOpt,
     LimitOpt,
+    MaxBatchedTokensOpt,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
@@ -26,9 +28,11 @@ from minipaged_cli.cli.common import (
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
+    WatermarkOpt,
     check_dtype,
     flag,
     handle_errors,
+    refuse_options,
     require_per_head_kv,
     require_support,
     stderr,
@@ -38,6 +42,14 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
 from minipaged_cli.cli.sweep_options import CHECKS
+from minipaged_cli.cli.tier_options import (
+    CpuKvMemoryOpt,
+    DiskKvMemoryOpt,
+    LayerwiseLoadsOpt,
+    OffloadPolicyOpt,
+    TierEvictionOpt,
+    TierInclusionOpt,
+)
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
@@ -74,6 +86,15 @@ def profile_command(
     max_model_len: MaxModelLenOpt = None,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     scheduler: SchedulerOpt = "v1",
+    max_batched_tokens: MaxBatchedTokensOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    watermark: WatermarkOpt = None,
+    cpu_kv_memory: CpuKvMemoryOpt = None,
+    disk_kv_memory: DiskKvMemoryOpt = None,
+    offload_policy: OffloadPolicyOpt = None,  # type: ignore[assignment]  (refused: see refuse_options below)
+    tier_eviction: TierEvictionOpt = None,  # type: ignore[assignment]
+    tier_inclusion: TierInclusionOpt = None,  # type: ignore[assignment]
+    layerwise_loads: LayerwiseLoadsOpt = False,
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
                          "cpu; none for a model with multi-head latent attention, which no kernel runs), cpu, "
@@ -109,6 +130,11 @@ def profile_command(
     from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv, resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
 
+    refuse_options({"--cpu-kv-memory": cpu_kv_memory, "--disk-kv-memory": disk_kv_memory,
+                    "--offload-policy": offload_policy, "--tier-eviction": tier_eviction,
+                    "--tier-inclusion": tier_inclusion, "--layerwise-loads": layerwise_loads},
+                   "profile compares block sizes on the GPU's memory alone; simulate --block-size replays one "
+                   "with tiers")
     check_outputs({"--json": json_path, "--plot": plot})
 
     sizes = CHECKS["block_sizes"](",".join(block_sizes), {"field": "--block-sizes"}) if block_sizes \
@@ -135,7 +161,8 @@ def profile_command(
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len,
-                     scheduler=scheduler)
+                     scheduler=scheduler, max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
+                     watermark=watermark)
     check_capacity(trace, base, ("paged",))
 
     rows = []

@@ -20,6 +20,7 @@ from minipaged_cli.cli.common import (
     LimitOpt,
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
@@ -28,8 +29,10 @@ from minipaged_cli.cli.common import (
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    WatermarkOpt,
     check_dtype,
     handle_errors,
+    refuse_options,
     require_per_head_kv,
     require_support,
     stderr,
@@ -39,7 +42,14 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
-from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt, TierInclusionOpt
+from minipaged_cli.cli.tier_options import (
+    CpuKvMemoryOpt,
+    DiskKvMemoryOpt,
+    LayerwiseLoadsOpt,
+    OffloadPolicyOpt,
+    TierEvictionOpt,
+    TierInclusionOpt,
+)
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -80,6 +90,8 @@ def run_command(
                             f"cuda, {CPU_MAX_STEPS} on cpu.", show_default=False)] = None,
     scheduler: SchedulerOpt = "v1",
     max_batched_tokens: MaxBatchedTokensOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    watermark: WatermarkOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
@@ -90,6 +102,8 @@ def run_command(
     offload_policy: OffloadPolicyOpt = "write-through",
     tier_eviction: TierEvictionOpt = "lru",
     tier_inclusion: TierInclusionOpt = "inclusive",
+    disk_kv_memory: DiskKvMemoryOpt = None,
+    layerwise_loads: LayerwiseLoadsOpt = False,
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
 ) -> None:
@@ -105,6 +119,8 @@ def run_command(
     from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks, tier_blocks
 
+    refuse_options({"--disk-kv-memory": disk_kv_memory, "--layerwise-loads": layerwise_loads},
+                   "run's data plane moves blocks to a host tier only, whole, between steps: simulate models it")
     check_outputs({"--json": json_path, "--plot": plot})
     check_scale_mode(kv_scales)
     backend = select_backend(device)
@@ -132,6 +148,7 @@ def run_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                       max_num_seqs=max_num_seqs, watermark=watermark,
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
                        offload_policy=offload_policy, tier_eviction=tier_eviction,
                        tier_inclusion=tier_inclusion, hybrid_kv=False)

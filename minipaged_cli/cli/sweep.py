@@ -33,6 +33,7 @@ from minipaged_cli.cli.common import (
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
     MaxNumSeqsOpt,
+    NumBlocksOpt,
     PlotOpt,
     SchedulerOpt,
     SeedOpt,
@@ -40,6 +41,7 @@ from minipaged_cli.cli.common import (
     TraceArg,
     WatermarkOpt,
     handle_errors,
+    refuse_options,
     stderr,
     stdout,
     tables_console,
@@ -47,7 +49,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
-from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
+from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS, DiskKvMemoryOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -136,6 +138,8 @@ def sweep_command(
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
     hybrid_kv: HybridKvOpt = None,
+    num_blocks: NumBlocksOpt = None,
+    disk_kv_memory: DiskKvMemoryOpt = None,
     json_path: JsonOpt = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
@@ -145,6 +149,8 @@ def sweep_command(
     memory, block sizes, prefix caching), and report per point the normalized latency (end-to-end latency per
     output token, mean and p99), TTFT, TPOT, batch size, throughput, preemptions and token-state share. With
     --slo, the highest request rate each strategy sustains and paged's ratio to each baseline."""
+    refuse_options({"--num-blocks": num_blocks}, "sweep sizes each point's KV by --kv-memory (an axis: 16GiB,default)")
+    refuse_options({"--disk-kv-memory": disk_kv_memory}, "sweep's points have a host tier at most: simulate has disks")
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
     from_file: set[str] = set()
     if config is not None:
