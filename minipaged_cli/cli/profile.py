@@ -10,6 +10,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     FormatOpt,
     GpuOpt,
@@ -42,14 +43,6 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
 from minipaged_cli.cli.sweep_options import CHECKS
-from minipaged_cli.cli.tier_options import (
-    CpuKvMemoryOpt,
-    DiskKvMemoryOpt,
-    LayerwiseLoadsOpt,
-    OffloadPolicyOpt,
-    TierEvictionOpt,
-    TierInclusionOpt,
-)
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
@@ -89,12 +82,12 @@ def profile_command(
     max_batched_tokens: MaxBatchedTokensOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     watermark: WatermarkOpt = None,
-    cpu_kv_memory: CpuKvMemoryOpt = None,
-    disk_kv_memory: DiskKvMemoryOpt = None,
-    offload_policy: OffloadPolicyOpt = None,  # type: ignore[assignment]  (refused: see refuse_options below)
-    tier_eviction: TierEvictionOpt = None,  # type: ignore[assignment]
-    tier_inclusion: TierInclusionOpt = None,  # type: ignore[assignment]
-    layerwise_loads: LayerwiseLoadsOpt = False,
+    cpu_kv_memory: tiers.CpuKvMemoryOpt = None,
+    disk_kv_memory: tiers.DiskKvMemoryOpt = None,
+    offload_policy: tiers.OffloadPolicyOpt = None,  # type: ignore[assignment]  (refused: see refuse_options below)
+    tier_eviction: tiers.TierEvictionOpt = None,  # type: ignore[assignment]
+    tier_inclusion: tiers.TierInclusionOpt = None,  # type: ignore[assignment]
+    layerwise_loads: tiers.LayerwiseLoadsOpt = False,
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
                          "cpu; none for a model with multi-head latent attention, which no kernel runs), cpu, "

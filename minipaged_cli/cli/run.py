@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     BlockSizeOpt,
     DeviceOpt,
@@ -42,14 +43,6 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
-from minipaged_cli.cli.tier_options import (
-    CpuKvMemoryOpt,
-    DiskKvMemoryOpt,
-    LayerwiseLoadsOpt,
-    OffloadPolicyOpt,
-    TierEvictionOpt,
-    TierInclusionOpt,
-)
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -98,12 +91,12 @@ def run_command(
     time_scale: TimeScaleOpt = 1.0,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     kv_scales: KvScalesOption = DEFAULT_SCALE_MODE,
-    cpu_kv_memory: CpuKvMemoryOpt = None,
-    offload_policy: OffloadPolicyOpt = "write-through",
-    tier_eviction: TierEvictionOpt = "lru",
-    tier_inclusion: TierInclusionOpt = "inclusive",
-    disk_kv_memory: DiskKvMemoryOpt = None,
-    layerwise_loads: LayerwiseLoadsOpt = False,
+    cpu_kv_memory: tiers.CpuKvMemoryOpt = None,
+    offload_policy: tiers.OffloadPolicyOpt = "write-through",
+    tier_eviction: tiers.TierEvictionOpt = "lru",
+    tier_inclusion: tiers.TierInclusionOpt = "inclusive",
+    disk_kv_memory: tiers.DiskKvMemoryOpt = None,
+    layerwise_loads: tiers.LayerwiseLoadsOpt = False,
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
 ) -> None:
