@@ -15,6 +15,7 @@ from minipaged_cli.cli.common import (
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
+    HybridKvOpt,
     JsonOpt,
     KvCacheDtypeOption,
     KvMemoryOpt,
@@ -25,6 +26,7 @@ from minipaged_cli.cli.common import (
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
+    PrefixCachingOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
@@ -82,6 +84,8 @@ def profile_command(
     max_batched_tokens: MaxBatchedTokensOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     watermark: WatermarkOpt = None,
+    prefix_caching: PrefixCachingOpt = None,
+    hybrid_kv: HybridKvOpt = None,
     cpu_kv_memory: tiers.CpuKvMemoryOpt = None,
     disk_kv_memory: tiers.DiskKvMemoryOpt = None,
     offload_policy: tiers.OffloadPolicyOpt = None,  # type: ignore[assignment]  (refused: see refuse_options below)
@@ -135,7 +139,7 @@ def profile_command(
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
     spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)
-    hybrid = resolve_hybrid_kv(None, scheduler)
+    hybrid = resolve_hybrid_kv(hybrid_kv, scheduler)
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, sizes[0], num_blocks, kv_memory,
                                         gpu_memory_utilization, hybrid=hybrid)
     # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
@@ -155,7 +159,7 @@ def profile_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len,
                      scheduler=scheduler, max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
-                     watermark=watermark)
+                     watermark=watermark, prefix_caching=prefix_caching, hybrid_kv=hybrid_kv)
     check_capacity(trace, base, ("paged",))
 
     rows = []

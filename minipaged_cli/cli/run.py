@@ -15,6 +15,7 @@ from minipaged_cli.cli.common import (
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
+    HybridKvOpt,
     JsonOpt,
     KvCacheDtypeOption,
     KvMemoryOpt,
@@ -25,6 +26,7 @@ from minipaged_cli.cli.common import (
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
+    PrefixCachingOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
@@ -85,6 +87,8 @@ def run_command(
     max_batched_tokens: MaxBatchedTokensOpt = None,
     max_num_seqs: MaxNumSeqsOpt = None,
     watermark: WatermarkOpt = None,
+    prefix_caching: PrefixCachingOpt = None,
+    hybrid_kv: HybridKvOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
@@ -112,6 +116,8 @@ def run_command(
     from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig, resolve_num_blocks, tier_blocks
 
+    refuse_options({"--hybrid-kv": hybrid_kv}, "run's data plane keeps one block table for every layer: a sliding-"
+                   "window model runs with every layer as full attention (--no-hybrid-kv)")
     refuse_options({"--disk-kv-memory": disk_kv_memory, "--layerwise-loads": layerwise_loads},
                    "run's data plane moves blocks to a host tier only, whole, between steps: simulate models it")
     check_outputs({"--json": json_path, "--plot": plot})
@@ -141,7 +147,7 @@ def run_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                       max_num_seqs=max_num_seqs, watermark=watermark,
+                       max_num_seqs=max_num_seqs, watermark=watermark, prefix_caching=prefix_caching,
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
                        offload_policy=offload_policy, tier_eviction=tier_eviction,
                        tier_inclusion=tier_inclusion, hybrid_kv=False)
