@@ -1,5 +1,5 @@
-"""verify --model-config: a file that is not a Qwen3 config Hugging Face would build, or one too big to build here, is bad
-input (one line naming the file, the field and the value, exit 2), not an internal error; a JSON config reads as
+"""verify --model-config: a file that is not a Qwen3 config Hugging Face would build, or one too big to build here, is
+bad input (one line naming the file, the field and the value, exit 2), not an internal error; a JSON config reads as
 JSON."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ verdicts)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -114,3 +115,24 @@ def test_the_benchmark_pages_are_written_by_their_script() -> None:
     for page in (ROOT / "docs" / "benchmarks").glob("*.md"):
         if page.name != "index.md":
             assert "Written by `python benchmarks/markdown_page.py`" in page.read_text(), page.name
+
+
+def test_the_json_page_names_every_key_simulate_writes() -> None:
+    from typer.testing import CliRunner
+
+    from minipaged_cli.cli.main import app
+
+    result = CliRunner().invoke(app, ["simulate", str(ROOT / "traces" / "burst.yaml"), "--strategies", "paged",
+                                      "--json", "-"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    page = (ROOT / "docs" / "reference" / "json.md").read_text()
+    simulate = page.split("## simulate", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z_0-9]+)`", simulate))
+    memory = page.split("## simulate", 1)[0]  # the memory categories' keys, before
+    named |= set(re.findall(r"`([a-z_0-9]+)`", memory))
+    for section in ("config", "trace"):
+        listed = re.search(rf"`{section}` \{{(.*?)\}}", simulate, re.S)
+        assert listed is not None, section
+        assert set(re.findall(r"`([a-z_0-9]+)`", listed.group(1))) == set(data[section]), section
+    assert set(data["strategies"]["paged"]) - named == set()

@@ -103,7 +103,7 @@ def sweep_command(
         "--workers", help="Local worker processes. Default: every core.", show_default=False)] = None,
     ray: Annotated[str | None, typer.Option(
         "--ray", help="Run the replays as Ray tasks: HOST:PORT of a cluster, or no value (auto: RAY_ADDRESS or "
-                      "the cluster started on this machine, else a local cluster started for this sweep). Needs "
+                      "a cluster started on the local host, else a local cluster started for this sweep). Needs "
                       "pip install -e \".[ray]\".", metavar="[ADDRESS]", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A YAML sweep file whose keys name these options (rates: [1, 2], slo: "
