@@ -136,3 +136,13 @@ def test_the_json_page_names_every_key_simulate_writes() -> None:
         assert listed is not None, section
         assert set(re.findall(r"`([a-z_0-9]+)`", listed.group(1))) == set(data[section]), section
     assert set(data["strategies"]["paged"]) - named == set()
+
+
+def test_every_script_a_page_names_exists() -> None:
+    missing = []
+    for path in runnable_examples.pages():
+        text = path.read_text()
+        for match in re.finditer(r"\b((?:scripts|benchmarks|parity|tests)/[\w/]+\.(?:py|sh))\b", text):
+            if "vLLM's" not in text[max(0, match.start() - 10):match.start()] and not (ROOT / match[1]).is_file():
+                missing.append(f"{path.relative_to(ROOT)}: {match[1]}")  # (vLLM's own files are vLLM's)
+    assert missing == []
