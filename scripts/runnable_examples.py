@@ -147,8 +147,7 @@ def write(path: Path) -> int:
         printed = run(example)
         if not mismatches(example, printed):
             continue
-        command = "$ " + example.command.replace(" --", " \\\n    --") if len(example.command) > 110 \
-            else "$ " + example.command
+        command = _wrapped("$ " + example.command)
         body = command + "\n" + "\n".join(line.rstrip() for line in printed.rstrip().splitlines()) + "\n"
         if text[example.start:example.end] != body:
             text = text[:example.start] + body + text[example.end:]
@@ -156,6 +155,18 @@ def write(path: Path) -> int:
     if changed:
         path.write_text(text)
     return changed
+
+
+def _wrapped(command: str, width: int = 110) -> str:
+    """A long command over several lines, broken before options, each line continued by a backslash."""
+    lines = [""]
+    for i, part in enumerate(command.split(" --")):
+        piece = part if i == 0 else "--" + part
+        if lines[-1] and len(lines[-1]) + len(piece) + 3 > width:
+            lines.append("    " + piece)
+        else:
+            lines[-1] += (" " if lines[-1] else "") + piece
+    return " \\\n".join(lines)
 
 
 def main() -> int:
