@@ -164,7 +164,7 @@ def test_simulate_without_a_trace_names_the_bundled_ones() -> None:
 ENGINE_OPTIONS = ("--kv-memory", "--num-blocks", "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs",
                   "--prefix-caching", "--hybrid-kv",
                   "--max-batched-tokens", "--scheduler", "--watermark", "--kv-cache-dtype", "--cpu-kv-memory",
-                  "--disk-kv-memory", "--offload-policy", "--tier-eviction", "--tier-inclusion")
+                  "--disk-kv-memory", "--offload-policy", "--tier-eviction", "--tier-inclusion", "--layerwise-loads")
 ENGINE_COMMANDS = ("simulate", "sweep", "run", "profile")
 
 

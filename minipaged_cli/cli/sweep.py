@@ -22,6 +22,7 @@ from minipaged_cli.apps.sweep_points import (
     prepare,
 )
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
+from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     CalibrationOpt,
     FormatOpt,
@@ -49,7 +50,7 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
-from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS, DiskKvMemoryOpt
+from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -87,8 +88,9 @@ def sweep_command(
     block_sizes: Annotated[str, typer.Option("--block-sizes", "--block-size", help="Tokens per KV block.")]
     = str(DEFAULT_BLOCK_SIZE),
     prefix_caching: Annotated[str | None, typer.Option(
-        "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it). Default: the "
-                                 "engine's, as in simulate: on under v1, off under v0.", show_default=False)] = None,
+        "--prefix-caching", help="An axis: off, on, or off,on (sweep's one boolean that takes values; elsewhere "
+                                 "--prefix-caching/--no-prefix-caching). Paged only. Default: the engine's, as in "
+                                 "simulate: on under v1, off under v0.", show_default=False)] = None,
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="NAME=SECONDS, repeatable; NAME: " + ", ".join(SLO_METRICS) + " (mean unless -p99). "
                       "Searches each curve's sustainable rate: the highest meeting every SLO, with every tested "
@@ -139,7 +141,8 @@ def sweep_command(
     calibration: CalibrationOpt = None,
     hybrid_kv: HybridKvOpt = None,
     num_blocks: NumBlocksOpt = None,
-    disk_kv_memory: DiskKvMemoryOpt = None,
+    disk_kv_memory: tiers.DiskKvMemoryOpt = None,
+    layerwise_loads: tiers.LayerwiseLoadsOpt = False,
     json_path: JsonOpt = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
@@ -150,7 +153,8 @@ def sweep_command(
     output token, mean and p99), TTFT, TPOT, batch size, throughput, preemptions and token-state share. With
     --slo, the highest request rate each strategy sustains and paged's ratio to each baseline."""
     refuse_options({"--num-blocks": num_blocks}, "sweep sizes each point's KV by --kv-memory (an axis: 16GiB,default)")
-    refuse_options({"--disk-kv-memory": disk_kv_memory}, "sweep's points have a host tier at most: simulate has disks")
+    refuse_options({"--disk-kv-memory": disk_kv_memory, "--layerwise-loads": layerwise_loads},
+                   "sweep's points have a host tier at most, loaded whole: simulate replays the rest")
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
     from_file: set[str] = set()
     if config is not None:
