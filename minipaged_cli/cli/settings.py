@@ -111,9 +111,9 @@ def print_settings(ctx: Any) -> None:
         for key, setting in read_config(Path(own_file)).items():
             if ctx.get_parameter_source(key) is None or ctx.get_parameter_source(key).name != "COMMANDLINE":
                 values[key] = setting
-    for name, value in values.items():
-        param = by_name.get(name)
-        if param is None or name in ("config", "print_config") or value is None or value == ():
+    for name, param in by_name.items():  # (in the order the command declares them)
+        value = values.get(name)
+        if name in ("config", "print_config") or value is None or value == ():
             continue
         long = [opt for opt in getattr(param, "opts", []) if opt.startswith("--")]
         key = long[0].removeprefix("--") if long else name.removesuffix("_path")
