@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minipaged_cli.apps.calibrate import from_vidur  # noqa: E402
+from minipaged_cli.apps.vidur import from_vidur  # noqa: E402
 from minipaged_cli.sim.calibration import Calibration, Table  # noqa: E402
 from minipaged_cli.sim.step_time import StepTimeModel  # noqa: E402
 from minipaged_cli.workloads.presets import load_gpu, load_model  # noqa: E402
@@ -47,10 +47,11 @@ def predictions(gpu_name: str) -> dict[str, np.ndarray]:
     held_in[-1] = True  # the grid's end, so that nothing is extrapolated
     half = Calibration(gpu=gpu_name, model=model, source="every other row", linear=Table(tokens[held_in],
                                                                                          measured[held_in]))
-    layer_bytes = model.layer_params * model.dtype_bytes
+    layer_params = model.layers_params / model.num_layers  # llama-2-7b: every layer alike
+    layer_bytes = layer_params * model.dtype_bytes
     return {
         "tokens": tokens, "measured": measured, "held_out": ~held_in,
-        "roofline": np.maximum(2 * model.layer_params * tokens / gpu.peak_flops,
+        "roofline": np.maximum(2 * layer_params * tokens / gpu.peak_flops,
                                layer_bytes / gpu.hbm_bandwidth_bytes_per_s),
         "efficiency": StepTimeModel(model, gpu).linear_seconds(tokens) / model.num_layers,
         "calibrated": StepTimeModel(model, gpu, half).linear_seconds(tokens) / model.num_layers,

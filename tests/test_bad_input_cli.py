@@ -128,7 +128,7 @@ def test_device_auto_on_a_gpu_without_pycuda_says_it_runs_on_the_cpu(monkeypatch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "pycuda", None)
-    result = runner.invoke(app, ["run", MIXED, "--device", "auto", "--limit", "2", "--layers", "1",
+    result = runner.invoke(app, ["run", MIXED, "--device", "auto", "--limit", "2", "--num-layers", "1",
                                  "--max-steps", "2", "--kv-memory", "1GiB"])
     assert result.exit_code == 0, result.output
     notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
@@ -141,7 +141,7 @@ def test_device_auto_without_a_gpu_says_nothing(monkeypatch: pytest.MonkeyPatch)
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    result = runner.invoke(app, ["run", MIXED, "--device", "auto", "--limit", "2", "--layers", "1",
+    result = runner.invoke(app, ["run", MIXED, "--device", "auto", "--limit", "2", "--num-layers", "1",
                                  "--max-steps", "2", "--kv-memory", "1GiB"])
     assert result.exit_code == 0, result.output
     assert "note:" not in result.stderr
@@ -157,7 +157,7 @@ def test_every_boolean_option_is_a_flag_pair_shown_without_a_value_type() -> Non
     flags = []
     for name, command in _commands().items():
         for param in command.params:
-            if getattr(param, "is_flag", False):
+            if getattr(param, "is_flag", False) and param.name != "print_config":  # an action, as --help is
                 flags.append(param.opts[0])
                 # Typer's documented style for a boolean: --NAME sets it, --no-NAME clears it
                 assert param.secondary_opts == ["--no-" + param.opts[0][2:]], (name, param.opts)
@@ -187,7 +187,7 @@ def test_names_with_markup_or_dollars_print_as_themselves(tmp_path: Path) -> Non
                      "  - {id: b, arrival_s: 0.1, prompt_tokens: 30, output_tokens: 9}\n")
     png = tmp_path / "p.png"
     for args in (["simulate", str(trace), "--strategies", "paged", "--plot", str(png)],
-                 ["run", str(trace), "--device", "cpu", "--layers", "1", "--kv-memory", "1GiB", "--plot", str(png)],
+                 ["run", str(trace), "--device", "cpu", "--num-layers", "1", "--kv-memory", "1GiB", "--plot", str(png)],
                  ["profile", str(trace), "--device", "none", "--block-size", "16", "--plot", str(png)]):
         png.unlink(missing_ok=True)
         result = runner.invoke(app, args)

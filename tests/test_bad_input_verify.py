@@ -1,5 +1,5 @@
-"""verify --config: a file that is not a Qwen3 config Hugging Face would build, or one too big to build here, is bad
-input (one line naming the file, the field and the value, exit 2), not an internal error; a JSON config reads as
+"""verify --model-config: a file that is not a Qwen3 config Hugging Face would build, or one too big to build here, is
+bad input (one line naming the file, the field and the value, exit 2), not an internal error; a JSON config reads as
 JSON."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _verify(tmp_path: Path, config: dict | bytes) -> tuple[int, str, Path]:
         path.write_bytes(config)
     else:
         path.write_text(json.dumps(config))
-    result = runner.invoke(app, ["verify", "--config", str(path), *QUICK])
+    result = runner.invoke(app, ["verify", "--model-config", str(path), *QUICK])
     return result.exit_code, result.output.strip(), path
 
 
@@ -75,6 +75,6 @@ def test_weights_too_big_for_the_free_memory_are_refused(monkeypatch: pytest.Mon
     monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4)  # 4 B a parameter: over 80 %
     with pytest.raises(InputError, match=f"{num_params / 1e9:.2f} B parameters need .* on cpu") as error:
         qwen3.build_random_qwen3(SMALL, 0, getattr(torch, dtype), torch.device("cpu"))
-    assert error.value.field == "--config"
+    assert error.value.field == "--model-config"
     monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4 * 2)
     qwen3.build_random_qwen3(SMALL, 0, getattr(torch, dtype), torch.device("cpu"))  # fits: within 80 %

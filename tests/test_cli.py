@@ -116,7 +116,7 @@ def test_check_invariants_reports_none_on_mixed() -> None:
     (["simulate", MIXED, "--strategies", "paged,orcale-reserve"], "did you mean 'oracle-reserve'"),
     (["simulate", MIXED, "--num-blocks", "10"], "too small for any request"),
     (["simulate", MIXED, "--max-model-len", "10"], "--max-model-len: 10"),
-    (["simulate", MIXED, "--format", "csv"], "--format: 'csv'"),
+    (["simulate", MIXED, "--trace-format", "csv"], "--trace-format: 'csv'"),
     (["simulate", MIXED, "--block-size", "0"], "--block-size: 0"),
     (["simulate", MIXED, "--json", "/no/such/dir/out.json"], "--json: '/no/such/dir/out.json': no such directory"),
     (["simulate", MIXED, "--plot", "/no/such/dir/out.png"], "--plot: '/no/such/dir/out.png': no such directory"),
@@ -132,7 +132,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["simulate", MIXED, "--block-size", "abc"], "--block-size"),
-    (["simulate"], "Missing argument 'TRACE'"),
+    (["simulate"], "TRACE: give a request trace"),
     (["simulate", MIXED, "--bogus"], "No such option: --bogus"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
@@ -233,7 +233,7 @@ def test_plots_of_run_and_profile(tmp_path: Path) -> None:
     burst = str(ROOT / "traces" / "burst.yaml")
     run_png, profile_png = tmp_path / "run.png", tmp_path / "profile.png"
     result = runner.invoke(app, ["run", burst, "--device", "cpu", "--kv-memory", "1GiB", "--max-steps", "5",
-                                 "--layers", "1", "--plot", str(run_png)])
+                                 "--num-layers", "1", "--plot", str(run_png)])
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["profile", burst, "--kv-memory", "1GiB", "--max-model-len", "4096", "--device",
                                  "none", "--block-size", "8", "--block-size", "16", "--plot", str(profile_png)])
@@ -243,11 +243,11 @@ def test_plots_of_run_and_profile(tmp_path: Path) -> None:
 
 
 def test_simulate_reads_a_mooncake_slice_with_an_explicit_format(tmp_path: Path) -> None:
-    path = tmp_path / "trace.data"  # no telling extension: --format says what it is
+    path = tmp_path / "trace.data"  # no telling extension: --trace-format says what it is
     path.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]}\n'
                     '{"timestamp": 500, "input_length": 600, "output_length": 9, "hash_ids": [0, 3]}\n')
     assert runner.invoke(app, ["simulate", str(path)]).exit_code == 2
-    result = runner.invoke(app, ["simulate", str(path), "--format", "mooncake", "--json", "-"])
+    result = runner.invoke(app, ["simulate", str(path), "--trace-format", "mooncake", "--json", "-"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["trace"] == {"name": "trace", "num_requests": 2, "prompt_tokens": 1700, "output_tokens": 14}

@@ -331,11 +331,11 @@ def test_commands_run_on_the_emulated_kernels(tmp_path) -> None:
     trace = tmp_path / "small.yaml"
     trace.write_text("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 40, output_tokens: 4}\n"
                      "  - {id: b, arrival_s: 0, prompt_tokens: 9, output_tokens: 6}\n")
-    result = runner.invoke(app, ["run", str(trace), "--device", "emulated", "--kv-memory", "1GiB", "--layers", "1",
+    result = runner.invoke(app, ["run", str(trace), "--device", "emulated", "--kv-memory", "1GiB", "--num-layers", "1",
                                  "--json", "-"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["backend"] == "emulated"
-    result = runner.invoke(app, ["verify", "--device", "emulated", "--config", "qwen3-gqa3-hd64", "--seq-lens",
+    result = runner.invoke(app, ["verify", "--device", "emulated", "--model-config", "qwen3-gqa3-hd64", "--seq-lens",
                                  "9,4", "--decode-steps", "1", "--generate", "1", "--json", "-"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)

@@ -96,8 +96,8 @@ def test_run_with_cpu_kv_memory_prints_and_writes_the_offload(tmp_path: Path) ->
     trace = tmp_path / "returning.yaml"
     trace.write_text(TRACE_YAML)
     block_bytes = BLOCK * MODEL.kv_bytes_per_token
-    result = CliRunner().invoke(app, ["run", str(trace), "--device", "cpu", "--model", "qwen3-8b", "--layers", "1",
-                                      "--num-blocks", "5", "--block-size", str(BLOCK), "--cpu-kv-memory",
+    result = CliRunner().invoke(app, ["run", str(trace), "--device", "cpu", "--model", "qwen3-8b", "--num-layers",
+                                      "1", "--num-blocks", "5", "--block-size", str(BLOCK), "--cpu-kv-memory",
                                       str(8 * block_bytes), "--json", "-"])
     assert result.exit_code == 0, result.output
     offload = json.loads(result.stdout)["offload"]

@@ -156,7 +156,7 @@ def test_run_command_on_cpu() -> None:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--layers", "99"], "--layers: 99: must be in [1, 36]"),
+    (["--num-layers", "99"], "--num-layers: 99: must be in [1, 36]"),
     (["--dtype", "int8"], "--dtype: 'int8'"),
     (["--device", "tpu"], "--device: 'tpu'"),
 ])

@@ -106,7 +106,7 @@ def test_a_failing_check_exits_1_with_a_failed_table(monkeypatch: pytest.MonkeyP
 
     original = verify.verify_layer
     monkeypatch.setattr(verify, "verify_layer", lambda *a, **k: original(*a, **k, corrupt="offset-slot"))
-    result = runner.invoke(app, ["verify", "--config", SHAPES[1], "--generate", "0"])
+    result = runner.invoke(app, ["verify", "--model-config", SHAPES[1], "--generate", "0"])
     assert result.exit_code == 1
     assert "FAILED" in result.stdout and "FAIL" in result.stdout
     assert "FAILED" in result.stderr
@@ -116,9 +116,9 @@ def test_a_failing_check_exits_1_with_a_failed_table(monkeypatch: pytest.MonkeyP
     (["--layer", "9"], "--layer: 9: the model has layers 0..1"),
     (["--seq-lens", "3,x"], "--seq-lens: '3,x'"),
     (["--dtype", "int8"], "--dtype: 'int8'"),
-    (["--config", "nope"], "--config: 'nope': no such config"),
+    (["--model-config", "nope"], "--model-config: 'nope': no such config"),
 ])
 def test_verify_bad_input(args: list[str], needle: str) -> None:
-    result = runner.invoke(app, ["verify", "--config", SHAPES[1], *args])
+    result = runner.invoke(app, ["verify", "--model-config", SHAPES[1], *args])
     assert result.exit_code == 2
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1

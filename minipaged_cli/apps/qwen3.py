@@ -36,7 +36,7 @@ def load_config_file(name_or_path: str) -> dict[str, Any]:
         path = VERIFY_CONFIG_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in VERIFY_CONFIG_DIR.glob("*.yaml"))
-        raise InputError(f"no such config; configs/verify has {', '.join(names)}", field="--config",
+        raise InputError(f"no such config; configs/verify has {', '.join(names)}", field="--model-config",
                          value=name_or_path, has_value=True)
     source, config = str(path), read_config_file(path)
     if config.get("model_type", "qwen3") != "qwen3":
@@ -91,7 +91,7 @@ def build_random_qwen3(config: dict[str, Any], seed: int, dtype: torch.dtype, de
         if free is not None and need > 0.8 * free:
             raise InputError(f"random weights of {num_params / 1e9:.2f} B parameters need {need / 2**30:.1f} GiB "
                              f"on {where.type}, more than 80 % of its {free / 2**30:.1f} GiB free: use a smaller "
-                             "config (configs/verify has two)", field="--config")
+                             "config (configs/verify has two)", field="--model-config")
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**config, attn_implementation="eager"))
     return model.to(device=device, dtype=dtype).eval()

@@ -41,10 +41,8 @@ if TYPE_CHECKING:
 EPILOG = """\
 Examples:\n\n
   minipaged calibrate h200-qwen3-8b.yaml --model qwen3-8b --gpu h200 --device cuda\n\n
-  minipaged simulate traces/mixed.yaml --calibration h200-qwen3-8b.yaml\n\n
   minipaged calibrate cpu.yaml --model qwen3-0.6b --device cpu --quick\n\n
-  minipaged calibrate configs/calibrations/h100-llama-2-7b.yaml --model llama-2-7b --gpu h100
-  --from-vidur tests/data/vidur_h100_llama-2-7b_mlp.csv --source "microsoft/vidur ..."
+  minipaged calibrate h100.yaml --model llama-2-7b --gpu h100 --from-vidur tests/data/vidur_h100_llama-2-7b_mlp.csv
 """
 
 

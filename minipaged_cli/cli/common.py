@@ -77,7 +77,26 @@ def flag(name: str, help: str) -> Any:
 
 TraceArg = Annotated[Path, typer.Argument(help="Request trace: YAML, Azure CSV, Mooncake JSONL or a lengths CSV.",
                                           metavar="TRACE", show_default=False)]
-FormatOpt = Annotated[str, typer.Option("--format", help=f"Trace format: {', '.join(TRACE_FORMATS)}.")]
+OptionalTraceArg = Annotated[Path | None, typer.Argument(
+    help="Request trace: YAML, Azure CSV, Mooncake JSONL or a lengths CSV (none: lists the bundled ones).",
+    metavar="[TRACE]", show_default=False)]
+# The traces of a source checkout (traces/), for a command run without one.
+BUNDLED_TRACES = Path(__file__).resolve().parents[2] / "traces"
+
+
+def require_trace(path: Path | None, command: str) -> Path:
+    """The trace given, or bad input that names the bundled ones to start with."""
+    if path is not None:
+        return path
+    names = sorted(p.name for p in BUNDLED_TRACES.glob("*.yaml")) if BUNDLED_TRACES.is_dir() else []
+    bundled = (f"; the bundled ones: {', '.join(f'traces/{n}' for n in names)} "
+               f"(minipaged {command} traces/mixed.yaml)") if names else ""
+    raise InputError(f"give a request trace (YAML, Azure CSV, Mooncake JSONL or a lengths CSV){bundled}",
+                     field="TRACE")
+
+
+FormatOpt = Annotated[str, typer.Option(
+    "--trace-format", help=f"The trace's format: {', '.join(TRACE_FORMATS)} (auto: by its extension and header).")]
 RateOpt = Annotated[float | None, typer.Option(
     "--rate", help="Replace arrival times with a seeded Poisson process of this many requests/s "
                    "(length-only CSVs: default all at t=0).", show_default=False)]
@@ -205,6 +224,14 @@ def require_per_head_kv(spec: ModelSpec, instead: str) -> None:
         raise InputError(f"multi-head latent attention (a {spec.kv_lora_rank} + {spec.qk_rope_head_dim} latent a "
                          "token) has no kernels in the data plane, which caches per-head K and V; "
                          f"{instead}", field="--model", value=spec.name, has_value=True)
+
+
+def refuse_options(given: dict[str, object], why: str) -> None:
+    """An engine option a command accepts (every engine command takes every engine option) but cannot honour:
+    bad input in one line saying why, when it was given (not None, not False)."""
+    for option, value in given.items():
+        if value is not None and value is not False:
+            raise InputError(why, field=option, value=value, has_value=True)
 
 
 def load_calibration_option(path: Path | None) -> Calibration | None:

@@ -49,7 +49,7 @@ def convert_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     options = " ".join(
         part for part in (
-            f"--format {trace_format}" if trace_format != "auto" else "",
+            f"--trace-format {trace_format}" if trace_format != "auto" else "",
             f"--limit {limit}" if limit is not None else "",
             f"--rate {rate:g} --seed {seed}" if rate is not None else "",
             f"--time-scale {time_scale:g}" if time_scale != 1.0 else "",

@@ -11,6 +11,8 @@ from typer.core import TyperCommand, TyperGroup
 from minipaged_cli import __version__
 from minipaged_cli.cli import calibrate, convert, profile, run, simulate, sweep, verify
 from minipaged_cli.cli.common import stderr
+from minipaged_cli.cli.grammar import assign_panels, renamed
+from minipaged_cli.cli.settings import name_the_file, print_settings, settings_params
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -26,8 +28,29 @@ def _flags_untyped(params: list[Any]) -> list[Any]:
 
 
 class _Command(TyperCommand):
+    """A command with the options every command shares (``--config``, ``--print-config``: ``settings.py``) and its
+    options under their help panels (``grammar.py``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        own = {param.name for param in self.params}
+        self.params += [param for param in settings_params() if param.name not in own]  # sweep reads its own file
+
     def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_untyped(super().get_params(ctx))
+        return assign_panels(_flags_untyped(super().get_params(ctx)))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except typer.BadParameter as error:
+            name_the_file(error, ctx)
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        if ctx.meta.get("minipaged.print_config"):
+            print_settings(ctx)
+            return None
+        return super().invoke(ctx)
 
 
 class _OneLineUsageErrors(TyperGroup):
@@ -38,7 +61,7 @@ class _OneLineUsageErrors(TyperGroup):
         return _flags_untyped(super().get_params(ctx))
 
     def main(self, args: list[str] | None = None, *rest: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        args = _optional_values(list(sys.argv[1:] if args is None else args))
+        args = renamed(_optional_values(list(sys.argv[1:] if args is None else args)))
         try:
             result = super().main(args, *rest, standalone_mode=False, **kwargs)
         except _UsageError as error:
@@ -78,7 +101,7 @@ app = typer.Typer(
     cls=_OneLineUsageErrors,
     help="Paged KV-cache memory management for LLM inference: see what paging saves on real request traces.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},

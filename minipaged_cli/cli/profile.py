@@ -10,26 +10,33 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
+    HybridKvOpt,
     JsonOpt,
     KvCacheDtypeOption,
     KvMemoryOpt,
     LimitOpt,
+    MaxBatchedTokensOpt,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
+    PrefixCachingOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
     VllmVersionOpt,
+    WatermarkOpt,
     check_dtype,
     flag,
     handle_errors,
+    refuse_options,
     require_per_head_kv,
     require_support,
     stderr,
@@ -38,6 +45,7 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
+from minipaged_cli.cli.sweep_options import CHECKS
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.sim.vllm_releases import LATEST_VLLM
@@ -50,9 +58,8 @@ if TYPE_CHECKING:
 EPILOG = """\
 Examples:\n\n
   minipaged profile\n\n
-  minipaged profile --block-size 16\n\n
-  minipaged profile ../shared/traces/mooncake_conversation_trace.jsonl --limit 500 --max-model-len 131072
-  --block-size 16 --block-size 64 --block-size 512 --kv-memory 40GiB --json profile.json --plot profile.png
+  minipaged profile traces/azure_conv_1k.yaml --block-sizes 16,64,256 --device none\n\n
+  minipaged profile traces/mixed.yaml --block-size 16 --offload --json profile.json --plot profile.png
 """
 # Live tokens of the timed attention batch, at most: the CPU reference and, far slower, the emulated kernels.
 KERNEL_TOKEN_CAP = {"torch": 65_536, "emulated": 2_048}
@@ -64,9 +71,9 @@ OFFLOAD_BYTES = {"cuda": 256 * 2**20, "torch": 32 * 2**20, "emulated": 2**20}
 def profile_command(
     trace_path: Annotated[Path, typer.Argument(help="Request trace (default: traces/mixed.yaml).",
                                                metavar="[TRACE]")] = Path("traces/mixed.yaml"),
-    block_sizes: Annotated[list[int] | None, typer.Option(
-        "--block-size", help="A block size to profile; repeat for several. Default: 1, 8, 16, 32, 64, 128.",
-        show_default=False)] = None,
+    block_sizes: Annotated[list[str] | None, typer.Option(
+        "--block-sizes", "--block-size", help="Block sizes to profile, comma-separated (--block-size 16: one). "
+                                              "Default: 1,8,16,32,64,128.", show_default=False)] = None,
     trace_format: FormatOpt = "auto",
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
@@ -77,6 +84,17 @@ def profile_command(
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     scheduler: SchedulerOpt = "v1",
     vllm_version: VllmVersionOpt = LATEST_VLLM,
+    max_batched_tokens: MaxBatchedTokensOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    watermark: WatermarkOpt = None,
+    prefix_caching: PrefixCachingOpt = None,
+    hybrid_kv: HybridKvOpt = None,
+    cpu_kv_memory: tiers.CpuKvMemoryOpt = None,
+    disk_kv_memory: tiers.DiskKvMemoryOpt = None,
+    offload_policy: tiers.OffloadPolicyOpt = None,  # type: ignore[assignment]  (refused: see refuse_options below)
+    tier_eviction: tiers.TierEvictionOpt = None,  # type: ignore[assignment]
+    tier_inclusion: tiers.TierInclusionOpt = None,  # type: ignore[assignment]
+    layerwise_loads: tiers.LayerwiseLoadsOpt = False,
     device: Annotated[str, typer.Option(
         "--device", help="Where kernels are timed: auto (the CUDA kernels when a GPU and PyCUDA are there, else "
                          "cpu; none for a model with multi-head latent attention, which no kernel runs), cpu, "
@@ -113,18 +131,22 @@ def profile_command(
     from minipaged_cli.sim.kv_sizing import resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
 
+    refuse_options({"--cpu-kv-memory": cpu_kv_memory, "--disk-kv-memory": disk_kv_memory,
+                    "--offload-policy": offload_policy, "--tier-eviction": tier_eviction,
+                    "--tier-inclusion": tier_inclusion, "--layerwise-loads": layerwise_loads},
+                   "profile compares block sizes on the GPU's memory alone; simulate --block-size replays one "
+                   "with tiers")
     check_outputs({"--json": json_path, "--plot": plot})
 
-    sizes = tuple(block_sizes) if block_sizes else DEFAULT_BLOCK_SIZES
-    if min(sizes) < 1 or len(set(sizes)) != len(sizes):
-        raise InputError("block sizes must be distinct integers >= 1", field="--block-size", value=list(sizes),
-                         has_value=True)
+    sizes = CHECKS["block_sizes"](",".join(block_sizes), {"field": "--block-sizes"}) if block_sizes \
+        else DEFAULT_BLOCK_SIZES
     if repeat < 1:
         raise InputError("must be >= 1", field="--repeat", value=repeat, has_value=True)
     spec, gpu_spec = with_kv_cache_dtype(load_model(model), kv_cache_dtype), load_gpu(gpu)
-    hybrid = resolve_hybrid_kv(None, scheduler)
+    hybrid = resolve_hybrid_kv(hybrid_kv, scheduler)
     blocks, origin, _ = resolve_num_blocks(spec, gpu_spec, sizes[0], num_blocks, kv_memory,
-                                           gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version)
+                                           gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version,
+                                           max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
     # every block size gets these bytes (a block of a sliding-window model: one KV cache group's pages)
     kv_bytes = blocks * block_bytes(spec, kv_cache_groups(spec, hybrid=hybrid), sizes[0])
     if spec.is_mla:  # (no kernel of the data plane runs latent attention or moves its cache: nothing to time)
@@ -141,7 +163,9 @@ def profile_command(
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len,
-                     scheduler=scheduler, vllm_version=vllm_version)
+                     scheduler=scheduler, max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
+                     watermark=watermark, prefix_caching=prefix_caching, hybrid_kv=hybrid_kv,
+                     vllm_version=vllm_version)
     check_capacity(trace, base, ("paged",))
 
     rows = []

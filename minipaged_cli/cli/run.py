@@ -8,20 +8,24 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     DeviceOpt,
     FormatOpt,
     GpuOpt,
     GpuUtilOpt,
+    HybridKvOpt,
     JsonOpt,
     KvCacheDtypeOption,
     KvMemoryOpt,
     LimitOpt,
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
+    MaxNumSeqsOpt,
     ModelOpt,
     NumBlocksOpt,
     PlotOpt,
+    PrefixCachingOpt,
     ProfileBlockSizeOpt,
     RateOpt,
     SchedulerOpt,
@@ -29,8 +33,10 @@ from minipaged_cli.cli.common import (
     TimeScaleOpt,
     TraceArg,
     VllmVersionOpt,
+    WatermarkOpt,
     check_dtype,
     handle_errors,
+    refuse_options,
     require_per_head_kv,
     require_support,
     stderr,
@@ -40,7 +46,6 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
-from minipaged_cli.cli.tier_options import CpuKvMemoryOpt, OffloadPolicyOpt, TierEvictionOpt, TierInclusionOpt
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -51,9 +56,8 @@ from minipaged_cli.workloads.readers import load_trace
 EPILOG = """\
 Examples:\n\n
   minipaged run traces/mixed.yaml\n\n
-  minipaged run traces/azure_conv_1k.yaml --device cpu --kv-memory 2GiB --max-steps 500 --json run.json\n\n
-  minipaged run traces/mixed.yaml --device cuda --dtype bfloat16 --plot steps.png\n\n
-  minipaged run traces/mixed.yaml --kv-cache-dtype fp8_e4m3
+  minipaged run traces/azure_conv_1k.yaml --device cpu --num-layers 4 --max-steps 500 --json run.json\n\n
+  minipaged run traces/mixed.yaml --device cuda --kv-cache-dtype fp8_e4m3 --plot steps.png
 """
 
 CPU_KV_MEMORY = "4GiB"  # a pool the CPU can read every step: about 29k tokens of Qwen3-8B
@@ -76,24 +80,30 @@ def run_command(
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: MaxModelLenOpt = None,
-    layers: Annotated[int | None, typer.Option(
-        "--layers", help=f"Layers to allocate and run. Default: all on cuda, {CPU_LAYERS} on cpu.",
-        show_default=False)] = None,
+    num_layers: Annotated[int | None, typer.Option(
+        "--num-layers", help=f"How many of the model's layers to allocate and run. Default: all on cuda, "
+                             f"{CPU_LAYERS} on cpu.", show_default=False)] = None,
     max_steps: Annotated[int | None, typer.Option(
         "--max-steps", help=f"Stop after this many steps (0: run the whole trace). Default: the whole trace on "
                             f"cuda, {CPU_MAX_STEPS} on cpu.", show_default=False)] = None,
     scheduler: SchedulerOpt = "v1",
     max_batched_tokens: MaxBatchedTokensOpt = None,
+    max_num_seqs: MaxNumSeqsOpt = None,
+    watermark: WatermarkOpt = None,
+    prefix_caching: PrefixCachingOpt = None,
+    hybrid_kv: HybridKvOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     kv_scales: KvScalesOption = DEFAULT_SCALE_MODE,
-    cpu_kv_memory: CpuKvMemoryOpt = None,
-    offload_policy: OffloadPolicyOpt = "write-through",
-    tier_eviction: TierEvictionOpt = "lru",
-    tier_inclusion: TierInclusionOpt = "inclusive",
+    cpu_kv_memory: tiers.CpuKvMemoryOpt = None,
+    offload_policy: tiers.OffloadPolicyOpt = "write-through",
+    tier_eviction: tiers.TierEvictionOpt = "lru",
+    tier_inclusion: tiers.TierInclusionOpt = "inclusive",
+    disk_kv_memory: tiers.DiskKvMemoryOpt = None,
+    layerwise_loads: tiers.LayerwiseLoadsOpt = False,
     json_path: JsonOpt = None,
     plot: PlotOpt = None,
 ) -> None:
@@ -110,6 +120,10 @@ def run_command(
     from minipaged_cli.sim.config import SimConfig, resolve_block_size
     from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 
+    refuse_options({"--hybrid-kv": hybrid_kv}, "run's data plane keeps one block table for every layer: a sliding-"
+                   "window model runs with every layer as full attention (--no-hybrid-kv)")
+    refuse_options({"--disk-kv-memory": disk_kv_memory, "--layerwise-loads": layerwise_loads},
+                   "run's data plane moves blocks to a host tier only, whole, between steps: simulate models it")
     check_outputs({"--json": json_path, "--plot": plot})
     check_scale_mode(kv_scales)
     backend = select_backend(device)
@@ -124,10 +138,11 @@ def run_command(
     block_size = resolve_block_size(block_size, spec, gpu_spec, scheduler, vllm_version)
     blocks, origin, _ = resolve_num_blocks(spec, gpu_spec, block_size, num_blocks, kv_memory,
                                            gpu_memory_utilization, hybrid=False, vllm_version=vllm_version,
-                                           max_num_batched_tokens=max_batched_tokens)
-    num_layers = layers if layers is not None else (CPU_LAYERS if on_cpu else spec.num_layers)
+                                           max_num_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs)
+    if num_layers is None:
+        num_layers = CPU_LAYERS if on_cpu else spec.num_layers
     if not 1 <= num_layers <= spec.num_layers:
-        raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--layers", value=num_layers,
+        raise InputError(f"must be in [1, {spec.num_layers}] for {spec.name}", field="--num-layers", value=num_layers,
                          has_value=True)
     if max_steps is None:
         max_steps = CPU_MAX_STEPS if on_cpu else 0
@@ -138,6 +153,7 @@ def run_command(
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                       max_num_seqs=max_num_seqs, watermark=watermark, prefix_caching=prefix_caching,
                        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
                        offload_policy=offload_policy, tier_eviction=tier_eviction,
                        tier_inclusion=tier_inclusion, hybrid_kv=False, vllm_version=vllm_version)

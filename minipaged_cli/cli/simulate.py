@@ -24,6 +24,7 @@ from minipaged_cli.cli.common import (
     MaxNumSeqsOpt,
     ModelOpt,
     NumBlocksOpt,
+    OptionalTraceArg,
     PlotOpt,
     PrefixCachingOpt,
     ProfileBlockSizeOpt,
@@ -31,12 +32,12 @@ from minipaged_cli.cli.common import (
     SchedulerOpt,
     SeedOpt,
     TimeScaleOpt,
-    TraceArg,
     VllmVersionOpt,
     WatermarkOpt,
     flag,
     handle_errors,
     load_calibration_option,
+    require_trace,
     stderr,
     stdout,
     tables_console,
@@ -64,30 +65,15 @@ from minipaged_cli.workloads.readers import load_trace
 EPILOG = """\
 Examples:\n\n
   minipaged simulate traces/mixed.yaml\n\n
-  minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --kv-memory 16GiB --plot memory.png\n\n
-  minipaged simulate ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --rate 20 --limit 2000
-  --model qwen3-8b --kv-memory 16GiB --max-model-len 8192\n\n
-  minipaged simulate traces/mixed.yaml --strategies paged,oracle-reserve --json -\n\n
-  minipaged simulate traces/holes.yaml --plot-layout layout.png\n\n
-  minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --prefix-caching
-  --max-model-len 131072\n\n
-  minipaged simulate ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
-  --cpu-kv-memory 256GiB --disk-kv-memory 2TiB\n\n
-  minipaged simulate traces/mixed.yaml --scheduler v0 --preemption swap --cpu-blocks 20000 --watermark 0\n\n
-  minipaged simulate ../shared/traces/AzureLLMInferenceTrace_conv.csv --model llama-3.1-8b --kv-cache-dtype
-  fp8_e4m3\n\n
-  minipaged simulate traces/mixed.yaml --model llama-2-7b --gpu h100 --calibration
-  configs/calibrations/h100-llama-2-7b.yaml\n\n
-  minipaged simulate traces/mixed.yaml --replicas 4 --router prefix-aware --json -\n\n
-  minipaged simulate traces/azure_conv_1k.yaml --prefill-replicas 1 --decode-replicas 1 --kv-link-bandwidth
-  50GB/s --kv-link-latency 20us\n\n
-  minipaged simulate traces/mixed.yaml --fleet configs/fleets/pd-2p1d.yaml
+  minipaged simulate traces/azure_conv_1k.yaml --kv-memory 4GiB --strategies paged,oracle-reserve --json -\n\n
+  minipaged simulate traces/mixed.yaml --scheduler v0 --cpu-kv-memory 64GiB --plot memory.png\n\n
+  minipaged simulate traces/mixed.yaml --replicas 4 --router prefix-aware --json -
 """
 
 
 @handle_errors
 def simulate_command(
-    trace_path: TraceArg,
+    trace_path: OptionalTraceArg = None,
     trace_format: FormatOpt = "auto",
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
@@ -150,6 +136,7 @@ def simulate_command(
     """Replay a request trace through the paged block manager and contiguous-allocation baselines, on one KV
     capacity, and report where the memory goes: token states, reservations, internal and external
     fragmentation, free; with batch size, preemptions, throughput and latency of each strategy."""
+    trace_path = require_trace(trace_path, "simulate")
     check_outputs({"--json": json_path, "--plot": plot, "--plot-layout": plot_layout})
     names = tuple(s.strip() for s in strategies.split(",") if s.strip())
     if not names:

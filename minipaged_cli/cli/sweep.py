@@ -22,6 +22,7 @@ from minipaged_cli.apps.sweep_points import (
     prepare,
 )
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
+from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     CalibrationOpt,
     FormatOpt,
@@ -33,6 +34,7 @@ from minipaged_cli.cli.common import (
     MaxBatchedTokensOpt,
     MaxModelLenOpt,
     MaxNumSeqsOpt,
+    NumBlocksOpt,
     PlotOpt,
     SchedulerOpt,
     SeedOpt,
@@ -40,6 +42,7 @@ from minipaged_cli.cli.common import (
     TraceArg,
     WatermarkOpt,
     handle_errors,
+    refuse_options,
     stderr,
     stdout,
     tables_console,
@@ -57,12 +60,9 @@ from minipaged_cli.workloads.readers import load_trace
 
 EPILOG = """\
 Examples:\n\n
-  minipaged sweep traces/azure_conv_1k.yaml --rates 0.5,1,2,4 --kv-memory 16GiB\n\n
-  minipaged sweep ../shared/traces/sharegpt_lengths_llama2_tokenizer.csv --limit 2000 --model opt-13b
-  --gpu a100-40gb --max-model-len 2048 --rates 0.5,1,2,4 --slo normalized-latency=0.4 --plot latency.png\n\n
-  minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json --csv sweep.csv\n\n
-  minipaged sweep ../shared/traces/mooncake_conversation_trace.jsonl --strategies paged --max-model-len 131072
-  --rates 1 --cpu-kv-memory 0,64GiB,256GiB,1TiB,4TiB --tier-eviction lru,arc --plot fig9.png
+  minipaged sweep traces/azure_conv_1k.yaml --rates 1,2,4 --kv-memory 3GiB --slo ttft-p99=1\n\n
+  minipaged sweep traces/mixed.yaml --block-sizes 16,64 --prefix-caching off,on --rates 1 --csv sweep.csv\n\n
+  minipaged sweep traces/mixed.yaml --config sweep.yaml --ray 10.0.0.5:6379 --json sweep.json
 """
 
 def _engine_default(name: str) -> str:
@@ -89,8 +89,9 @@ def sweep_command(
     block_sizes: Annotated[str, typer.Option("--block-sizes", "--block-size", help="Tokens per KV block.")]
     = str(DEFAULT_BLOCK_SIZE),
     prefix_caching: Annotated[str | None, typer.Option(
-        "--prefix-caching", help="off, on, or off,on (paged only; the other strategies ignore it). Default: the "
-                                 "engine's, as in simulate: on under v1, off under v0.", show_default=False)] = None,
+        "--prefix-caching", help="An axis: off, on, or off,on (sweep's one boolean that takes values; elsewhere "
+                                 "--prefix-caching/--no-prefix-caching). Paged only. Default: the engine's, as in "
+                                 "simulate: on under v1, off under v0.", show_default=False)] = None,
     slo: Annotated[list[str] | None, typer.Option(
         "--slo", help="NAME=SECONDS, repeatable; NAME: " + ", ".join(SLO_METRICS) + " (mean unless -p99). "
                       "Searches each curve's sustainable rate: the highest meeting every SLO, with every tested "
@@ -105,7 +106,7 @@ def sweep_command(
         "--workers", help="Local worker processes. Default: every core.", show_default=False)] = None,
     ray: Annotated[str | None, typer.Option(
         "--ray", help="Run the replays as Ray tasks: HOST:PORT of a cluster, or no value (auto: RAY_ADDRESS or "
-                      "the cluster started on this machine, else a local cluster started for this sweep). Needs "
+                      "a cluster started on the local host, else a local cluster started for this sweep). Needs "
                       "pip install -e \".[ray]\".", metavar="[ADDRESS]", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A YAML sweep file whose keys name these options (rates: [1, 2], slo: "
@@ -144,6 +145,9 @@ def sweep_command(
                                           "replicas behind each of --routers.")] = "1",
     routers: Annotated[str, typer.Option("--routers", help="Fleet routers, comma-separated: " + ", ".join(ROUTERS)
                                          + ".")] = "round-robin",
+    num_blocks: NumBlocksOpt = None,
+    disk_kv_memory: tiers.DiskKvMemoryOpt = None,
+    layerwise_loads: tiers.LayerwiseLoadsOpt = False,
     json_path: JsonOpt = None,
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
@@ -153,6 +157,9 @@ def sweep_command(
     memory, block sizes, prefix caching), and report per point the normalized latency (end-to-end latency per
     output token, mean and p99), TTFT, TPOT, batch size, throughput, preemptions and token-state share. With
     --slo, the highest request rate each strategy sustains and paged's ratio to each baseline."""
+    refuse_options({"--num-blocks": num_blocks}, "sweep sizes each point's KV by --kv-memory (an axis: 16GiB,default)")
+    refuse_options({"--disk-kv-memory": disk_kv_memory, "--layerwise-loads": layerwise_loads},
+                   "sweep's points have a host tier at most, loaded whole: simulate replays the rest")
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
     from_file: set[str] = set()
     if config is not None:

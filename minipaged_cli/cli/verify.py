@@ -30,9 +30,8 @@ from minipaged_cli.workloads.presets import check_kv_cache_dtype
 EPILOG = """\
 Examples:\n\n
   minipaged verify --layer 3\n\n
-  minipaged verify --layer 0 --dtype bfloat16 --seq-lens 37,5,64 --block-size 1\n\n
-  minipaged verify --model-path ~/models/Qwen3-0.6B --layer 27 --generate 16 --json verify.json\n\n
-  minipaged verify --kv-cache-dtype fp8_e4m3 --dtype bfloat16
+  minipaged verify --seq-lens 37,5,64 --block-size 1 --dtype bfloat16\n\n
+  minipaged verify --model-path ~/models/Qwen3-0.6B --layer 27 --kv-cache-dtype fp8_e4m3
 """
 
 
@@ -66,15 +65,19 @@ def verify_command(
     layer: Annotated[int, typer.Option("--layer", help="The attention layer to check.")] = 0,
     model_path: Annotated[Path | None, typer.Option(
         "--model-path", help="A local Hugging Face Qwen3 checkpoint (config.json + *.safetensors). Default: "
-                             "seeded random weights from --config.", show_default=False)] = None,
-    config: Annotated[str, typer.Option(
-        "--config", help="configs/verify/<name>.yaml or a path (Hugging Face Qwen3 keys), for random weights.")
+                             "seeded random weights from --model-config.", show_default=False)] = None,
+    model_config: Annotated[str, typer.Option(
+        "--model-config", help="configs/verify/<name>.yaml or a path (Hugging Face Qwen3 keys), for random weights.")
     ] = "qwen3-0.6b-4-layers",
     seq_lens: Annotated[str | None, typer.Option(
-        "--seq-lens", help="Prompt lengths, comma-separated. Default: 37,5,64.", show_default=False)] = None,
-    batch: Annotated[int | None, typer.Option("--batch", help="Number of prompts.", show_default=False)] = None,
+        "--seq-lens", help="The prompts' lengths, comma-separated: the batch. Default: 37,5,64.",
+        show_default=False)] = None,
+    batch: Annotated[int | None, typer.Option(
+        "--batch", help="Shorthand for --seq-lens: this many prompts (of --seq-len tokens, else seeded lengths in "
+                        "[1, 96]).", show_default=False)] = None,
     seq_len: Annotated[int | None, typer.Option(
-        "--seq-len", help="One length for every prompt.", show_default=False)] = None,
+        "--seq-len", help="Shorthand for --seq-lens: one length for every prompt (--batch of them, else one).",
+        show_default=False)] = None,
     decode_steps: Annotated[int, typer.Option(
         "--decode-steps", help="Tokens fed one at a time after the prompt, through the paged cache.")] = 8,
     generate: Annotated[int, typer.Option(
@@ -114,8 +117,8 @@ def verify_command(
     if model_path is not None:
         model = load_qwen3(model_path.expanduser(), torch_dtype, backend.device)
     else:
-        model = build_random_qwen3(load_config_file(config), seed, torch_dtype, backend.device)
-    source = str(model_path) if model_path is not None else f"random weights from {config} (seed {seed})"
+        model = build_random_qwen3(load_config_file(model_config), seed, torch_dtype, backend.device)
+    source = str(model_path) if model_path is not None else f"random weights from {model_config} (seed {seed})"
     require_support(backend, model.config.num_attention_heads, model.config.num_key_value_heads,
                     model.model.layers[0].self_attn.head_dim, source, kv_cache_dtype)
     prompts = make_prompts(lengths, model.config.vocab_size, seed)

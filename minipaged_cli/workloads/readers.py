@@ -200,7 +200,7 @@ def load_trace(
     """
     path = Path(path)
     if trace_format not in TRACE_FORMATS:
-        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--format", value=trace_format,
+        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--trace-format", value=trace_format,
                          has_value=True)
     # The options first: a mistake in one is reported before a large trace is read.
     if limit is not None:
