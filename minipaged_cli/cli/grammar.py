@@ -11,8 +11,8 @@ from typing import Any
 
 from minipaged_cli.cli.common import stderr
 
-TRACE, MODEL, ENGINE, CACHE, OUTPUT, RUN, SETTINGS = (
-    "Trace", "Model and GPU", "Engine", "Cache and tiers", "Output", "What to run", "Settings file")
+TRACE, MODEL, ENGINE, CACHE, FLEET, OUTPUT, RUN, SETTINGS = (
+    "Trace", "Model and GPU", "Engine", "Cache and tiers", "Fleet", "Output", "What to run", "Settings file")
 
 PANELS: dict[str, str] = {
     # the trace (verify: its prompts)
@@ -25,10 +25,16 @@ PANELS: dict[str, str] = {
     "strategies": ENGINE, "kv_memory": ENGINE, "num_blocks": ENGINE, "gpu_memory_utilization": ENGINE,
     "max_model_len": ENGINE, "max_num_seqs": ENGINE, "max_batched_tokens": ENGINE, "scheduler": ENGINE,
     "watermark": ENGINE, "long_prefill_threshold": ENGINE, "preemption": ENGINE, "cpu_blocks": ENGINE,
+    "vllm_version": ENGINE,
     # the KV cache's layout and the tiers below it
     "block_size": CACHE, "block_sizes": CACHE, "kv_cache_dtype": CACHE, "kv_scales": CACHE, "prefix_caching": CACHE,
     "hybrid_kv": CACHE, "cpu_kv_memory": CACHE, "disk_kv_memory": CACHE, "offload_policy": CACHE,
     "tier_eviction": CACHE, "tier_inclusion": CACHE, "layerwise_loads": CACHE,
+    # replicas behind a router (simulate; sweep's axes)
+    "replicas": FLEET, "router": FLEET, "routers": FLEET, "prefix_index": FLEET, "prefix_index_capacity": FLEET,
+    "router_weights": FLEET, "prefill_replicas": FLEET, "decode_replicas": FLEET, "kv_link_bandwidth": FLEET,
+    "kv_link_latency": FLEET, "prefill_threshold": FLEET, "shared_kv_store": FLEET, "fleet_file": FLEET,
+    "log_decisions": FLEET,
     # what the command measures or searches, and how long
     "rates": RUN, "slo": RUN, "search_steps": RUN, "seeds": RUN, "workers": RUN, "ray": RUN, "max_steps": RUN,
     "repeat": RUN, "offload": RUN, "quick": RUN, "from_vidur": RUN, "source": RUN, "host_link": RUN,

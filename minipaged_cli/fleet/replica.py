@@ -63,7 +63,7 @@ class Replica:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = pool.listener = KvEvents(pool.listener)
         self._state = self._before = self._read_state()
-        self._num_finished_seen = 0
+        self.replay.accounting.newly_finished = []  # (the fleet drains it: take_finished)
         # (time, requests waiting or running, KV usage %) after each pass, for the fleet's plot
         self.timeline: list[tuple[float, int, float]] | None = [] if record_timeline else None
 
@@ -118,9 +118,8 @@ class Replica:
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:
         """The sequences finished since the last call, with their finish times."""
-        finished = self.replay.accounting.finished
-        new = finished[self._num_finished_seen:]
-        self._num_finished_seen = len(finished)
+        accounting = self.replay.accounting
+        new, accounting.newly_finished = accounting.newly_finished, []
         return new
 
     def metrics(self) -> StrategyMetrics:

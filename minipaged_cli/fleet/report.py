@@ -10,6 +10,7 @@ the prefix-cache counters hold both lookups.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,10 +51,10 @@ class RequestRecord:
         self.finish_s = finish_s if self.finish_s is None else max(self.finish_s, finish_s)
 
 
-def latency_figures(ttfts: list[float], tpots: list[float]) -> dict[str, float | None]:
+def latency_figures(ttfts: Sequence[float], tpots: Sequence[float]) -> dict[str, float | None]:
     """p50/p99 of TTFT and TPOT (None when there is none), beside ``simulate``'s means."""
-    def pct(values: list[float], q: float) -> float | None:
-        return float(np.percentile(values, q)) if values else None
+    def pct(values: Sequence[float], q: float) -> float | None:
+        return float(np.percentile(values, q)) if len(values) else None
 
     return {"p50_ttft_s": pct(ttfts, 50), "p50_tpot_s": pct(tpots, 50), "p99_tpot_s": pct(tpots, 99)}
 
@@ -83,11 +84,9 @@ def fleet_figures(replicas: list[Replica], records: list[RequestRecord],
     metrics = [replica.metrics() for replica in replicas]
     rows = []
     for replica, m in zip(replicas, metrics, strict=True):
-        finished = replica.replay.accounting.finished
-        ttfts = [r.first_token_s - r.request.arrival_s for r, _ in finished if r.sample == 0]
-        tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in finished if r.output_tokens > 1]
+        latencies = replica.replay.accounting.latencies
         rows.append({"replica": replica.index, "role": replica.role, "num_requests": len(replica.requests),
-                     **m.to_dict(), **rounded(latency_figures(ttfts, tpots))})
+                     **m.to_dict(), **rounded(latency_figures(latencies.ttft_s, latencies.tpot_s))})
     return FleetFigures(rows, _totals(replicas, metrics, records, transfers))
 
 
