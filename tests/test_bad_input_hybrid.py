@@ -50,7 +50,7 @@ def test_simulate_shows_every_layer_full_beside_the_groups(windowed_config: str,
     # layers) 16 KiB -> 4,096 blocks; every layer full (4 layers a block) 32 KiB -> 2,048 blocks
     out = tmp_path / "out.json"
     result = runner.invoke(app, ["simulate", MIXED, "--model", windowed_config, "--kv-memory", "64MiB",
-                                 "--strategies", "paged", "--json", str(out)])
+                                 "--strategies", "paged", "--block-size", "16", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "Hybrid KV cache manager vs every layer full attention" in result.output
     document = json.loads(out.read_text())
@@ -58,7 +58,7 @@ def test_simulate_shows_every_layer_full_beside_the_groups(windowed_config: str,
     assert document["config"]["hybrid_kv"] is True
     assert document["paged_all_full_attention"]["num_blocks"] == 2048
     result = runner.invoke(app, ["simulate", MIXED, "--model", windowed_config, "--kv-memory", "64MiB",
-                                 "--strategies", "paged", "--no-hybrid-kv", "--json", str(out)])
+                                 "--strategies", "paged", "--no-hybrid-kv", "--block-size", "16", "--json", str(out)])
     document = json.loads(out.read_text())
     assert document["config"]["num_blocks"] == 2048 and document["config"]["hybrid_kv"] is False
     assert "paged_all_full_attention" not in document

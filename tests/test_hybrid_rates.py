@@ -72,7 +72,8 @@ def test_the_kv_size_of_each_curve_is_vllms_worked_by_hand(model: str, gib: int,
 
 def _sweep_json(*args: str) -> dict:
     result = runner.invoke(app, ["sweep", str(MIXED), "--model", "gpt-oss-20b", "--kv-memory", "48MiB",
-                                 "--max-model-len", "8192", "--rates", "8", "--workers", "1", "--json", "-", *args])
+                                 "--max-model-len", "8192", "--rates", "8", "--workers", "1", "--block-sizes", "16",
+                                 "--json", "-", *args])
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout[result.stdout.index("{"):])
 

@@ -20,18 +20,21 @@ TRACE = str(ROOT / "traces" / "burst.yaml")
 
 @pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
 def test_simulate_sizes_the_cache_in_the_kv_dtype(dtype: str) -> None:
-    # Llama 3.1 8B on an H200 at 0.9: 0.9 * 141e9 bytes less 8,030,261,248 weights of 2 bytes, in blocks of 16
-    # tokens of 32 layers * 2 * 8 heads * 128 * (2 bytes, or 1 in fp8).
-    weights = 2 * (32 * (4096 * (2 * 4096 + 2 * 1024) + 3 * 4096 * 14336) + 2 * 128256 * 4096)
-    memory = int(0.9 * 141e9 - weights)
+    # Llama 3.1 8B on an H200: the memory vLLM's sizing leaves to the KV cache (the same whatever its dtype:
+    # tests/test_kv_sizing.py checks how it is sized), in blocks of 16 tokens of 32 layers * 2 * 8 heads * 128 *
+    # (2 bytes, or 1 in fp8).
+    memories = set()
     for kv_dtype, element_bytes in (("auto", 2), (dtype, 1)):
         result = runner.invoke(app, ["simulate", TRACE, "--model", "llama-3.1-8b", "--strategies", "paged",
-                                     "--kv-cache-dtype", kv_dtype, "--json", "-"])
+                                     "--kv-cache-dtype", kv_dtype, "--block-size", "16", "--json", "-"])
         assert result.exit_code == 0, result.output
         config = json.loads(result.stdout[result.stdout.index("{"):])["config"]
         assert config["kv_cache_dtype"] == kv_dtype
         assert config["kv_bytes_per_token"] == 32 * 2 * 8 * 128 * element_bytes
+        memory = config["kv_sizing"]["kv_memory_bytes"]
+        memories.add(memory)
         assert config["num_blocks"] == math.floor(memory / (16 * 32 * 2 * 8 * 128 * element_bytes))
+    assert len(memories) == 1
 
 
 def test_header_names_the_kv_dtype_and_bytes() -> None:

@@ -95,20 +95,21 @@ def test_tokens_and_concurrency_as_the_log_reports_them() -> None:
 
 
 def test_the_extensible_rule_by_hand() -> None:
-    # vLLM 0.34.0 (measure_kv_cache_bytes): min(u T - U, T - C - U - margin) - A with U = W + G + R,
-    # margin = max(1 GiB, 0.75 A); u = 1.0 by default, so the device's bound decides.
+    # vLLM 0.34.0 (measure_kv_cache_bytes): min(u T - U, T - C - U - margin) - P with U = W + G + R, the transient
+    # peak kept free P = A + G (the profiled activations and the graphs' estimate, Worker.peak_activation_memory),
+    # margin = max(1 GiB, 0.75 P); u = 1.0 by default, so the device's bound decides.
     model, gpu = load_model("qwen3-8b"), load_gpu("h200")
     sizing = size_kv_cache(model, gpu, vllm_release("0.34"), gpu_memory_utilization=None,
                            max_num_batched_tokens=8192, max_num_seqs=1024)
-    activations = activation_peak_bytes(model, 8192, 1024)
+    transient = activation_peak_bytes(model, 8192, 1024) + int(gpu.cuda_graph_bytes)
     resident = model.weight_bytes + int(gpu.cuda_graph_bytes) + int(gpu.non_torch_bytes)
     total = int(gpu.reported_memory_bytes)
-    margin = max(GIB, int(0.75 * activations))
-    assert sizing.kv_memory_bytes == total - int(gpu.cuda_context_bytes) - resident - margin - activations
+    margin = max(GIB, int(0.75 * transient))
+    assert sizing.kv_memory_bytes == total - int(gpu.cuda_context_bytes) - resident - margin - transient
     # an explicit utilization below 1 caps it, as a user's --gpu-memory-utilization 0.8 does
     capped = size_kv_cache(model, gpu, vllm_release("0.34"), gpu_memory_utilization=0.8,
                            max_num_batched_tokens=8192, max_num_seqs=1024)
-    assert capped.kv_memory_bytes == math.ceil(0.8 * total) - resident - activations
+    assert capped.kv_memory_bytes == math.ceil(0.8 * total) - resident - transient
 
 
 def test_each_release_sizes_its_own_way_and_options_win() -> None:

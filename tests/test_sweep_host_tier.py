@@ -40,13 +40,13 @@ def abab_sweep(tmp_path: Path, **axes: Any) -> Any:
     gpu_kv = f"{GPU_BLOCKS * BLOCK * QWEN3_8B_BYTES_PER_TOKEN}"
     trace = load_trace(alternating_trace(tmp_path))
     return sweep(trace, Axes(rates=(0.001,), strategies=("paged",), kv_memory=(gpu_kv,), prefix_caching=(True,),
-                                **axes),
+                             block_sizes=(BLOCK,), **axes),
                  Settings(engine={"max_model_len": 4096}), LocalRunner(1))
 
 
 def test_host_sizes_are_points_each_with_its_tier(tmp_path: Path) -> None:
     axes = Axes(rates=(1.0,), strategies=("paged",), prefix_caching=(True,), cpu_kv_memory=("0", "1GiB"),
-                tier_evictions=("lru", "arc"))
+                tier_evictions=("lru", "arc"), block_sizes=(BLOCK,))
     points = axes.points()
     assert sorted((p.cpu_kv_memory, p.tier_eviction) for p in points) == \
         [("0", "arc"), ("0", "lru"), ("1GiB", "arc"), ("1GiB", "lru")]
@@ -95,7 +95,7 @@ def test_the_command_plots_and_tabulates_the_host_axis(tmp_path: Path) -> None:
     gpu_kv = f"{GPU_BLOCKS * BLOCK * QWEN3_8B_BYTES_PER_TOKEN}"
     result = runner.invoke(app, ["sweep", str(alternating_trace(tmp_path)), "--strategies", "paged", "--rates",
                                  "0.001", "--kv-memory", gpu_kv, "--max-model-len", "4096", "--workers", "1",
-                                 "--cpu-kv-memory", "0,1GiB", "--plot", str(png)])
+                                 "--cpu-kv-memory", "0,1GiB", "--block-sizes", str(BLOCK), "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert png.stat().st_size > 0
     assert "hit % GPU+host" in result.output and "0.0+49.6" in result.output

@@ -35,7 +35,7 @@ def test_a_tier_size_counts_the_blocks_the_replay_uses() -> None:
     # memory given.
     result = CliRunner().invoke(app, ["simulate", BURST, "--strategies", "paged", "--model", "gemma-3-27b",
                                       "--no-hybrid-kv", "--kv-memory", "8GiB", "--max-model-len", "4096",
-                                      "--cpu-kv-memory", "1GiB", "--json", "-"])
+                                      "--cpu-kv-memory", "1GiB", "--block-size", "16", "--json", "-"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout[result.stdout.index("{"):])
     assert document["config"]["cpu_kv_blocks"] == 2**30 // GEMMA_ALL_LAYERS_BLOCK == 132

@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import re
 from pathlib import Path
 from unittest import mock
 
@@ -114,6 +115,11 @@ def main() -> None:
         "flash_mla": backend_source("vllm.v1.attention.backends.mla.flashmla", "FlashMLABackend"),
         "triton_mla": backend_source("vllm.v1.attention.backends.mla.triton_mla", "TritonMLABackend"),
     }
+    # what the worker keeps free as the transient peak: the profiled activations plus the graphs' estimate
+    worker = Path(importlib.util.find_spec("vllm.v1.worker.gpu_worker").origin).read_text()  # type: ignore[arg-type]
+    document["peak_includes_graph_estimate"] = bool(re.search(
+        r"peak_activation_memory = \(\s*profile_result\.transient_peak_headroom \+ cudagraph_memory_estimate\s*\)",
+        worker))
     try:  # 0.34.0's extensible KV cache: its sizing function, on figures the test gives, and its margins
         from vllm.v1.worker import extensible_kv_cache as extensible
 

@@ -8,9 +8,10 @@ the engine allocates outside torch (R), and the activation peak of a profiling s
   with u = gpu_memory_utilization, 0.92 by default. The CUDA context (C) predates vLLM's first snapshot: it
   comes out of the (1 - u) left over.
 - **Extensible KV cache** (vLLM 0.34.0, ``measure_kv_cache_bytes``): the cache is sized from the memory measured
-  free after warmup and graph capture, everything but the cache (U = W + G + R) being resident then:
-  KV = min(ceil(u * T) - U, T - C - U - margin) - A, margin = max(1 GiB, 0.75 A); u is 1.0 by default, so the
-  device bound (the second term) decides.
+  free after warmup and graph capture, everything but the cache (U = W + G + R) being resident then, and the
+  transient peak kept free: the profiled activations plus the graphs' estimate (``Worker.peak_activation_memory``,
+  P = A + G): KV = min(ceil(u * T) - U, T - C - U - margin) - P, margin = max(1 GiB, 0.75 P); u is 1.0 by
+  default, so the device bound (the second term) decides.
 
 G, R and C are constants of the GPU preset (``configs/gpus/*.yaml``, with their sources; a GPU file may set its
 own), A an estimate from the model's shapes: what vLLM measures at startup is what a user's log shows.
@@ -84,7 +85,8 @@ class KvSizing:
         terms = [f"weights {gib(self.weight_bytes)}", f"activations {gib(self.activation_bytes)}",
                  f"CUDA graphs {gib(self.cuda_graph_bytes)}", f"non-torch {gib(self.non_torch_bytes)}"]
         if self.extensible:
-            terms += [f"CUDA context {gib(self.cuda_context_bytes)}", f"margin {gib(self.margin_bytes)}"]
+            terms += [f"CUDA context {gib(self.cuda_context_bytes)}", f"graphs' estimate kept free "
+                      f"{gib(self.cuda_graph_bytes)}", f"margin {gib(self.margin_bytes)}"]
         rule = "extensible KV cache" if self.extensible else "profiling estimate"
         return (f"vLLM {self.release} sizing ({rule}): {self.gpu_memory_utilization:g} of "
                 f"{gib(self.total_memory_bytes)} minus {', '.join(terms)}")
@@ -98,17 +100,17 @@ class KvSizing:
                 "margin_bytes": self.margin_bytes, "kv_memory_bytes": self.kv_memory_bytes}
 
 
-def extensible_margin_bytes(activation_bytes: int) -> int:
+def extensible_margin_bytes(transient_bytes: int) -> int:
     """0.34.0's margin below the device's headroom: max(1 GiB, 0.75 x the transient peak)."""
-    return max(KV_CACHE_MARGIN_FLOOR_BYTES, int(activation_bytes * KV_CACHE_MARGIN_FRACTION))
+    return max(KV_CACHE_MARGIN_FLOOR_BYTES, int(transient_bytes * KV_CACHE_MARGIN_FRACTION))
 
 
-def extensible_kv_bytes(requested: int, free_at_start: int, resident: int, activation_bytes: int) -> int:
+def extensible_kv_bytes(requested: int, free_at_start: int, resident: int, transient_bytes: int) -> int:
     """0.34.0's extensible KV cache (``measure_kv_cache_bytes``): the budget ``requested`` less what is resident
     besides the cache, capped by the device's headroom (what was free when vLLM started, less the same) less the
     margin, then the transient peak kept free."""
     headroom = free_at_start - resident
-    return min(requested - resident, headroom - extensible_margin_bytes(activation_bytes)) - activation_bytes
+    return min(requested - resident, headroom - extensible_margin_bytes(transient_bytes)) - transient_bytes
 
 
 def size_kv_cache(model: ModelSpec, gpu: GpuSpec, release: VllmRelease, *, gpu_memory_utilization: float | None,
@@ -122,9 +124,9 @@ def size_kv_cache(model: ModelSpec, gpu: GpuSpec, release: VllmRelease, *, gpu_m
     non_torch, context = int(gpu.non_torch_bytes), int(gpu.cuda_context_bytes)
     activations = activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs)
     resident = weights + graphs + non_torch
-    if release.extensible_kv_cache:
-        margin = extensible_margin_bytes(activations)
-        available = extensible_kv_bytes(requested, total - context, resident, activations)
+    if release.extensible_kv_cache:  # (the graphs' estimate is kept free beside the activations, as 0.34.0 does)
+        margin = extensible_margin_bytes(activations + graphs)
+        available = extensible_kv_bytes(requested, total - context, resident, activations + graphs)
     else:
         margin = 0
         available = requested - resident - activations
