@@ -146,3 +146,64 @@ def test_every_script_a_page_names_exists() -> None:
             if "vLLM's" not in text[max(0, match.start() - 10):match.start()] and not (ROOT / match[1]).is_file():
                 missing.append(f"{path.relative_to(ROOT)}: {match[1]}")  # (vLLM's own files are vLLM's)
     assert missing == []
+
+
+study_pages = _script("study_pages")
+STUDY_BLOCKS = [block for page in study_pages.pages() for block in study_pages.blocks(page)]
+FENCE = re.compile(r"^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```\n", re.M | re.S)
+
+
+def test_every_output_block_of_a_study_page_is_written_by_its_script() -> None:
+    # a block that shows what a command printed (```console, or a fence without a language) follows the study
+    # marker (or the runnable one), so scripts/study_pages.py rewrites it from its command
+    unmarked = []
+    for path in study_pages.pages():
+        text = path.read_text()
+        for match in FENCE.finditer(text):
+            if match["lang"] not in ("", "console", "text"):
+                continue
+            before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            if not before.startswith(("<!-- study: written by scripts/study_pages.py", "<!-- runnable")):
+                line = text[:match.start()].count("\n") + 1
+                unmarked.append(f"{path.relative_to(ROOT)}:{line}")
+    assert unmarked == []
+    assert {block.path.name for block in STUDY_BLOCKS} >= {"paging-vs-contiguous.md", "vllm-paper.md"}
+
+
+def _click_command(args: list[str]):
+    import typer
+
+    from minipaged_cli.cli.main import app
+
+    group = typer.main.get_command(app)
+    command = group.commands.get(args[0]) if hasattr(group, "commands") else None
+    assert command is not None, f"no command {args[0]!r}"
+    return command
+
+
+@pytest.mark.parametrize("block", STUDY_BLOCKS, ids=lambda b: b.where)
+def test_a_study_block_names_a_command_that_exists(block) -> None:
+    args = block.args
+    assert block.shown, f"{block.where}: no output (python scripts/study_pages.py --only {block.path.name})"
+    if block.command.startswith("python "):
+        module = args[1] if args[0] == "-m" else None
+        target = ROOT / (module.replace(".", "/") + ".py") if module else ROOT / args[0]
+        assert target.is_file(), f"{block.where}: {target} does not exist"
+        return
+    command = _click_command(args)
+    known = {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+    unknown = [arg.split("=", 1)[0] for arg in args[1:] if arg.startswith("-") and arg.split("=", 1)[0] not in known
+               and not re.fullmatch(r"-\d[\d.]*", arg)]
+    assert unknown == [], f"{block.where}: {args[0]} has no option {unknown}"
+    for arg in args[1:]:  # files of this repository the command reads (the public traces may be absent)
+        if re.fullmatch(r"(traces|configs)/[\w./-]+", arg):
+            assert (ROOT / arg).is_file(), f"{block.where}: {arg} does not exist"
+
+
+@pytest.mark.parametrize("block", [b for b in STUDY_BLOCKS if b.checked], ids=lambda b: b.where)
+def test_a_fast_study_block_prints_what_its_page_shows(block) -> None:
+    if block.args[0] in TORCH_COMMANDS and importlib.util.find_spec("torch") is None:
+        pytest.skip("needs the [torch] extra")
+    example = runnable_examples.Example(block.path, block.start, block.end, block.command, block.shown,
+                                        block.ignore, 0.0, block.args)
+    assert runnable_examples.mismatches(example, study_pages.run(block)) == []
