@@ -28,6 +28,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -131,31 +132,26 @@ def _wrapped(command: str, width: int = 110) -> str:
     return " \\\n".join(lines)
 
 
-def write(path: Path, jobs: int = 1, timeout: float | None = None, match: str = "") -> int:
-    """Run every study block of one page (those whose command contains `match`) and write what each printed; how
-    many blocks were written."""
-    found = [block for block in blocks(path) if match in block.command]
-    if not found:
-        return 0
+_LOCK = threading.Lock()
 
-    def one(block: Block) -> str:
+
+def write(path: Path, jobs: int = 1, timeout: float | None = None, match: str = "") -> int:
+    """Run every study block of one page (those whose command contains `match`) and write what each printed, each
+    block as soon as its command is done; how many blocks were written."""
+    found = [block for block in blocks(path) if match in block.command]
+
+    def one(block: Block) -> None:
         began = time.monotonic()
         print(f"{block.where}: {block.command}", file=sys.stderr, flush=True)
         printed = run(block, timeout)
         print(f"{block.where}: done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
-        return printed
+        with _LOCK:  # (the page as it is now: the other blocks may have been written meanwhile)
+            text = path.read_text()
+            current = next(b for b in blocks(path) if b.command == block.command)
+            path.write_text(text[:current.start] + body(current, printed) + text[current.end:])
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        printed = list(pool.map(one, found))
-    # (the page as it is now: another run may have written its other blocks meanwhile)
-    text = path.read_text()
-    current = {(block.command, i): block for i, block in enumerate(blocks(path))}
-    ran = {(block.command, i) for i, block in enumerate(blocks(path)) if match in block.command}
-    for (command, i), block in sorted(current.items(), key=lambda item: -item[1].start):
-        if (command, i) in ran:
-            out = printed[[b.command for b in found].index(command)]
-            text = text[:block.start] + body(block, out) + text[block.end:]
-    path.write_text(text)
+        list(pool.map(one, found))
     return len(found)
 
 
