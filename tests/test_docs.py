@@ -214,7 +214,6 @@ def test_a_fast_study_block_prints_what_its_page_shows(block) -> None:
 # script says so ("Written by `python benchmarks/...`").
 HAND_TABLES = {
     "host-tiers.md": "to move: the benchmarks' tables (python -m benchmarks.host_tier_anchors, ...)",
-    "hybrid.md": "to move: the sustainable rates of the sweeps",
     "todays-models.md": "the models' sizes, checked by tests/test_models_today.py",
     "vllm-parity.md": "the parity harness's table (it needs vLLM's wheel)",
 }
