@@ -60,7 +60,8 @@ def latency_figures(ttfts: list[float], tpots: list[float]) -> dict[str, float |
 
 @dataclass
 class FleetFigures:
-    """Per replica (``simulate``'s fields, plus its role, requests and latency percentiles), and the totals."""
+    """Per replica (``simulate``'s fields, plus its role, engine, requests and latency percentiles), and the
+    totals."""
 
     replicas: list[dict[str, Any]]
     totals: dict[str, Any]
@@ -86,7 +87,9 @@ def fleet_figures(replicas: list[Replica], records: list[RequestRecord],
         finished = replica.replay.accounting.finished
         ttfts = [r.first_token_s - r.request.arrival_s for r, _ in finished if r.sample == 0]
         tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in finished if r.output_tokens > 1]
-        rows.append({"replica": replica.index, "role": replica.role, "num_requests": len(replica.requests),
+        rows.append({"replica": replica.index, "role": replica.role, "model": replica.config.model.name,
+                     "gpu": replica.config.gpu.name, "num_blocks": replica.config.num_blocks,
+                     "num_requests": len(replica.requests),
                      **m.to_dict(), **rounded(latency_figures(ttfts, tpots))})
     return FleetFigures(rows, _totals(replicas, metrics, records, transfers))
 
