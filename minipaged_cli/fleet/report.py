@@ -42,9 +42,11 @@ class RequestRecord:
     finish_s: float | None = None
     prefilled_s: float | None = None  # P/D: its prefill replica finished the prompt
     landed_s: float | None = None  # P/D: its KV reached the decode side
+    num_finished: int = 0  # its sequences that finished (its samples; P/D: on the decode side)
 
     def finished(self, live: LiveRequest, finish_s: float) -> None:
         """One of its sequences finished (the last of its samples ends the request)."""
+        self.num_finished += 1
         if live.sample == 0:
             self.first_token_s = live.first_token_s
         self.finish_s = finish_s if self.finish_s is None else max(self.finish_s, finish_s)
@@ -84,9 +86,7 @@ def fleet_figures(replicas: list[Replica], records: list[RequestRecord],
     metrics = [replica.metrics() for replica in replicas]
     rows = []
     for replica, m in zip(replicas, metrics, strict=True):
-        finished = replica.replay.accounting.finished
-        ttfts = [r.first_token_s - r.request.arrival_s for r, _ in finished if r.sample == 0]
-        tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in finished if r.output_tokens > 1]
+        ttfts, tpots = list(replica.ttft_s), list(replica.tpot_s)
         rows.append({"replica": replica.index, "role": replica.role, "model": replica.config.model.name,
                      "gpu": replica.config.gpu.name, "num_blocks": replica.config.num_blocks,
                      "num_requests": len(replica.requests),
