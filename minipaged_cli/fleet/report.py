@@ -5,7 +5,8 @@ token: TTFT under P/D runs from the arrival at the prefill replica to the decode
 Totals: counts summed; memory percentages averaged over the replicas weighted by their KV capacity (the peak: the
 highest); latencies over every request of the fleet; throughput the fleet's output tokens over its makespan;
 ``imbalance`` the most requests a replica was sent over the mean. Under P/D both pools look their prompts up, so
-the prefix-cache counters hold both lookups.
+the prefix-cache counters hold both lookups; a replica's own row measures from a request's arrival there (a decode
+replica's TTFT from the transfer's landing, a prefill replica's from the fleet's arrival to its prefill's end).
 """
 
 from __future__ import annotations
