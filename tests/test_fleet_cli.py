@@ -88,3 +88,15 @@ def test_fleet_plot(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--replicas", "3", "--plot", str(path)])
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fleet_file_pools_have_their_own_engines(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text("router: least-loaded\npools:\n  - {name: small, replicas: 2, num_blocks: 3000}\n"
+                    "  - {name: big, replicas: 1, model: llama-3.1-8b, kv_memory: 16GiB}\n")
+    result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--fleet", str(path), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    replicas = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]["replicas"]
+    assert [(r["model"], r["num_blocks"]) for r in replicas][:2] == [("qwen3-8b", 3000)] * 2
+    assert replicas[2]["model"] == "llama-3.1-8b"
+    assert replicas[2]["num_blocks"] == 16 * 2**30 // (16 * 131_072)  # 128 KiB/token: 32 layers x 8 x 128 x 2 x 2

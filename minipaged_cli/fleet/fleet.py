@@ -29,6 +29,7 @@ class FleetResult:
     transfers: KvTransfers | None = None
     decisions: list[Decision] = field(default_factory=list)
     router: dict[str, int] = field(default_factory=dict)  # the routers' own figures (``Router.figures``)
+    records: list[RequestRecord] = field(default_factory=list, repr=False)  # per request of the trace
 
     def to_dict(self) -> dict[str, Any]:
         return self.figures.to_dict(self.fleet, self.transfers, self.decisions, self.router)
@@ -87,7 +88,7 @@ class Fleet:
                    for name in self.entry.figures()}
         return FleetResult(self.trace, self.config, self.replicas,
                            fleet_figures(self.replicas, self.records, self.transfers), self.transfers,
-                           self.decisions, figures)
+                           self.decisions, figures, self.records)
 
     def _route(self, fleet_index: int, at: float) -> None:
         request = self.trace.requests[fleet_index]

@@ -13,6 +13,7 @@ as of its last step ended by ``t`` (a step that started before ``t`` and ends af
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 
@@ -63,7 +64,11 @@ class Replica:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = pool.listener = KvEvents(pool.listener)
         self._state = self._before = self._read_state()
-        self.replay.accounting.newly_finished = []  # (the fleet drains it: take_finished)
+        self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
+        # Its own latencies (from its arrival here), for its row: 8 bytes a figure, nothing of the request kept
+        self.ttft_s = array("d")
+        self.tpot_s = array("d")
+        scheduler.on_sample_done = self._sample_done
         # (time, requests waiting or running, KV usage %) after each pass, for the fleet's plot
         self.timeline: list[tuple[float, int, float]] | None = [] if record_timeline else None
 
@@ -117,10 +122,16 @@ class Replica:
         return self.events.matched_blocks(block_hashes)
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:
-        """The sequences finished since the last call, with their finish times."""
-        accounting = self.replay.accounting
-        new, accounting.newly_finished = accounting.newly_finished, []
-        return new
+        """The sequences finished since the last call, with their finish times (the replica keeps none)."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _sample_done(self, live: LiveRequest, now: float) -> None:
+        self._finished.append((live, now))
+        if live.sample == 0:
+            self.ttft_s.append(live.first_token_s - live.request.arrival_s)
+        if live.output_tokens > 1:
+            self.tpot_s.append((now - live.first_token_s) / (live.output_tokens - 1))
 
     def metrics(self) -> StrategyMetrics:
         """``simulate``'s metrics of this replica's replay (the same fields)."""

@@ -209,8 +209,6 @@ class Accounting:
         self.busiest_seq_lens: list[int] = []
         self.peak_used_slots = 0
         self.latencies = Latencies()
-        # the sequences finished since a fleet's replica last took them (fleet/replica.py), None outside a fleet
-        self.newly_finished: list[tuple[LiveRequest, float]] | None = None
         # request index -> its sequences not yet finished or rejected, while it has any
         self.samples_left: dict[int, int] = {}
         self.num_completed = 0
@@ -261,8 +259,6 @@ class Accounting:
     def sample_done(self, live: LiveRequest, now: float) -> None:
         samples_left = self._count_done(live)
         self.latencies.sample_done(live, now, samples_left, live.request_index in self.rejected)
-        if self.newly_finished is not None:
-            self.newly_finished.append((live, now))
 
     def rejected_sample(self, live: LiveRequest, reason: str) -> None:
         if live.request_index not in self.rejected:

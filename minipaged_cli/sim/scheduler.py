@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from minipaged_cli.memory.allocators import Allocator
@@ -103,6 +103,7 @@ class Scheduler:
         # fleet's trace (what its own blocks' keys name, so that two replicas' requests never share a key)
         self.horizon_s: float | None = None
         self.fleet_indices: list[int] | None = None
+        self.on_sample_done: Callable[[LiveRequest, float], None] | None = None  # told each finished sequence
 
     # -- state -------------------------------------------------------------------------------------------------
 
@@ -358,6 +359,8 @@ class Scheduler:
             self.tiers.request_done(live.block_hashes, live.prompt_tokens)
         live.block_hashes = []  # the keys can be many; a finished sequence needs them no more
         self.accounting.sample_done(live, now)
+        if self.on_sample_done is not None:
+            self.on_sample_done(live, now)
 
     def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
         """Keys of a sequence's full blocks (``content_keys``), its own named by its index in the fleet's trace
