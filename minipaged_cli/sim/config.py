@@ -10,6 +10,7 @@ from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes, kv_cache_groups, kv_cache_size_tokens
 from minipaged_cli.memory.strategies import make_allocator
 from minipaged_cli.sim.calibration import Calibration
+from minipaged_cli.sim.clients import OPEN_LOOP, Clients
 from minipaged_cli.units import format_bytes, parse_bytes
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
@@ -101,6 +102,7 @@ class SimConfig:
     tier_eviction: str = "lru"
     tier_inclusion: str = "inclusive"
     layerwise_loads: bool = False
+    clients: Clients = OPEN_LOOP  # when requests are sent: open loop, closed loop, capped (sim/clients.py)
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
