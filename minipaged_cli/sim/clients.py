@@ -76,6 +76,7 @@ class Arrivals:
         self.num_pending = n  # neither sent nor given up
         self.num_not_sent = 0
         self.in_flight = 0
+        self.max_in_flight = 0
         self.freed_now = 0  # slots finishes freed since the last ``due``: they were free only from ``now``
         self.heap: list[tuple[float, int]] = []  # (due time, index) of requests whose time is known
         self.queued: deque[tuple[float, int]] = deque()  # due, held by the cap
@@ -139,6 +140,7 @@ class Arrivals:
                 self.freed_now -= 1
             self.due_s[index], self.sent_s[index] = due_s, sent_s
             self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.num_pending -= 1
             request = self.requests[index]
             yield index, request if request.arrival_s == sent_s else replace(request, arrival_s=sent_s)

@@ -26,6 +26,7 @@ generate:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -134,7 +135,7 @@ def dump_sessions(sessions: tuple[Session, ...]) -> list[str]:
     for session in sessions:
         head = {"id": session.id, "start_s": round(session.start_s, 6),
                 **({"prefix": list(session.prefix)} if session.prefix else {})}
-        lines.append("  - " + _flow(head)[1:-1])
+        lines += [f"{'  - ' if key == 'id' else '    '}{key}: {json.dumps(value)}" for key, value in head.items()]
         lines.append("    turns:")
         for index, turn in enumerate(session.turns):
             entry: dict[str, Any] = {**({"id": turn.name} if turn.name else {}), "input_tokens": turn.input_tokens,
