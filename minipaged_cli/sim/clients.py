@@ -148,6 +148,8 @@ class Arrivals:
 
     def finished(self, index: int, now: float, *, completed: bool, cached_tokens: int) -> None:
         """Request ``index`` is done (completed, or rejected: then whatever waits for it is never sent)."""
+        assert math.isnan(self.finish_s[index]) and not math.isnan(self.sent_s[index]), \
+            f"request {index} finished twice, or before it was sent: the scheduler reports a request once, when sent"
         self.in_flight -= 1
         self.freed_now += 1
         self.finish_s[index] = now
