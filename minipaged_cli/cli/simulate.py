@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from minipaged_cli.cli.client_options import ClientsOpt, ConcurrencyOpt, MaxConcurrencyOpt, clients_option
 from minipaged_cli.cli.common import (
     BlockSizeOpt,
     CalibrationOpt,
@@ -121,6 +122,9 @@ def simulate_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    clients: ClientsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    max_concurrency: MaxConcurrencyOpt = None,
     check_invariants: Annotated[bool, flag(
         "check-invariants", help="Check the allocator's invariants after every event; count violations "
                                  "(exit 1 if any).")] = False,
@@ -156,6 +160,7 @@ def simulate_command(
                                                   hybrid=hybrid),
                        offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
                        layerwise_loads=layerwise_loads,
+                       clients=clients_option(clients, concurrency, max_concurrency),
                        check_invariants=check_invariants,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 
