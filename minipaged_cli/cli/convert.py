@@ -41,8 +41,10 @@ def convert_command(
     note: Annotated[str, typer.Option("--note", help="Extra comment lines for the file's header "
                                                      "(source, license, attribution).")] = "",
 ) -> None:
-    """Convert a trace (Azure CSV, Mooncake JSONL, lengths CSV or YAML) into the YAML format, optionally a slice
-    of it (--limit) or re-timed (--rate, --time-scale); the header records where it came from."""
+    """Convert a trace (Azure CSV, Mooncake JSONL, lengths CSV, AIPerf JSONL, ShareGPT conversations, or a
+    genai-perf, inference-perf, vLLM multi-turn or prefix-repetition config) into the YAML format, sessions
+    included, optionally a slice of it (--limit) or re-timed (--rate, --time-scale); the header records where it
+    came from."""
     if output.suffix.lower() not in (".yaml", ".yml"):
         raise InputError("the output must be a .yaml file", field="OUTPUT", value=str(output), has_value=True)
     check_outputs({"OUTPUT": output})
@@ -61,5 +63,6 @@ def convert_command(
         note,
     ) if line)
     write_text(output, dump_trace(trace, header=header), "OUTPUT")
-    stdout.print(f"wrote {output}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
+    sessions = f" in {len(trace.sessions)} sessions" if trace.sessions else ""
+    stdout.print(f"wrote {output}: {trace.num_requests} requests{sessions}, {trace.prompt_tokens:,} prompt + "
                  f"{trace.output_tokens:,} output tokens, {len(trace.segments)} shared segments", markup=False)

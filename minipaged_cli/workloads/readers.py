@@ -7,8 +7,12 @@ public production traces into the same ``Trace``.
   segment ``h<id>`` of 512 tokens, a partial last block of n tokens the segment ``h<id>:<n>`` (in the released
   traces a partial block's id never appears at another length nor as a full block; a request repeating a prompt
   finds the partial block's full KV blocks cached, as LMCache's simulator finds its complete 256-token halves).
+  Rows with a ``session_id`` (AIPerf's and Dynamo's agent traces) are the turns of sessions (``read_mooncake``).
 - ``lengths-csv``: length-only CSVs (ShareGPT via sarathi-serve: ``num_prefill_tokens,num_decode_tokens,...``;
   also ``prompt_tokens,output_tokens`` or ``input_length,output_length``); arrivals come from ``--rate``.
+- ``aiperf`` (``aiperf.py``): AIPerf's single-turn and multi-turn JSONL; ``sharegpt`` (``sharegpt.py``): ShareGPT
+  conversations, each a session; ``genai-perf``, ``inference-perf``, ``vllm-multi-turn``, ``prefix-repetition``
+  (``bench_configs.py``): the benchmark tools' synthetic workloads, generated from their config files.
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ from typing import Any, TextIO
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import parse_json
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
+from minipaged_cli.workloads.aiperf import read_aiperf
+from minipaged_cli.workloads.bench_configs import BENCHMARK_CONFIGS
+from minipaged_cli.workloads.sessions import Session, Turn
+from minipaged_cli.workloads.sharegpt import read_sharegpt
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
-TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
+TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv", "aiperf", "sharegpt", "genai-perf",
+                 "inference-perf", "vllm-multi-turn", "prefix-repetition")
 
 MOONCAKE_BLOCK_TOKENS = 512
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -43,7 +52,7 @@ def detect_format(path: Path) -> str:
     if suffix in (".yaml", ".yml"):
         return "yaml"
     if suffix == ".jsonl":
-        return "mooncake"
+        return _jsonl_format(path)
     if suffix == ".csv":
         header = _csv_header(path)
         if set(_AZURE_COLUMNS) <= set(header):
@@ -53,6 +62,14 @@ def detect_format(path: Path) -> str:
         raise InputError(f"unrecognised CSV header {','.join(header)}; pass --format", source=str(path))
     raise InputError("cannot tell the format from the extension (.yaml, .jsonl, .csv); pass --format",
                      source=str(path))
+
+
+def _jsonl_format(path: Path) -> str:
+    """AIPerf's rows (``turns``, ``text``, ``texts``) or Mooncake's (``input_length``), by the first row's keys."""
+    with _open(path) as handle:
+        first = next((line for line in handle if line.strip()), "")
+    row = parse_json(first, str(path), "line 1") if first else {}
+    return "aiperf" if isinstance(row, dict) and {"turns", "text", "texts"} & set(row) else "mooncake"
 
 
 def read_azure(path: Path) -> Trace:
@@ -80,9 +97,14 @@ def read_azure(path: Path) -> Trace:
 
 
 def read_mooncake(path: Path) -> Trace:
+    """Rows with a ``session_id`` are the turns of that session, in file order (AIPerf's and Dynamo's agent
+    traces): each row's ``input_length`` and ``hash_ids`` are its whole prompt (the history is in its hash ids, so
+    no history is prepended), ``delay`` (ms) the wait after the previous turn's answer, the first row's
+    ``timestamp`` the session's start. Rows without one are requests at their ``timestamp`` as before."""
     source = str(path)
     requests = []
     segments: dict[str, int] = {}
+    sessions: dict[str, list[tuple[float | None, Turn]]] = {}
     with _open(path) as handle:
         for line, text in enumerate(handle, start=1):
             if not text.strip():
@@ -91,30 +113,49 @@ def read_mooncake(path: Path) -> Trace:
             row = parse_json(text, source, where)
             if not isinstance(row, dict):
                 raise InputError("expected a JSON object", source=source, where=where)
-            for key in ("timestamp", "input_length", "output_length"):
-                if key not in row:
+            session = row.get("session_id")
+            required = ("input_length", "output_length") if session is not None else \
+                ("timestamp", "input_length", "output_length")
+            for key in required:
+                if row.get(key) is None:
                     raise InputError("missing", source=source, where=where, field=key)
             prompt = _token_count(row["input_length"], source, where, "input_length")
-            hash_ids = row.get("hash_ids", [])
-            if not isinstance(hash_ids, list):
-                raise InputError("expected a list", source=source, where=where, field="hash_ids",
-                                 value=hash_ids, has_value=True)
-            prefix = []
-            for start, block_id in zip(range(0, prompt, MOONCAKE_BLOCK_TOKENS), hash_ids, strict=False):
-                tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
-                name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
-                segments[name] = tokens
-                prefix.append(name)
-            requests.append(Request(
-                id=f"mooncake-{len(requests)}",
-                arrival_s=finite_number(row["timestamp"], field="timestamp", source=source, where=where,
-                                        minimum=0.0) / 1000.0,
-                prompt_tokens=prompt,
-                output_tokens=_token_count(row["output_length"], source, where, "output_length"),
-                prefix=tuple(prefix),
-            ))
+            output = _token_count(row["output_length"], source, where, "output_length")
+            prefix = _mooncake_blocks(prompt, row.get("hash_ids", []), segments, source, where)
+            if session is not None:
+                start = _milliseconds(row, "timestamp", source, where)
+                delay = _milliseconds(row, "delay", source, where) or 0.0
+                sessions.setdefault(str(session), []).append(
+                    (start, Turn(prompt, output, delay_s=delay, segments=prefix, whole_prompt=True)))
+                continue
+            requests.append(Request(id=f"mooncake-{len(requests)}", arrival_s=_milliseconds(row, "timestamp", source,
+                                                                                             where),
+                                    prompt_tokens=prompt, output_tokens=output, prefix=prefix))
     return make_trace(path.stem, requests, source=source, segments=segments,
+                      sessions=[Session(name, tuple(turn for _, turn in rows), start_s=rows[0][0] or 0.0)
+                                for name, rows in sessions.items()],
                       description="Mooncake FAST'25 trace (kvcache-ai/Mooncake, Apache-2.0)")
+
+
+def _mooncake_blocks(prompt: int, hash_ids: Any, segments: dict[str, int], source: str, where: str) -> tuple[str, ...]:
+    """The prompt's 512-token blocks as shared segments (``segments`` gains them)."""
+    if not isinstance(hash_ids, list):
+        raise InputError("expected a list", source=source, where=where, field="hash_ids", value=hash_ids,
+                         has_value=True)
+    prefix = []
+    for start, block_id in zip(range(0, prompt, MOONCAKE_BLOCK_TOKENS), hash_ids, strict=False):
+        tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
+        name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
+        segments[name] = tokens
+        prefix.append(name)
+    return tuple(prefix)
+
+
+def _milliseconds(row: dict[str, Any], key: str, source: str, where: str) -> float | None:
+    """A time in milliseconds, in seconds; None where the row has none."""
+    if row.get(key) is None:
+        return None
+    return finite_number(row[key], field=key, source=source, where=where, minimum=0.0) / 1000.0
 
 
 def read_lengths_csv(path: Path) -> Trace:
@@ -220,6 +261,9 @@ def load_trace(
         "azure": read_azure,
         "mooncake": read_mooncake,
         "lengths-csv": read_lengths_csv,
+        "aiperf": read_aiperf,
+        "sharegpt": read_sharegpt,
+        **BENCHMARK_CONFIGS,
     }
     trace = readers[trace_format](path).limited(limit)
     if rate is not None:

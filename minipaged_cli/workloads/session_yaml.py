@@ -40,7 +40,7 @@ from minipaged_cli.workloads.sessions import Session, Turn
 _SESSION_GROUP_KEYS = {"count", "seed", "arrival", "turns", "delay_s", "prompt_tokens", "output_tokens",
                       "id_prefix", "prefix"}
 _SESSION_KEYS = {"id", "start_s", "prefix", "turns"}
-_TURN_KEYS = {"id", "input_tokens", "output_tokens", "delay_s", "segments", "after"}
+_TURN_KEYS = {"id", "input_tokens", "output_tokens", "delay_s", "segments", "after", "whole_prompt"}
 
 
 def read_sessions(raw: Any, source: str) -> list[Session]:
@@ -93,7 +93,14 @@ def _read_turn(entry: Any, reader: Fields, earlier: dict[str, int]) -> Turn:
         raise reader.error("expected a list of segment names", "segments", segments)
     return Turn(input_tokens=reader.tokens(entry, "input_tokens"), output_tokens=reader.tokens(entry, "output_tokens"),
                 delay_s=reader.number(entry, "delay_s", minimum=0.0, default=0.0), segments=tuple(segments),
-                after=after, name=str(name))
+                after=after, name=str(name), whole_prompt=_flag(entry, "whole_prompt", reader))
+
+
+def _flag(entry: dict[str, Any], key: str, reader: Fields) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise reader.error("expected true or false", key, value)
+    return value
 
 
 def generate_sessions(group: dict[str, Any], index: int, source: str) -> list[Session]:
@@ -144,6 +151,8 @@ def dump_sessions(sessions: tuple[Session, ...]) -> list[str]:
                 entry["delay_s"] = round(turn.delay_s, 6)
             if turn.segments:
                 entry["segments"] = list(turn.segments)
+            if turn.whole_prompt:
+                entry["whole_prompt"] = True
             if turn.after is not None and turn.after != ((index - 1,) if index else ()):
                 entry["after"] = [session.turns[d].name or d for d in turn.after]
             lines.append("      - " + _flow(entry))

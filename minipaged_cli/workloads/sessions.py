@@ -37,6 +37,9 @@ class Turn:
     segments: tuple[str, ...] = ()
     after: tuple[int, ...] | None = None
     name: str = ""  # its id in the session; default its index
+    # The input is the whole prompt, no history prepended: traces whose rows give each turn's full context
+    # (Mooncake's input_length with hash_ids, AIPerf's self-contained single turns); the session only orders them.
+    whole_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ def session_requests(session: Session, segments: dict[str, int], *, source: str,
     session in its file for errors."""
     if not session.turns:
         raise InputError("a session needs at least one turn", source=source, where=where, field="turns")
-    prefix_tokens = sum(_segment_tokens(name, segments, source, where, "prefix") for name in session.prefix)
+    for name in session.prefix:
+        _segment_tokens(name, segments, source, where, "prefix")
     ids = [session.turn_id(index) for index in range(len(session.turns))]
     ancestors: list[frozenset[int]] = []
     earliest: list[float] = []
@@ -99,14 +103,15 @@ def session_requests(session: Session, segments: dict[str, int], *, source: str,
         own.append((*((name, segments[name]) for name in turn.segments),
                     (("in", ids[index]), turn.input_tokens - segment_tokens)))
         runs: list[tuple[Hashable, int]] = []
-        for earlier in sorted(ancestors[index]):
+        for earlier in () if turn.whole_prompt else sorted(ancestors[index]):
             runs += [*own[earlier], (("out", ids[earlier]), session.turns[earlier].output_tokens)]
         runs += own[index]
         start = max((earliest[d] for d in dependencies), default=session.start_s)
         earliest.append(start + turn.delay_s)
+        prefix = () if turn.whole_prompt else session.prefix
         request = Request(id=ids[index], arrival_s=earliest[index],
-                          prompt_tokens=prefix_tokens + sum(length for _, length in runs),
-                          output_tokens=turn.output_tokens, prefix=session.prefix, runs=tuple(runs))
+                          prompt_tokens=sum(segments[name] for name in prefix) + sum(length for _, length in runs),
+                          output_tokens=turn.output_tokens, prefix=prefix, runs=tuple(runs))
         pairs.append((request, TurnLink(session.id, index, tuple(ids[d] for d in dependencies), turn.delay_s)))
     return pairs
 

@@ -21,6 +21,7 @@ import yaml
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.input_files import read_yaml
 from minipaged_cli.validation import MAX_REQUESTS
+from minipaged_cli.workloads.agent_loop import generate_agent_tasks
 from minipaged_cli.workloads.fields import Fields, poisson_arrivals, sample_arrivals, sample_lengths
 from minipaged_cli.workloads.request import Request
 from minipaged_cli.workloads.session_yaml import dump_sessions, generate_sessions, read_sessions
@@ -204,6 +205,8 @@ def load_yaml_trace(path: Path) -> Trace:
     for index, group in enumerate(groups):
         if isinstance(group, dict) and "turns" in group:
             sessions.extend(generate_sessions(group, index, source))
+        elif isinstance(group, dict) and "steps" in group:
+            sessions.extend(generate_agent_tasks(group, index, source))
         else:
             requests.extend(_generate_group(group, index, source))
     name = document.get("name") or path.stem
