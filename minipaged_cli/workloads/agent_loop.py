@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from minipaged_cli.validation import MAX_REQUESTS
-from minipaged_cli.workloads.fields import Fields, sample_arrivals, sample_lengths, sample_seconds
+from minipaged_cli.workloads.fields import Fields, read_group, sample_lengths, sample_seconds
 from minipaged_cli.workloads.sessions import Session, Turn
 
 AGENT_GROUP_KEYS = {"count", "seed", "arrival", "id_prefix", "prefix", "prompt_tokens", "steps", "parallel",
@@ -35,18 +35,13 @@ AGENT_GROUP_KEYS = {"count", "seed", "arrival", "id_prefix", "prefix", "prompt_t
 
 
 def generate_agent_tasks(group: dict[str, Any], index: int, source: str) -> list[Session]:
-    where = f"generate[{index}]"
-    reader = Fields(source, where)
-    reader.check_keys(group, AGENT_GROUP_KEYS)
-    count = reader.count(group, "count", minimum=1, maximum=MAX_REQUESTS)
-    rng = np.random.default_rng(reader.count(group, "seed", minimum=0, default=0))
-    id_prefix = str(group.get("id_prefix", f"agent{index}-"))
+    head = read_group(group, index, source, AGENT_GROUP_KEYS, "agent")
+    reader, where, count, rng, starts = head.reader, head.where, head.count, head.rng, head.arrivals
 
     def lengths(key: str, size: int, default: dict[str, Any] | None = None) -> np.ndarray:
         spec = reader.mapping(group, key) if default is None or key in group else default
         return sample_lengths(spec, size, rng, Fields(source, f"{where}.{key}"))
 
-    starts = sample_arrivals(reader.mapping(group, "arrival"), count, rng, Fields(source, f"{where}.arrival"))
     prompts = lengths("prompt_tokens", count)
     steps = lengths("steps", count)
     if int(steps.sum()) > MAX_REQUESTS:
@@ -72,7 +67,7 @@ def generate_agent_tasks(group: dict[str, Any], index: int, source: str) -> list
                 last = tuple(range(first, first + width))
             turns.append(_call(results, outputs, latencies if width == 1 else np.zeros(calls), len(turns), last))
             last = (len(turns) - 1,)
-        tasks.append(Session(f"{id_prefix}{number}", tuple(turns), start_s=float(starts[number]), prefix=prefix))
+        tasks.append(Session(f"{head.id_prefix}{number}", tuple(turns), start_s=float(starts[number]), prefix=prefix))
     return tasks
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.input_files import parse_json, read_text
+from minipaged_cli.input_files import read_json_lines
 from minipaged_cli.validation import finite_number, token_count
 from minipaged_cli.workloads.request import Request
-from minipaged_cli.workloads.sessions import Session, Turn
+from minipaged_cli.workloads.sessions import Turn, sessions_of
 from minipaged_cli.workloads.text_tokens import estimated_tokens
 from minipaged_cli.workloads.trace import Trace, make_trace
 
@@ -30,19 +30,13 @@ def read_aiperf(path: Path) -> Trace:
     source = str(path)
     requests: list[Request] = []
     sessions: dict[str, list[tuple[float | None, Turn]]] = {}
-    for line, text in enumerate(read_text(path).splitlines(), start=1):
-        if not text.strip():
-            continue
-        where = f"line {line}"
-        row = parse_json(text, source, where)
-        if not isinstance(row, dict):
-            raise InputError("expected a JSON object", source=source, where=where)
+    for where, row in read_json_lines(path):
         if "turns" in row:
             turns = row["turns"]
             if not isinstance(turns, list) or not turns:
                 raise InputError("expected a list of one turn or more", source=source, where=where, field="turns",
                                  value=turns, has_value=True)
-            name = str(row.get("session_id") or f"session-{line}")
+            name = str(row.get("session_id") or f"session-{where.split()[-1]}")
             if name in sessions:
                 raise InputError("a session on two lines", source=source, where=where, field="session_id",
                                  value=name, has_value=True)
@@ -54,8 +48,7 @@ def read_aiperf(path: Path) -> Trace:
             start, turn = _turn(row, source, where, whole_prompt=True)
             requests.append(Request(f"aiperf-{len(requests)}", start or 0.0, turn.input_tokens, turn.output_tokens))
     return make_trace(path.stem, requests, source=source,
-                      sessions=[Session(name, tuple(turn for _, turn in rows), start_s=rows[0][0] or 0.0)
-                                for name, rows in sessions.items()],
+                      sessions=sessions_of(sessions),
                       description=f"AIPerf custom dataset {path.name}")
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minipaged_cli.errors import InputError, did_you_mean
-from minipaged_cli.validation import MAX_TOKENS, finite_number, token_count, whole_number
+from minipaged_cli.validation import MAX_REQUESTS, MAX_TOKENS, finite_number, token_count, whole_number
 
 ARRIVAL_KEYS = {
     "poisson": {"rate_per_s"},
@@ -29,6 +30,30 @@ LENGTH_KEYS = {
 def poisson_arrivals(count: int, rate_per_s: float, rng: np.random.Generator, start_s: float = 0.0) -> np.ndarray:
     """Arrival times of a Poisson process: cumulative sums of exponential gaps with mean 1 / rate."""
     return start_s + np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
+
+
+@dataclass(frozen=True)
+class Group:
+    """What every ``generate:`` group begins with: its ``count``, its seeded generator (``seed``) and the
+    ``count`` arrival times drawn first from it (``arrival``), the ``id_prefix`` of what it makes."""
+
+    reader: Fields
+    where: str
+    count: int
+    rng: np.random.Generator
+    arrivals: np.ndarray
+    id_prefix: str
+
+
+def read_group(group: dict[str, Any], index: int, source: str, keys: set[str], id_prefix: str) -> Group:
+    where = f"generate[{index}]"
+    reader = Fields(source, where)
+    reader.check_keys(group, keys)
+    count = reader.count(group, "count", minimum=1, maximum=MAX_REQUESTS)
+    rng = np.random.default_rng(reader.count(group, "seed", minimum=0, default=0))
+    prefix = str(group.get("id_prefix", f"{id_prefix}{index}-"))
+    arrivals = sample_arrivals(reader.mapping(group, "arrival"), count, rng, Fields(source, f"{where}.arrival"))
+    return Group(reader, where, count, rng, arrivals, prefix)
 
 
 def sample_arrivals(spec: dict[str, Any], count: int, rng: np.random.Generator, reader: Fields) -> np.ndarray:

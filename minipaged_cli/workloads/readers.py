@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.input_files import parse_json
+from minipaged_cli.input_files import parse_json, read_json_lines
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
 from minipaged_cli.workloads.aiperf import read_aiperf
 from minipaged_cli.workloads.bench_configs import BENCHMARK_CONFIGS
-from minipaged_cli.workloads.sessions import Session, Turn
+from minipaged_cli.workloads.sessions import Turn, sessions_of
 from minipaged_cli.workloads.sharegpt import read_sharegpt
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
@@ -105,35 +105,26 @@ def read_mooncake(path: Path) -> Trace:
     requests = []
     segments: dict[str, int] = {}
     sessions: dict[str, list[tuple[float | None, Turn]]] = {}
-    with _open(path) as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            where = f"line {line}"
-            row = parse_json(text, source, where)
-            if not isinstance(row, dict):
-                raise InputError("expected a JSON object", source=source, where=where)
-            session = row.get("session_id")
-            required = ("input_length", "output_length") if session is not None else \
-                ("timestamp", "input_length", "output_length")
-            for key in required:
-                if row.get(key) is None:
-                    raise InputError("missing", source=source, where=where, field=key)
-            prompt = _token_count(row["input_length"], source, where, "input_length")
-            output = _token_count(row["output_length"], source, where, "output_length")
-            prefix = _mooncake_blocks(prompt, row.get("hash_ids", []), segments, source, where)
-            if session is not None:
-                start = _milliseconds(row, "timestamp", source, where)
-                delay = _milliseconds(row, "delay", source, where) or 0.0
-                sessions.setdefault(str(session), []).append(
-                    (start, Turn(prompt, output, delay_s=delay, segments=prefix, whole_prompt=True)))
-                continue
-            requests.append(Request(id=f"mooncake-{len(requests)}", arrival_s=_milliseconds(row, "timestamp", source,
-                                                                                             where),
-                                    prompt_tokens=prompt, output_tokens=output, prefix=prefix))
-    return make_trace(path.stem, requests, source=source, segments=segments,
-                      sessions=[Session(name, tuple(turn for _, turn in rows), start_s=rows[0][0] or 0.0)
-                                for name, rows in sessions.items()],
+    for where, row in read_json_lines(path):
+        session = row.get("session_id")
+        required = ("input_length", "output_length") if session is not None else \
+            ("timestamp", "input_length", "output_length")
+        for key in required:
+            if row.get(key) is None:
+                raise InputError("missing", source=source, where=where, field=key)
+        prompt = _token_count(row["input_length"], source, where, "input_length")
+        output = _token_count(row["output_length"], source, where, "output_length")
+        prefix = _mooncake_blocks(prompt, row.get("hash_ids", []), segments, source, where)
+        if session is not None:
+            start = _milliseconds(row, "timestamp", source, where)
+            delay = _milliseconds(row, "delay", source, where) or 0.0
+            sessions.setdefault(str(session), []).append(
+                (start, Turn(prompt, output, delay_s=delay, segments=prefix, whole_prompt=True)))
+            continue
+        requests.append(Request(id=f"mooncake-{len(requests)}",
+                                arrival_s=_milliseconds(row, "timestamp", source, where) or 0.0,
+                                prompt_tokens=prompt, output_tokens=output, prefix=prefix))
+    return make_trace(path.stem, requests, source=source, segments=segments, sessions=sessions_of(sessions),
                       description="Mooncake FAST'25 trace (kvcache-ai/Mooncake, Apache-2.0)")
 
 

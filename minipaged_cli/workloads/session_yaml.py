@@ -34,7 +34,7 @@ import yaml
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.validation import MAX_REQUESTS
-from minipaged_cli.workloads.fields import Fields, sample_arrivals, sample_lengths, sample_seconds
+from minipaged_cli.workloads.fields import Fields, read_group, sample_lengths, sample_seconds
 from minipaged_cli.workloads.sessions import Session, Turn
 
 _SESSION_GROUP_KEYS = {"count", "seed", "arrival", "turns", "delay_s", "prompt_tokens", "output_tokens",
@@ -106,13 +106,9 @@ def _flag(entry: dict[str, Any], key: str, reader: Fields) -> bool:
 def generate_sessions(group: dict[str, Any], index: int, source: str) -> list[Session]:
     """A ``generate:`` group with ``turns``: ``count`` seeded sessions, each turn sent ``delay_s`` after the
     previous answer."""
-    where = f"generate[{index}]"
-    reader = Fields(source, where)
-    reader.check_keys(group, _SESSION_GROUP_KEYS)
-    count = reader.count(group, "count", minimum=1, maximum=MAX_REQUESTS)
-    rng = np.random.default_rng(reader.count(group, "seed", minimum=0, default=0))
-    id_prefix = str(group.get("id_prefix", f"gen{index}-"))
-    starts = sample_arrivals(reader.mapping(group, "arrival"), count, rng, Fields(source, f"{where}.arrival"))
+    head = read_group(group, index, source, _SESSION_GROUP_KEYS, "gen")
+    reader, where, count, rng, starts, id_prefix = head.reader, head.where, head.count, head.rng, head.arrivals, \
+        head.id_prefix
     num_turns = sample_lengths(reader.mapping(group, "turns"), count, rng, Fields(source, f"{where}.turns"))
     total = int(num_turns.sum())
     if total > MAX_REQUESTS:

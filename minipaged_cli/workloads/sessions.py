@@ -116,6 +116,13 @@ def session_requests(session: Session, segments: dict[str, int], *, source: str,
     return pairs
 
 
+def sessions_of(rows: dict[str, list[tuple[float | None, Turn]]]) -> list[Session]:
+    """Sessions from a trace's rows grouped by session id: (the row's start time or None, its turn), in order;
+    the first row's time starts the session (0 without)."""
+    return [Session(name, tuple(turn for _, turn in turns), start_s=turns[0][0] or 0.0)
+            for name, turns in rows.items()]
+
+
 def _segment_tokens(name: str, segments: dict[str, int], source: str, where: str, field: str) -> int:
     if name not in segments:
         raise InputError(f"unknown segment{did_you_mean(name, segments, cutoff=0.5)}; define it under 'segments'",

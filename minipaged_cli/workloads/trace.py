@@ -22,7 +22,7 @@ from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.input_files import read_yaml
 from minipaged_cli.validation import MAX_REQUESTS
 from minipaged_cli.workloads.agent_loop import generate_agent_tasks
-from minipaged_cli.workloads.fields import Fields, poisson_arrivals, sample_arrivals, sample_lengths
+from minipaged_cli.workloads.fields import Fields, poisson_arrivals, read_group, sample_lengths
 from minipaged_cli.workloads.request import Request
 from minipaged_cli.workloads.session_yaml import dump_sessions, generate_sessions, read_sessions
 from minipaged_cli.workloads.sessions import Session, TurnLink, session_requests
@@ -246,24 +246,18 @@ def _read_request(entry: Any, index: int, source: str) -> Request:
 
 
 def _generate_group(group: Any, index: int, source: str) -> list[Request]:
-    where = f"generate[{index}]"
     if not isinstance(group, dict):
-        raise InputError("expected a mapping", source=source, where=where, value=group, has_value=True)
-    reader = Fields(source, where)
-    reader.check_keys(group, _GROUP_KEYS)
-    count = reader.count(group, "count", minimum=1, maximum=MAX_REQUESTS)
-    seed = reader.count(group, "seed", minimum=0, default=0)
-    id_prefix = str(group.get("id_prefix", f"gen{index}-"))
-    rng = np.random.default_rng(seed)
-    arrivals = sample_arrivals(reader.mapping(group, "arrival"), count, rng, Fields(source, f"{where}.arrival"))
+        raise InputError("expected a mapping", source=source, where=f"generate[{index}]", value=group, has_value=True)
+    head = read_group(group, index, source, _GROUP_KEYS, "gen")
+    reader, where, count, rng = head.reader, head.where, head.count, head.rng
     prompts = sample_lengths(reader.mapping(group, "prompt_tokens"), count, rng,
-                              Fields(source, f"{where}.prompt_tokens"))
+                             Fields(source, f"{where}.prompt_tokens"))
     outputs = sample_lengths(reader.mapping(group, "output_tokens"), count, rng,
-                              Fields(source, f"{where}.output_tokens"))
+                             Fields(source, f"{where}.output_tokens"))
     prefix = reader.prefix(group)
     n = reader.count(group, "n", minimum=1, maximum=MAX_REQUESTS, default=1)
     return [
-        Request(f"{id_prefix}{i}", float(arrivals[i]), int(prompts[i]), int(outputs[i]), prefix, n)
+        Request(f"{head.id_prefix}{i}", float(head.arrivals[i]), int(prompts[i]), int(outputs[i]), prefix, n)
         for i in range(count)
     ]
 
