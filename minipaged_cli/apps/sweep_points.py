@@ -12,6 +12,7 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.calibration import Calibration, load_calibration
+from minipaged_cli.sim.clients import OPEN_LOOP, Clients
 from minipaged_cli.sim.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     SimConfig,
@@ -85,6 +86,7 @@ class Point:
     offload_policy: str = "write-through"
     tier_eviction: str = "lru"
     tier_inclusion: str = "inclusive"
+    concurrency: int = 0  # closed-loop clients (sim/clients.py); 0: open loop at the point's rate
 
     @property
     def curve(self) -> Point:
@@ -106,9 +108,10 @@ class Point:
     def replay_key(self) -> Point:
         """Points with one key share one replay: without a host tier the tiers' policies change nothing, so the
         key leaves them out."""
-        if self.host_bytes:
-            return self
-        return replace(self, offload_policy="", tier_eviction="", tier_inclusion="")
+        key = replace(self, rate=0.0) if self.concurrency else self  # (closed-loop clients ignore arrival times)
+        if key.host_bytes:
+            return key
+        return replace(key, offload_policy="", tier_eviction="", tier_inclusion="")
 
     @property
     def replayed_strategy(self) -> str:
@@ -161,7 +164,9 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
                        cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
                                                  hybrid=settings.hybrid_manager),
                        offload_policy=point.offload_policy, tier_eviction=point.tier_eviction,
-                       tier_inclusion=point.tier_inclusion, **settings.engine)
+                       tier_inclusion=point.tier_inclusion,
+                       clients=Clients(concurrency=point.concurrency) if point.concurrency else OPEN_LOOP,
+                       **settings.engine)
     return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
 
 

@@ -32,3 +32,7 @@ def clients_option(kind: str | None, concurrency: int | None, max_concurrency: i
                  "capped": "--max-concurrency N"}[kind]
         raise InputError(f"{kind} clients take {needs}", field="--clients", value=kind, has_value=True)
     return clients
+SweepConcurrencyOpt = Annotated[str | None, typer.Option(
+    "--concurrency", help="Closed-loop clients, comma-separated (1,8,32): an axis of the sweep, each value a closed "
+                          "loop of that many clients (one replay: arrival times are not used; --rates defaults to "
+                          "one rate then).", show_default=False)]

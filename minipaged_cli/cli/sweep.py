@@ -22,6 +22,7 @@ from minipaged_cli.apps.sweep_points import (
     prepare,
 )
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
+from minipaged_cli.cli.client_options import SweepConcurrencyOpt
 from minipaged_cli.cli.common import (
     CalibrationOpt,
     FormatOpt,
@@ -143,6 +144,7 @@ def sweep_command(
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
     plot: PlotOpt = None,
+    concurrency: SweepConcurrencyOpt = None,
 ) -> None:
     """Replay a trace at every combination of request rates, strategies and the other axes (models, GPUs, KV
     memory, block sizes, prefix caching), and report per point the normalized latency (end-to-end latency per
@@ -158,6 +160,8 @@ def sweep_command(
     if workers is not None:
         whole_number(workers, field="--workers", minimum=1)
     options = checked(values, from_file, str(config))
+    if options["concurrency"] and options["rates"] is None:  # closed loops ignore arrival times: one replay each
+        options["rates"] = (1.0,)
     if options["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
     settings = Settings(seed=options["seed"], seeds=options["seeds"],
@@ -170,7 +174,7 @@ def sweep_command(
                 gpus=options["gpus"], kv_memory=options["kv_memory"] or (None,), block_sizes=options["block_sizes"],
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
-                tier_inclusions=options["tier_inclusion"],
+                tier_inclusions=options["tier_inclusion"], concurrency=options["concurrency"] or (0,),
                 all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
