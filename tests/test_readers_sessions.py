@@ -127,6 +127,15 @@ def test_prefix_repetition_repeats_each_prefix_evenly() -> None:
     ("i.yml", "inference-perf", "data: {type: random}\n", "data: type: 'random': expected shared_prefix"),
     ("v.json", "vllm-multi-turn", '{"filetype": "generate_conversations", "num_conversations": 1, "prompt_input": '
      '{"num_turns": {"distribution": "pareto"}}, "prompt_output": {}}', "distribution: 'pareto': expected one of"),
+    # sizes past what a trace holds are refused before anything that size is built
+    ("g.txt", "genai-perf", 'genai-perf --num-sessions 2 --output-tokens-mean 3 --session-turns-mean 1e300',
+     "session_turns_mean: '1e300': makes"),
+    ("g.txt", "genai-perf", 'genai-perf --prompt "unclosed', "not a command line: No closing quotation"),
+    ("i.yml", "inference-perf", "load: {stages: [{rate: 1e9, duration: 1e9}]}\ndata: {type: shared_prefix, "
+     "shared_prefix: {system_prompt_len: 10, question_len: 5, output_len: 3}}", "load.stages[0]: rate: '1e9': makes"),
+    ("v.json", "vllm-multi-turn", '{"filetype": "generate_conversations", "num_conversations": 1, "prompt_input": '
+     '{"num_turns": {"distribution": "uniform", "min": 5, "max": 2}}, "prompt_output": {}}',
+     "prompt_input.num_turns: max: 2: must be >= 5"),
 ])
 def test_bad_files_name_the_place_the_field_and_the_value(tmp_path: Path, name: str, fmt: str, text: str,
                                                           message: str) -> None:

@@ -52,6 +52,8 @@ def generate_agent_tasks(group: dict[str, Any], index: int, source: str) -> list
         num_steps = int(steps[number])
         fan_out = lengths("parallel", num_steps, {"dist": "constant", "value": 1})
         calls = int(fan_out[1:].sum()) + 1 + int((fan_out[1:] > 1).sum())  # (a fan-out adds its join call)
+        if calls > MAX_REQUESTS:
+            raise reader.error(f"a task makes {calls} calls, more than {MAX_REQUESTS}", "parallel", group["parallel"])
         outputs = lengths("output_tokens", calls)
         results = lengths("tool_result_tokens", calls)
         latencies = sample_seconds(reader.mapping(group, "tool_latency_s"), calls, rng,

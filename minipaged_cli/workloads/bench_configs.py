@@ -36,7 +36,7 @@ import numpy as np
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import parse_json, parse_yaml, read_mapping, read_text
-from minipaged_cli.validation import MAX_REQUESTS, finite_number, number_from_text, whole_number
+from minipaged_cli.validation import MAX_REQUESTS, MAX_TOKENS, finite_number, number_from_text, whole_number
 from minipaged_cli.workloads.fields import poisson_arrivals
 from minipaged_cli.workloads.request import Request
 from minipaged_cli.workloads.sessions import Session, Turn
@@ -82,7 +82,10 @@ def _options(path: Path) -> _Options:
                  "")
     if first.startswith(("genai-perf", "vllm", "--", "python")):
         values: dict[str, Any] = {}
-        words = shlex.split(text, comments=True)
+        try:
+            words = shlex.split(text, comments=True)
+        except ValueError as error:  # an unclosed quote
+            raise InputError(f"not a command line: {error}", source=str(path)) from None
         for index, word in enumerate(words):
             if word.startswith("--"):
                 name, _, value = word.partition("=")
@@ -96,9 +99,18 @@ def _options(path: Path) -> _Options:
 
 
 def _normal(rng: np.random.Generator, mean: float, std: float, size: int, low: int) -> np.ndarray:
-    """Whole numbers from a normal distribution (a constant when std is 0), at least ``low``."""
+    """Whole numbers from a normal distribution (a constant when std is 0), at least ``low``, at most
+    ``MAX_TOKENS`` (what a prompt may hold)."""
     values = rng.normal(mean, std, size) if std > 0 else np.full(size, mean)
-    return np.maximum(np.rint(values), low).astype(np.int64)
+    return np.clip(np.rint(values), low, MAX_TOKENS).astype(np.int64)
+
+
+def _checked_total(total: int, options: _Options, key: str) -> int:
+    """A number of requests a config makes, refused past ``MAX_REQUESTS`` before anything that size is built."""
+    if total > MAX_REQUESTS:
+        raise InputError(f"makes {total} requests, more than {MAX_REQUESTS}", source=options.source,
+                         where=options.where, field=key, value=options.values.get(key), has_value=True)
+    return total
 
 
 def read_genai_perf(path: Path) -> Trace:
@@ -107,6 +119,7 @@ def read_genai_perf(path: Path) -> Trace:
     count = options.count("num_sessions", minimum=1)
     turns = _normal(rng, options.number("session_turns_mean", 1.0), options.number("session_turns_stddev", 0.0),
                     count, 1)
+    _checked_total(int(turns.sum()), options, "session_turns_mean")
     num_prefixes = options.count("num_prefix_prompts", 0)
     prefix_length = options.count("prefix_prompt_length", 100, minimum=1)
     segments = {f"genai-perf-prefix-{k}": prefix_length for k in range(num_prefixes)}
@@ -186,7 +199,7 @@ def _stage_arrivals(load: _Options, rng: np.random.Generator) -> np.ndarray:
     for index, stage in enumerate(stages):
         options = _Options(stage if isinstance(stage, dict) else {}, load.source, f"load.stages[{index}]")
         rate, duration = options.number("rate", minimum=1e-9), options.number("duration", minimum=1e-9)
-        count = max(1, round(rate * duration))
+        count = _checked_total(max(1, round(rate * duration)), options, "rate")
         gaps = rng.exponential(1.0 / rate, count) if kind == "poisson" else np.full(count, 1.0 / rate)
         times.append(start + np.cumsum(gaps) - gaps[0])
         start += duration
@@ -203,8 +216,9 @@ def read_vllm_multi_turn(path: Path) -> Trace:
     count = config.count("num_conversations", minimum=1)
     inputs, outputs = config.mapping("prompt_input"), config.mapping("prompt_output")
     messages = _vllm_draw(inputs, "num_turns", count, rng)
-    messages = np.maximum(messages, 2)
+    messages = np.clip(messages, 2, 2 * MAX_REQUESTS)
     messages += messages % 2
+    _checked_total(int(messages.sum()) // 2, inputs, "num_turns")
     common = int(_vllm_draw(inputs, "common_prefix_num_tokens", 1, rng)[0]) if "common_prefix_num_tokens" \
         in inputs.values else 0
     prefixes = _vllm_draw(inputs, "prefix_num_tokens", count, rng)
@@ -228,7 +242,8 @@ def _vllm_draw(section: _Options, key: str, size: int, rng: np.random.Generator)
     kind = spec.values.get("distribution")
     draws: dict[str, Callable[[], np.ndarray]] = {
         "constant": lambda: np.full(size, spec.number("value")),
-        "uniform": lambda: rng.integers(spec.count("min"), spec.count("max") + 1, size).astype(float),
+        "uniform": lambda: rng.integers(spec.count("min"), spec.count("max", minimum=spec.count("min")) + 1,
+                                        size).astype(float),
         "zipf": lambda: rng.zipf(spec.number("alpha", minimum=1.0 + 1e-9), size).astype(float),
         "poisson": lambda: rng.poisson(spec.number("alpha"), size).astype(float),
         "lognormal": lambda: _vllm_lognormal(spec, size, rng),
@@ -239,7 +254,7 @@ def _vllm_draw(section: _Options, key: str, size: int, rng: np.random.Generator)
     values = draws[kind]()
     if spec.values.get("max") is not None:
         values = np.minimum(values, spec.number("max"))
-    return np.rint(values).astype(np.int64)
+    return np.clip(np.rint(values), 0, MAX_TOKENS).astype(np.int64)
 
 
 def _vllm_lognormal(spec: _Options, size: int, rng: np.random.Generator) -> np.ndarray:
