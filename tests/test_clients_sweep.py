@@ -4,6 +4,7 @@ row what ``simulate --concurrency`` measures."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -43,3 +44,12 @@ def test_a_bad_concurrency_is_one_line() -> None:
     result = CliRunner().invoke(app, ["sweep", str(CHAT), "--concurrency", "1,0", "--strategies", "paged"])
     assert result.exit_code == 2
     assert "--concurrency: 0: must be >= 1" in result.stderr
+
+
+def test_the_plot_draws_latency_against_throughput(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "clients.png"
+    result = CliRunner().invoke(app, ["sweep", str(CHAT), "--concurrency", "1,4", "--strategies", "paged",
+                                      "--workers", "1", "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    assert plot.stat().st_size > 10_000

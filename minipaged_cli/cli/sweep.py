@@ -210,9 +210,11 @@ def sweep_command(
     if csv_path is not None:
         write_csv(result, csv_path)
     if plot is not None:
-        from minipaged_cli.cli.plot import plot_host_tier, plot_sweep
+        from minipaged_cli.cli.plot import plot_concurrency, plot_host_tier, plot_sweep
 
-        if len(axes.cpu_kv_memory) > 1:
+        if any(axes.concurrency):
+            plot_concurrency(result, Path(plot), title=f"{trace.name}: latency against throughput, by clients")
+        elif len(axes.cpu_kv_memory) > 1:
             plot_host_tier(result, Path(plot), title=f"{trace.name}: prefix-cache hits and TTFT against host memory")
         else:
             plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")
