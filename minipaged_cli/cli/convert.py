@@ -18,6 +18,7 @@ from minipaged_cli.cli.common import (
     stdout,
 )
 from minipaged_cli.cli.outputs import check_outputs, write_text
+from minipaged_cli.cli.workload_options import TokenizerOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import dump_trace
@@ -38,6 +39,7 @@ def convert_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    tokenizer: TokenizerOpt = None,
     note: Annotated[str, typer.Option("--note", help="Extra comment lines for the file's header "
                                                      "(source, license, attribution).")] = "",
 ) -> None:
@@ -48,13 +50,15 @@ def convert_command(
     if output.suffix.lower() not in (".yaml", ".yml"):
         raise InputError("the output must be a .yaml file", field="OUTPUT", value=str(output), has_value=True)
     check_outputs({"OUTPUT": output})
-    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
+                       tokenizer=tokenizer)
     options = " ".join(
         part for part in (
             f"--format {trace_format}" if trace_format != "auto" else "",
             f"--limit {limit}" if limit is not None else "",
             f"--rate {rate:g} --seed {seed}" if rate is not None else "",
             f"--time-scale {time_scale:g}" if time_scale != 1.0 else "",
+            f"--tokenizer {tokenizer.name}" if tokenizer is not None else "",
         ) if part
     )
     header = "\n".join(line for line in (

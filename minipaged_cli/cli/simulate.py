@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from minipaged_cli.cli.client_options import ClientsOpt, ConcurrencyOpt, MaxConcurrencyOpt, clients_option
 from minipaged_cli.cli.common import (
     BlockSizeOpt,
     CalibrationOpt,
@@ -49,6 +48,13 @@ from minipaged_cli.cli.tier_options import (
     OffloadPolicyOpt,
     TierEvictionOpt,
     TierInclusionOpt,
+)
+from minipaged_cli.cli.workload_options import (
+    ClientsOpt,
+    ConcurrencyOpt,
+    MaxConcurrencyOpt,
+    TokenizerOpt,
+    clients_option,
 )
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -125,6 +131,7 @@ def simulate_command(
     clients: ClientsOpt = None,
     concurrency: ConcurrencyOpt = None,
     max_concurrency: MaxConcurrencyOpt = None,
+    tokenizer: TokenizerOpt = None,
     check_invariants: Annotated[bool, flag(
         "check-invariants", help="Check the allocator's invariants after every event; count violations "
                                  "(exit 1 if any).")] = False,
@@ -147,7 +154,8 @@ def simulate_command(
     hybrid = resolve_hybrid_kv(hybrid_kv, scheduler)
     blocks, origin = resolve_num_blocks(spec, gpu_spec.memory_bytes, block_size, num_blocks, kv_memory,
                                         gpu_memory_utilization, hybrid=hybrid)
-    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
+                       tokenizer=tokenizer)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,

@@ -22,7 +22,6 @@ from minipaged_cli.apps.sweep_points import (
     prepare,
 )
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
-from minipaged_cli.cli.client_options import SweepConcurrencyOpt
 from minipaged_cli.cli.common import (
     CalibrationOpt,
     FormatOpt,
@@ -49,6 +48,7 @@ from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
+from minipaged_cli.cli.workload_options import SweepConcurrencyOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION

@@ -8,7 +8,7 @@
   2000, "output_length": 30}]}``: a conversation, each turn's prompt the history plus its text; the first turn's
   ``timestamp`` starts it.
 
-Text is counted in tokens by ``text_tokens.estimated_tokens``. ``output_length`` is required: AIPerf falls back to
+Text is counted in tokens by ``text_tokens.TextTokens``. ``output_length`` is required: AIPerf falls back to
 its ``--osl`` option, which a file does not carry.
 """
 
@@ -22,11 +22,11 @@ from minipaged_cli.input_files import read_json_lines
 from minipaged_cli.validation import finite_number, token_count
 from minipaged_cli.workloads.request import Request
 from minipaged_cli.workloads.sessions import Turn, sessions_of
-from minipaged_cli.workloads.text_tokens import estimated_tokens
+from minipaged_cli.workloads.text_tokens import ESTIMATED, TextTokens
 from minipaged_cli.workloads.trace import Trace, make_trace
 
 
-def read_aiperf(path: Path) -> Trace:
+def read_aiperf(path: Path, text_tokens: TextTokens = ESTIMATED) -> Trace:
     source = str(path)
     requests: list[Request] = []
     sessions: dict[str, list[tuple[float | None, Turn]]] = {}
@@ -40,19 +40,21 @@ def read_aiperf(path: Path) -> Trace:
             if name in sessions:
                 raise InputError("a session on two lines", source=source, where=where, field="session_id",
                                  value=name, has_value=True)
-            sessions[name] = [_turn(turn, source, f"{where} turns[{index}]", whole_prompt=False)
+            sessions[name] = [_turn(turn, source, f"{where} turns[{index}]", text_tokens, whole_prompt=False)
                               for index, turn in enumerate(turns)]
         elif row.get("session_id") is not None:
-            sessions.setdefault(str(row["session_id"]), []).append(_turn(row, source, where, whole_prompt=True))
+            timed_turn = _turn(row, source, where, text_tokens, whole_prompt=True)
+            sessions.setdefault(str(row["session_id"]), []).append(timed_turn)
         else:
-            start, turn = _turn(row, source, where, whole_prompt=True)
+            start, turn = _turn(row, source, where, text_tokens, whole_prompt=True)
             requests.append(Request(f"aiperf-{len(requests)}", start or 0.0, turn.input_tokens, turn.output_tokens))
     return make_trace(path.stem, requests, source=source,
                       sessions=sessions_of(sessions),
                       description=f"AIPerf custom dataset {path.name}")
 
 
-def _turn(row: Any, source: str, where: str, *, whole_prompt: bool) -> tuple[float | None, Turn]:
+def _turn(row: Any, source: str, where: str, text_tokens: TextTokens, *,
+          whole_prompt: bool) -> tuple[float | None, Turn]:
     """A turn of a row: (its timestamp in seconds or None, the turn)."""
     if not isinstance(row, dict):
         raise InputError("expected a JSON object", source=source, where=where)
@@ -62,7 +64,7 @@ def _turn(row: Any, source: str, where: str, *, whole_prompt: bool) -> tuple[flo
         texts = row.get("texts") if row.get("text") is None else [row["text"]]
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str | dict) for t in texts):
             raise InputError("expected text, texts or input_length", source=source, where=where, field="text")
-        prompt = sum(estimated_tokens(_content(t, source, where)) for t in texts)
+        prompt = sum(text_tokens.count(_content(t, source, where)) for t in texts)
     if row.get("output_length") is None:
         raise InputError("missing (AIPerf takes it from --osl, which the file does not carry)", source=source,
                          where=where, field="output_length")

@@ -18,6 +18,7 @@ public production traces into the same ``Trace``.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from minipaged_cli.workloads.aiperf import read_aiperf
 from minipaged_cli.workloads.bench_configs import BENCHMARK_CONFIGS
 from minipaged_cli.workloads.sessions import Turn, sessions_of
 from minipaged_cli.workloads.sharegpt import read_sharegpt
+from minipaged_cli.workloads.text_tokens import TextTokens
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
 TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv", "aiperf", "sharegpt", "genai-perf",
@@ -224,9 +226,11 @@ def load_trace(
     seed: int = 0,
     limit: int | None = None,
     time_scale: float = 1.0,
+    tokenizer: Path | None = None,
 ) -> Trace:
     """Read a trace in any supported format, then apply ``limit``, ``rate`` (Poisson re-timing) and ``time_scale``.
 
+    ``tokenizer``: a local tokenizer directory that counts the tokens of formats holding text (else estimated).
     ``rate`` replaces the arrival times with a seeded Poisson process (length-only CSVs have none: without a
     rate all their requests arrive at t = 0, like an offline benchmark).
     """
@@ -245,6 +249,7 @@ def load_trace(
         raise InputError("is a directory; expected a trace file", source=str(path))
     if not path.is_file():
         raise InputError("no such file", source=str(path))
+    text_tokens = TextTokens(tokenizer)  # (a bad directory is reported before the trace is read)
     if trace_format == "auto":
         trace_format = detect_format(path)
     readers: dict[str, Callable[[Path], Trace]] = {
@@ -252,8 +257,8 @@ def load_trace(
         "azure": read_azure,
         "mooncake": read_mooncake,
         "lengths-csv": read_lengths_csv,
-        "aiperf": read_aiperf,
-        "sharegpt": read_sharegpt,
+        "aiperf": functools.partial(read_aiperf, text_tokens=text_tokens),
+        "sharegpt": functools.partial(read_sharegpt, text_tokens=text_tokens),
         **BENCHMARK_CONFIGS,
     }
     trace = readers[trace_format](path).limited(limit)

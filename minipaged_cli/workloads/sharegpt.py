@@ -3,7 +3,7 @@
 The file is a list of ``{"id": ..., "conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value":
 ...}, ...]}``. A turn is what the user (or the system) wrote since the last answer, its output the answer that
 follows; a leading answer and a trailing question without an answer are left out, as vLLM's benchmark pairs them.
-Text is counted by ``text_tokens.estimated_tokens``. Every conversation starts at t = 0 and the next turn is sent
+Text is counted by ``text_tokens.TextTokens``. Every conversation starts at t = 0 and the next turn is sent
 as soon as the answer is back (the file has no times): re-time with ``--rate`` (conversation starts) or run with
 ``--concurrency``.
 """
@@ -16,14 +16,14 @@ from typing import Any
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import parse_json, read_text
 from minipaged_cli.workloads.sessions import Session, Turn
-from minipaged_cli.workloads.text_tokens import estimated_tokens
+from minipaged_cli.workloads.text_tokens import ESTIMATED, TextTokens
 from minipaged_cli.workloads.trace import Trace, make_trace
 
 _ASKING = {"human", "user", "system"}
 _ANSWERING = {"gpt", "chatgpt", "assistant", "bard", "bing", "model"}
 
 
-def read_sharegpt(path: Path) -> Trace:
+def read_sharegpt(path: Path, text_tokens: TextTokens = ESTIMATED) -> Trace:
     source = str(path)
     document = parse_json(read_text(path), source)
     if not isinstance(document, list):
@@ -33,7 +33,7 @@ def read_sharegpt(path: Path) -> Trace:
         where = f"[{index}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("conversations"), list):
             raise InputError("expected an object with a 'conversations' list", source=source, where=where)
-        turns = _turns(entry["conversations"], source, where)
+        turns = _turns(entry["conversations"], source, where, text_tokens)
         if turns:
             sessions.append(Session(str(entry.get("id", index)), tuple(turns)))
     if not sessions:
@@ -45,7 +45,7 @@ def read_sharegpt(path: Path) -> Trace:
                       description=f"ShareGPT conversations {path.name}")
 
 
-def _turns(messages: list[Any], source: str, where: str) -> list[Turn]:
+def _turns(messages: list[Any], source: str, where: str, text_tokens: TextTokens) -> list[Turn]:
     turns = []
     asked = 0
     for number, message in enumerate(messages):
@@ -54,10 +54,10 @@ def _turns(messages: list[Any], source: str, where: str) -> list[Turn]:
             raise InputError("expected an object with 'from' and a 'value' string", source=source, where=place)
         speaker = message.get("from")
         if speaker in _ASKING:
-            asked += estimated_tokens(message["value"])
+            asked += text_tokens.count(message["value"])
         elif speaker in _ANSWERING:
             if asked:
-                turns.append(Turn(asked, estimated_tokens(message["value"])))
+                turns.append(Turn(asked, text_tokens.count(message["value"])))
             asked = 0
         else:
             raise InputError(f"expected one of {', '.join(sorted(_ASKING | _ANSWERING))}", source=source,

@@ -1,7 +1,9 @@
-"""The clients' options, shared by ``simulate`` and ``sweep``: how requests reach the engine (``sim/clients.py``)."""
+"""How a workload is read (``--tokenizer``, for the formats that hold text) and how its requests reach the engine
+(the clients, ``sim/clients.py``): options shared by ``simulate``, ``convert`` and ``sweep``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -9,6 +11,10 @@ import typer
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.clients import CLIENT_KINDS, Clients
 
+TokenizerOpt = Annotated[Path | None, typer.Option(
+    "--tokenizer", help="A local tokenizer directory (a model's, with tokenizer.json) that counts the tokens of "
+                        "formats holding text (AIPerf, ShareGPT); needs transformers, downloads nothing. Default: "
+                        "4 characters a token.", metavar="DIR", show_default=False)]
 ClientsOpt = Annotated[str | None, typer.Option(
     "--clients", help="How requests are sent: open (at the trace's times; the default), closed (--concurrency "
                       "clients, each sending its next session or request when the last is done) or capped (open, "
