@@ -107,9 +107,10 @@ def read_text(path: Path, *, field: str | None = None) -> str:
 
 
 def read_json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The JSON objects of a JSONL file, a line each (blank lines skipped), with where each is ("line 3")."""
+    """The JSON objects of a JSONL file, a line each (blank lines skipped), with where each is ("line 3"). Lines
+    end at newlines only: a JSON string may hold U+2028 and the other separators ``str.splitlines`` cuts at."""
     source = str(path)
-    for line, text in enumerate(read_text(path).splitlines(), start=1):
+    for line, text in enumerate(read_text(path).split("\n"), start=1):
         if not text.strip():
             continue
         where = f"line {line}"
