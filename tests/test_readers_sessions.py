@@ -167,3 +167,15 @@ def test_convert_writes_each_format_as_yaml_that_reads_back_the_same(tmp_path: P
     assert again.turns.keys() == original.turns.keys()
     assert all(again.turns[k].after == v.after and again.turns[k].delay_s == pytest.approx(v.delay_s, abs=1e-6)
                for k, v in original.turns.items())
+
+
+@pytest.mark.parametrize(("name", "fmt"), [(name, fmt) for name, fmt in SAMPLES if fmt != "auto"])
+def test_auto_tells_each_format_apart_and_a_converted_file_is_yaml(tmp_path: Path, name: str, fmt: str) -> None:
+    from minipaged_cli.workloads.readers import detect_format
+    from minipaged_cli.workloads.trace import dump_trace
+
+    assert detect_format(DATA / name) == fmt
+    converted = tmp_path / "converted.yaml"  # (its header names the source and the tool's options)
+    converted.write_text(dump_trace(load_trace(DATA / name, fmt), header=f"from {name} --format {fmt} "
+                                                                          "--num-sessions 3 prefix_repetition"))
+    assert detect_format(converted) == "yaml"

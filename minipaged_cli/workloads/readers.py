@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -49,10 +50,10 @@ _LENGTH_COLUMNS = (
 
 
 def detect_format(path: Path) -> str:
-    """By extension, then by the CSV header."""
+    """By extension, then by the CSV header, a JSONL file's first row, or the head of a benchmark tool's config."""
     suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        return "yaml"
+    if suffix in (".yaml", ".yml", ".json", ".txt"):
+        return _config_format(path)
     if suffix == ".jsonl":
         return _jsonl_format(path)
     if suffix == ".csv":
@@ -62,8 +63,31 @@ def detect_format(path: Path) -> str:
         if _length_columns(header) is not None:
             return "lengths-csv"
         raise InputError(f"unrecognised CSV header {','.join(header)}; pass --format", source=str(path))
-    raise InputError("cannot tell the format from the extension (.yaml, .jsonl, .csv); pass --format",
+    raise InputError("cannot tell the format from the extension (.yaml, .json, .jsonl, .csv, .txt); pass --format",
                      source=str(path))
+
+
+# A benchmark tool's config, told by its keys (or its command line's options) in its first 64 KB, comments left
+# out (a trace in minipaged's YAML may be long; these are short). A minipaged YAML trace has none of these keys.
+_CONFIG_SIGNS = (
+    ("vllm-multi-turn", re.compile(r'"filetype"\s*:\s*"generate_conversations"')),
+    ("inference-perf", re.compile(r"^data:(.|\n)*^\s+type:\s*shared_prefix\b", re.MULTILINE)),
+    ("prefix-repetition", re.compile(r"^\s*(dataset[-_]name\s*:\s*prefix_repetition|prefix[-_]repetition[-_]\w+\s*:)"
+                                     r"|\s--(dataset-name[ =]prefix_repetition|prefix-repetition-\w+)", re.MULTILINE)),
+    ("genai-perf", re.compile(r"^\s*num[-_]sessions\s*:|\s--num-sessions\b", re.MULTILINE)),
+)
+
+
+def _config_format(path: Path) -> str:
+    """ShareGPT (a JSON list), a benchmark tool's config by its keys, else minipaged's YAML."""
+    with _open(path) as handle:
+        head = "\n".join(line for line in handle.read(1 << 16).splitlines() if not line.lstrip().startswith("#"))
+    if path.suffix.lower() == ".json" and head.lstrip().startswith("["):
+        return "sharegpt"
+    detected = next((name for name, sign in _CONFIG_SIGNS if sign.search(head)), None)
+    if detected is None and path.suffix.lower() in (".json", ".txt"):
+        raise InputError("cannot tell which format this is; pass --format", source=str(path))
+    return detected or "yaml"
 
 
 def _jsonl_format(path: Path) -> str:
