@@ -5,6 +5,7 @@ the flat requests it sends would at the times it sends them."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -146,3 +147,42 @@ def test_time_scale_and_rate_re_time_session_starts_not_think_times() -> None:
     retimed = trace.with_poisson_arrivals(2.0, seed=1)
     assert retimed.num_requests == trace.num_requests
     assert sorted(s.start_s for s in retimed.sessions) != sorted(starts.values())
+
+
+def written_flat(trace: Trace, sent_s: list[float]) -> str:
+    """The session trace as plain YAML requests at their send times, each turn's history spelled out as shared
+    segments: every earlier input and output a segment (``output_segment`` names a turn's output)."""
+    from minipaged_cli.workloads.trace import dump_trace
+
+    segments = dict(trace.segments)
+    requests = []
+    for request, sent in zip(trace.requests, sent_s, strict=True):
+        names = []
+        for label, length in request.runs:
+            name = label if isinstance(label, str) else ":".join(label)
+            segments[name] = length
+            names.append(name)
+        segments[f"out:{request.id}"] = request.output_tokens
+        requests.append(Request(request.id, sent, request.prompt_tokens, request.output_tokens,
+                                (*request.prefix, *names), output_segment=f"out:{request.id}"))
+    return dump_trace(make_trace(trace.name, requests, source="test", segments=segments))
+
+
+def test_a_session_trace_written_as_flat_requests_with_explicit_segments_replays_the_same(tmp_path: Path) -> None:
+    from minipaged_cli.workloads.trace import load_yaml_trace
+
+    trace = generated()
+    metrics, clients = run(trace, num_blocks=60)
+    path = tmp_path / "flat.yaml"
+    path.write_text(written_flat(trace, clients.sent_s))
+    flat = load_yaml_trace(path)
+    assert not flat.sessions and all(r.output_segment for r in flat.requests)
+    reference, flat_clients = run(flat, num_blocks=60)
+    assert metrics.prefix_cache_hits > 0 and metrics.num_preemptions > 0
+    # The same decisions (counts exact); times within the YAML's rounding of arrivals to the microsecond.
+    ours, theirs = without_sessions(metrics), without_sessions(reference)
+    times = [k for k, v in ours.items() if isinstance(v, float)]
+    assert {k: v for k, v in ours.items() if k not in times} == {k: v for k, v in theirs.items() if k not in times}
+    assert [ours[k] for k in times] == pytest.approx([theirs[k] for k in times], rel=1e-4, abs=1e-6)
+    cached = dict(zip((r.id for r in trace.requests), clients.cached_tokens, strict=True))
+    assert dict(zip((r.id for r in flat.requests), flat_clients.cached_tokens, strict=True)) == cached

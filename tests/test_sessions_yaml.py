@@ -96,3 +96,11 @@ def test_bad_generated_sessions_name_the_group(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", str(path), "--strategies", "paged"])
     assert result.exit_code == 2
     assert "generate[0].delay_s: mean: -1: must be >= 0" in result.stderr
+
+
+def test_an_output_segment_must_hold_the_output(tmp_path: Path) -> None:
+    path = write(tmp_path, "segments: {a-out: 7}\nrequests:\n  - {id: a, arrival_s: 0, prompt_tokens: 10, "
+                           "output_tokens: 5, output_segment: a-out}\n")
+    result = runner.invoke(app, ["simulate", str(path), "--strategies", "paged"])
+    assert result.exit_code == 2
+    assert "requests[0] (id a): output_segment: 'a-out': must name a segment of its 5 output tokens" in result.stderr

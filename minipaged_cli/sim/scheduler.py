@@ -345,6 +345,7 @@ class Scheduler:
             return block_content_keys([*runs, *request.runs, (request.output_label, request.output_tokens)],
                                       self.config.block_size)
         own_prompt = request.prompt_tokens - sum(length for _, length in runs)
-        runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
+        output = request.output_segment or ("output", request_index, sample)
+        runs += [(("prompt", request_index), own_prompt), (output, request.output_tokens)]
         return block_content_keys(runs, self.config.block_size)
 

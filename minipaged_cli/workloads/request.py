@@ -26,6 +26,10 @@ class Request:
     prefix: tuple[str, ...] = ()
     n: int = 1
     runs: tuple[tuple[Hashable, int], ...] = ()
+    # The shared segment its output is, for later requests to name in their prefix: a conversation written out
+    # as plain requests (each later turn's prefix the earlier inputs and outputs), its outputs' blocks found again
+    # as a session's are. One sample only (``n`` = 1); the segment holds ``output_tokens``.
+    output_segment: str | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -76,7 +76,8 @@ class Trace:
         requests = [r for r in self.requests[:limit] if r.id in kept and r.id not in self.turns]
         sessions = [kept_turns for s in self.sessions if (kept_turns := _kept_turns(s, kept)) is not None]
         used = {segment for r in self.requests[:limit] if r.id in kept
-                for segment in (*r.prefix, *(label for label, _ in r.runs if isinstance(label, str)))}
+                for segment in (*r.prefix, *(label for label, _ in r.runs if isinstance(label, str)),
+                                *((r.output_segment,) if r.output_segment else ()))}
         segments = {name: tokens for name, tokens in self.segments.items() if name in used}
         return self._rebuilt(requests, sessions, segments)
 
@@ -166,6 +167,11 @@ def make_trace(
             raise InputError(f"prefix segments hold {prefix_tokens} tokens, more than the prompt's "
                              f"{request.prompt_tokens}", source=source, where=where, field="prefix",
                              value=list(request.prefix), has_value=True)
+        if request.output_segment is not None and (segments.get(request.output_segment) != request.output_tokens
+                                                   or request.n > 1):
+            raise InputError(f"must name a segment of its {request.output_tokens} output tokens, with n = 1",
+                             source=source, where=where, field="output_segment", value=request.output_segment,
+                             has_value=True)
     ordered = sorted(all_requests, key=lambda r: r.arrival_s)
     return Trace(name=name, requests=tuple(ordered), segments=dict(segments), description=description,
                  sessions=tuple(sessions), turns=turns)
@@ -174,7 +180,7 @@ def make_trace(
 # -- the YAML format ---------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"version", "name", "description", "requests", "generate", "segments", "sessions"}
-_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix", "n"}
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix", "n", "output_segment"}
 _GROUP_KEYS = {"count", "seed", "arrival", "prompt_tokens", "output_tokens", "id_prefix", "prefix", "n"}
 
 
@@ -242,6 +248,7 @@ def _read_request(entry: Any, index: int, source: str) -> Request:
         output_tokens=reader.tokens(entry, "output_tokens"),
         prefix=reader.prefix(entry),
         n=reader.count(entry, "n", minimum=1, maximum=MAX_REQUESTS, default=1),
+        output_segment=str(entry["output_segment"]) if entry.get("output_segment") is not None else None,
     )
 
 
@@ -278,6 +285,7 @@ def dump_trace(trace: Trace, *, header: str = "") -> str:
     for r in trace.standalone_requests:
         entry = {"id": r.id, "arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
                  "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {}),
-                 **({"n": r.n} if r.n > 1 else {})}
+                 **({"n": r.n} if r.n > 1 else {}),
+                 **({"output_segment": r.output_segment} if r.output_segment else {})}
         lines.append("  - " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip())
     return "\n".join(lines) + "\n"
