@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import json.decoder
 import json.scanner
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,20 @@ def read_text(path: Path, *, field: str | None = None) -> str:
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) if isinstance(error, OSError) else None
         raise InputError(f"cannot read: {reason or _first_line(error)}", source=str(path), field=field) from None
+
+
+def read_json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a JSONL file, a line each (blank lines skipped), with where each is ("line 3"). Lines
+    end at newlines only: a JSON string may hold U+2028 and the other separators ``str.splitlines`` cuts at."""
+    source = str(path)
+    for line, text in enumerate(read_text(path).split("\n"), start=1):
+        if not text.strip():
+            continue
+        where = f"line {line}"
+        row = parse_json(text, source, where)
+        if not isinstance(row, dict):
+            raise InputError("expected a JSON object", source=source, where=where)
+        yield where, row
 
 
 def read_yaml(path: Path, *, field: str | None = None) -> Any:

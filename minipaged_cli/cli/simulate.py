@@ -52,6 +52,13 @@ from minipaged_cli.cli.tier_options import (
     TierEvictionOpt,
     TierInclusionOpt,
 )
+from minipaged_cli.cli.workload_options import (
+    ClientsOpt,
+    ConcurrencyOpt,
+    MaxConcurrencyOpt,
+    TokenizerOpt,
+    clients_option,
+)
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import DEFAULT_INDEX_CAPACITY
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -110,6 +117,10 @@ def simulate_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    clients: ClientsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    max_concurrency: MaxConcurrencyOpt = None,
+    tokenizer: TokenizerOpt = None,
     check_invariants: Annotated[bool, flag(
         "check-invariants", help="Check the allocator's invariants after every event; count violations "
                                  "(exit 1 if any).")] = False,
@@ -149,7 +160,8 @@ def simulate_command(
                                                 gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version,
                                                 max_num_batched_tokens=max_batched_tokens,
                                                 max_num_seqs=max_num_seqs)
-    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
+                       tokenizer=tokenizer)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
@@ -162,6 +174,7 @@ def simulate_command(
                                                   hybrid=hybrid),
                        offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
                        layerwise_loads=layerwise_loads,
+                       clients=clients_option(clients, concurrency, max_concurrency),
                        check_invariants=check_invariants, vllm_version=vllm_version,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 

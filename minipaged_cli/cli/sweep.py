@@ -51,6 +51,7 @@ from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
+from minipaged_cli.cli.workload_options import SweepConcurrencyOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import ROUTERS
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -152,6 +153,7 @@ def sweep_command(
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
     plot: PlotOpt = None,
+    concurrency: SweepConcurrencyOpt = None,
 ) -> None:
     """Replay a trace at every combination of request rates, strategies and the other axes (models, GPUs, KV
     memory, block sizes, prefix caching), and report per point the normalized latency (end-to-end latency per
@@ -170,6 +172,8 @@ def sweep_command(
     if workers is not None:
         whole_number(workers, field="--workers", minimum=1)
     options = checked(values, from_file, str(config))
+    if options["concurrency"] and options["rates"] is None:  # closed loops ignore arrival times: one replay each
+        options["rates"] = (1.0,)
     if options["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
     settings = Settings(seed=options["seed"], seeds=options["seeds"],
@@ -183,6 +187,7 @@ def sweep_command(
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
                 tier_inclusions=options["tier_inclusion"], replicas=options["replicas"], routers=options["routers"],
+                concurrency=options["concurrency"] or (0,),
                 all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
@@ -218,9 +223,11 @@ def sweep_command(
     if csv_path is not None:
         write_csv(result, csv_path)
     if plot is not None:
-        from minipaged_cli.cli.plot import plot_host_tier, plot_sweep
+        from minipaged_cli.cli.plot import plot_concurrency, plot_host_tier, plot_sweep
 
-        if len(axes.cpu_kv_memory) > 1:
+        if any(axes.concurrency):
+            plot_concurrency(result, Path(plot), title=f"{trace.name}: latency against throughput, by clients")
+        elif len(axes.cpu_kv_memory) > 1:
             plot_host_tier(result, Path(plot), title=f"{trace.name}: prefix-cache hits and TTFT against host memory")
         else:
             plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")

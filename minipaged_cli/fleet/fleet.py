@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.clock import FleetClock
 from minipaged_cli.fleet.config import FleetConfig
 from minipaged_cli.fleet.disaggregation import KvTransfers, RemoteKv, transfer_bytes
@@ -43,6 +44,10 @@ class Fleet:
         self.config = fleet
         self.replicas: list[Replica] = []
         pools: dict[str, list[Replica]] = {}
+        if trace.turns or any(pool.config.clients.kind != "open" for pool in fleet.pools):
+            # a router sends each request at its time in the trace; turns sent when earlier ones finish are not yet
+            raise InputError("a fleet replays requests at their arrival times: sessions and closed-loop or capped "
+                             "clients run on one engine", field="--replicas", value=len(fleet.pools), has_value=False)
         for pool in fleet.pools:
             check_capacity(trace, pool.config, ("paged",))
             for _ in range(pool.num_replicas):

@@ -85,18 +85,22 @@ class StrategyMetrics:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     tiers: dict[str, Any] = field(default_factory=dict)  # name -> sim.tiers.TierMetrics, with tiers below the GPU
+    sessions: Any = None  # sim.session_report.SessionMetrics, with sessions or clients other than open
     timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
     detail: ReplayDetail | None = field(default=None, repr=False)
     layout: Any = field(default=None, repr=False)  # sim.layout.LayoutSamples, when the config asks for it
 
     def measurements(self) -> dict[str, Any]:
         """The reported values, unrounded: every field but the tiers, the timeline, the detail and the layout."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("tiers", "timeline", "detail", "layout")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("tiers", "timeline", "detail", "layout", "sessions")}
 
     def to_dict(self) -> dict[str, Any]:
         document = rounded(self.measurements())
         if self.tiers:  # (replays without tiers keep their keys)
             document["tiers"] = {name: tier.to_dict() for name, tier in self.tiers.items()}
+        if self.sessions is not None:
+            document["sessions"] = self.sessions.to_dict()
         return document
 
 
