@@ -51,7 +51,8 @@ BAD = [
 def test_bad_fleet_files(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(text)
-    result = runner.invoke(app, ["simulate", "traces/burst.yaml", "--fleet", str(path), "--max-model-len", "4096"])
+    result = runner.invoke(app, ["simulate", "traces/burst.yaml", "--fleet", str(path), "--max-model-len", "4096",
+                                 "--block-size", "16"])
     assert result.exit_code == 2, result.output
     line = result.stderr.strip()
     assert "\n" not in line and str(path) in line and expected in line, line
@@ -94,7 +95,8 @@ def test_fleet_file_pools_have_their_own_engines(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text("router: least-loaded\npools:\n  - {name: small, replicas: 2, num_blocks: 3000}\n"
                     "  - {name: big, replicas: 1, model: llama-3.1-8b, kv_memory: 16GiB}\n")
-    result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--fleet", str(path), "--json", "-"])
+    result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--fleet", str(path), "--block-size", "16",
+                                 "--json", "-"])
     assert result.exit_code == 0, result.output
     replicas = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]["replicas"]
     assert [(r["model"], r["num_blocks"]) for r in replicas][:2] == [("qwen3-8b", 3000)] * 2

@@ -72,8 +72,7 @@ from minipaged_cli.workloads.readers import load_trace
 EPILOG = """\
 Examples:\n\n
   minipaged simulate traces/mixed.yaml\n\n
-  minipaged simulate traces/azure_conv_1k.yaml --kv-memory 4GiB --strategies paged,oracle-reserve --json -\n\n
-  minipaged simulate traces/mixed.yaml --scheduler v0 --cpu-kv-memory 64GiB --plot memory.png\n\n
+  minipaged simulate traces/azure_conv_1k.yaml --kv-memory 4GiB --cpu-kv-memory 64GiB --plot memory.png\n\n
   minipaged simulate traces/mixed.yaml --replicas 4 --router prefix-aware --json -
 """
 
