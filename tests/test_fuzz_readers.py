@@ -303,6 +303,8 @@ SMALL_CALIBRATION = {**CALIBRATION, **{name: {column: values[:4] for column, val
                              st.integers(0, 3), values) | st.none(),
        mutation=st.sampled_from(MUTATIONS), cut=st.floats(0, 1))
 @example(config={**SMALL_CALIBRATION, "": [], 0: []}, table_value=None, mutation="none", cut=0.0)  # sorted() again
+@example(config=SMALL_CALIBRATION, table_value=("linear", "tokens", 0, 10**400), mutation="none",
+         cut=0.0)  # a token size past a float's range: OverflowError
 def test_calibration(tmp_path_factory: pytest.TempPathFactory, config: Any, table_value: Any, mutation: str,
                      cut: float) -> None:
     if table_value is not None and isinstance(config, dict) and isinstance(config.get(table_value[0]), dict):
