@@ -132,10 +132,13 @@ def read_document(path: Path, *, field: str | None = None) -> Any:
 
 
 def read_mapping(path: Path, expected: str, *, field: str | None = None) -> dict[str, Any]:
-    """``read_document`` for a file that must hold a mapping; ``expected`` says of what, in the error."""
+    """``read_document`` for a file that must hold a mapping of names; ``expected`` says of what, in the error."""
     document = read_document(path, field=field)
     if not isinstance(document, dict):
         raise InputError(f"expected a mapping {expected}", source=str(path))
+    for key in document:
+        if not isinstance(key, str):  # YAML's 1, null, true: no setting is named so
+            raise InputError("a key must be text", source=str(path), value=key, has_value=True)
     return document
 
 
