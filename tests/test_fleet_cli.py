@@ -44,6 +44,7 @@ BAD = [
     ("router: {name: weighted, weights: {prefix: high}}\npools: [{replicas: 2}]", "router.weights.prefix: 'high'"),
     ("pools: [{role: prefill}, {role: decode, num_blocks: 10}]\nkv_link: {bandwidth: 50GB/s}",
      "pools.pool1.kv_memory: 160"),
+    ("router: round-robin\nrouter: least-loaded\npools: [{replicas: 2}]", "line 2: router: duplicate key"),
 ]
 
 
