@@ -44,4 +44,10 @@ class InputError(ValueError):
         if self.has_value:
             parts.append(repr(self.value))
         parts.append(self.message)
-        return ": ".join(parts)
+        return ": ".join(map(_one_line, parts))
+
+
+def _one_line(part: object) -> str:
+    """``part`` as text, its line breaks escaped (a key written as "a\\nb" in a file): the error stays one line."""
+    text = str(part)
+    return text if len(f".{text}.".splitlines()) == 1 else repr(text)[1:-1]

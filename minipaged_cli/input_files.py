@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import json.decoder
 import json.scanner
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,20 @@ def read_text(path: Path, *, field: str | None = None) -> str:
         raise InputError(f"cannot read: {reason or _first_line(error)}", source=str(path), field=field) from None
 
 
+def read_json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a JSONL file, a line each (blank lines skipped), with where each is ("line 3"). Lines
+    end at newlines only: a JSON string may hold U+2028 and the other separators ``str.splitlines`` cuts at."""
+    source = str(path)
+    for line, text in enumerate(read_text(path).split("\n"), start=1):
+        if not text.strip():
+            continue
+        where = f"line {line}"
+        row = parse_json(text, source, where)
+        if not isinstance(row, dict):
+            raise InputError("expected a JSON object", source=source, where=where)
+        yield where, row
+
+
 def read_yaml(path: Path, *, field: str | None = None) -> Any:
     """What the YAML file at ``path`` holds (``parse_yaml``)."""
     return parse_yaml(read_text(path, field=field), str(path))
@@ -118,10 +132,13 @@ def read_document(path: Path, *, field: str | None = None) -> Any:
 
 
 def read_mapping(path: Path, expected: str, *, field: str | None = None) -> dict[str, Any]:
-    """``read_document`` for a file that must hold a mapping; ``expected`` says of what, in the error."""
+    """``read_document`` for a file that must hold a mapping of names; ``expected`` says of what, in the error."""
     document = read_document(path, field=field)
     if not isinstance(document, dict):
         raise InputError(f"expected a mapping {expected}", source=str(path))
+    for key in document:
+        if not isinstance(key, str):  # YAML's 1, null, true: no setting is named so
+            raise InputError("a key must be text", source=str(path), value=key, has_value=True)
     return document
 
 

@@ -17,7 +17,8 @@ from minipaged_cli.errors import InputError
 # block tables' positions), so no model is longer. A larger count is refused where it is read, before anything is
 # sized by it (a list of its blocks' keys, an array of its lengths); one within it but longer than the model is a
 # rejected request, as in vLLM.
-MAX_TOKENS = 2**31 - 1
+MAX_INT32 = 2**31 - 1
+MAX_TOKENS = MAX_INT32
 # The most requests one generated group, or samples one request (``n``), may make: each is an object in memory,
 # and the public traces hold some 30,000 requests in all.
 MAX_REQUESTS = 1_000_000

@@ -44,6 +44,7 @@ BAD = [
     ("router: {name: weighted, weights: {prefix: high}}\npools: [{replicas: 2}]", "router.weights.prefix: 'high'"),
     ("pools: [{role: prefill}, {role: decode, num_blocks: 10}]\nkv_link: {bandwidth: 50GB/s}",
      "pools.pool1.kv_memory: 160"),
+    ("router: round-robin\nrouter: least-loaded\npools: [{replicas: 2}]", "line 2: router: duplicate key"),
 ]
 
 
@@ -51,7 +52,8 @@ BAD = [
 def test_bad_fleet_files(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(text)
-    result = runner.invoke(app, ["simulate", "traces/burst.yaml", "--fleet", str(path), "--max-model-len", "4096"])
+    result = runner.invoke(app, ["simulate", "traces/burst.yaml", "--fleet", str(path), "--max-model-len", "4096",
+                                 "--block-size", "16"])
     assert result.exit_code == 2, result.output
     line = result.stderr.strip()
     assert "\n" not in line and str(path) in line and expected in line, line
@@ -88,3 +90,16 @@ def test_fleet_plot(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--replicas", "3", "--plot", str(path)])
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fleet_file_pools_have_their_own_engines(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text("router: least-loaded\npools:\n  - {name: small, replicas: 2, num_blocks: 3000}\n"
+                    "  - {name: big, replicas: 1, model: llama-3.1-8b, kv_memory: 16GiB}\n")
+    result = runner.invoke(app, ["simulate", "traces/mixed.yaml", "--fleet", str(path), "--block-size", "16",
+                                 "--json", "-"])
+    assert result.exit_code == 0, result.output
+    replicas = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]["replicas"]
+    assert [(r["model"], r["num_blocks"]) for r in replicas][:2] == [("qwen3-8b", 3000)] * 2
+    assert replicas[2]["model"] == "llama-3.1-8b"
+    assert replicas[2]["num_blocks"] == 16 * 2**30 // (16 * 131_072)  # 128 KiB/token: 32 layers x 8 x 128 x 2 x 2

@@ -76,7 +76,7 @@ def reads_or_refuses(load: Callable[[Path], Any], path: Path) -> Any | None:
         return load(path)
     except InputError as error:
         message = str(error)
-        assert message and "\n" not in message, message
+        assert len(message.splitlines()) == 1, message
         return None
 
 
@@ -157,6 +157,7 @@ def check_explicit_requests(document: Any, trace: Any) -> None:
                                  "output_tokens": {"dist": "constant", "value": 3}}]},
          mutation="none", cut=0.0)  # int64 of an overflowed sample: a negative prompt
 @example(document=[[[[[[0]]]]]], mutation="none", cut=0.0)
+@example(document={"requests": [{"id": "a\u2028b", "arrival_s": 0}]}, mutation="none", cut=0.0)  # a two-line error
 def test_yaml_traces(tmp_path_factory: pytest.TempPathFactory, document: Any, mutation: str, cut: float) -> None:
     text = yaml.safe_dump(document)
     path = write(tmp_path_factory.mktemp("t"), "t.yaml", mutate(text, mutation, cut))
@@ -249,13 +250,17 @@ def preset(kind: str, name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "configs" / kind / f"{name}.yaml").read_text())
 
 
+# YAML keys need not be text: 1, null, true and 1.5 are keys too
+keys_of_any_type = st.one_of(st.text(max_size=8), st.integers(-3, 3), st.none(), st.booleans(), st.floats())
+
+
 def damaged(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     """``base`` with some keys given random values, some dropped, some added."""
     keys = sorted(base)
     return st.builds(
         lambda changed, dropped, added: {**{k: v for k, v in base.items() if k not in dropped}, **changed, **added},
         st.dictionaries(st.sampled_from(keys), values, max_size=3), st.sets(st.sampled_from(keys), max_size=2),
-        st.dictionaries(st.text(max_size=8), values, max_size=2))
+        st.dictionaries(keys_of_any_type, values, max_size=2))
 
 
 QWEN3 = preset("models", "qwen3-8b")
@@ -276,6 +281,8 @@ def test_model_config_json(tmp_path_factory: pytest.TempPathFactory, config: Any
 
 @FUZZ
 @given(config=st.one_of(damaged(H200), values), mutation=st.sampled_from(MUTATIONS), cut=st.floats(0, 1))
+@example(config={**H200, "\n": []}, mutation="none", cut=0.0)  # a key with a line break: a two-line error
+@example(config={**H200, "": None, 0: []}, mutation="none", cut=0.0)  # sorted() of an int and a text key
 def test_gpu_yaml(tmp_path_factory: pytest.TempPathFactory, config: Any, mutation: str, cut: float) -> None:
     path = write(tmp_path_factory.mktemp("g"), "gpu.yaml", mutate(yaml.safe_dump(config), mutation, cut))
     gpu = reads_or_refuses(lambda p: load_gpu(str(p)), path)
@@ -295,6 +302,9 @@ SMALL_CALIBRATION = {**CALIBRATION, **{name: {column: values[:4] for column, val
        table_value=st.tuples(st.sampled_from(["linear", "elementwise"]), st.sampled_from(["tokens", "seconds"]),
                              st.integers(0, 3), values) | st.none(),
        mutation=st.sampled_from(MUTATIONS), cut=st.floats(0, 1))
+@example(config={**SMALL_CALIBRATION, "": [], 0: []}, table_value=None, mutation="none", cut=0.0)  # sorted() again
+@example(config=SMALL_CALIBRATION, table_value=("linear", "tokens", 0, 10**400), mutation="none",
+         cut=0.0)  # a token size past a float's range: OverflowError
 def test_calibration(tmp_path_factory: pytest.TempPathFactory, config: Any, table_value: Any, mutation: str,
                      cut: float) -> None:
     if table_value is not None and isinstance(config, dict) and isinstance(config.get(table_value[0]), dict):
@@ -306,7 +316,7 @@ def test_calibration(tmp_path_factory: pytest.TempPathFactory, config: Any, tabl
     reads_or_refuses(load_calibration, path)
 
 
-sweep_configs = st.dictionaries(st.sampled_from([*FILE_KEYS, "bogus", "max-model-len"]),
+sweep_configs = st.dictionaries(st.one_of(st.sampled_from([*FILE_KEYS, "bogus", "max-model-len"]), keys_of_any_type),
                                 st.one_of(values, st.lists(scalars, min_size=1, max_size=3)), max_size=5)
 
 

@@ -3,9 +3,11 @@ key and its line; a count past what any sequence can hold is refused where it is
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from minipaged_cli.cli.main import app
@@ -201,3 +203,15 @@ def test_a_request_longer_than_the_model_is_rejected_before_its_keys_are_built(t
     config = SimConfig(tiny_model, clock_gpu, num_blocks=16, block_size=16, prefix_caching=True)
     result = replay(trace, config, "paged")
     assert (result.completed_requests, result.rejected_requests) == (1, 1)
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size"])
+def test_a_model_shape_past_int32_is_one_line_exit_2(tmp_path: Path, key: str) -> None:
+    # Read as a whole number, 10**400 went on to the KV pool's size, a float: "internal error: OverflowError".
+    config = yaml.safe_load((ROOT / "configs" / "models" / "qwen3-8b.yaml").read_text()) | {key: 10**400}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    trace = tmp_path / "t.yaml"
+    trace.write_text("requests: [{id: a, arrival_s: 0, prompt_tokens: 20, output_tokens: 3}]\n")
+    line = one_line_exit_2(["simulate", str(trace), "--model", str(path), "--strategies", "paged"])
+    assert line == f"error: {path}: {key}: {10**400}: must be <= {2**31 - 1}"

@@ -8,13 +8,15 @@ log is known to +-0.005 GiB: that rounding, and what the log's own run measured 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
-from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory, resolve_block_size
 from minipaged_cli.sim.kv_sizing import activation_peak_bytes, resolve_num_blocks, size_kv_cache
 from minipaged_cli.sim.vllm_releases import vllm_release
 from minipaged_cli.workloads.presets import GpuSpec, load_gpu, load_model, model_from_hf_config
+from tests.conftest import ROOT
 
 GIB = 2**30
 LOG_ROUNDING = 0.005 * GIB  # vLLM logs GiB to two decimals
@@ -139,3 +141,38 @@ def test_bad_input_names_the_option_or_field(tmp_path) -> None:
                              for line in preset.splitlines()))
     result = CliRunner().invoke(app, ["simulate", trace, "--gpu", str(gpu)])
     assert result.exit_code == 2 and "cuda_graph_bytes" in result.output and str(gpu) in result.output
+
+
+GPU_ROWS = {"H200": "h200", "H100": "h100", "A100 80GB": "a100-80gb", "A100 40GB": "a100-40gb"}
+
+
+def _default_pool(model_name: str, gpu_name: str, version: str) -> tuple[int, int, int, float, float]:
+    """simulate's default pool under ``version``: block size, blocks, tokens, KV GiB, concurrency at the model's
+    length."""
+    model, gpu = load_model(model_name), load_gpu(gpu_name)
+    block_size = resolve_block_size(None, model, gpu, "v1", version)
+    blocks, _, sizing = resolve_num_blocks(model, gpu, block_size, None, None, None, vllm_version=version)
+    assert sizing is not None
+    config = SimConfig(model=model, gpu=gpu, num_blocks=blocks, block_size=block_size, vllm_version=version)
+    return block_size, blocks, config.kv_size_tokens, sizing.kv_memory_bytes / 2**30, config.max_concurrency
+
+
+def test_the_releases_page_shows_the_pools_the_code_sizes() -> None:
+    page = (ROOT / "docs" / "vllm-releases.md").read_text()
+    for version in ("0.33", "0.34"):
+        row = re.search(rf"\| `--vllm-version {version}`[^|]*\| (\d+) \| ([\d,]+) \| ([\d,]+) tokens \| (\d+) GiB \| "
+                        r"([\d.]+)x \|", page)
+        assert row is not None, version
+        block_size, blocks, tokens, gib, concurrency = _default_pool("qwen3-8b", "h200", version)
+        assert row.groups() == (str(block_size), f"{blocks:,}", f"{tokens:,}", f"{gib:.0f}", f"{concurrency:.2f}")
+    # The row before the profiles: 0.9 of the H200's 141 GB less the weights without their norms, in blocks of 16.
+    model, gpu = load_model("qwen3-8b"), load_gpu("h200")
+    before = num_blocks_for_memory(int(0.9 * gpu.memory_bytes - (model.weight_bytes - 2 * model.norm_params)),
+                                   model, 16)
+    assert f"| 16 | {before:,} | {16 * before:,} tokens |" in page
+    for label, gpu_name in GPU_ROWS.items():
+        row = re.search(rf"\| {label} \| (.*?) \| (.*?) \|\n", page)
+        assert row is not None, label
+        for cell, model_name in zip(row.groups(), ("qwen3-8b", "llama-3.1-8b"), strict=True):
+            new, old = (_default_pool(model_name, gpu_name, version) for version in ("0.34", "0.33"))
+            assert cell == f"{new[3]:.1f} / {old[3]:.1f} ({new[4]:.2f}x / {old[4]:.2f}x)", (label, model_name)

@@ -187,4 +187,4 @@ def test_replay_scaling_bench_prints_the_ratio_to_the_first_size(tmp_path: Path)
     assert rows[1][6:8] in (["within", "3.15x"], ["NOT", "within"])
     assert rows[2][-1].endswith("x") and rows[3][-1].endswith("x")  # this / baseline
     table = markdown.read_text()
-    assert "python benchmarks/replay_scaling.py --traces" in table and table.count("| x3 |") == 2
+    assert "python benchmarks/replay_scaling.py --copies 1,3 --repeats 1" in table and table.count("| x3 |") == 2

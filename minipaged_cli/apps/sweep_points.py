@@ -14,6 +14,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.sim.calibration import Calibration, load_calibration
+from minipaged_cli.sim.clients import OPEN_LOOP, Clients
 from minipaged_cli.sim.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     SimConfig,
@@ -89,6 +90,7 @@ class Point:
     # A fleet of this many paged replicas behind ``router`` (fleet/); one replica is the engine alone (no router)
     replicas: int = 1
     router: str = ""
+    concurrency: int = 0  # closed-loop clients (sim/clients.py); 0: open loop at the point's rate
 
     @property
     def curve(self) -> Point:
@@ -104,15 +106,16 @@ class Point:
         """Points in a stable order (the GPU's default KV memory, None, first; host tiers by size)."""
         return (self.model, self.gpu, self.kv_memory is not None, self.kv_memory or "", self.block_size,
                 self.prefix_caching, self.host_bytes, self.offload_policy, self.tier_eviction, self.tier_inclusion,
-                self.replicas, self.router, self.strategy, self.rate)
+                self.replicas, self.router, self.concurrency, self.strategy, self.rate)
 
     @property
     def replay_key(self) -> Point:
         """Points with one key share one replay: without a host tier the tiers' policies change nothing, so the
         key leaves them out."""
-        if self.host_bytes:
-            return self
-        return replace(self, offload_policy="", tier_eviction="", tier_inclusion="")
+        key = replace(self, rate=0.0) if self.concurrency else self  # (closed-loop clients ignore arrival times)
+        if key.host_bytes:
+            return key
+        return replace(key, offload_policy="", tier_eviction="", tier_inclusion="")
 
     @property
     def replayed_strategy(self) -> str:
@@ -167,7 +170,9 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
                        cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
                                                  hybrid=settings.hybrid_manager),
                        offload_policy=point.offload_policy, tier_eviction=point.tier_eviction,
-                       tier_inclusion=point.tier_inclusion, **settings.engine)
+                       tier_inclusion=point.tier_inclusion,
+                       clients=Clients(concurrency=point.concurrency) if point.concurrency else OPEN_LOOP,
+                       **settings.engine)
     return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
 
 

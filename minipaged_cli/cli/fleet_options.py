@@ -24,7 +24,9 @@ ReplicasOpt = Annotated[int | None, typer.Option(
     "--replicas", min=1, rich_help_panel=PANEL, show_default=False,
     help="Replay over this many identical replicas behind --router (one engine each).")]
 RouterOpt = Annotated[str, typer.Option(
-    "--router", rich_help_panel=PANEL, help="Which replica takes a request: " + ", ".join(fleets.ROUTERS) + ".")]
+    "--router", rich_help_panel=PANEL,
+    help="Which replica takes a request: " + ", ".join(fleets.ROUTERS) + " (ties: the least loaded, then the lowest "
+         "index; llm-d and Dynamo break them at random).")]
 PrefixIndexOpt = Annotated[str, typer.Option(
     "--prefix-index", rich_help_panel=PANEL,
     help="What prefix-aware and weighted routers read: " + " or ".join(fleets.PREFIX_INDEXES) + " (precise: the "

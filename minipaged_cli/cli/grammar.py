@@ -18,6 +18,7 @@ PANELS: dict[str, str] = {
     # the trace (verify: its prompts)
     "trace_path": TRACE, "trace_format": TRACE, "rate": TRACE, "seed": TRACE, "limit": TRACE, "time_scale": TRACE,
     "seq_lens": TRACE, "batch": TRACE, "seq_len": TRACE, "decode_steps": TRACE, "generate": TRACE,
+    "tokenizer": TRACE, "clients": TRACE, "concurrency": TRACE, "max_concurrency": TRACE,
     # what runs it
     "model": MODEL, "models": MODEL, "gpu": MODEL, "gpus": MODEL, "calibration": MODEL, "device": MODEL,
     "dtype": MODEL, "model_path": MODEL, "model_config": MODEL, "layer": MODEL, "num_layers": MODEL,

@@ -165,6 +165,37 @@ def plot_sweep(result: Any, path: Path, *, title: str) -> None:
     _save(figure, path, plt)
 
 
+def plot_concurrency(result: Any, path: Path, *, title: str) -> None:
+    """``minipaged sweep --concurrency``: mean TTFT and TPOT against output throughput, a point per number of
+    closed-loop clients (labelled), a curve per strategy and value of the other axes: the curve ``vllm bench`` users
+    draw."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    curves: dict[Any, list[Any]] = {}
+    for point in result.rows:  # (closed loops ignore the rate: one curve per everything else)
+        curves.setdefault(replace(point, rate=0.0, concurrency=0), []).append(point)
+    for curve, points in sorted(curves.items(), key=lambda item: item[0].sort_key()):
+        points = sorted({p.concurrency: p for p in points}.values(), key=lambda p: p.concurrency)
+        label = ", ".join([curve.strategy] + [f"{k}={v}" for k, v in vars(curve).items()
+                                              if k in result.axes.varying() and k != "concurrency"])
+        for ax, metric, scale in ((axes[0], "ttft_mean_s", 1.0), (axes[1], "tpot_mean_s", 1e3)):
+            shown = [(result.rows[p]["throughput_tokens_per_s"], scale * result.rows[p][metric], p.concurrency)
+                     for p in points if result.rows[p][metric] is not None]
+            if not shown:
+                continue
+            x, y, _ = zip(*shown, strict=True)
+            ax.plot(x, y, "o-", markersize=3, label=label)
+            for xi, yi, n in shown:
+                ax.annotate(str(n), (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    for ax, ylabel in zip(axes, ("mean TTFT (s)", "mean TPOT (ms)"), strict=True):
+        ax.set_xlabel("output throughput (tokens/s)")
+        ax.set_ylabel(ylabel)
+        ax.legend(frameon=False, fontsize=8)
+    figure.suptitle(f"{title} (points: clients)", fontsize=10)
+    figure.tight_layout()
+    _save(figure, path, plt)
+
+
 def plot_host_tier(result: Any, path: Path, *, title: str, reference: dict[str, float] | None = None) -> None:
     """``minipaged sweep --cpu-kv-memory``: the prompt tokens found in the prefix cache (solid: GPU + host; dotted:
     the GPU's part) and the mean TTFT against the host tier's size, a curve per policy and value of the other

@@ -103,6 +103,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
         tables.append(_sharing_table(result))
     if result.without_tiers:
         tables += [_tiers_table(result), _tiers_gain_table(result)]
+    if any(m.sessions is not None for m in rows.values()):
+        tables.append(_sessions_table(rows))
     return tables
 
 
@@ -175,6 +177,25 @@ def _tiers_gain_table(result: SimulationResult) -> Table:
             hit = m.prefix_cache_hit_pct + sum(t.hit_pct for t in m.tiers.values())
             table.add_row(name, label, _pct(hit), f"{_maybe(m.mean_ttft_s, '{:.2f}')}/{_maybe(m.p99_ttft_s, '{:.2f}')}",
                           f"{m.throughput_tokens_per_s:,.0f}", f"{m.makespan_s:,.1f}")
+    return table
+
+
+def _sessions_table(rows: dict[str, StrategyMetrics]) -> Table:
+    """Sessions and clients (``sim/session_report.py``): sessions done and how long they took, turns per second,
+    the prefix hit rate of first turns against later ones (whether the cache holds conversations), client waits."""
+    first = next(m.sessions for m in rows.values() if m.sessions is not None)
+    clients = first.clients + (f" ({first.concurrency})" if first.concurrency is not None else "")
+    table = Table(title=f"Sessions, {clients} clients", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("strategy", "sessions done", "session s mean/p99", "turns/s", "hit % turn 1", "hit % later turns",
+                 "turns rejected/not sent", "client wait s mean/p99"):
+        table.add_column(name, justify="left" if name == "strategy" else "right")
+    for name, m in rows.items():
+        s = m.sessions
+        table.add_row(name, f"{s.completed_sessions}/{s.num_sessions}",
+                      f"{_maybe(s.mean_session_s, '{:.2f}')}/{_maybe(s.p99_session_s, '{:.2f}')}",
+                      f"{s.turns_per_s:.2f}", _maybe(s.hit_pct_first_turn, "{:.1f}"),
+                      _maybe(s.hit_pct_later_turns, "{:.1f}"), f"{s.turns_rejected}/{s.turns_not_sent}",
+                      f"{s.mean_client_wait_s:.3f}/{s.p99_client_wait_s:.3f}")
     return table
 
 

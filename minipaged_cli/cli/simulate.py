@@ -52,6 +52,13 @@ from minipaged_cli.cli.tier_options import (
     TierEvictionOpt,
     TierInclusionOpt,
 )
+from minipaged_cli.cli.workload_options import (
+    ClientsOpt,
+    ConcurrencyOpt,
+    MaxConcurrencyOpt,
+    TokenizerOpt,
+    clients_option,
+)
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import DEFAULT_INDEX_CAPACITY
 from minipaged_cli.memory.strategies import STRATEGIES
@@ -65,8 +72,7 @@ from minipaged_cli.workloads.readers import load_trace
 EPILOG = """\
 Examples:\n\n
   minipaged simulate traces/mixed.yaml\n\n
-  minipaged simulate traces/azure_conv_1k.yaml --kv-memory 4GiB --strategies paged,oracle-reserve --json -\n\n
-  minipaged simulate traces/mixed.yaml --scheduler v0 --cpu-kv-memory 64GiB --plot memory.png\n\n
+  minipaged simulate traces/azure_conv_1k.yaml --kv-memory 4GiB --cpu-kv-memory 64GiB --plot memory.png\n\n
   minipaged simulate traces/mixed.yaml --replicas 4 --router prefix-aware --json -
 """
 
@@ -110,6 +116,10 @@ def simulate_command(
     seed: SeedOpt = 0,
     limit: LimitOpt = None,
     time_scale: TimeScaleOpt = 1.0,
+    clients: ClientsOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    max_concurrency: MaxConcurrencyOpt = None,
+    tokenizer: TokenizerOpt = None,
     check_invariants: Annotated[bool, flag(
         "check-invariants", help="Check the allocator's invariants after every event; count violations "
                                  "(exit 1 if any).")] = False,
@@ -149,7 +159,8 @@ def simulate_command(
                                                 gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version,
                                                 max_num_batched_tokens=max_batched_tokens,
                                                 max_num_seqs=max_num_seqs)
-    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
+                       tokenizer=tokenizer)
     config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                        max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
@@ -162,6 +173,7 @@ def simulate_command(
                                                   hybrid=hybrid),
                        offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
                        layerwise_loads=layerwise_loads,
+                       clients=clients_option(clients, concurrency, max_concurrency),
                        check_invariants=check_invariants, vllm_version=vllm_version,
                        record_timeline=plot is not None, record_layout=plot_layout is not None)
 

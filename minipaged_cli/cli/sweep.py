@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from minipaged_cli.apps.sweep import SEARCH_STEPS, SLO_METRICS, Axes, SweepResult, sweep
+from minipaged_cli.apps.sweep import SEARCH_STEPS, Axes, SweepResult, sweep
 from minipaged_cli.apps.sweep_points import (
     ALL_FULL_ATTENTION,
     ENGINE_FIELDS,
@@ -22,6 +22,7 @@ from minipaged_cli.apps.sweep_points import (
     prepare,
 )
 from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
+from minipaged_cli.cli import sweep_axes as axes
 from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
     CalibrationOpt,
@@ -51,8 +52,8 @@ from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
+from minipaged_cli.cli.workload_options import SweepConcurrencyOpt
 from minipaged_cli.errors import InputError
-from minipaged_cli.fleet.config import ROUTERS
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
 from minipaged_cli.validation import whole_number
@@ -92,22 +93,11 @@ def sweep_command(
         "--prefix-caching", help="An axis: off, on, or off,on (sweep's one boolean that takes values; elsewhere "
                                  "--prefix-caching/--no-prefix-caching). Paged only. Default: the engine's, as in "
                                  "simulate: on under v1, off under v0.", show_default=False)] = None,
-    slo: Annotated[list[str] | None, typer.Option(
-        "--slo", help="NAME=SECONDS, repeatable; NAME: " + ", ".join(SLO_METRICS) + " (mean unless -p99). "
-                      "Searches each curve's sustainable rate: the highest meeting every SLO, with every tested "
-                      "rate below it meeting them too, to 3 significant digits.", show_default=False)] = None,
-    search_steps: Annotated[int, typer.Option(
-        "--search-steps", help="Most bisection rounds after the grid; the search ends sooner once no 3-digit rate "
-                               "is left inside a bracket.")] = SEARCH_STEPS,
-    seeds: Annotated[int, typer.Option(
-        "--seeds", help="Arrival seeds per point (--seed, --seed + 1, ...): each metric is the MEAN over the "
-                        "seeds' replays, so one seed's noise is not taken for capacity.")] = 1,
-    workers: Annotated[int | None, typer.Option(
-        "--workers", help="Local worker processes. Default: every core.", show_default=False)] = None,
-    ray: Annotated[str | None, typer.Option(
-        "--ray", help="Run the replays as Ray tasks: HOST:PORT of a cluster, or no value (auto: RAY_ADDRESS or "
-                      "a cluster started on the local host, else a local cluster started for this sweep). Needs "
-                      "pip install -e \".[ray]\".", metavar="[ADDRESS]", show_default=False)] = None,
+    slo: axes.SloOpt = None,
+    search_steps: axes.SearchStepsOpt = SEARCH_STEPS,
+    seeds: axes.SeedsOpt = 1,
+    workers: axes.WorkersOpt = None,
+    ray: axes.RayOpt = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="A YAML sweep file whose keys name these options (rates: [1, 2], slo: "
                          "{normalized-latency: 0.2}, ...).", metavar="YAML", show_default=False)] = None,
@@ -126,25 +116,16 @@ def sweep_command(
         "--preemption", help=f"recompute or swap. {_engine_default('preemption')}", show_default=False)] = None,
     cpu_blocks: Annotated[int | None, typer.Option(
         "--cpu-blocks", help=f"Swap space, in blocks. {_engine_default('cpu_blocks')}", show_default=False)] = None,
-    cpu_kv_memory: Annotated[str | None, typer.Option("--cpu-kv-memory", show_default=False, help="Host tiers under "
-        "the prefix cache, e.g. 0,64GiB,1TiB (as in simulate); --plot: hits and TTFT against them. The 0 point runs "
-        "once for all the tiers' policies.")] = None,
-    offload_policy: Annotated[str, typer.Option("--offload-policy", help="As in simulate, comma-separated: "
-                                                + ",".join(OFFLOAD_POLICIES) + ".")] = OFFLOAD_POLICIES[0],
-    tier_eviction: Annotated[str, typer.Option("--tier-eviction", help="As in simulate, comma-separated: "
-                                               + ",".join(TIER_EVICTIONS) + ".")] = TIER_EVICTIONS[0],
-    tier_inclusion: Annotated[str, typer.Option("--tier-inclusion", help="As in simulate, comma-separated: "
-                                                + ",".join(TIER_INCLUSIONS) + " (exclusive needs --offload-policy "
-                                                "on-eviction: crossed with write-through it is left out).")] \
-        = TIER_INCLUSIONS[0],
+    cpu_kv_memory: axes.CpuKvMemoryAxis = None,
+    offload_policy: axes.OffloadPolicyAxis = OFFLOAD_POLICIES[0],
+    tier_eviction: axes.TierEvictionAxis = TIER_EVICTIONS[0],
+    tier_inclusion: axes.TierInclusionAxis = TIER_INCLUSIONS[0],
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
     hybrid_kv: HybridKvOpt = None,
-    replicas: Annotated[str, typer.Option("--replicas", help="Fleet sizes, comma-separated: N > 1 replays paged over N "
-                                          "replicas behind each of --routers.")] = "1",
-    routers: Annotated[str, typer.Option("--routers", help="Fleet routers, comma-separated: " + ", ".join(ROUTERS)
-                                         + ".")] = "round-robin",
+    replicas: axes.ReplicasAxis = "1",
+    routers: axes.RoutersAxis = "round-robin",
     num_blocks: NumBlocksOpt = None,
     disk_kv_memory: tiers.DiskKvMemoryOpt = None,
     layerwise_loads: tiers.LayerwiseLoadsOpt = False,
@@ -152,6 +133,7 @@ def sweep_command(
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Write one row per point as CSV.", metavar="PATH",
                                                   show_default=False)] = None,
     plot: PlotOpt = None,
+    concurrency: SweepConcurrencyOpt = None,
 ) -> None:
     """Replay a trace at every combination of request rates, strategies and the other axes (models, GPUs, KV
     memory, block sizes, prefix caching), and report per point the normalized latency (end-to-end latency per
@@ -170,6 +152,8 @@ def sweep_command(
     if workers is not None:
         whole_number(workers, field="--workers", minimum=1)
     options = checked(values, from_file, str(config))
+    if options["concurrency"] and options["rates"] is None:  # closed loops ignore arrival times: one replay each
+        options["rates"] = (1.0,)
     if options["rates"] is None:
         raise InputError("give the request rates to sweep (--rates 1,2,4 or rates: in --config)", field="--rates")
     settings = Settings(seed=options["seed"], seeds=options["seeds"],
@@ -183,6 +167,7 @@ def sweep_command(
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
                 tier_inclusions=options["tier_inclusion"], replicas=options["replicas"], routers=options["routers"],
+                concurrency=options["concurrency"] or (0,),
                 all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
                        time_scale=options["time_scale"])
@@ -218,9 +203,11 @@ def sweep_command(
     if csv_path is not None:
         write_csv(result, csv_path)
     if plot is not None:
-        from minipaged_cli.cli.plot import plot_host_tier, plot_sweep
+        from minipaged_cli.cli.plot import plot_concurrency, plot_host_tier, plot_sweep
 
-        if len(axes.cpu_kv_memory) > 1:
+        if any(axes.concurrency):
+            plot_concurrency(result, Path(plot), title=f"{trace.name}: latency against throughput, by clients")
+        elif len(axes.cpu_kv_memory) > 1:
             plot_host_tier(result, Path(plot), title=f"{trace.name}: prefix-cache hits and TTFT against host memory")
         else:
             plot_sweep(result, Path(plot), title=f"{trace.name}: normalized latency against request rate")

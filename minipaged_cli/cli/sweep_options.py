@@ -24,7 +24,7 @@ FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes"
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
              "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction", "tier_inclusion",
-             "hybrid_kv", "replicas", "routers")
+             "hybrid_kv", "replicas", "routers", "concurrency")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -168,8 +168,9 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "hybrid_kv": _on_off,
     "replicas": lambda v, w: _list(v, lambda item, w: whole_number(number_from_text(item), minimum=1, **w), w),
     "routers": lambda v, w: _list(v, _choice(ROUTERS), w),
+    "concurrency": lambda v, w: _list(v, lambda item, w: whole_number(number_from_text(item), minimum=1, **w), w),
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
                  "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "cpu_kv_memory",
-                 "hybrid_kv", "gpu_memory_utilization")
+                 "hybrid_kv", "gpu_memory_utilization", "concurrency")

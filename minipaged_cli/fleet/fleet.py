@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.clock import FleetClock
 from minipaged_cli.fleet.config import FleetConfig
 from minipaged_cli.fleet.disaggregation import KvTransfers, RemoteKv, transfer_bytes
@@ -29,6 +30,7 @@ class FleetResult:
     transfers: KvTransfers | None = None
     decisions: list[Decision] = field(default_factory=list)
     router: dict[str, int] = field(default_factory=dict)  # the routers' own figures (``Router.figures``)
+    records: list[RequestRecord] = field(default_factory=list, repr=False)  # per request of the trace
 
     def to_dict(self) -> dict[str, Any]:
         return self.figures.to_dict(self.fleet, self.transfers, self.decisions, self.router)
@@ -42,6 +44,10 @@ class Fleet:
         self.config = fleet
         self.replicas: list[Replica] = []
         pools: dict[str, list[Replica]] = {}
+        if trace.turns or any(pool.config.clients.kind != "open" for pool in fleet.pools):
+            # a router sends each request at its time in the trace; turns sent when earlier ones finish are not yet
+            raise InputError("a fleet replays requests at their arrival times: sessions and closed-loop or capped "
+                             "clients run on one engine", field="--replicas", value=len(fleet.pools), has_value=False)
         for pool in fleet.pools:
             check_capacity(trace, pool.config, ("paged",))
             for _ in range(pool.num_replicas):
@@ -87,7 +93,7 @@ class Fleet:
                    for name in self.entry.figures()}
         return FleetResult(self.trace, self.config, self.replicas,
                            fleet_figures(self.replicas, self.records, self.transfers), self.transfers,
-                           self.decisions, figures)
+                           self.decisions, figures, self.records)
 
     def _route(self, fleet_index: int, at: float) -> None:
         request = self.trace.requests[fleet_index]

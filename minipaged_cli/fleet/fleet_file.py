@@ -19,8 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import (
     DEFAULT_INDEX_CAPACITY,
@@ -31,6 +29,7 @@ from minipaged_cli.fleet.config import (
     parse_bandwidth,
     parse_duration,
 )
+from minipaged_cli.input_files import read_mapping
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.kv_sizing import resolve_num_blocks
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -39,21 +38,11 @@ _TOP = ("version", "router", "pools", "kv_link", "prefill_threshold", "shared_kv
 _POOL = ("name", "role", "replicas", "model", "gpu", "kv_memory", "num_blocks")
 
 
-def read_fleet_yaml(path: Path) -> Any:
-    """The file's YAML (``yaml.safe_load``; one place to switch to the project's loader)."""
-    try:
-        return yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        raise InputError(f"cannot read it as YAML ({type(error).__name__})", source=str(path)) from None
-
-
 def load_fleet_file(path: Path, base: SimConfig, **options: Any) -> FleetConfig:
     """The fleet ``path`` describes, its pools' engines ``base`` with what each pool sets; ``options``: the
     command line's ``log_decisions`` and ``record_timeline``."""
     source = str(path)
-    document = read_fleet_yaml(path)
-    if not isinstance(document, dict):
-        raise InputError("expected a mapping with 'pools'", source=source)
+    document = read_mapping(path, "with 'pools'")  # (a repeated key is refused with its line)
     _known(document, _TOP, source, "")
     router = document.get("router") or {}
     if isinstance(router, str):

@@ -2,9 +2,9 @@
 handed requests and advanced by the fleet's clock.
 
 The replica wraps ``sim.replay.Replay`` and runs its loop one pass at a time (``Replay.iterate``): no second
-scheduler. Its requests are a list the router appends to; the scheduler's ``horizon_s`` (the fleet's next event)
-keeps a bulk advance from running past a moment when a request may reach it, so one replica driven by the fleet
-takes exactly the steps ``simulate`` takes.
+scheduler. Its requests are a list the router appends to (``RoutedArrivals``, the scheduler's arrivals); their
+``horizon_s`` (the fleet's next event) keeps a bulk advance from running past a moment when a request may reach
+it, so one replica driven by the fleet takes exactly the steps ``simulate`` takes.
 
 What a router may read (SPEC section 9) is what vLLM publishes at the end of a step: ``state_at(t)`` is the replica
 as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and
@@ -13,7 +13,8 @@ as of its last step ended by ``t`` (a step that started before ``t`` and ends af
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from array import array
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from minipaged_cli.fleet.kv_events import KvEvents
@@ -36,6 +37,36 @@ class ReplicaState:
     num_arrived: int
 
 
+class RoutedArrivals:
+    """The requests a router sent to one replica, as its scheduler's arrivals (``sim.clients.Arrivals``' four
+    members): each at the time it reached the replica, in the order sent; none comes before ``horizon_s``, the
+    fleet's next event, so the scheduler's next arrival is never later than that."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.num_sent = 0  # of ``requests``, those handed to the scheduler
+        self.horizon_s: float | None = None
+
+    @property
+    def has_pending(self) -> bool:
+        return self.num_sent < len(self.requests)
+
+    @property
+    def next_arrival_s(self) -> float | None:
+        own = self.requests[self.num_sent].arrival_s if self.has_pending else None
+        if self.horizon_s is None or (own is not None and own <= self.horizon_s):
+            return own
+        return self.horizon_s
+
+    def due(self, now: float) -> Iterator[tuple[int, Request]]:
+        while self.has_pending and self.requests[self.num_sent].arrival_s <= now:
+            self.num_sent += 1
+            yield self.num_sent - 1, self.requests[self.num_sent - 1]
+
+    def finished(self, index: int, now: float, *, completed: bool, cached_tokens: int) -> None:
+        """(The fleet's clients are open loop: nothing here waits for a finish.)"""
+
+
 class Replica:
     """One engine of a fleet (the module docstring). ``role``: ``mixed`` (prefill and decode), ``prefill`` or
     ``decode`` (P/D disaggregation, ``fleet/disaggregation.py``)."""
@@ -45,11 +76,13 @@ class Replica:
         self.index = index
         self.config = config
         self.role = role
-        self.requests: list[Request] = []  # what the router sent, in the order sent
+        self.arrivals = RoutedArrivals()
+        self.requests = self.arrivals.requests  # what the router sent, in the order sent
         self.fleet_indices: list[int] = []  # each one's index in the fleet's trace
-        trace = Trace(f"replica-{index}", self.requests, segments)  # type: ignore[arg-type] - a list that grows
+        trace = Trace(f"replica-{index}", (), segments)
         self.replay = Replay(trace, config, config.allocator("paged"), True, None)
         scheduler = self.replay.scheduler
+        scheduler.arrivals = self.arrivals
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
         self.events: KvEvents | None = None
@@ -63,7 +96,11 @@ class Replica:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = pool.listener = KvEvents(pool.listener)
         self._state = self._before = self._read_state()
-        self.replay.accounting.newly_finished = []  # (the fleet drains it: take_finished)
+        self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
+        # Its own latencies (from its arrival here), for its row: 8 bytes a figure, nothing of the request kept
+        self.ttft_s = array("d")
+        self.tpot_s = array("d")
+        scheduler.on_sample_done = self._sample_done
         # (time, requests waiting or running, KV usage %) after each pass, for the fleet's plot
         self.timeline: list[tuple[float, int, float]] | None = [] if record_timeline else None
 
@@ -85,7 +122,7 @@ class Replica:
         """One pass of the replay's loop; ``horizon_s``: when the router may next send a request (None: never)."""
         if self.events is not None:
             self.events.publish()  # the step before this pass has ended
-        self.replay.scheduler.horizon_s = horizon_s
+        self.arrivals.horizon_s = horizon_s
         self._before = self._state
         self.replay.iterate()
         self._state = self._read_state()
@@ -117,10 +154,16 @@ class Replica:
         return self.events.matched_blocks(block_hashes)
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:
-        """The sequences finished since the last call, with their finish times."""
-        accounting = self.replay.accounting
-        new, accounting.newly_finished = accounting.newly_finished, []
-        return new
+        """The sequences finished since the last call, with their finish times (the replica keeps none)."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def _sample_done(self, live: LiveRequest, now: float) -> None:
+        self._finished.append((live, now))
+        if live.sample == 0:
+            self.ttft_s.append(live.first_token_s - live.request.arrival_s)
+        if live.output_tokens > 1:
+            self.tpot_s.append((now - live.first_token_s) / (live.output_tokens - 1))
 
     def metrics(self) -> StrategyMetrics:
         """``simulate``'s metrics of this replica's replay (the same fields)."""
@@ -129,4 +172,4 @@ class Replica:
     def _read_state(self) -> ReplicaState:
         scheduler, allocator = self.replay.scheduler, self.replay.allocator
         return ReplicaState(len(scheduler.waiting), len(scheduler.running),
-                            allocator.used_slots / allocator.capacity_tokens, scheduler.next_arrival)
+                            allocator.used_slots / allocator.capacity_tokens, self.arrivals.num_sent)

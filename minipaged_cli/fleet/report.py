@@ -5,7 +5,8 @@ token: TTFT under P/D runs from the arrival at the prefill replica to the decode
 Totals: counts summed; memory percentages averaged over the replicas weighted by their KV capacity (the peak: the
 highest); latencies over every request of the fleet; throughput the fleet's output tokens over its makespan;
 ``imbalance`` the most requests a replica was sent over the mean. Under P/D both pools look their prompts up, so
-the prefix-cache counters hold both lookups.
+the prefix-cache counters hold both lookups; a replica's own row measures from a request's arrival there (a decode
+replica's TTFT from the transfer's landing, a prefill replica's from the fleet's arrival to its prefill's end).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ class RequestRecord:
     finish_s: float | None = None
     prefilled_s: float | None = None  # P/D: its prefill replica finished the prompt
     landed_s: float | None = None  # P/D: its KV reached the decode side
+    num_finished: int = 0  # its sequences that finished (its samples; P/D: on the decode side)
 
     def finished(self, live: LiveRequest, finish_s: float) -> None:
         """One of its sequences finished (the last of its samples ends the request)."""
+        self.num_finished += 1
         if live.sample == 0:
             self.first_token_s = live.first_token_s
         self.finish_s = finish_s if self.finish_s is None else max(self.finish_s, finish_s)
@@ -61,7 +64,8 @@ def latency_figures(ttfts: Sequence[float], tpots: Sequence[float]) -> dict[str,
 
 @dataclass
 class FleetFigures:
-    """Per replica (``simulate``'s fields, plus its role, requests and latency percentiles), and the totals."""
+    """Per replica (``simulate``'s fields, plus its role, engine, requests and latency percentiles), and the
+    totals."""
 
     replicas: list[dict[str, Any]]
     totals: dict[str, Any]
@@ -84,9 +88,11 @@ def fleet_figures(replicas: list[Replica], records: list[RequestRecord],
     metrics = [replica.metrics() for replica in replicas]
     rows = []
     for replica, m in zip(replicas, metrics, strict=True):
-        latencies = replica.replay.accounting.latencies
-        rows.append({"replica": replica.index, "role": replica.role, "num_requests": len(replica.requests),
-                     **m.to_dict(), **rounded(latency_figures(latencies.ttft_s, latencies.tpot_s))})
+        ttfts, tpots = list(replica.ttft_s), list(replica.tpot_s)
+        rows.append({"replica": replica.index, "role": replica.role, "model": replica.config.model.name,
+                     "gpu": replica.config.gpu.name, "num_blocks": replica.config.num_blocks,
+                     "num_requests": len(replica.requests),
+                     **m.to_dict(), **rounded(latency_figures(ttfts, tpots))})
     return FleetFigures(rows, _totals(replicas, metrics, records, transfers))
 
 

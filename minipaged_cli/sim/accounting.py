@@ -7,7 +7,6 @@ The scheduler and the replay loop report events here; ``metrics`` turns them int
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
+from minipaged_cli.sim.latencies import Latencies
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.units import rounded
 
@@ -85,18 +85,22 @@ class StrategyMetrics:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     tiers: dict[str, Any] = field(default_factory=dict)  # name -> sim.tiers.TierMetrics, with tiers below the GPU
+    sessions: Any = None  # sim.session_report.SessionMetrics, with sessions or clients other than open
     timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
     detail: ReplayDetail | None = field(default=None, repr=False)
     layout: Any = field(default=None, repr=False)  # sim.layout.LayoutSamples, when the config asks for it
 
     def measurements(self) -> dict[str, Any]:
         """The reported values, unrounded: every field but the tiers, the timeline, the detail and the layout."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("tiers", "timeline", "detail", "layout")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("tiers", "timeline", "detail", "layout", "sessions")}
 
     def to_dict(self) -> dict[str, Any]:
         document = rounded(self.measurements())
         if self.tiers:  # (replays without tiers keep their keys)
             document["tiers"] = {name: tier.to_dict() for name, tier in self.tiers.items()}
+        if self.sessions is not None:
+            document["sessions"] = self.sessions.to_dict()
         return document
 
 
@@ -134,64 +138,6 @@ def current_categories(running: Sequence[LiveRequest], allocator: Allocator, ext
                           allocator.shared_slots)
 
 
-class Latencies:
-    """The latencies of finished sequences and completed requests, each kept as one float64 (8 bytes a figure,
-    nothing of the request itself): the exact percentiles need every value, and a replay's memory must not grow
-    by a request's records each time one finishes.
-
-    Invariants: the values are in the order the sequences finished (for ``e2e_s``, the order a request's first
-    sample finished), so the means over them are the means over the lists they replace, to the last digit; a
-    request enters ``e2e_s`` at its first finished sample, unless rejected, and holds its latest sample's finish;
-    ``pending`` holds only requests with samples still running, so it is bounded by the running requests.
-    """
-
-    def __init__(self) -> None:
-        self.ttft_s = array("d")  # per request (its sample 0): first token - arrival
-        self.tpot_s = array("d")  # per finished sample of more than one output token
-        self.e2e_s = array("d")  # per request: its latest finished sample's finish - arrival
-        self.normalized_s = array("d")  # per request: e2e_s / output tokens
-        self.pending: dict[int, int] = {}  # request index -> its slot in e2e_s, while it has samples left
-        self.dropped: set[int] = set()  # slots of requests rejected after a sample finished
-        self.output_tokens = 0  # of every finished sample
-        self.last_finish_s: float | None = None
-
-    def sample_done(self, live: LiveRequest, now: float, samples_left: int, rejected: bool) -> None:
-        """``live`` finished at ``now``; ``samples_left``: its request's samples still running after it;
-        ``rejected``: one of them was rejected (the request is not completed: no end-to-end latency)."""
-        self.output_tokens += live.output_tokens
-        self.last_finish_s = now  # (the replay's clock never goes back)
-        if live.sample == 0:
-            self.ttft_s.append(live.first_token_s - live.request.arrival_s)
-        if live.output_tokens > 1:
-            self.tpot_s.append((now - live.first_token_s) / (live.output_tokens - 1))
-        if rejected:
-            return
-        slot = self.pending.pop(live.request_index, len(self.e2e_s))
-        if slot == len(self.e2e_s):
-            self.e2e_s.append(0.0)
-            self.normalized_s.append(0.0)
-        seconds = now - live.request.arrival_s
-        self.e2e_s[slot] = seconds
-        self.normalized_s[slot] = seconds / live.output_tokens
-        if samples_left:
-            self.pending[live.request_index] = slot
-
-    def rejected(self, request_index: int) -> None:
-        """A sample of the request was rejected: a latency it entered leaves (the request did not complete)."""
-        slot = self.pending.pop(request_index, None)
-        if slot is not None:
-            self.dropped.add(slot)
-
-    def request_latencies(self) -> tuple[np.ndarray, np.ndarray]:
-        """(end-to-end, normalized) latencies of the requests not rejected, [num_requests] float64 each."""
-        e2e, normalized = np.frombuffer(self.e2e_s), np.frombuffer(self.normalized_s)
-        if self.dropped:
-            kept = np.ones(len(e2e), dtype=bool)
-            kept[list(self.dropped)] = False
-            e2e, normalized = e2e[kept], normalized[kept]
-        return e2e, normalized
-
-
 class Accounting:
     """The running totals of one replay."""
 
@@ -209,8 +155,6 @@ class Accounting:
         self.busiest_seq_lens: list[int] = []
         self.peak_used_slots = 0
         self.latencies = Latencies()
-        # the sequences finished since a fleet's replica last took them (fleet/replica.py), None outside a fleet
-        self.newly_finished: list[tuple[LiveRequest, float]] | None = None
         # request index -> its sequences not yet finished or rejected, while it has any
         self.samples_left: dict[int, int] = {}
         self.num_completed = 0
@@ -261,8 +205,6 @@ class Accounting:
     def sample_done(self, live: LiveRequest, now: float) -> None:
         samples_left = self._count_done(live)
         self.latencies.sample_done(live, now, samples_left, live.request_index in self.rejected)
-        if self.newly_finished is not None:
-            self.newly_finished.append((live, now))
 
     def rejected_sample(self, live: LiveRequest, reason: str) -> None:
         if live.request_index not in self.rejected:

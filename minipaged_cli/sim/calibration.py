@@ -30,7 +30,7 @@ import yaml
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import read_mapping
-from minipaged_cli.validation import positive_number, whole_number
+from minipaged_cli.validation import positive_number, token_count
 from minipaged_cli.workloads.presets import ModelSpec, model_from_hf_config
 
 _SHAPE_FIELDS = ("num_layers", "hidden_size", "intermediate_size", "num_q_heads", "num_kv_heads", "head_dim",
@@ -165,7 +165,7 @@ def load_calibration(path: str | Path) -> Calibration:
 def _increasing(values: Any, source: str, field: str) -> np.ndarray:
     if not isinstance(values, list) or not values:
         raise InputError("expected a non-empty list", source=source, field=field, value=values, has_value=True)
-    array = np.asarray([whole_number(v, source=source, field=f"{field}[{i}]", minimum=1)
+    array = np.asarray([token_count(v, source=source, field=f"{field}[{i}]")
                         for i, v in enumerate(values)], dtype=np.float64)
     bad = np.flatnonzero(np.diff(array) <= 0)
     if bad.size:

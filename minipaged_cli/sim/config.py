@@ -16,6 +16,7 @@ from minipaged_cli.memory.kv_groups import (
 )
 from minipaged_cli.memory.strategies import make_allocator
 from minipaged_cli.sim.calibration import Calibration
+from minipaged_cli.sim.clients import OPEN_LOOP, Clients
 from minipaged_cli.sim.vllm_releases import LATEST_VLLM, VllmRelease, vllm_release
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
@@ -123,6 +124,7 @@ class SimConfig:
     # `window` waiting requests are admitted deepest cached prefix first (0: arrival order). None: the release's.
     cache_aware_admission_window: int | None = None
     cache_aware_admission_threshold: float | None = None
+    clients: Clients = OPEN_LOOP  # when requests are sent: open loop, closed loop, capped (sim/clients.py)
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:

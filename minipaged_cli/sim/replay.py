@@ -39,6 +39,7 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
+from minipaged_cli.sim.session_report import session_metrics
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.validation import positive_number
@@ -84,6 +85,7 @@ class Replay:
                  progress: Callable[[int], None] | None,
                  on_step: Callable[[StepWork, Allocator], None] | None = None,
                  max_steps: int | None = None) -> None:
+        self.trace = trace
         self.config = config
         self.allocator = allocator
         self.bulk = bulk
@@ -103,7 +105,7 @@ class Replay:
     def first_arrival_s(self) -> float:
         """The first request's arrival (a fleet's replica is handed its requests as the replay runs; one sent none
         measures from 0)."""
-        requests = self.scheduler.requests
+        requests = self.scheduler.arrivals.requests
         return requests[0].arrival_s if requests else 0.0
 
     def run(self) -> StrategyMetrics:
@@ -139,6 +141,9 @@ class Replay:
             metrics.tiers = self.tiers.metrics(self.accounting.prefix_cache_queries, metrics.makespan_s)
         if self.layout is not None:
             metrics.layout = self.layout.result()
+        if self.trace.sessions or self.config.clients.kind != "open":
+            metrics.sessions = session_metrics(self.trace, self.scheduler.arrivals, self.config.clients,
+                                               metrics.makespan_s)
         return metrics
 
     def _single_step(self) -> None:

@@ -36,12 +36,13 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.clients import Arrivals
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.tiers import TieredCache
@@ -84,9 +85,8 @@ class Scheduler:
         self.config = config
         self.allocator = allocator
         self.accounting = accounting
-        self.requests = trace.requests
+        self.arrivals = Arrivals(trace, config.clients)  # who sends what when (sim/clients.py)
         self.segments = trace.segments
-        self.next_arrival = 0
         self.next_sequence_id = len(trace.requests)  # forked samples are numbered after the requests
         self.waiting: deque[LiveRequest] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
@@ -98,17 +98,17 @@ class Scheduler:
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
         self.loads: list[tuple[Hashable, int]] = []  # (hash, GPU block) loaded for the step being scheduled
-        # A fleet's replica (fleet/replica.py) is handed its requests as they arrive: ``horizon_s`` is when the
-        # router may next send one (the fleet's next arrival), ``fleet_indices`` each request's index in the
-        # fleet's trace (what its own blocks' keys name, so that two replicas' requests never share a key)
-        self.horizon_s: float | None = None
+        # A fleet's replica (fleet/replica.py) hands its scheduler the requests its router sent (its own
+        # ``arrivals``), and ``fleet_indices``: each one's index in the fleet's trace (what its own blocks' keys
+        # name, so that two replicas' requests never share a key)
         self.fleet_indices: list[int] | None = None
+        self.on_sample_done: Callable[[LiveRequest, float], None] | None = None  # told each finished sequence
 
     # -- state -------------------------------------------------------------------------------------------------
 
     @property
     def has_work(self) -> bool:
-        return self.next_arrival < len(self.requests) or bool(self.waiting) or bool(self.running)
+        return self.arrivals.has_pending or bool(self.waiting) or bool(self.running)
 
     def idle_until(self, now: float) -> float:
         """Where the clock goes when no step could run at ``now``: while only loads from a tier below the GPU are
@@ -121,10 +121,7 @@ class Scheduler:
 
     @property
     def next_arrival_s(self) -> float | None:
-        own = self.requests[self.next_arrival].arrival_s if self.next_arrival < len(self.requests) else None
-        if self.horizon_s is None or (own is not None and own <= self.horizon_s):
-            return own
-        return self.horizon_s
+        return self.arrivals.next_arrival_s
 
     @property
     def can_bulk(self) -> bool:
@@ -156,13 +153,12 @@ class Scheduler:
     def arrive(self, now: float) -> None:
         """Queue the requests that have arrived by ``now`` (rejecting those that can never run)."""
         self.now = now
-        while self.next_arrival < len(self.requests) and self.requests[self.next_arrival].arrival_s <= now:
-            request = self.requests[self.next_arrival]
-            self.accounting.arrived(self.next_arrival, request.n)
+        for index, request in self.arrivals.due(now):
+            self.accounting.arrived(index, request.n)
             for sample in range(request.n if self.samples_at_arrival else 1):
-                sequence_id = self.next_arrival if sample == 0 else self._new_sequence_id()
+                sequence_id = index if sample == 0 else self._new_sequence_id()
                 live = LiveRequest(sequence_id, request.prompt_tokens, request.output_tokens, request=request,
-                                   request_index=self.next_arrival, sample=sample,
+                                   request_index=index, sample=sample,
                                    num_prefill_tokens=request.prompt_tokens,
                                    forked=self.samples_at_arrival)
                 # Checked against the model's length and the pool before anything (its blocks' keys) is built
@@ -173,9 +169,8 @@ class Scheduler:
                     self._reject(live, reason)
                 else:
                     if self.keyed:
-                        live.block_hashes = self._content_keys(request, self.next_arrival, sample)
+                        live.block_hashes = self._content_keys(request, index, sample)
                     self._enqueue(live, front=False)
-            self.next_arrival += 1
 
     def schedule(self) -> StepDecision | None:
         """The next step, or None when nothing can run in it (a request that preempted itself runs next step;
@@ -255,6 +250,7 @@ class Scheduler:
                 head.queried = True
                 accounting.prefix_cache_queries += head.num_prefill_tokens
                 accounting.prefix_cache_hits += cached
+                head.num_cached_tokens = cached
             if not loaded:
                 scheduled.append((head, tokens))
                 budget -= tokens
@@ -352,12 +348,23 @@ class Scheduler:
         if self.tiers is not None and self.keyed:
             self.tiers.request_done(live.block_hashes, live.prompt_tokens)
         self.accounting.rejected_sample(live, reason)
+        self._request_done(live, self.now)
 
     def _sample_done(self, live: LiveRequest, now: float) -> None:
         if self.tiers is not None and self.keyed:
             self.tiers.request_done(live.block_hashes, live.prompt_tokens)
         live.block_hashes = []  # the keys can be many; a finished sequence needs them no more
         self.accounting.sample_done(live, now)
+        if self.on_sample_done is not None:
+            self.on_sample_done(live, now)
+        self._request_done(live, now)
+
+    def _request_done(self, live: LiveRequest, now: float) -> None:
+        """Tell the clients when a request's last sample is done (what waits for it may be sent)."""
+        index = live.request_index
+        if not self.accounting.samples_left.get(index):
+            self.arrivals.finished(index, now, completed=index not in self.accounting.rejected,
+                                   cached_tokens=live.num_cached_tokens)
 
     def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
         """Keys of a sequence's full blocks (``content_keys``), its own named by its index in the fleet's trace
@@ -371,8 +378,12 @@ def content_keys(request: Request, request_index: int, sample: int, segments: di
                  block_size: int) -> list[Hashable]:
     """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of this
     sample. Only the segments can match another request's; the rest lets a recomputed sequence find its own blocks
-    while they are still cached. (A fleet's router names a request's blocks with it too.)"""
+    while they are still cached. A session's turn names its history and input as later turns name them, then its
+    output. (A fleet's router names a request's blocks with it too.)"""
     runs: list[tuple[Hashable, int]] = [(name, segments[name]) for name in request.prefix]
+    if request.runs:
+        return block_content_keys([*runs, *request.runs, (request.output_label, request.output_tokens)], block_size)
     own_prompt = request.prompt_tokens - sum(length for _, length in runs)
-    runs += [(("prompt", request_index), own_prompt), (("output", request_index, sample), request.output_tokens)]
+    output = request.output_segment or ("output", request_index, sample)
+    runs += [(("prompt", request_index), own_prompt), (output, request.output_tokens)]
     return block_content_keys(runs, block_size)

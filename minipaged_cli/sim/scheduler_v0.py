@@ -198,6 +198,7 @@ class V0Scheduler(Scheduler):
                     head.queried = True
                     accounting.prefix_cache_queries += head.num_prefill_tokens
                     accounting.prefix_cache_hits += cached
+                    head.num_cached_tokens = cached
             admitted_tokens += head.num_prefill_tokens - head.num_computed
             admitted += 1
         return admitted

@@ -9,7 +9,7 @@ from typing import Any
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.input_files import read_mapping
-from minipaged_cli.validation import finite_number, positive_number, whole_number
+from minipaged_cli.validation import MAX_INT32, finite_number, positive_number, whole_number
 from minipaged_cli.workloads.model_spec import (
     DTYPE_BYTES,
     FULL_ATTENTION,
@@ -180,7 +180,8 @@ def model_from_hf_config(config: dict[str, Any], *, name: str, source: str) -> M
     def optional(key: str, *alternatives: str, minimum: int = 1) -> int | None:
         for k in (key, *alternatives):
             if config.get(k) is not None:
-                return whole_number(config[k], field=k, source=source, minimum=minimum)
+                # (at most int32's largest: a shape past a float's range would overflow the sizes derived from it)
+                return whole_number(config[k], field=k, source=source, minimum=minimum, maximum=MAX_INT32)
         return None
 
     def get(key: str, *alternatives: str, default: int | None = None) -> int:

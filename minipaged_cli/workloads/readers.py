@@ -7,14 +7,20 @@ public production traces into the same ``Trace``.
   segment ``h<id>`` of 512 tokens, a partial last block of n tokens the segment ``h<id>:<n>`` (in the released
   traces a partial block's id never appears at another length nor as a full block; a request repeating a prompt
   finds the partial block's full KV blocks cached, as LMCache's simulator finds its complete 256-token halves).
+  Rows with a ``session_id`` (AIPerf's and Dynamo's agent traces) are the turns of sessions (``read_mooncake``).
 - ``lengths-csv``: length-only CSVs (ShareGPT via sarathi-serve: ``num_prefill_tokens,num_decode_tokens,...``;
   also ``prompt_tokens,output_tokens`` or ``input_length,output_length``); arrivals come from ``--rate``.
+- ``aiperf`` (``aiperf.py``): AIPerf's single-turn and multi-turn JSONL; ``sharegpt`` (``sharegpt.py``): ShareGPT
+  conversations, each a session; ``genai-perf``, ``inference-perf``, ``vllm-multi-turn``, ``prefix-repetition``
+  (``bench_configs.py``): the benchmark tools' synthetic workloads, generated from their config files.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -22,11 +28,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.input_files import parse_json
+from minipaged_cli.input_files import parse_json, read_json_lines
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
+from minipaged_cli.workloads.aiperf import read_aiperf
+from minipaged_cli.workloads.bench_configs import BENCHMARK_CONFIGS
+from minipaged_cli.workloads.sessions import Turn, sessions_of
+from minipaged_cli.workloads.sharegpt import read_sharegpt
+from minipaged_cli.workloads.text_tokens import TextTokens
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
-TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv")
+TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv", "aiperf", "sharegpt", "genai-perf",
+                 "inference-perf", "vllm-multi-turn", "prefix-repetition")
 
 MOONCAKE_BLOCK_TOKENS = 512
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -38,12 +50,12 @@ _LENGTH_COLUMNS = (
 
 
 def detect_format(path: Path) -> str:
-    """By extension, then by the CSV header."""
+    """By extension, then by the CSV header, a JSONL file's first row, or the head of a benchmark tool's config."""
     suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        return "yaml"
+    if suffix in (".yaml", ".yml", ".json", ".txt"):
+        return _config_format(path)
     if suffix == ".jsonl":
-        return "mooncake"
+        return _jsonl_format(path)
     if suffix == ".csv":
         header = _csv_header(path)
         if set(_AZURE_COLUMNS) <= set(header):
@@ -51,8 +63,39 @@ def detect_format(path: Path) -> str:
         if _length_columns(header) is not None:
             return "lengths-csv"
         raise InputError(f"unrecognised CSV header {','.join(header)}; pass --format", source=str(path))
-    raise InputError("cannot tell the format from the extension (.yaml, .jsonl, .csv); pass --format",
+    raise InputError("cannot tell the format from the extension (.yaml, .json, .jsonl, .csv, .txt); pass --format",
                      source=str(path))
+
+
+# A benchmark tool's config, told by its keys (or its command line's options) in its first 64 KB, comments left
+# out (a trace in minipaged's YAML may be long; these are short). A minipaged YAML trace has none of these keys.
+_CONFIG_SIGNS = (
+    ("vllm-multi-turn", re.compile(r'"filetype"\s*:\s*"generate_conversations"')),
+    ("inference-perf", re.compile(r"^data:(.|\n)*^\s+type:\s*shared_prefix\b", re.MULTILINE)),
+    ("prefix-repetition", re.compile(r"^\s*(dataset[-_]name\s*:\s*prefix_repetition|prefix[-_]repetition[-_]\w+\s*:)"
+                                     r"|\s--(dataset-name[ =]prefix_repetition|prefix-repetition-\w+)", re.MULTILINE)),
+    ("genai-perf", re.compile(r"^\s*num[-_]sessions\s*:|\s--num-sessions\b", re.MULTILINE)),
+)
+
+
+def _config_format(path: Path) -> str:
+    """ShareGPT (a JSON list), a benchmark tool's config by its keys, else minipaged's YAML."""
+    with _open(path) as handle:
+        head = "\n".join(line for line in handle.read(1 << 16).splitlines() if not line.lstrip().startswith("#"))
+    if path.suffix.lower() == ".json" and head.lstrip().startswith("["):
+        return "sharegpt"
+    detected = next((name for name, sign in _CONFIG_SIGNS if sign.search(head)), None)
+    if detected is None and path.suffix.lower() in (".json", ".txt"):
+        raise InputError("cannot tell which format this is; pass --format", source=str(path))
+    return detected or "yaml"
+
+
+def _jsonl_format(path: Path) -> str:
+    """AIPerf's rows (``turns``, ``text``, ``texts``) or Mooncake's (``input_length``), by the first row's keys."""
+    with _open(path) as handle:
+        first = next((line for line in handle if line.strip()), "")
+    row = parse_json(first, str(path), "line 1") if first else {}
+    return "aiperf" if isinstance(row, dict) and {"turns", "text", "texts"} & set(row) else "mooncake"
 
 
 def read_azure(path: Path) -> Trace:
@@ -80,41 +123,56 @@ def read_azure(path: Path) -> Trace:
 
 
 def read_mooncake(path: Path) -> Trace:
+    """Rows with a ``session_id`` are the turns of that session, in file order (AIPerf's and Dynamo's agent
+    traces): each row's ``input_length`` and ``hash_ids`` are its whole prompt (the history is in its hash ids, so
+    no history is prepended), ``delay`` (ms) the wait after the previous turn's answer, the first row's
+    ``timestamp`` the session's start. Rows without one are requests at their ``timestamp`` as before."""
     source = str(path)
     requests = []
     segments: dict[str, int] = {}
-    with _open(path) as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            where = f"line {line}"
-            row = parse_json(text, source, where)
-            if not isinstance(row, dict):
-                raise InputError("expected a JSON object", source=source, where=where)
-            for key in ("timestamp", "input_length", "output_length"):
-                if key not in row:
-                    raise InputError("missing", source=source, where=where, field=key)
-            prompt = _token_count(row["input_length"], source, where, "input_length")
-            hash_ids = row.get("hash_ids", [])
-            if not isinstance(hash_ids, list):
-                raise InputError("expected a list", source=source, where=where, field="hash_ids",
-                                 value=hash_ids, has_value=True)
-            prefix = []
-            for start, block_id in zip(range(0, prompt, MOONCAKE_BLOCK_TOKENS), hash_ids, strict=False):
-                tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
-                name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
-                segments[name] = tokens
-                prefix.append(name)
-            requests.append(Request(
-                id=f"mooncake-{len(requests)}",
-                arrival_s=finite_number(row["timestamp"], field="timestamp", source=source, where=where,
-                                        minimum=0.0) / 1000.0,
-                prompt_tokens=prompt,
-                output_tokens=_token_count(row["output_length"], source, where, "output_length"),
-                prefix=tuple(prefix),
-            ))
-    return make_trace(path.stem, requests, source=source, segments=segments,
+    sessions: dict[str, list[tuple[float | None, Turn]]] = {}
+    for where, row in read_json_lines(path):
+        session = row.get("session_id")
+        required = ("input_length", "output_length") if session is not None else \
+            ("timestamp", "input_length", "output_length")
+        for key in required:
+            if row.get(key) is None:
+                raise InputError("missing", source=source, where=where, field=key)
+        prompt = _token_count(row["input_length"], source, where, "input_length")
+        output = _token_count(row["output_length"], source, where, "output_length")
+        prefix = _mooncake_blocks(prompt, row.get("hash_ids", []), segments, source, where)
+        if session is not None:
+            start = _milliseconds(row, "timestamp", source, where)
+            delay = _milliseconds(row, "delay", source, where) or 0.0
+            sessions.setdefault(str(session), []).append(
+                (start, Turn(prompt, output, delay_s=delay, segments=prefix, whole_prompt=True)))
+            continue
+        requests.append(Request(id=f"mooncake-{len(requests)}",
+                                arrival_s=_milliseconds(row, "timestamp", source, where) or 0.0,
+                                prompt_tokens=prompt, output_tokens=output, prefix=prefix))
+    return make_trace(path.stem, requests, source=source, segments=segments, sessions=sessions_of(sessions),
                       description="Mooncake FAST'25 trace (kvcache-ai/Mooncake, Apache-2.0)")
+
+
+def _mooncake_blocks(prompt: int, hash_ids: Any, segments: dict[str, int], source: str, where: str) -> tuple[str, ...]:
+    """The prompt's 512-token blocks as shared segments (``segments`` gains them)."""
+    if not isinstance(hash_ids, list):
+        raise InputError("expected a list", source=source, where=where, field="hash_ids", value=hash_ids,
+                         has_value=True)
+    prefix = []
+    for start, block_id in zip(range(0, prompt, MOONCAKE_BLOCK_TOKENS), hash_ids, strict=False):
+        tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
+        name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
+        segments[name] = tokens
+        prefix.append(name)
+    return tuple(prefix)
+
+
+def _milliseconds(row: dict[str, Any], key: str, source: str, where: str) -> float | None:
+    """A time in milliseconds, in seconds; None where the row has none."""
+    if row.get(key) is None:
+        return None
+    return finite_number(row[key], field=key, source=source, where=where, minimum=0.0) / 1000.0
 
 
 def read_lengths_csv(path: Path) -> Trace:
@@ -192,9 +250,11 @@ def load_trace(
     seed: int = 0,
     limit: int | None = None,
     time_scale: float = 1.0,
+    tokenizer: Path | None = None,
 ) -> Trace:
     """Read a trace in any supported format, then apply ``limit``, ``rate`` (Poisson re-timing) and ``time_scale``.
 
+    ``tokenizer``: a local tokenizer directory that counts the tokens of formats holding text (else estimated).
     ``rate`` replaces the arrival times with a seeded Poisson process (length-only CSVs have none: without a
     rate all their requests arrive at t = 0, like an offline benchmark).
     """
@@ -213,6 +273,7 @@ def load_trace(
         raise InputError("is a directory; expected a trace file", source=str(path))
     if not path.is_file():
         raise InputError("no such file", source=str(path))
+    text_tokens = TextTokens(tokenizer)  # (a bad directory is reported before the trace is read)
     if trace_format == "auto":
         trace_format = detect_format(path)
     readers: dict[str, Callable[[Path], Trace]] = {
@@ -220,6 +281,9 @@ def load_trace(
         "azure": read_azure,
         "mooncake": read_mooncake,
         "lengths-csv": read_lengths_csv,
+        "aiperf": functools.partial(read_aiperf, text_tokens=text_tokens),
+        "sharegpt": functools.partial(read_sharegpt, text_tokens=text_tokens),
+        **BENCHMARK_CONFIGS,
     }
     trace = readers[trace_format](path).limited(limit)
     if rate is not None:

@@ -10,7 +10,6 @@ the field and the value; the checks are the bulk of it and belong with the forma
 
 from __future__ import annotations
 
-import math
 import textwrap
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,38 +20,31 @@ import yaml
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.input_files import read_yaml
-from minipaged_cli.validation import MAX_REQUESTS, MAX_TOKENS, finite_number, token_count, whole_number
+from minipaged_cli.validation import MAX_REQUESTS
+from minipaged_cli.workloads.agent_loop import generate_agent_tasks
+from minipaged_cli.workloads.fields import Fields, poisson_arrivals, read_group, sample_lengths
+from minipaged_cli.workloads.request import Request
+from minipaged_cli.workloads.session_yaml import dump_sessions, generate_sessions, read_sessions
+from minipaged_cli.workloads.sessions import Session, TurnLink, session_requests
 
-
-@dataclass(frozen=True)
-class Request:
-    """One request: arrives, prefills ``prompt_tokens``, then generates ``output_tokens`` one step at a time.
-
-    ``n`` > 1 is parallel sampling: after the prefill, ``n`` sequences each generate ``output_tokens``, forked
-    from the one prompt (its blocks shared until written).
-    """
-
-    id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    prefix: tuple[str, ...] = ()
-    n: int = 1
-
-    @property
-    def total_tokens(self) -> int:
-        """prompt + output: what ``--max-model-len`` bounds and what an exact reservation holds."""
-        return self.prompt_tokens + self.output_tokens
+__all__ = ["Request", "Trace", "dump_trace", "load_yaml_trace", "make_trace"]
 
 
 @dataclass(frozen=True)
 class Trace:
-    """A workload: requests sorted by arrival time, and the token counts of their shared prefix segments."""
+    """A workload: requests sorted by arrival time, and the token counts of their shared prefix segments.
+
+    With sessions (``sessions.py``), ``requests`` holds their turns too, each at the earliest time it can be sent,
+    and ``turns`` says which requests are turns (request id -> its link): those are sent at run time, when what
+    they wait for has finished. ``sessions`` keeps the sessions as written (for ``convert`` and the reports).
+    """
 
     name: str
     requests: tuple[Request, ...]
     segments: dict[str, int] = field(default_factory=dict)
     description: str = ""
+    sessions: tuple[Session, ...] = ()
+    turns: dict[str, TurnLink] = field(default_factory=dict)
 
     @property
     def num_requests(self) -> int:
@@ -66,31 +58,72 @@ class Trace:
     def output_tokens(self) -> int:
         return sum(r.output_tokens for r in self.requests)
 
+    @property
+    def standalone_requests(self) -> list[Request]:
+        """The requests that are no session's turns."""
+        return [r for r in self.requests if r.id not in self.turns]
+
     def limited(self, limit: int | None) -> Trace:
-        """The first ``limit`` requests by arrival, and only the segments they use."""
+        """The first ``limit`` requests by arrival (a turn only with every turn it waits for), and only the
+        segments they use."""
         if limit is None or limit >= len(self.requests):
             return self
-        requests = self.requests[:limit]
-        used = {segment for request in requests for segment in request.prefix}
+        kept: set[str] = set()
+        for request in self.requests[:limit]:
+            link = self.turns.get(request.id)
+            if link is None or all(earlier in kept for earlier in link.after):
+                kept.add(request.id)
+        requests = [r for r in self.requests[:limit] if r.id in kept and r.id not in self.turns]
+        sessions = [kept_turns for s in self.sessions if (kept_turns := _kept_turns(s, kept)) is not None]
+        used = {segment for r in self.requests[:limit] if r.id in kept
+                for segment in (*r.prefix, *(label for label, _ in r.runs if isinstance(label, str)),
+                                *((r.output_segment,) if r.output_segment else ()))}
         segments = {name: tokens for name, tokens in self.segments.items() if name in used}
-        return replace(self, requests=requests, segments=segments)
+        return self._rebuilt(requests, sessions, segments)
 
     def time_scaled(self, time_scale: float) -> Trace:
-        """Every arrival time multiplied by ``time_scale`` (< 1 compresses the trace: a higher request rate)."""
+        """Every arrival time and session start multiplied by ``time_scale`` (< 1 compresses the trace: a higher
+        request rate); think times inside sessions are the users' and stay."""
         if time_scale == 1.0:
             return self
-        return replace(self, requests=tuple(replace(r, arrival_s=r.arrival_s * time_scale) for r in self.requests))
+        if not self.sessions:
+            return replace(self, requests=tuple(replace(r, arrival_s=r.arrival_s * time_scale)
+                                                for r in self.requests))
+        return self._rebuilt([replace(r, arrival_s=r.arrival_s * time_scale) for r in self.standalone_requests],
+                             [replace(s, start_s=s.start_s * time_scale) for s in self.sessions])
 
     def with_poisson_arrivals(self, rate_per_s: float, seed: int) -> Trace:
-        """Arrival times replaced by a seeded Poisson process of ``rate_per_s`` (order kept)."""
-        times = poisson_arrivals(len(self.requests), rate_per_s, np.random.default_rng(seed))
-        requests = tuple(replace(r, arrival_s=float(t)) for r, t in zip(self.requests, times, strict=True))
-        return replace(self, requests=requests)
+        """Arrival times (of requests, and of sessions: their starts) replaced by a seeded Poisson process of
+        ``rate_per_s`` (order kept)."""
+        rng = np.random.default_rng(seed)
+        if not self.sessions:
+            times = poisson_arrivals(len(self.requests), rate_per_s, rng)
+            requests = tuple(replace(r, arrival_s=float(t)) for r, t in zip(self.requests, times, strict=True))
+            return replace(self, requests=requests)
+        units: list[Request | Session] = [*self.standalone_requests, *self.sessions]
+        first = {r.id: r.arrival_s for r in self.requests}
+        units.sort(key=lambda u: first[u.id] if isinstance(u, Request) else first[u.turn_id(0)])
+        times = poisson_arrivals(len(units), rate_per_s, rng)
+        retimed = [replace(u, arrival_s=float(t)) if isinstance(u, Request) else replace(u, start_s=float(t))
+                   for u, t in zip(units, times, strict=True)]
+        return self._rebuilt([u for u in retimed if isinstance(u, Request)],
+                             [u for u in retimed if isinstance(u, Session)])
+
+    def _rebuilt(self, requests: list[Request], sessions: list[Session],
+                 segments: dict[str, int] | None = None) -> Trace:
+        return make_trace(self.name, requests, source=self.name, sessions=sessions,
+                          segments=self.segments if segments is None else segments, description=self.description)
 
 
-def poisson_arrivals(count: int, rate_per_s: float, rng: np.random.Generator, start_s: float = 0.0) -> np.ndarray:
-    """Arrival times of a Poisson process: cumulative sums of exponential gaps with mean 1 / rate."""
-    return start_s + np.cumsum(rng.exponential(1.0 / rate_per_s, size=count))
+def _kept_turns(session: Session, kept: set[str]) -> Session | None:
+    """The session with only the turns in ``kept`` (which holds every turn a kept turn waits for), ids kept."""
+    indices = [i for i in range(len(session.turns)) if session.turn_id(i) in kept]
+    if not indices:
+        return None
+    renumbered = {old: new for new, old in enumerate(indices)}
+    turns = tuple(replace(session.turns[i], name=session.turns[i].name or str(i),
+                          after=tuple(renumbered[d] for d in session.dependencies(i))) for i in indices)
+    return replace(session, turns=turns)
 
 
 def make_trace(
@@ -100,18 +133,29 @@ def make_trace(
     source: str,
     segments: dict[str, int] | None = None,
     description: str = "",
+    sessions: list[Session] | tuple[Session, ...] = (),
 ) -> Trace:
-    """Sort by arrival (stably) and check what holds across requests: unique ids, known segments."""
-    if not requests:
+    """Expand the sessions into their turns' requests, sort by arrival (stably) and check what holds across
+    requests: unique ids, known segments."""
+    segments = segments or {}
+    turns: dict[str, TurnLink] = {}
+    all_requests = list(requests)
+    for index, session in enumerate(sessions):
+        for request, link in session_requests(session, segments, source=source,
+                                              where=f"sessions[{index}] (id {session.id})"):
+            all_requests.append(request)
+            turns[request.id] = link
+    if not all_requests:
         raise InputError("the trace has no requests", source=source)
     seen: set[str] = set()
-    segments = segments or {}
-    for index, request in enumerate(requests):
+    for index, request in enumerate(all_requests):
         where = f"requests[{index}] (id {request.id})"
         if request.id in seen:
             raise InputError("duplicate request id", source=source, where=where, field="id",
                              value=request.id, has_value=True)
         seen.add(request.id)
+        if request.id in turns:  # (its segments were checked with its session)
+            continue
         prefix_tokens = 0
         for segment in request.prefix:
             if segment not in segments:
@@ -123,26 +167,21 @@ def make_trace(
             raise InputError(f"prefix segments hold {prefix_tokens} tokens, more than the prompt's "
                              f"{request.prompt_tokens}", source=source, where=where, field="prefix",
                              value=list(request.prefix), has_value=True)
-    ordered = sorted(requests, key=lambda r: r.arrival_s)
-    return Trace(name=name, requests=tuple(ordered), segments=dict(segments), description=description)
+        if request.output_segment is not None and (segments.get(request.output_segment) != request.output_tokens
+                                                   or request.n > 1):
+            raise InputError(f"must name a segment of its {request.output_tokens} output tokens, with n = 1",
+                             source=source, where=where, field="output_segment", value=request.output_segment,
+                             has_value=True)
+    ordered = sorted(all_requests, key=lambda r: r.arrival_s)
+    return Trace(name=name, requests=tuple(ordered), segments=dict(segments), description=description,
+                 sessions=tuple(sessions), turns=turns)
 
 
 # -- the YAML format ---------------------------------------------------------------------------------------
 
-_TOP_KEYS = {"version", "name", "description", "requests", "generate", "segments"}
-_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix", "n"}
+_TOP_KEYS = {"version", "name", "description", "requests", "generate", "segments", "sessions"}
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "output_tokens", "prefix", "n", "output_segment"}
 _GROUP_KEYS = {"count", "seed", "arrival", "prompt_tokens", "output_tokens", "id_prefix", "prefix", "n"}
-_ARRIVAL_KEYS = {
-    "poisson": {"rate_per_s"},
-    "constant": {"rate_per_s"},
-    "uniform": {"end_s"},
-}
-_LENGTH_KEYS = {
-    "constant": {"value"},
-    "uniform": {"low", "high"},
-    "lognormal": {"median", "sigma"},
-    "normal": {"mean", "std"},
-}
 
 
 def load_yaml_trace(path: Path) -> Trace:
@@ -152,7 +191,7 @@ def load_yaml_trace(path: Path) -> Trace:
     document = read_yaml(path)
     if not isinstance(document, dict):
         raise InputError("expected a mapping with a 'requests' or 'generate' list", source=source)
-    reader = _Fields(source, None)
+    reader = Fields(source, None)
     reader.check_keys(document, _TOP_KEYS)
     version = document.get("version", 1)
     if version != 1:
@@ -168,18 +207,25 @@ def load_yaml_trace(path: Path) -> Trace:
     groups = document.get("generate") or []
     if not isinstance(groups, list):
         raise InputError("expected a list", source=source, field="generate", value=groups, has_value=True)
+    sessions = read_sessions(document.get("sessions") or [], source)
     for index, group in enumerate(groups):
-        requests.extend(_generate_group(group, index, source))
+        if isinstance(group, dict) and "turns" in group:
+            sessions.extend(generate_sessions(group, index, source))
+        elif isinstance(group, dict) and "steps" in group:
+            sessions.extend(generate_agent_tasks(group, index, source))
+        else:
+            requests.extend(_generate_group(group, index, source))
     name = document.get("name") or path.stem
     description = document.get("description") or ""
-    return make_trace(str(name), requests, source=source, segments=segments, description=str(description))
+    return make_trace(str(name), requests, source=source, segments=segments, description=str(description),
+                      sessions=sessions)
 
 
 def _read_segments(raw: Any, source: str) -> dict[str, int]:
     if not isinstance(raw, dict):
         raise InputError("expected a mapping of segment name to token count", source=source,
                          field="segments", value=raw, has_value=True)
-    reader = _Fields(source, "segments")
+    reader = Fields(source, "segments")
     return {str(name): reader.tokens(raw, name) for name in raw}
 
 
@@ -188,7 +234,7 @@ def _read_request(entry: Any, index: int, source: str) -> Request:
     where = f"requests[{index}]" + (f" (id {request_id})" if request_id is not None else "")
     if not isinstance(entry, dict):
         raise InputError("expected a mapping", source=source, where=where, value=entry, has_value=True)
-    reader = _Fields(source, where)
+    reader = Fields(source, where)
     reader.check_keys(entry, _REQUEST_KEYS)
     if "id" not in entry:
         raise InputError("missing", source=source, where=where, field="id")
@@ -202,147 +248,30 @@ def _read_request(entry: Any, index: int, source: str) -> Request:
         output_tokens=reader.tokens(entry, "output_tokens"),
         prefix=reader.prefix(entry),
         n=reader.count(entry, "n", minimum=1, maximum=MAX_REQUESTS, default=1),
+        output_segment=str(entry["output_segment"]) if entry.get("output_segment") is not None else None,
     )
 
 
 def _generate_group(group: Any, index: int, source: str) -> list[Request]:
-    where = f"generate[{index}]"
     if not isinstance(group, dict):
-        raise InputError("expected a mapping", source=source, where=where, value=group, has_value=True)
-    reader = _Fields(source, where)
-    reader.check_keys(group, _GROUP_KEYS)
-    count = reader.count(group, "count", minimum=1, maximum=MAX_REQUESTS)
-    seed = reader.count(group, "seed", minimum=0, default=0)
-    id_prefix = str(group.get("id_prefix", f"gen{index}-"))
-    rng = np.random.default_rng(seed)
-    arrivals = _sample_arrivals(reader.mapping(group, "arrival"), count, rng, _Fields(source, f"{where}.arrival"))
-    prompts = _sample_lengths(reader.mapping(group, "prompt_tokens"), count, rng,
-                              _Fields(source, f"{where}.prompt_tokens"))
-    outputs = _sample_lengths(reader.mapping(group, "output_tokens"), count, rng,
-                              _Fields(source, f"{where}.output_tokens"))
+        raise InputError("expected a mapping", source=source, where=f"generate[{index}]", value=group, has_value=True)
+    head = read_group(group, index, source, _GROUP_KEYS, "gen")
+    reader, where, count, rng = head.reader, head.where, head.count, head.rng
+    prompts = sample_lengths(reader.mapping(group, "prompt_tokens"), count, rng,
+                             Fields(source, f"{where}.prompt_tokens"))
+    outputs = sample_lengths(reader.mapping(group, "output_tokens"), count, rng,
+                             Fields(source, f"{where}.output_tokens"))
     prefix = reader.prefix(group)
     n = reader.count(group, "n", minimum=1, maximum=MAX_REQUESTS, default=1)
     return [
-        Request(f"{id_prefix}{i}", float(arrivals[i]), int(prompts[i]), int(outputs[i]), prefix, n)
+        Request(f"{head.id_prefix}{i}", float(head.arrivals[i]), int(prompts[i]), int(outputs[i]), prefix, n)
         for i in range(count)
     ]
 
 
-def _sample_arrivals(spec: dict[str, Any], count: int, rng: np.random.Generator, reader: _Fields) -> np.ndarray:
-    process = reader.choice(spec, "process", sorted(_ARRIVAL_KEYS))
-    reader.check_keys(spec, {"process", "start_s"} | _ARRIVAL_KEYS[process])
-    start = reader.number(spec, "start_s", minimum=0.0, default=0.0)
-    if process == "uniform":
-        end = reader.number(spec, "end_s", minimum=start)
-        return np.sort(rng.uniform(start, end, size=count))
-    rate = reader.number(spec, "rate_per_s", minimum=0.0, exclusive=True)
-    with np.errstate(over="ignore"):  # refused below, with the field named, instead of a warning
-        arrivals = poisson_arrivals(count, rate, rng, start) if process == "poisson" else \
-            start + np.arange(count) / rate
-    if not np.isfinite(arrivals[-1]):  # a subnormal rate: 1 / rate overflows, and the replay would print nan
-        raise reader.error("arrival times overflow to infinity; use a larger rate", "rate_per_s", rate)
-    return arrivals
-
-
-def _sample_lengths(spec: dict[str, Any], count: int, rng: np.random.Generator, reader: _Fields) -> np.ndarray:
-    """Token counts from a distribution, rounded and clipped into [min, max] (min defaults to 1); without a max,
-    a sampled count above ``MAX_TOKENS`` is refused rather than clipped to a bound nobody wrote."""
-    dist = reader.choice(spec, "dist", sorted(_LENGTH_KEYS))
-    reader.check_keys(spec, {"dist", "min", "max"} | _LENGTH_KEYS[dist])
-    low_bound = reader.tokens(spec, "min", default=1)
-    high_bound = reader.tokens(spec, "max", minimum=low_bound, default=None)
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, with the field named
-        if dist == "constant":
-            values = np.full(count, float(reader.tokens(spec, "value")))
-        elif dist == "uniform":
-            low = reader.tokens(spec, "low")
-            high = reader.tokens(spec, "high", minimum=low)
-            values = rng.integers(low, high, size=count, endpoint=True).astype(float)
-        elif dist == "lognormal":
-            median = reader.number(spec, "median", minimum=0.0, exclusive=True)
-            sigma = reader.number(spec, "sigma", minimum=0.0)
-            values = rng.lognormal(math.log(median), sigma, size=count)
-        else:
-            mean = reader.number(spec, "mean", minimum=0.0)
-            std = reader.number(spec, "std", minimum=0.0)
-            values = rng.normal(mean, std, size=count)
-        values = np.rint(values)
-    if high_bound is None and not values.max() <= MAX_TOKENS:  # (also NaN)
-        raise reader.error(f"a sampled count exceeds {MAX_TOKENS} (2**31 - 1); give a max", "max", None,
-                           has_value=False)
-    return np.clip(values, low_bound, high_bound if high_bound is not None else MAX_TOKENS).astype(np.int64)
-
-
-_REQUIRED = object()
-
-
-class _Fields:
-    """Typed field access for one YAML mapping, raising ``InputError`` that names file, place and field."""
-
-    def __init__(self, source: str, where: str | None) -> None:
-        self.source = source
-        self.where = where
-
-    def error(self, message: str, key: str | None = None, value: Any = None, has_value: bool = True) -> InputError:
-        return InputError(message, source=self.source, where=self.where, field=key, value=value,
-                          has_value=has_value)
-
-    def check_keys(self, mapping: dict[str, Any], allowed: set[str]) -> None:
-        for key in mapping:
-            if key not in allowed:
-                raise self.error(f"unknown key{did_you_mean(str(key), allowed, cutoff=0.5)}; expected one of "
-                                 f"{', '.join(sorted(allowed))}", str(key), has_value=False)
-
-    def _get(self, mapping: dict[str, Any], key: str) -> Any:
-        if key not in mapping:
-            raise self.error("missing", key, has_value=False)
-        return mapping[key]
-
-    def count(self, mapping: dict[str, Any], key: str, *, minimum: int, maximum: int | None = None,
-              default: Any = _REQUIRED) -> Any:
-        """A whole number (``600`` or ``600.0``; not ``-5``, ``12.5`` or ``"600"``)."""
-        if key not in mapping and default is not _REQUIRED:
-            return default
-        return whole_number(self._get(mapping, key), field=key, source=self.source, where=self.where,
-                            minimum=minimum, maximum=maximum)
-
-    def tokens(self, mapping: dict[str, Any], key: str, *, minimum: int = 1, default: Any = _REQUIRED) -> Any:
-        """A whole number of tokens, at most ``MAX_TOKENS``."""
-        if key not in mapping and default is not _REQUIRED:
-            return default
-        return token_count(self._get(mapping, key), field=key, source=self.source, where=self.where,
-                           minimum=minimum)
-
-    def number(self, mapping: dict[str, Any], key: str, *, minimum: float, exclusive: bool = False,
-               default: Any = _REQUIRED) -> Any:
-        if key not in mapping and default is not _REQUIRED:
-            return default
-        return finite_number(self._get(mapping, key), field=key, source=self.source, where=self.where,
-                             minimum=minimum, exclusive_minimum=exclusive)
-
-    def mapping(self, mapping: dict[str, Any], key: str) -> dict[str, Any]:
-        value = self._get(mapping, key)
-        if not isinstance(value, dict):
-            raise self.error("expected a mapping", key, value)
-        return value
-
-    def choice(self, mapping: dict[str, Any], key: str, options: list[str]) -> str:
-        value = self._get(mapping, key)
-        if value not in options:
-            hint = did_you_mean(str(value), options, cutoff=0.5)
-            raise self.error(f"expected one of {', '.join(options)}{hint}", key, value)
-        return value
-
-    def prefix(self, mapping: dict[str, Any]) -> tuple[str, ...]:
-        value = mapping.get("prefix", [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error("expected a list of segment names", "prefix", value)
-        return tuple(value)
-
-
-
 def dump_trace(trace: Trace, *, header: str = "") -> str:
-    """The trace as YAML in the format ``load_yaml_trace`` reads: explicit requests, one per line."""
+    """The trace as YAML in the format ``load_yaml_trace`` reads: explicit requests, one per line, and the
+    sessions, a turn per line."""
     document: dict[str, Any] = {"version": 1, "name": trace.name}
     if trace.description:
         document["description"] = trace.description
@@ -350,10 +279,13 @@ def dump_trace(trace: Trace, *, header: str = "") -> str:
         document["segments"] = dict(trace.segments)
     lines = [f"# {line}" if line else "#" for text in header.splitlines() for line in textwrap.wrap(text, 110)]
     lines.append(yaml.safe_dump(document, sort_keys=False, width=120).rstrip())
+    if trace.sessions:
+        lines += dump_sessions(trace.sessions)
     lines.append("requests:")
-    for r in trace.requests:
+    for r in trace.standalone_requests:
         entry = {"id": r.id, "arrival_s": round(r.arrival_s, 6), "prompt_tokens": r.prompt_tokens,
                  "output_tokens": r.output_tokens, **({"prefix": list(r.prefix)} if r.prefix else {}),
-                 **({"n": r.n} if r.n > 1 else {})}
+                 **({"n": r.n} if r.n > 1 else {}),
+                 **({"output_segment": r.output_segment} if r.output_segment else {})}
         lines.append("  - " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False, width=10**6).strip())
     return "\n".join(lines) + "\n"

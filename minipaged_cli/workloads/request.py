@@ -1,0 +1,42 @@
+"""One request of a workload: what arrives at the engine, prefills and generates."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: arrives, prefills ``prompt_tokens``, then generates ``output_tokens`` one step at a time.
+
+    ``n`` > 1 is parallel sampling: after the prefill, ``n`` sequences each generate ``output_tokens``, forked
+    from the one prompt (its blocks shared until written).
+
+    ``runs``: a session turn's prompt after its ``prefix`` segments, as labelled runs of tokens (earlier turns'
+    inputs and outputs, then its own input; ``workloads/sessions.py``); its output is the run ``("out", id)``.
+    Equal labels in equal order are equal tokens, so the prefix cache finds a turn's history in the blocks the
+    earlier turns computed. Empty: the prompt is the request's own, as is its output.
+    """
+
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prefix: tuple[str, ...] = ()
+    n: int = 1
+    runs: tuple[tuple[Hashable, int], ...] = ()
+    # The shared segment its output is, for later requests to name in their prefix: a conversation written out
+    # as plain requests (each later turn's prefix the earlier inputs and outputs), its outputs' blocks found again
+    # as a session's are. One sample only (``n`` = 1); the segment holds ``output_tokens``.
+    output_segment: str | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        """prompt + output: what ``--max-model-len`` bounds and what an exact reservation holds."""
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def output_label(self) -> tuple[str, str]:
+        """The label of a session turn's output run, as a later turn's ``runs`` names it."""
+        return ("out", self.id)
