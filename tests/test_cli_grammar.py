@@ -164,7 +164,8 @@ def test_simulate_without_a_trace_names_the_bundled_ones() -> None:
 ENGINE_OPTIONS = ("--kv-memory", "--num-blocks", "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs",
                   "--prefix-caching", "--hybrid-kv",
                   "--max-batched-tokens", "--scheduler", "--watermark", "--kv-cache-dtype", "--cpu-kv-memory",
-                  "--disk-kv-memory", "--offload-policy", "--tier-eviction", "--tier-inclusion", "--layerwise-loads")
+                  "--disk-kv-memory", "--offload-policy", "--tier-eviction", "--tier-inclusion", "--layerwise-loads",
+                  "--vllm-version")
 ENGINE_COMMANDS = ("simulate", "sweep", "run", "profile")
 
 
@@ -179,6 +180,7 @@ def test_every_engine_command_takes_every_engine_option(name: str) -> None:
     (["profile", BURST, "--device", "none", "--cpu-kv-memory", "64GiB"], "--cpu-kv-memory: '64GiB': profile compares"),
     (["sweep", BURST, "--rates", "1", "--num-blocks", "100"], "--num-blocks: 100: sweep sizes each point's KV"),
     (["sweep", BURST, "--rates", "1", "--disk-kv-memory", "1TiB"], "--disk-kv-memory: '1TiB': sweep's points"),
+    (["sweep", BURST, "--rates", "1", "--vllm-version", "0.33"], "--vllm-version: '0.33': sweep's points follow"),
 ])
 def test_an_engine_option_a_command_cannot_honour_is_refused_in_one_line(args: list[str], message: str) -> None:
     result = runner.invoke(app, args)

@@ -103,3 +103,11 @@ def test_fleet_file_pools_have_their_own_engines(tmp_path: Path) -> None:
     assert [(r["model"], r["num_blocks"]) for r in replicas][:2] == [("qwen3-8b", 3000)] * 2
     assert replicas[2]["model"] == "llama-3.1-8b"
     assert replicas[2]["num_blocks"] == 16 * 2**30 // (16 * 131_072)  # 128 KiB/token: 32 layers x 8 x 128 x 2 x 2
+
+
+@pytest.mark.parametrize("args", [["tests/data/sessions_chat.yaml"], ["traces/mixed.yaml", "--concurrency", "3"]])
+def test_a_fleet_refuses_sessions_and_closed_loop_clients_in_one_line(args: list[str]) -> None:
+    # a router sends each request at its trace time; a session's turn is sent when the turn before it finished
+    result = runner.invoke(app, ["simulate", *args, "--replicas", "2"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "--replicas: a fleet replays requests at their arrival times" in result.stderr

@@ -63,7 +63,7 @@ class Axes:
 
     def points(self) -> list[Point]:
         """Every combination of the axes, less exclusive tiers under write-through (they need on-eviction)."""
-        points = [Point(m, g, k, b, p, s, r, c, o, e, i, n) for m, g, k, b, p, c, o, e, i, n, s, r in
+        points = [Point(m, g, k, b, p, s, r, c, o, e, i, concurrency=n) for m, g, k, b, p, c, o, e, i, n, s, r in
                   itertools.product(self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching,
                                     self.cpu_kv_memory, self.offload_policies, self.tier_evictions,
                                     self.tier_inclusions, self.concurrency, self.strategies, self.rates)

@@ -41,6 +41,7 @@ from minipaged_cli.cli.common import (
     SeedOpt,
     TimeScaleOpt,
     TraceArg,
+    VllmVersionOpt,
     WatermarkOpt,
     handle_errors,
     refuse_options,
@@ -56,6 +57,7 @@ from minipaged_cli.cli.workload_options import SweepConcurrencyOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
+from minipaged_cli.sim.vllm_releases import LATEST_VLLM, vllm_release
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.readers import load_trace
 
@@ -124,6 +126,7 @@ def sweep_command(
     kv_cache_dtype: KvCacheDtypeOption = "auto",
     calibration: CalibrationOpt = None,
     hybrid_kv: HybridKvOpt = None,
+    vllm_version: VllmVersionOpt = LATEST_VLLM,
     replicas: axes.ReplicasAxis = "1",
     routers: axes.RoutersAxis = "round-robin",
     num_blocks: NumBlocksOpt = None,
@@ -140,6 +143,8 @@ def sweep_command(
     output token, mean and p99), TTFT, TPOT, batch size, throughput, preemptions and token-state share. With
     --slo, the highest request rate each strategy sustains and paged's ratio to each baseline."""
     refuse_options({"--num-blocks": num_blocks}, "sweep sizes each point's KV by --kv-memory (an axis: 16GiB,default)")
+    refuse_options({"--vllm-version": None if vllm_release(vllm_version).version == LATEST_VLLM else vllm_version},
+                   f"sweep's points follow vLLM {LATEST_VLLM}'s defaults; simulate --vllm-version replays another")
     refuse_options({"--disk-kv-memory": disk_kv_memory, "--layerwise-loads": layerwise_loads},
                    "sweep's points have a host tier at most, loaded whole: simulate replays the rest")
     values = {k: v for k, v in locals().items() if k in FILE_KEYS}
