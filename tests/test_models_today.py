@@ -5,6 +5,7 @@ config.json values written out here, independently of the code under test."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from minipaged_cli.sim.calibration import Calibration, Grid
 from minipaged_cli.sim.step_time import LayerModel, StepTimeModel, elementwise_bytes_per_token, experts_touched
 from minipaged_cli.workloads.presets import load_gpu, load_model, model_from_hf_config, with_kv_cache_dtype
+from tests.conftest import ROOT
 
 GATED = 3  # gate, up and down matrices of a gated MLP (or expert)
 
@@ -227,3 +229,17 @@ def test_sliding_layers_attend_to_at_most_their_window_in_prefill() -> None:
     expected = (10 * pairs + 52 * 4096 * 1024) * per_pair
     seconds = StepTimeModel(model, gpu).prefill_attention_seconds(4096, pairs, 4096)
     assert seconds == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_todays_models_page_shows_what_the_presets_hold() -> None:
+    # docs/studies/todays-models.md's table of sizes: parameters (active ones for a mixture of experts), weights as
+    # loaded (norms included), KV bytes a token
+    page = (ROOT / "docs" / "studies" / "todays-models.md").read_text()
+    rows = re.findall(r"^\| ([a-z0-9.-]+) \| ([^|]+) \| ([\d.]+) GB \| ([\d,]+)(?: \(MLA latent\))? \|$", page, re.M)
+    assert len(rows) == 7
+    for name, params, weights, kv_bytes in rows:
+        model = load_model(name)
+        active = f" ({model.num_active_params / 1e9:.3g} B)" if model.num_active_params < model.num_params else ""
+        assert params.strip() == f"{model.num_params / 1e9:.1f} B{active}", name
+        assert weights == f"{model.weight_bytes / 1e9:.1f}", name
+        assert kv_bytes == f"{model.kv_bytes_per_token:,}", name
