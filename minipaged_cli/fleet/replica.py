@@ -39,8 +39,8 @@ class ReplicaState:
 
 class RoutedArrivals:
     """The requests a router sent to one replica, as its scheduler's arrivals (``sim.clients.Arrivals``' four
-    members): each at the time it reached the replica, in the order sent; none comes before ``horizon_s``, the
-    fleet's next event, so the scheduler's next arrival is never later than that."""
+    members): each at the time it reached the replica, in the order sent. The next arrival is never later than
+    ``horizon_s``, the fleet's next event, when the router may send one more."""
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
