@@ -78,7 +78,7 @@ def main() -> None:
         print(f"{host:>8} {disk:>6} {best[index]:>8.1f} {best[index] / best[0]:>5.2f}x "
               f"{metrics.prefix_cache_hit_pct:>9.1f} {tiers.get('cpu', 0.0):>7.1f} {tiers.get('disk', 0.0):>7.1f} "
               f"{metrics.mean_ttft_s:>9.1f} {metrics.throughput_tokens_per_s:>9.0f}")
-    print(f"goal: every run within {GOAL_RATIO:g}x of the run without tiers (CPU seconds)")
+    print(f"bound: every run within {GOAL_RATIO:g}x of the run without tiers (CPU seconds)")
     if args.baseline_path is not None:
         print(f"the run without tiers under {args.baseline_path} ({commit_of(args.baseline_path)}), in a fresh "
               f"process: {baseline_s:.1f} s")
