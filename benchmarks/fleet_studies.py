@@ -132,10 +132,10 @@ def main() -> None:
         "",
         "## Routers on the Mooncake conversation trace, 8 replicas",
         "",
-        "Each replica has the H200's default KV memory (the pool vLLM 0.34 sizes for Qwen3-8B on an H200). Prefix hit %: prompt "
-        "tokens found in a replica's GPU prefix cache, of those looked up (Mooncake's hash_ids: 512-token shared "
-        "blocks; 37.4 % is the trace's own bound, with one infinite cache). The approximate index remembers "
-        "1,048,576 blocks (--prefix-index-capacity).",
+        "Each replica has the H200's default KV memory (the pool vLLM 0.34 sizes for Qwen3-8B on an H200). Prefix "
+        "hit %: prompt tokens found in a replica's GPU prefix cache, of those looked up (Mooncake's hash_ids: "
+        "512-token shared blocks; 37.4 % is the trace's own bound, with one infinite cache). The approximate index "
+        "remembers 1,048,576 blocks (--prefix-index-capacity).",
         "",
         *router_lines,
         "",

@@ -3,7 +3,8 @@ the block's output with what the command prints.
 
 A study block is a ```console block right after a line ``<!-- study: written by scripts/study_pages.py -->``. Its
 first line is ``$ minipaged ...`` (or ``$ python ...``, run with this Python; a trailing backslash continues it); the
-rest is what the command printed on stdout (the whole of it, as this script wrote it). The marker may add, after a semicolon:
+rest is what the command printed on stdout (the whole of it, as this script wrote it). The marker may add, after a
+semicolon:
 
 - ``check``: the command is fast (a few seconds), so the test suite re-runs it and compares, as it does the runnable
   examples (``tests/test_docs.py``); the other blocks are too slow for a test run, and the test checks only that their
