@@ -35,6 +35,17 @@ def test_one_client_runs_requests_one_after_another() -> None:
     assert metrics.mean_e2e_s == pytest.approx(np.mean(e2e))
 
 
+@pytest.mark.parametrize("scheduler", ["v0", "v1"])
+def test_a_rejected_request_of_several_samples_frees_its_client(scheduler: str) -> None:
+    # Under v0 a request's other samples are forked after its prefill: rejected before that (longer than the
+    # model), they never run, and its one client must still hear it is done, or the closed loop waits forever.
+    requests = [Request("a", 0.0, 100, 10, n=2), Request("long", 0.1, 5000, 10, n=2), Request("c", 0.2, 100, 10)]
+    metrics, clients = run(make_trace("r", requests, source="test"), clients=Clients(concurrency=1),
+                           scheduler=scheduler, max_model_len=4096)
+    assert (metrics.completed_requests, metrics.rejected_requests) == (2, 1)
+    assert clients.sent_s[2] == clients.finish_s[1]  # c went out when the rejection freed the client
+
+
 @pytest.mark.parametrize("sessions", [False, True])
 def test_a_cap_above_the_number_of_requests_is_the_open_loop(sessions: bool) -> None:
     trace = generated() if sessions else random_requests(40, seed=2)

@@ -142,8 +142,9 @@ def test_latencies_equal_the_figures_of_the_full_records(monkeypatch: pytest.Mon
 
 
 def live(request: Request, index: int, sample: int, first_token_s: float) -> LiveRequest:
+    """A sequence of ``request`` whose other samples exist (as under v1: ``forked``)."""
     return LiveRequest(index, request.prompt_tokens, request.output_tokens, request=request, request_index=index,
-                       sample=sample, first_token_s=first_token_s)
+                       sample=sample, first_token_s=first_token_s, forked=True)
 
 
 def test_a_request_keeps_its_place_and_its_last_samples_latency() -> None:

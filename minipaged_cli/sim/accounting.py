@@ -207,16 +207,18 @@ class Accounting:
         self.latencies.sample_done(live, now, samples_left, live.request_index in self.rejected)
 
     def rejected_sample(self, live: LiveRequest, reason: str) -> None:
+        """``live`` is rejected; under v0 before its samples were forked, they never will be: all are done."""
         if live.request_index not in self.rejected:
             self.rejected.add(live.request_index)
             self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + 1
             self.latencies.rejected(live.request_index)
-        self._count_done(live)
+        self._count_done(live, 1 if live.forked else live.request.n)
 
-    def _count_done(self, live: LiveRequest) -> int:
-        """One of the request's sequences is done; returns how many it has left (0: the request is done)."""
+    def _count_done(self, live: LiveRequest, sequences: int = 1) -> int:
+        """``sequences`` of the request's sequences are done; returns how many it has left (0: the request is
+        done)."""
         index = live.request_index
-        left = self.samples_left.pop(index) - 1
+        left = self.samples_left.pop(index) - sequences
         if left:
             self.samples_left[index] = left
         elif index not in self.rejected:
