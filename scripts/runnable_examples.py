@@ -46,12 +46,39 @@ class Example:
 
     @property
     def where(self) -> str:
-        line = self.path.read_text()[:self.start].count("\n") + 1
-        return f"{self.path.relative_to(ROOT)}:{line}"
+        return where(self.path, self.start)
+
+
+def where(path: Path, start: int) -> str:
+    """The page and line of the offset ``start`` in it."""
+    line = path.read_text()[:start].count("\n") + 1
+    return f"{path.relative_to(ROOT)}:{line}"
 
 
 def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def marker_options(match: re.Match[str]) -> dict[str, str]:
+    """The options a block's marker gives after its semicolons (``name: value`` or a bare ``name``)."""
+    return dict(_option(part) for part in (match["options"] or "").split(";") if part.strip())
+
+
+def command_and_output(body: str) -> tuple[str, list[str]]:
+    """A console block's command (its ``$`` line, continued by trailing backslashes) and the lines after it."""
+    lines = body.splitlines()
+    command_lines = []
+    while lines:
+        line = lines.pop(0)
+        command_lines.append(line.removeprefix("$ ").rstrip("\\").strip())
+        if not line.rstrip().endswith("\\"):
+            break
+    return " ".join(command_lines), lines
+
+
+def block_body(command: str, printed: str) -> str:
+    """A console block's body: the command, wrapped, then what it printed."""
+    return _wrapped("$ " + command) + "\n" + "\n".join(line.rstrip() for line in printed.rstrip().splitlines()) + "\n"
 
 
 def examples(path: Path) -> list[Example]:
@@ -59,15 +86,8 @@ def examples(path: Path) -> list[Example]:
     text = path.read_text()
     found = []
     for match in MARKER.finditer(text):
-        options = dict(_option(part) for part in (match["options"] or "").split(";") if part.strip())
-        lines = match["body"].splitlines()
-        command_lines = []
-        while lines:
-            line = lines.pop(0)
-            command_lines.append(line.removeprefix("$ ").rstrip("\\").strip())
-            if not line.endswith("\\"):
-                break
-        command = " ".join(command_lines)
+        options = marker_options(match)
+        command, lines = command_and_output(match["body"])
         if not command.startswith("minipaged "):
             raise ValueError(f"{path}: a runnable example must start with '$ minipaged': {command!r}")
         ignore = tuple(w.strip() for w in options.get("ignore", "").split(",") if w.strip())
@@ -147,8 +167,7 @@ def write(path: Path) -> int:
         printed = run(example)
         if not mismatches(example, printed):
             continue
-        command = _wrapped("$ " + example.command)
-        body = command + "\n" + "\n".join(line.rstrip() for line in printed.rstrip().splitlines()) + "\n"
+        body = block_body(example.command, printed)
         if text[example.start:example.end] != body:
             text = text[:example.start] + body + text[example.end:]
             changed += 1

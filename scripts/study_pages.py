@@ -36,6 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from runnable_examples import block_body, command_and_output, marker_options, where  # noqa: E402
+
 SCRIPT = "scripts/study_pages.py"
 MARKER = re.compile(r"^<!-- study: written by scripts/study_pages\.py(?P<options>;[^>]*)? -->\n```console\n"
                     r"(?P<body>.*?)^```\n", re.M | re.S)
@@ -67,8 +70,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        line = self.path.read_text()[:self.start].count("\n") + 1
-        return f"{self.path.relative_to(ROOT)}:{line}"
+        return where(self.path, self.start)
 
 
 def pages() -> list[Path]:
@@ -83,24 +85,12 @@ def blocks(path: Path) -> list[Block]:
     text = path.read_text()
     found = []
     for match in MARKER.finditer(text):
-        options = dict(_option(part) for part in (match["options"] or "").split(";") if part.strip())
-        lines = match["body"].splitlines()
-        command_lines = []
-        while lines:
-            line = lines.pop(0)
-            command_lines.append(line.removeprefix("$ ").rstrip("\\").strip())
-            if not line.rstrip().endswith("\\"):
-                break
-        command = " ".join(command_lines)
+        options = marker_options(match)
+        command, lines = command_and_output(match["body"])
         if not command.startswith(("minipaged ", "python ")):
             raise ValueError(f"{path}: a study block must start with '$ minipaged' or '$ python': {command!r}")
         found.append(Block(path, match.start("body"), match.end("body"), command, lines, options))
     return found
-
-
-def _option(part: str) -> tuple[str, str]:
-    name, _, value = part.strip().partition(":")
-    return name.strip(), value.strip()
 
 
 def run(block: Block, timeout: float | None = None) -> str:
@@ -114,23 +104,6 @@ def run(block: Block, timeout: float | None = None) -> str:
         raise RuntimeError(f"{block.where}: '{block.command}' exited {done.returncode}: "
                            f"{(done.stderr or done.stdout).strip()[-800:]}")
     return done.stdout
-
-
-def body(block: Block, printed: str) -> str:
-    command = _wrapped("$ " + block.command)
-    return command + "\n" + "\n".join(line.rstrip() for line in printed.rstrip().splitlines()) + "\n"
-
-
-def _wrapped(command: str, width: int = 110) -> str:
-    """A long command over several lines, broken before options, each line continued by a backslash."""
-    lines = [""]
-    for i, part in enumerate(command.split(" --")):
-        piece = part if i == 0 else "--" + part
-        if lines[-1] and len(lines[-1]) + len(piece) + 3 > width:
-            lines.append("    " + piece)
-        else:
-            lines[-1] += (" " if lines[-1] else "") + piece
-    return " \\\n".join(lines)
 
 
 _LOCK = threading.Lock()
@@ -149,7 +122,7 @@ def write(path: Path, jobs: int = 1, timeout: float | None = None, match: str = 
         with _LOCK:  # (the page as it is now: the other blocks may have been written meanwhile)
             text = path.read_text()
             current = next(b for b in blocks(path) if b.command == block.command)
-            path.write_text(text[:current.start] + body(current, printed) + text[current.end:])
+            path.write_text(text[:current.start] + block_body(current.command, printed) + text[current.end:])
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, found))
