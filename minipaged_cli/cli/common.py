@@ -146,8 +146,7 @@ HybridKvOpt = Annotated[bool | None, flag(
 LongPrefillOpt = Annotated[int, typer.Option(
     "--long-prefill-threshold", help="v1: most prompt tokens one request prefills a step (vLLM's "
                                      "long_prefill_token_threshold); 0, vllm serve's default: no limit.")]
-BlockSizeOpt = Annotated[int, typer.Option("--block-size", help="Tokens per KV block.")]
-ProfileBlockSizeOpt = Annotated[int | None, typer.Option(
+BlockSizeOpt = Annotated[int | None, typer.Option(
     "--block-size", help="Tokens per KV block. Default: the vLLM release's for the model and GPU (0.34: 64; "
                          "0.33: 16, 64 for latent attention with an fp8 KV cache on Hopper); v0's 16.",
     show_default=False)]

@@ -10,6 +10,7 @@ from rich.markup import escape
 
 from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
+    BlockSizeOpt,
     DeviceOpt,
     FormatOpt,
     GpuOpt,
@@ -26,7 +27,6 @@ from minipaged_cli.cli.common import (
     NumBlocksOpt,
     PlotOpt,
     PrefixCachingOpt,
-    ProfileBlockSizeOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
@@ -75,7 +75,7 @@ def run_command(
     dtype: Annotated[str | None, typer.Option(
         "--dtype", help="float32, float16 or bfloat16. Default: the model's.", show_default=False)] = None,
     vllm_version: VllmVersionOpt = LATEST_VLLM,
-    block_size: ProfileBlockSizeOpt = None,
+    block_size: BlockSizeOpt = None,
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,

@@ -9,6 +9,7 @@ import typer
 
 from minipaged_cli.cli import fleet_options
 from minipaged_cli.cli.common import (
+    BlockSizeOpt,
     CalibrationOpt,
     FormatOpt,
     GpuOpt,
@@ -27,7 +28,6 @@ from minipaged_cli.cli.common import (
     OptionalTraceArg,
     PlotOpt,
     PrefixCachingOpt,
-    ProfileBlockSizeOpt,
     RateOpt,
     SchedulerOpt,
     SeedOpt,
@@ -84,7 +84,7 @@ def simulate_command(
     model: ModelOpt = "qwen3-8b",
     gpu: GpuOpt = "h200",
     vllm_version: VllmVersionOpt = LATEST_VLLM,
-    block_size: ProfileBlockSizeOpt = None,
+    block_size: BlockSizeOpt = None,
     num_blocks: NumBlocksOpt = None,
     kv_memory: KvMemoryOpt = None,
     gpu_memory_utilization: GpuUtilOpt = DEFAULT_GPU_MEMORY_UTILIZATION,
