@@ -13,7 +13,6 @@ as of its last step ended by ``t`` (a step that started before ``t`` and ends af
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -97,10 +96,7 @@ class Replica:
             self.events = pool.listener = KvEvents(pool.listener)
         self._state = self._before = self._read_state()
         self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
-        # Its own latencies (from its arrival here), for its row: 8 bytes a figure, nothing of the request kept
-        self.ttft_s = array("d")
-        self.tpot_s = array("d")
-        scheduler.on_sample_done = self._sample_done
+        scheduler.on_sample_done = self._sample_done  # (its latencies: its replay's accounting keeps them)
         # (time, requests waiting or running, KV usage %) after each pass, for the fleet's plot
         self.timeline: list[tuple[float, int, float]] | None = [] if record_timeline else None
 
@@ -160,10 +156,6 @@ class Replica:
 
     def _sample_done(self, live: LiveRequest, now: float) -> None:
         self._finished.append((live, now))
-        if live.sample == 0:
-            self.ttft_s.append(live.first_token_s - live.request.arrival_s)
-        if live.output_tokens > 1:
-            self.tpot_s.append((now - live.first_token_s) / (live.output_tokens - 1))
 
     def metrics(self) -> StrategyMetrics:
         """``simulate``'s metrics of this replica's replay (the same fields)."""

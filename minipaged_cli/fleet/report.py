@@ -88,7 +88,8 @@ def fleet_figures(replicas: list[Replica], records: list[RequestRecord],
     metrics = [replica.metrics() for replica in replicas]
     rows = []
     for replica, m in zip(replicas, metrics, strict=True):
-        ttfts, tpots = list(replica.ttft_s), list(replica.tpot_s)
+        latencies = replica.replay.accounting.latencies  # (from each request's arrival at the replica)
+        ttfts, tpots = latencies.ttft_s, latencies.tpot_s
         rows.append({"replica": replica.index, "role": replica.role, "model": replica.config.model.name,
                      "gpu": replica.config.gpu.name, "num_blocks": replica.config.num_blocks,
                      "num_requests": len(replica.requests),
