@@ -1,6 +1,6 @@
 """GroupedBlockPool (a cache map per KV cache group) against the reference it replaces: the plain BlockPool keyed
 by (group, key) pairs, vLLM's ``BlockHashWithGroupId``. Random takes, caching (duplicates included), hits and
-releases must leave both with the same free queue, the same cache, the same evictions, and tell a listener the
+releases must leave both with the same free queue, the same cache, the same evictions, and tell a subscriber the
 same things."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ NUM_GROUPS = 3
 
 
 class Recorder:
-    """A pool listener that keeps every report."""
+    """A subscriber of a pool's events that keeps every report."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, list]] = []
@@ -42,8 +42,9 @@ def test_grouped_pool_matches_the_pool_keyed_by_group_and_key(seed: int) -> None
     grouped = GroupedBlockPool(num_blocks, NUM_GROUPS, enable_caching=True)
     reference = BlockPool(num_blocks, enable_caching=True)
     recorders = Recorder(), Recorder()
-    if seed % 2:  # (the listener builds (group, key) pairs: both ways must report alike)
-        grouped.listener, reference.listener = recorders
+    if seed % 2:  # (the grouped pool's events build (group, key) pairs: both ways must report alike)
+        grouped.events.subscribe(recorders[0])
+        reference.events.subscribe(recorders[1])
     tables: list[tuple[int, list[int]]] = []  # (group, blocks) per live table
     for _ in range(200):
         action = rng.random()

@@ -20,14 +20,12 @@ so that the copy runs as the simulator counts it. The disk tier is not executed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Hashable
+from collections.abc import Container, Hashable
 from dataclasses import dataclass
 
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.offload import HostKVPool
-from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork
 from minipaged_cli.units import rounded
@@ -65,7 +63,6 @@ class StepOffload:
         self.pool = pool
         self.write_through = write_through
         self.tier_blocks = pool.num_slots if tier_blocks is None else tier_blocks
-        self.host_holds: Callable[[Hashable], bool] | None = None  # the simulator's host tier's membership
         self.stored_blocks = 0
         self.loaded_blocks = 0
 
@@ -77,17 +74,15 @@ class StepOffload:
         pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.num_blocks))
         return cls(pool, config.offload_policy == "write-through", tier_blocks=tier_blocks)
 
-    def before_compute(self, work: StepWork, allocator: Allocator) -> None:
-        if self.host_holds is None:
-            self.host_holds = _host_tier_membership(allocator)
+    def before_compute(self, work: StepWork) -> None:
         if not self.write_through:
-            self._store(work.stores, {block_hash for block_hash, _ in work.loads})
+            self._store(work, {block_hash for block_hash, _ in work.loads})
         if work.loads:
             self.loaded_blocks += self.pool.load(work.loads).num_blocks
 
     def after_compute(self, work: StepWork) -> None:
         if self.write_through:
-            self._store(work.stores, ())
+            self._store(work, ())
 
     def stats(self) -> OffloadStats:
         pool = self.pool
@@ -97,19 +92,16 @@ class StepOffload:
                             loaded_bytes=pool.bytes_moved["load"], store_s=pool.link_seconds["store"],
                             load_s=pool.link_seconds["load"])
 
-    def _store(self, pairs: list[tuple[Hashable, int]], loading: Container[Hashable]) -> None:
+    def _store(self, work: StepWork, loading: Container[Hashable]) -> None:
+        """Copy the step's stores into the pool; where it has no room, first discard what the simulator's host tier
+        no longer holds (``work.tiers``: the replay's tiers, as the step left them) unless the step loads it."""
+        pairs = work.stores
         if not pairs:
             return
         pool = self.pool
         pool.discard([block_hash for block_hash, _ in pairs])  # (stale slots: the module docstring)
         if len(pairs) > pool.num_free_slots:  # the host tier evicted some to take these: so does the pool
-            assert self.host_holds is not None
-            pool.discard([h for h in list(pool.slots) if not self.host_holds(h) and h not in loading])
+            assert work.tiers is not None, "a step that stores blocks comes from a replay with tiers"
+            host_holds = work.tiers.host_holds
+            pool.discard([h for h in list(pool.slots) if not host_holds(h) and h not in loading])
         self.stored_blocks += pool.store(pairs).num_blocks
-
-
-def _host_tier_membership(allocator: Allocator) -> Callable[[Hashable], bool]:
-    """Whether the simulator's host tier holds a hash: the tiers listen to the GPU pool (``sim/tiers.py``)."""
-    assert isinstance(allocator, PagedAllocator), "tiers sit under the paged strategy's prefix cache"
-    tiers = allocator.manager.pool.listener
-    return tiers.tiers[0].store.contains

@@ -122,7 +122,7 @@ class _Executor:
 
     def __call__(self, work: StepWork, allocator: Allocator) -> None:
         if self.offload is not None:
-            self.offload.before_compute(work, allocator)
+            self.offload.before_compute(work)
         if not (work.prefills or work.decodes or work.copies):  # (only copies to and from the host tier: no step)
             if self.offload is not None:
                 self.offload.after_compute(work)

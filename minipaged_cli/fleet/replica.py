@@ -93,7 +93,7 @@ class Replica:
             else None
         if kv_events and scheduler.keyed:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
-            self.events = pool.listener = KvEvents(pool.listener)
+            self.events = KvEvents.subscribed_to(pool)
         self._state = self._before = self._read_state()
         self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
         scheduler.on_sample_done = self._sample_done  # (its latencies: its replay's accounting keeps them)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
 
 from minipaged_cli.memory.free_queue import FreeBlockQueue
+from minipaged_cli.memory.pool_events import PoolEvents
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -47,9 +47,9 @@ class BlockPool:
         # (the looked-up hashes, hits) of the last lookup; None once the cache map changes
         self._lookup_memo: tuple[list[Hashable], list[int]] | None = None
         self.cache_version = 0  # moves whenever the cache map changes (what a memo of hits is valid for)
-        # Told what is cached (``cached(hashes, blocks)``) and evicted (``evicted(hashes, blocks)``): the tiers
-        # below the GPU (sim/tiers.py), which copy blocks down.
-        self.listener: Any = None
+        # Who is told what is cached and evicted (memory/pool_events.py): the tiers below the GPU, a replica's KV
+        # events.
+        self.events = PoolEvents()
 
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
@@ -147,8 +147,8 @@ class BlockPool:
         """``blocks[i]`` now holds the content ``block_hashes[i]`` names. A block already cached keeps its hash;
         content already cached elsewhere is cached again (vLLM keeps block tables append-only rather than swap in
         the older copy), and hits keep going to the older block. (One call for a run: a long prompt has hundreds.)"""
-        if self.listener is not None:
-            self.listener.cached(block_hashes, blocks)
+        if self.events.has_subscribers:
+            self.events.cached(block_hashes, blocks)
         self._entered(enter(self.cached_blocks, self.duplicate_blocks, self.block_hash, block_hashes, blocks))
 
     def reset_cache(self) -> bool:
@@ -170,12 +170,12 @@ class BlockPool:
 
     @property
     def is_cached(self) -> Callable[[Hashable], bool]:
-        """Whether a key (as the listener is told it) is cached: the dict's own test, for filters over a step's
+        """Whether a key (as the pool's events name it) is cached: the dict's own test, for filters over a step's
         keys (the tiers')."""
         return self.cached_blocks.__contains__
 
     def keyed_cache(self) -> tuple[dict[Hashable, int], dict[Hashable, list[int]], list[Hashable | None]]:
-        """The cache map, the duplicates map and each touched block's key, keys as the listener is told them (for
+        """The cache map, the duplicates map and each touched block's key, keys as the pool's events name them (for
         the checker and tests: under KV cache groups a copy, built per call)."""
         return self.cached_blocks, self.duplicate_blocks, self.block_hash
 
@@ -197,8 +197,8 @@ class BlockPool:
     def _evict(self, blocks: list[int]) -> None:
         """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
         The oldest duplicate of an evicted entry, if any, takes over its hits."""
-        if self.listener is not None:
-            self.listener.evicted(*self._cached_keys(blocks))
+        if self.events.has_subscribers:
+            self.events.evicted(*self._cached_keys(blocks))
         evicted = self._drop_entries(blocks)
         if evicted:
             self._lookup_memo = None
@@ -206,7 +206,7 @@ class BlockPool:
             self.num_evictions += evicted
 
     def _cached_keys(self, blocks: list[int]) -> tuple[list[Hashable], list[int]]:
-        """The keys of those ``blocks`` that are cached, and those blocks, for the listener (two lists, no pair per
+        """The keys of those ``blocks`` that are cached, and those blocks, for the pool's events (two lists, no pair per
         block: a replay with tiers reports millions)."""
         hashes = self.block_hash
         keys = [hashes[block] for block in blocks]

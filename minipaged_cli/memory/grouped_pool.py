@@ -16,7 +16,7 @@ from minipaged_cli.memory.block_pool import BlockPool, drop_entry, enter
 class GroupedBlockPool(BlockPool):
     """A ``BlockPool`` whose cache is keyed per group: ``cached_blocks[g]`` maps a key to the block a hit of group
     g gets, ``duplicate_blocks[g]`` lists the younger copies, and a cached block carries its key in ``block_hash``
-    and its group in ``block_group`` (meaningless where it carries no key). The listener, the tiers' keys and
+    and its group in ``block_group`` (meaningless where it carries no key). The pool's events, the tiers' keys and
     ``keyed_cache`` name an entry (group, key), as vLLM's ``BlockHashWithGroupId``: built only for them. Hits are
     found in these maps by ``HybridBlockManager.find_hits`` (a hit needs every group): ``BlockPool.lookup``, one
     map's walk, does not apply.
@@ -55,7 +55,7 @@ class GroupedBlockPool(BlockPool):
         self._entered(len(cached) - num_entries)
 
     def _mark(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """Tell the listener, and record ``blocks``' group (a block already cached is this group's: a table holds
+        """Tell the subscribers, and record ``blocks``' group (a block already cached is this group's: a table holds
         one group's blocks)."""
         self._tell(group, block_hashes, blocks)
         groups = self.block_group
@@ -63,9 +63,9 @@ class GroupedBlockPool(BlockPool):
             groups[block] = group
 
     def _tell(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """Tell the listener what ``group`` caches, each key named (group, key) as vLLM's ``BlockHashWithGroupId``."""
-        if self.listener is not None:
-            self.listener.cached([(group, key) for key in block_hashes], blocks)
+        """Tell the subscribers what ``group`` caches, each key named (group, key), vLLM's ``BlockHashWithGroupId``."""
+        if self.events.has_subscribers:
+            self.events.cached([(group, key) for key in block_hashes], blocks)
 
     @property
     def is_cached(self) -> Callable[[Hashable], bool]:

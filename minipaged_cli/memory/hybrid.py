@@ -271,10 +271,10 @@ class HybridBlockManager:
         steps take at most the blocks free now, so the takes are the queue's first blocks in step order, never
         a block freed meanwhile, and the frees join the back in step order. False, nothing changed, otherwise
         (the caller steps in lockstep). Takes then caching then frees: a block is cached before it is freed, as
-        one step at a time caches a block once full, W - 1 tokens before its window lets go of it. Not with a
-        listener on the pool (the tiers want the caching order of single steps)."""
+        one step at a time caches a block once full, W - 1 tokens before its window lets go of it. Not while
+        anyone subscribes to the pool's events (the tiers want the caching order of single steps)."""
         pool, block_size, window = self.pool, self.block_size, self.window
-        if window is None or not self.enable_prefix_caching or not self.hit_run or pool.listener is not None:
+        if window is None or not self.enable_prefix_caching or not self.hit_run or pool.events.has_subscribers:
             return False
         # With hit_run > 0 every group is cached (``cached_group_ids``), so a sequence's ``num_cached_blocks`` is
         # one number for all groups, and its sliding groups' null entries move together: one stands for each.

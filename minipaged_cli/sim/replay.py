@@ -66,6 +66,8 @@ class StepWork:
     compute; ``stores``: (block hash, GPU block id) copied down to the host tier after this step's compute
     (``sim/tiers.py``). Under ``--offload-policy on-eviction`` the stored blocks are the ones this step's
     allocation evicts: their old content must be copied before the step's compute overwrites it.
+    ``tiers``: the replay's tiers below the GPU, as the step left them (a data plane mirroring the host tier asks
+    which blocks it still holds); None without tiers.
     """
 
     prefills: list[tuple[int, int, int]]
@@ -75,6 +77,7 @@ class StepWork:
     forks: list[tuple[int, int]] = field(default_factory=list)
     loads: list[tuple[Hashable, int]] = field(default_factory=list)
     stores: list[tuple[Hashable, int]] = field(default_factory=list)
+    tiers: TieredCache | None = field(default=None, compare=False, repr=False)
 
 
 class Replay:
@@ -162,7 +165,8 @@ class Replay:
                             decodes=[(r.sequence_id, r.num_computed) for r in decoders],
                             live_tokens=sum(r.num_computed for r in running) + decision.num_new_tokens
                             - self.allocator.shared_slots,
-                            copies=decision.copies, forks=decision.forks, loads=loads, stores=stores)
+                            copies=decision.copies, forks=decision.forks, loads=loads, stores=stores,
+                            tiers=self.tiers)
             self.on_step(work, self.allocator)
         for live in decoders:
             live.num_computed += 1
@@ -282,8 +286,8 @@ class Replay:
         stores, loads = self._copies(self.now)
         if self.on_step is not None and (loads or stores):
             live = sum(r.num_computed for r in self.scheduler.running) - self.allocator.shared_slots
-            self.on_step(StepWork(prefills=[], decodes=[], live_tokens=live, loads=loads, stores=stores),
-                         self.allocator)
+            self.on_step(StepWork(prefills=[], decodes=[], live_tokens=live, loads=loads, stores=stores,
+                                  tiers=self.tiers), self.allocator)
 
     def _copies(self, at: float) -> tuple[list[tuple[Hashable, int]], list[tuple[Hashable, int]]]:
         """The stores issued at ``at`` (the tiers' flush) and the loads the scheduling issued, for a data plane."""

@@ -182,7 +182,7 @@ class TierMetrics:
 
 
 class TieredCache:
-    """The tiers under one GPU pool (``pool.listener``: the pool reports what it caches and evicts); without a
+    """The tiers under one GPU pool (a subscriber of its events: what it caches and evicts); without a
     pool (a contiguous strategy swapping under v0) the host tier is only the swap space."""
 
     @classmethod
@@ -235,7 +235,7 @@ class TieredCache:
         # blocks are pinned in their tiers until then (``TierStore.pin``; ``end_loads``).
         self.loading: deque[tuple[float, list[list[Hashable]]]] = deque()
         if pool is not None:
-            pool.listener = self
+            pool.events.subscribe(self)
 
     # -- the pool's reports ------------------------------------------------------------------------------------
 
@@ -335,6 +335,10 @@ class TieredCache:
         anywhere = host if len(held) == 1 else list(map(or_, host, held[1]))  # (the host tier, and the disk's)
         end = anywhere.index(False, first, stop) if False in anywhere[first:stop] else stop
         return [self.tiers[0] if in_host else self.tiers[1] for in_host in host[first:end]]
+
+    def host_holds(self, key: Hashable) -> bool:
+        """Whether the host tier holds ``key`` (for a data plane that mirrors it: ``apps/offload_steps.py``)."""
+        return self.tiers[0].store.contains(key)
 
     def _tier_of(self, key: Hashable) -> Tier | None:
         """The highest tier holding ``key``, if any."""
