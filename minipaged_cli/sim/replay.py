@@ -1,8 +1,9 @@
 """Continuous-batching replay of a trace under one allocation strategy, and where the KV memory goes.
 
-This module is the loop (Over 300 lines: the single step, the bulk fast path and what each hands a data plane or the
-report read best side by side); the scheduler (``scheduler``) decides each step, the step-time model (``step_time``)
-times it, and the accounting (``accounting``, ``categories``) measures it.
+``Replay`` is the loop: the scheduler (``scheduler``) decides each step, the step-time model (``step_time``) times
+it, and the accounting (``accounting``, ``categories``) measures it. Between events the loop advances many decode
+steps at once (``bulk_advance``); a data plane is handed each step's ``StepWork`` (``step_work``). ``simulate``
+replays every strategy on one capacity.
 
 Each step the scheduler decides what runs (vLLM v1's policy or v0's, ``SimConfig.scheduler``); every decoding
 request writes one token's KV and samples the next, every prefill chunk its tokens; finished requests free their
@@ -12,72 +13,33 @@ final length is prompt + output - 1: the last sampled token is never fed back, s
 Shared blocks (``paged`` only: prefix-cache hits, v0's forked samples) hold their tokens once, so the per-request
 sums count ``allocator.shared_slots`` too many; that is taken off the token states and the allocated slots.
 
-Stepping one decode step at a time costs Python work per token; between events (an arrival, a completion,
-an admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes,
-so ``replay`` advances all those steps at once and integrates the metrics over them (``bulk=False`` steps one
-at a time, the reference the fast path is tested against). For a model with sliding windows ``simulate`` replays
-the paged strategy once more with every layer as full attention (what the hybrid KV cache manager saves).
+For a model with sliding windows ``simulate`` replays the paged strategy once more with every layer as full
+attention (what the hybrid KV cache manager saves).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from minipaged_cli.errors import InputError, did_you_mean
-from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
+from minipaged_cli.memory.allocators import Allocator, Holding
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
-from minipaged_cli.sim.categories import category_slots
+from minipaged_cli.sim.bulk_advance import BulkAdvance
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.session_report import session_metrics
 from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.sim.step_work import StepWork, checked_seconds
 from minipaged_cli.sim.tiers import TieredCache
-from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
 
 SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {"v1": Scheduler, "v0": V0Scheduler}
-_MAX_BULK_STEPS = 4096
-_MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
-_STEPS = np.arange(1, _MAX_BULK_STEPS + 1, dtype=np.int64)
-
-
-@dataclass(frozen=True)
-class StepWork:
-    """What one step writes, for a data plane to execute: K/V of every new token, then decode attention.
-
-    ``prefills``: (sequence_id, first position, number of tokens) of each prompt chunk; ``decodes``:
-    (sequence_id, position) of the one token each decoding sequence writes and attends from (it attends to
-    positions 0..position). ``live_tokens``: tokens held by running requests once the step has run, a token in
-    a block several requests share counted once.
-    ``copies``: (src, dst) blocks that copy-on-write needs copied before any token is written.
-    ``forks``: (parent, child) sequences forked after the step's prefill (the child attends to the parent's
-    prompt until it writes its own tokens).
-    ``loads``: (block hash, GPU block id) filled from a tier below the GPU (host memory, disk) before this step's
-    compute; ``stores``: (block hash, GPU block id) copied down to the host tier after this step's compute
-    (``sim/tiers.py``). Under ``--offload-policy on-eviction`` the stored blocks are the ones this step's
-    allocation evicts: their old content must be copied before the step's compute overwrites it.
-    ``tiers``: the replay's tiers below the GPU, as the step left them (a data plane mirroring the host tier asks
-    which blocks it still holds); None without tiers.
-    """
-
-    prefills: list[tuple[int, int, int]]
-    decodes: list[tuple[int, int]]
-    live_tokens: int
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    forks: list[tuple[int, int]] = field(default_factory=list)
-    loads: list[tuple[Hashable, int]] = field(default_factory=list)
-    stores: list[tuple[Hashable, int]] = field(default_factory=list)
-    tiers: TieredCache | None = field(default=None, compare=False, repr=False)
 
 
 class Replay:
@@ -100,6 +62,7 @@ class Replay:
         self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
+        self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
                                      / 400 or 0.01) if config.record_layout else None
@@ -198,83 +161,18 @@ class Replay:
             decodes=len(decoders), decode_context=sum(r.num_computed + 1 for r in decoders),
             copied_tokens=decision.copied_tokens)
         transfer = self.step_time.swap_seconds(decision.swapped_tokens) if self.tiers is None else decision.transfer_s
-        return _checked_seconds(float(seconds) + transfer)
+        return checked_seconds(float(seconds) + transfer)
 
     def _bulk_step(self) -> bool:
-        """Advance several decode-only steps at once; False when this step needs the single-step path."""
-        scheduler = self.scheduler
-        if not scheduler.can_bulk:
-            return False  # (nothing running and a head that does not fit: the single step rejects it)
-        if self.allocator.windowed and self.allocator.shared_slots:
-            return False  # a shared block leaving a window changes the shared slots, which a bulk advance holds
-        running = scheduler.running
-        n = len(running)
-        lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
-        num_steps = min(min(r.output_tokens - r.num_generated for r in running), _MAX_BULK_STEPS,
-                        max(1, _MAX_BULK_CELLS // n))
-        total_length = int(lengths.sum())
-        # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
-        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
-        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
-        _checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
-        if scheduler.next_arrival_s is not None:
-            # Stop before the step that starts at or after the next arrival: it may admit that request.
-            ends = self.now + durations.cumsum()
-            num_steps = 1 + int(ends[:-1].searchsorted(scheduler.next_arrival_s, side="left"))
-        allocated = np.fromiter((self.allocator.allocated(r) for r in running), dtype=np.int64, count=n)
-        finals = np.fromiter((r.final_length for r in running), dtype=np.int64, count=n)
-        profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
-        num_steps = profile.num_steps
-        if num_steps == 0:
+        """Advance several decode-only steps at once (``BulkAdvance``); False when this step needs the single-step
+        path."""
+        duration = self.bulk_advance.advance(self.now)
+        if duration is None:
             return False
-
-        # Saturation is decided per step, as the single step does after its growth: the queue's head is held
-        # back in the steps whose new blocks eat its headroom. Without sliding windows free space only shrinks
-        # here, so that is one run from the first held step on; windows free blocks too, so it comes and goes.
-        external = scheduler.external_fragmentation()
-        peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
-        if self.allocator.windowed:
-            grown = profile.allocated - int(allocated.sum())  # slots taken since the start: per step, or one number
-            if scheduler.waiting:
-                grown = np.broadcast_to(grown, num_steps)
-                headroom = scheduler.admission_headroom()
-                held_back = grown > headroom
-                if headroom < 0 and not held_back.all():
-                    num_steps = int(np.argmin(held_back))  # windows freed enough for the head: that step admits it
-                    if num_steps == 0:
-                        return False
-                    held_back = held_back[:num_steps]
-                changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
-                for start, stop in itertools.pairwise([0, *changes, num_steps]):
-                    self._record_bulk(profile, durations, total_length, n, external, start, stop,
-                                      bool(held_back[start]))
-                duration = float(durations[:num_steps].sum())
-            else:  # nothing waits: nothing is held back
-                duration = self._record_bulk(profile, durations, total_length, n, external, 0, num_steps, False)
-            peak_used = self.allocator.used_slots + (int(grown[:num_steps].max()) if isinstance(grown, np.ndarray)
-                                                     else grown)
-        else:
-            num_free = num_steps
-            if scheduler.waiting:
-                grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
-                num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
-            if 0 < num_free < num_steps:
-                self._record_bulk(profile, durations, total_length, n, external, 0, num_free, False)
-                self._record_bulk(profile, durations, total_length, n, external, num_free, num_steps, True)
-                duration = float(durations[:num_steps].sum())
-            else:  # one run, all saturated or none: its duration is the advance's
-                duration = self._record_bulk(profile, durations, total_length, n, external, 0, num_steps,
-                                             num_free == 0)
-        self.allocator.advance(running, num_steps)
-        for live in running:
-            live.num_computed += num_steps
-            live.num_generated += num_steps
-        self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
-                                     total_length + n * num_steps)
-        self.now += _checked_seconds(duration)  # (an infinity anywhere shows in the sum)
+        self.now += duration
         if self.tiers is not None:
             self.tiers.flush(self.now, pairs=False)  # (bulk steps run only without a data plane)
-        scheduler.finish(self.now)
+        self.scheduler.finish(self.now)
         return True
 
     def _start_copies(self) -> None:
@@ -294,40 +192,6 @@ class Replay:
         stores = [] if self.tiers is None else self.tiers.flush(at, pairs=self.on_step is not None)
         loads, self.scheduler.loads = self.scheduler.loads, []
         return stores, loads
-
-    def _record_bulk(self, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int, external: int,
-                     start: int, stop: int, saturated: bool) -> float:
-        """Record steps ``start`` to ``stop`` of a bulk advance: time integrals of the category inputs (the shared
-        slots stay constant: no admission, fork or release until the last step). Returns their duration."""
-        part = durations[start:stop]
-        duration = float(part.sum())
-        tokens = total_length * duration + n * float(part @ _STEPS[start:stop]) if profile.tokens is None \
-            else _integral(profile.tokens, part, duration, start, stop)
-        slots = category_slots(
-            tokens,
-            _integral(profile.allocated, part, duration, start, stop),
-            _integral(profile.internal, part, duration, start, stop),
-            external * duration,
-            self.allocator.capacity_tokens * duration,
-            self.allocator.shared_slots * duration,
-        )
-        began = self.now + float(durations[:start].sum()) if start else self.now
-        self.accounting.record(began, duration, slots, saturated, stop - start, n)
-        return duration
-
-
-def _checked_seconds(seconds: float) -> float:
-    """A step time (or a sum of them) as the model gave it, refused unless finite and positive: a NaN never
-    advances the clock (the replay would hang) and a zero step time makes throughput infinite."""
-    if 0.0 < seconds < math.inf:  # the common case, without the validator's call
-        return seconds
-    return positive_number(seconds, field="step time (s)", source="the step-time model (--gpu preset or --calibration)")
-
-
-def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:
-    """Σ durations * values over steps ``start`` to ``stop`` of a ``BulkProfile`` series (per step, or one
-    constant: then no array is built)."""
-    return float(values[start:stop] @ durations) if isinstance(values, np.ndarray) else values * duration
 
 
 def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...]) -> None:

@@ -1,0 +1,138 @@
+"""Many decode-only steps of a replay at once, between events: the loop's fast path (``sim/replay.py``).
+
+Stepping one decode step at a time costs Python work per token. Between events (an arrival, a completion, an
+admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes, so
+``BulkAdvance`` advances all those steps at once and integrates the metrics over them. ``replay(bulk=False)`` steps
+one at a time: the reference this fast path is tested against (``tests/test_replay_*.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from minipaged_cli.memory.allocators import Allocator, BulkProfile
+from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.categories import category_slots
+from minipaged_cli.sim.scheduler import Scheduler
+from minipaged_cli.sim.step_time import StepTimeModel
+from minipaged_cli.sim.step_work import checked_seconds
+
+MAX_BULK_STEPS = 4096
+MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
+_STEPS = np.arange(1, MAX_BULK_STEPS + 1, dtype=np.int64)
+
+
+class BulkAdvance:
+    """Advances a replay's running requests by several decode-only steps at once and records them as the single
+    steps would (``advance``); the replay then moves its clock and ends the steps (tiers, finished requests)."""
+
+    def __init__(self, scheduler: Scheduler, allocator: Allocator, step_time: StepTimeModel,
+                 accounting: Accounting) -> None:
+        self.scheduler = scheduler
+        self.allocator = allocator
+        self.step_time = step_time
+        self.accounting = accounting
+
+    def advance(self, now: float) -> float | None:
+        """Run and record the decode-only steps from ``now`` up to the next event; their seconds, or None (nothing
+        changed) when the next step needs the single-step path."""
+        scheduler = self.scheduler
+        if not scheduler.can_bulk:
+            return None  # (nothing running and a head that does not fit: the single step rejects it)
+        if self.allocator.windowed and self.allocator.shared_slots:
+            return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
+        running = scheduler.running
+        n = len(running)
+        lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
+        num_steps = min(min(r.output_tokens - r.num_generated for r in running), MAX_BULK_STEPS,
+                        max(1, MAX_BULK_CELLS // n))
+        total_length = int(lengths.sum())
+        # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
+        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
+        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+        checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
+        if scheduler.next_arrival_s is not None:
+            # Stop before the step that starts at or after the next arrival: it may admit that request.
+            ends = now + durations.cumsum()
+            num_steps = 1 + int(ends[:-1].searchsorted(scheduler.next_arrival_s, side="left"))
+        allocated = np.fromiter((self.allocator.allocated(r) for r in running), dtype=np.int64, count=n)
+        finals = np.fromiter((r.final_length for r in running), dtype=np.int64, count=n)
+        profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
+        num_steps = profile.num_steps
+        if num_steps == 0:
+            return None
+
+        # Saturation is decided per step, as the single step does after its growth: the queue's head is held
+        # back in the steps whose new blocks eat its headroom. Without sliding windows free space only shrinks
+        # here, so that is one run from the first held step on; windows free blocks too, so it comes and goes.
+        external = scheduler.external_fragmentation()
+        peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
+        if self.allocator.windowed:
+            grown = profile.allocated - int(allocated.sum())  # slots taken since the start: per step, or one number
+            if scheduler.waiting:
+                grown = np.broadcast_to(grown, num_steps)
+                headroom = scheduler.admission_headroom()
+                held_back = grown > headroom
+                if headroom < 0 and not held_back.all():
+                    num_steps = int(np.argmin(held_back))  # windows freed enough for the head: that step admits it
+                    if num_steps == 0:
+                        return None
+                    held_back = held_back[:num_steps]
+                changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
+                for start, stop in itertools.pairwise([0, *changes, num_steps]):
+                    self._record(now, profile, durations, total_length, n, external, start, stop,
+                                 bool(held_back[start]))
+                duration = float(durations[:num_steps].sum())
+            else:  # nothing waits: nothing is held back
+                duration = self._record(now, profile, durations, total_length, n, external, 0, num_steps, False)
+            peak_used = self.allocator.used_slots + (int(grown[:num_steps].max()) if isinstance(grown, np.ndarray)
+                                                     else grown)
+        else:
+            num_free = num_steps
+            if scheduler.waiting:
+                grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
+                num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
+            if 0 < num_free < num_steps:
+                self._record(now, profile, durations, total_length, n, external, 0, num_free, False)
+                self._record(now, profile, durations, total_length, n, external, num_free, num_steps, True)
+                duration = float(durations[:num_steps].sum())
+            else:  # one run, all saturated or none: its duration is the advance's
+                duration = self._record(now, profile, durations, total_length, n, external, 0, num_steps,
+                                        num_free == 0)
+        self.allocator.advance(running, num_steps)
+        for live in running:
+            live.num_computed += num_steps
+            live.num_generated += num_steps
+        self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
+                                     total_length + n * num_steps)
+        return checked_seconds(duration)  # (an infinity anywhere shows in the sum)
+
+    def _record(self, now: float, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
+                external: int, start: int, stop: int, saturated: bool) -> float:
+        """Record steps ``start`` to ``stop`` of an advance from ``now``: time integrals of the category inputs.
+
+        The shared slots stay constant: no admission, fork or release until the last step. Returns the steps'
+        duration."""
+        part = durations[start:stop]
+        duration = float(part.sum())
+        tokens = total_length * duration + n * float(part @ _STEPS[start:stop]) if profile.tokens is None \
+            else _integral(profile.tokens, part, duration, start, stop)
+        slots = category_slots(
+            tokens,
+            _integral(profile.allocated, part, duration, start, stop),
+            _integral(profile.internal, part, duration, start, stop),
+            external * duration,
+            self.allocator.capacity_tokens * duration,
+            self.allocator.shared_slots * duration,
+        )
+        began = now + float(durations[:start].sum()) if start else now
+        self.accounting.record(began, duration, slots, saturated, stop - start, n)
+        return duration
+
+
+def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:
+    """Σ durations * values over steps ``start`` to ``stop`` of a ``BulkProfile`` series (per step, or one
+    constant: then no array is built)."""
+    return float(values[start:stop] @ durations) if isinstance(values, np.ndarray) else values * duration
