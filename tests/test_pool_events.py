@@ -1,14 +1,20 @@
 """The block pool's events (memory/pool_events.py): every subscriber told each event, in subscription order, with
-the keys and blocks a hand-worked trace of the free queue gives; nothing built or sent without subscribers."""
+the keys and blocks a hand-worked trace of the free queue gives; nothing built or sent without subscribers; a
+fleet replica's tiers hear each event before its KV events, whose index counts what the pool holds cached."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import pytest
 
+from minipaged_cli.fleet.replica import Replica
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.grouped_pool import GroupedBlockPool
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.trace import Request
 
 
 class Logged:
@@ -84,3 +90,23 @@ def test_a_late_subscriber_hears_only_what_follows() -> None:
     pool.release(table)
     pool.take(3, [])
     assert log == [("late", "evicted", ["a"], [0])]
+
+
+def test_a_replica_with_tiers_tells_the_tiers_first_and_its_index_counts_the_pools_cached_blocks() -> None:
+    # Four requests sharing a 64-token prefix on a pool of 12 blocks of 16 with a host tier of 8: the pool caches
+    # and evicts, the tiers store, and after the last step the published index counts what the pool holds cached
+    # (fleet/kv_events.py's invariant), counted here from the pool's own map.
+    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=12, block_size=16, cpu_kv_blocks=8,
+                       max_model_len=512)
+    replica = Replica(0, config, {"sys": 64}, 4, kv_events=True)
+    pool = replica.replay.allocator.manager.pool
+    assert pool.events.subscribers == [replica.replay.tiers, replica.events]
+    for index in range(4):
+        replica.send(Request(str(index), 0.5 * index, 100 + 16 * index, 20, prefix=("sys",)), index, 0.5 * index)
+    while replica.has_work:
+        replica.iterate(None)
+    replica.events.publish()
+    cached, duplicates, _ = pool.keyed_cache()
+    held = Counter(cached.keys()) + Counter({key: len(copies) for key, copies in duplicates.items()})
+    assert replica.events.counts == dict(held) and held
+    assert replica.replay.tiers.tiers[0].stored_blocks > 0  # (the tiers heard the events too)
