@@ -34,7 +34,7 @@ from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from tests.conftest import ROOT
-from tests.test_simulator import trace_of
+from tests.sim.test_replay import trace_of
 
 runner = CliRunner()
 AZURE = str(ROOT / "traces" / "azure_conv_1k.yaml")

@@ -142,7 +142,7 @@ def test_points_without_a_host_tier_share_one_replay(monkeypatch: pytest.MonkeyP
     from minipaged_cli.apps.sweep_points import Point
     from minipaged_cli.apps.sweep_runners import LocalRunner
     from minipaged_cli.workloads.readers import load_trace
-    from tests.test_bad_input_sched import BURST
+    from tests.cli.test_bad_input_scheduling import BURST
 
     axes = Axes(strategies=("paged",), rates=(1.0, 4.0), prefix_caching=(True,), cpu_kv_memory=("0", "1GiB"),
                 offload_policies=("write-through", "on-eviction"), tier_inclusions=("inclusive", "exclusive"))

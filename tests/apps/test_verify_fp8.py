@@ -51,7 +51,7 @@ def model() -> object:
     return build_random_qwen3(load_config_file("qwen3-gqa3-hd64"), 0, torch.float32, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3"])  # e5m2's rounding is tested in test_fp8_kv_cache.py
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3"])  # e5m2's rounding is tested in tests/dataplane/test_fp8.py
 def test_an_fp8_cache_passes_within_its_derived_tolerance_and_needs_it(model, kv_cache_dtype: str) -> None:
     # (Seed 5: with seed 4's prompts this model's fp32 generation already differs from Hugging Face on main.)
     prompts = make_prompts([30, 7], model.config.vocab_size, seed=5)

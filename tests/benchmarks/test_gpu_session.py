@@ -25,7 +25,7 @@ def test_the_gpu_script_selects_real_tests_runs_parsable_commands_and_fits_its_b
     assert "bench: every case runs" in output  # the benchmark's code, on tiny shapes through the emulated kernels
     assert int(re.search(r"collects (\d+) tests", output).group(1)) > 0  # pytest -m gpu
     # memcheck's selection, then racecheck/synccheck/initcheck's: each test id collects exactly one test
-    selected = re.findall(r"^\s+(\d+)\s+tests/test_kernels.py::(\w+)\[(.*)\]$", output, re.M)
+    selected = re.findall(r"^\s+(\d+)\s+tests/dataplane/test_kernels.py::(\w+)\[(.*)\]$", output, re.M)
     assert {name for _, name, _ in selected} >= {
         "test_gpu_attention_on_vllm_shapes", "test_gpu_cache_write_is_bit_exact", "test_gpu_copy_blocks_is_exact",
         "test_gpu_tensor_core_kernel_on_small_batches"}

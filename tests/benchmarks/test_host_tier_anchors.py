@@ -10,7 +10,7 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
-from tests.test_tiers import config, three_requests
+from tests.sim.test_tiers import config, three_requests
 
 
 def test_a_repeated_prompt_finds_its_partial_last_block(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_the_watch_counts_the_blocks_both_tiers_hold_and_changes_nothing() -> No
 def test_the_watch_finds_no_block_twice_under_exclusive_tiers() -> None:
     # test_tiers_exclusive's X, Y, Z, X, Y, Z: every load's blocks leave the host tier as the GPU caches them, at
     # the latest when the load's copy ends, before the step's end the watch samples at.
-    from tests.test_tiers_exclusive import three_segments_twice, tiers_config
+    from tests.sim.test_tiers_exclusive import three_segments_twice, tiers_config
 
     with TierWatch(span_s=1.0, num_samples=10**9) as watch:
         metrics = replay(three_segments_twice(), tiers_config("exclusive", cpu_kv_blocks=8), "paged")

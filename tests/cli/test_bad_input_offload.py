@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cli.test_bad_input_scheduling import BURST, one_line_error
 from tests.conftest import ROOT
-from tests.test_bad_input_sched import BURST, one_line_error
 
 VIDUR = str(ROOT / "tests" / "data" / "vidur_h100_llama-2-7b_mlp.csv")
 

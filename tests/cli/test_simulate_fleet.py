@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from minipaged_cli.cli.main import app
 
 runner = CliRunner()
-FLEETS = sorted(Path(__file__).parent.parent.joinpath("configs/fleets").glob("*.yaml"))
+FLEETS = sorted(Path(__file__).parents[2].joinpath("configs/fleets").glob("*.yaml"))
 
 
 def test_replicas_table_and_json() -> None:

@@ -1,5 +1,5 @@
-// The kernels under a sanitizer (tests/test_sanitizers.py builds this with -fsanitize=thread or =address): the
-// emulated CUDA kernels (a library of cuda/emulation's bf16 head_dim 128 subset, linked in: the emulation poisons
+// The kernels under a sanitizer (tests/dataplane/test_sanitizers.py builds this with -fsanitize=thread or =address):
+// the emulated CUDA kernels (a library of cuda/emulation's bf16 head_dim 128 subset, linked in: the emulation poisons
 // its library's .bss as shared memory, so it must not be this program's) or, with -DNATIVE, the native CPU kernel
 // (cuda/host/paged_attention_cpu.cpp), over the edge cases: sequences of length 0 and 1, block sizes 1 and 128,
 // a sequence that ends in the last block of the pool (every buffer is allocated to its exact size, so a read past

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from minipaged_cli.dataplane import kernels
-from tests.test_kernel_mutations import build_command
+from tests.dataplane.test_kernel_mutations import build_command
 
 KERNELS = r"""
 #include "cuda_emu.h"

@@ -18,7 +18,7 @@ from minipaged_cli.dataplane.reference import (
     paged_attention_online,
     paged_attention_vectorized,
 )
-from tests.test_paged_ops import NUM_KV_HEADS, make_batch, tolerance
+from tests.dataplane.test_paged_ops import NUM_KV_HEADS, make_batch, tolerance
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 LARGEST = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}  # the formats' largest finite values
@@ -214,7 +214,7 @@ def test_fp8_needs_hardware_conversion() -> None:
 def test_gpu_fp8_write_is_bit_exact_and_attention_matches(dtype: torch.dtype) -> None:
     # The hardware conversion (cvt.rn.satfinite on sm_89+) against torch's cast, every edge value; then both
     # attention kernels over a scrambled fp8 batch against the naive reference on the CPU.
-    from tests.test_kernels import _cuda_backend
+    from tests.dataplane.test_kernels import _cuda_backend
 
     backend = _cuda_backend()
     device = backend.device

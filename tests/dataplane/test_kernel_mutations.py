@@ -19,7 +19,7 @@ import torch
 from minipaged_cli.dataplane import kernels
 from minipaged_cli.dataplane.emulation import FLAGS, EmulatedBackend, EmulationError
 from minipaged_cli.dataplane.reference import cache_write_naive, paged_attention_vectorized
-from tests.test_paged_ops import NUM_KV_HEADS, make_batch, tolerance
+from tests.dataplane.test_paged_ops import NUM_KV_HEADS, make_batch, tolerance
 
 
 def replace_once(text: str, old: str, new: str) -> str:

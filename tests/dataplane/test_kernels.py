@@ -1,6 +1,6 @@
 """The CUDA kernels of cuda/: they compile with nvcc for sm_80 and sm_90, and the same source, compiled for the
-CPU against cuda/emulation/cuda_emu.h, matches the Python references (tests/test_paged_ops.py's batches: scrambled
-or repeated block ids, NaN in every slot no sequence owns) — so indexing bugs are caught on every commit."""
+CPU against cuda/emulation/cuda_emu.h, matches the Python references (tests/dataplane/test_paged_ops.py's batches:
+scrambled or repeated block ids, NaN in every slot no sequence owns) — so indexing bugs are caught on every commit."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from minipaged_cli.dataplane.kernels import random_block_tables
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.reference import cache_write_naive, paged_attention_naive, paged_attention_vectorized
 from tests.conftest import REQUIRE_GPU, REQUIRE_SHARED, skip_unless_required
-from tests.test_paged_ops import (
+from tests.dataplane.test_paged_ops import (
     NUM_KV_HEADS,
     check_empty_batch_and_zero_lengths,
     make_batch,

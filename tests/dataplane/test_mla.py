@@ -396,7 +396,7 @@ def test_bad_arguments_are_refused_before_any_read_or_write():
                     weights, SCALE)
 
 
-if __name__ == "__main__":  # python -m tests.test_mla: the measured errors the README quotes
+if __name__ == "__main__":  # python -m tests.dataplane.test_mla: the measured errors the README quotes
     emulated_kernel = EmulatedBackend(library=emulated_library())
     for name, pairs in (("decode, absorbed, paged", decode_errors(2)), ("prefill, expanded, paged", prefill_errors(8)),
                         ("Hugging Face DeepseekV3Attention", hugging_face_errors(15)),

@@ -1,5 +1,5 @@
-"""The kernels under sanitizers: tests/kernel_driver.cpp over the edge cases (lengths 0 and 1, block sizes 1 and
-128, a sequence ending in the pool's last block, split-K or not), built with ThreadSanitizer (the emulation, with
+"""The kernels under sanitizers: tests/dataplane/kernel_driver.cpp over the edge cases (lengths 0 and 1, block sizes 1
+and 128, a sequence ending in the pool's last block, split-K or not), built with ThreadSanitizer (the emulation, with
 random yields at every synchronisation point, on a handful of cases) and with AddressSanitizer and UBSan's
 alignment check (the emulation and the native CPU kernel, on all of them). Each must print its "ok" and report
 nothing."""
@@ -15,9 +15,9 @@ import pytest
 
 from minipaged_cli.dataplane import kernels
 from tests.conftest import REQUIRE_SHARED, ROOT, skip_unless_required
-from tests.test_kernel_mutations import build_command
+from tests.dataplane.test_kernel_mutations import build_command
 
-DRIVER = ROOT / "tests" / "kernel_driver.cpp"
+DRIVER = ROOT / "tests" / "dataplane" / "kernel_driver.cpp"
 ADDRESS = ("-fsanitize=address,alignment", "-fno-sanitize-recover=all")
 # name: (sanitizer flags, the driver's -D, what the driver is told)
 BUILDS = {

@@ -18,7 +18,7 @@ from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Request, Trace
 
-TRACES = sorted(Path(__file__).parent.parent.joinpath("traces").glob("*.yaml"))
+TRACES = sorted(Path(__file__).parents[2].joinpath("traces").glob("*.yaml"))
 
 
 def config(num_blocks: int = 4000, **kwargs: object) -> SimConfig:

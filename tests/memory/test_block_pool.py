@@ -1,5 +1,5 @@
 """The block pool's free queue as ``take`` reads it: the back part's blocks are handed out least recently freed
-first, their content evicted. (The caching fast paths are ``GroupedBlockPool``'s: ``tests/test_grouped_pool.py``
+first, their content evicted. (The caching fast paths are ``GroupedBlockPool``'s: ``tests/memory/test_grouped_pool.py``
 drives them against ``cache``.)"""
 
 from __future__ import annotations

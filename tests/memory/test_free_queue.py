@@ -16,7 +16,7 @@ from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.free_queue import FreeBlockQueue
 
 NUM_BLOCKS = 12
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class NaiveQueue:

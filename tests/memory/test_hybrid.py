@@ -5,7 +5,7 @@ when its windows last slid, holds ceil(L / B) blocks in a full-attention group a
 // B in a sliding one; the pool's free blocks are what no group holds. The manager must agree on every count,
 keep every invariant after every step, and leave the state exactly as before when a call fails (a failed
 ``grow`` keeps only the slide that precedes its allocation, as vLLM's ``allocate_slots`` does). The per-group
-block ids, free-queue order and hits are checked against vLLM itself in ``test_hybrid_parity.py``.
+block ids, free-queue order and hits are checked against vLLM itself in ``tests/parity/test_hybrid.py``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 from minipaged_cli.workloads.trace import Request, Trace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def length_matrix_profile(lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray, num_steps: int,

@@ -22,7 +22,7 @@ from minipaged_cli.workloads.trace import Request, Trace
 from parity.steps import StepRecord, first_difference, first_difference_by_field, minipaged_steps
 from tests.conftest import REQUIRE_SHARED, VLLM_VENV, skip_unless_required
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(**options: object) -> SimConfig:

@@ -1,4 +1,4 @@
-"""Run with the vLLM reference venv's python (``tests/test_block_pool_parity.py`` does): minipaged's
+"""Run with the vLLM reference venv's python (``tests/parity/test_block_pool.py`` does): minipaged's
 ``KVBlockManager`` and vLLM 0.33.0's own ``BlockPool`` driven in lockstep through random workloads (prompts
 sharing documents, prefix-cache hits and revivals, decode growth, releases, evictions), compared after every
 operation on every block table and on the whole free queue, in order. vLLM's ids are ours + 1 (its block 0 is
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from vllm.v1.core.block_pool import BlockPool
 

@@ -1,4 +1,4 @@
-"""Run with the vLLM reference venv's python (``tests/test_vllm_drift.py`` does): every default that minipaged
+"""Run with the vLLM reference venv's python (``tests/parity/test_vllm_defaults.py`` does): every default that minipaged
 attributes to vLLM, read from the installed wheel's own code, printed as one JSON document. Nothing of minipaged
 is imported here: the comparison is the test's.
 
@@ -75,7 +75,7 @@ def resolved_async_scheduling() -> bool:
     the parity harness) on the default executor."""
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
-    model = ModelConfig(model=str(Path(__file__).resolve().parents[1] / "parity" / "tiny-qwen3"),
+    model = ModelConfig(model=str(Path(__file__).resolve().parents[2] / "parity" / "tiny-qwen3"),
                         skip_tokenizer_init=True, dtype="float16", seed=0, max_model_len=4096)
     config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cpu"),
                         scheduler_config=SchedulerConfig(max_model_len=4096, is_encoder_decoder=False))

@@ -1,4 +1,4 @@
-"""Run with the vLLM reference venv's python (``tests/test_hybrid_parity.py`` does): minipaged's
+"""Run with the vLLM reference venv's python (``tests/parity/test_hybrid.py`` does): minipaged's
 ``HybridBlockManager`` and vLLM 0.33.0's own ``KVCacheManager`` (its ``HybridKVCacheCoordinator`` over a
 ``SlidingWindowManager`` and a ``FullAttentionManager`` per group, one ``BlockPool``) driven in lockstep through
 random workloads: prompts sharing documents (prefix hits from the left for full attention, from the right for the
@@ -13,7 +13,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch
 from vllm.sampling_params import SamplingParams

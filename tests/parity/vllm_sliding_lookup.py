@@ -1,4 +1,4 @@
-"""Run in the vLLM 0.33.0 reference venv (tests/test_tiers_hybrid.py starts it): vLLM's own
+"""Run in the vLLM 0.33.0 reference venv (tests/sim/test_tiers_hybrid.py starts it): vLLM's own
 ``OffloadingConnectorScheduler._sliding_window_lookup`` on random patterns of blocks held or not below the GPU;
 prints (held, window, end) for each as JSON, for the test to compare with ``sim.tiers.sliding_hit_end``."""
 

@@ -221,7 +221,7 @@ def test_a_fast_study_block_prints_what_its_page_shows(block) -> None:
 # by hand from earlier runs leave this list when their figures move into study blocks; a page written by a benchmark
 # script says so ("Written by `python benchmarks/...`").
 HAND_TABLES = {
-    "todays-models.md": "the models' sizes, checked by tests/test_models_today.py",
+    "todays-models.md": "the models' sizes, checked by tests/workloads/test_presets_today.py",
 }
 
 

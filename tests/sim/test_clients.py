@@ -14,7 +14,7 @@ from minipaged_cli.sim.clients import Clients
 from minipaged_cli.workloads.sessions import Session, Turn
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
 from tests.session_helpers import run
-from tests.test_sessions import generated
+from tests.workloads.test_sessions import generated
 
 
 def random_requests(count: int, seed: int) -> Trace:

@@ -21,7 +21,7 @@ TRACE = str(ROOT / "traces" / "burst.yaml")
 @pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
 def test_simulate_sizes_the_cache_in_the_kv_dtype(dtype: str) -> None:
     # Llama 3.1 8B on an H200: the memory vLLM's sizing leaves to the KV cache (the same whatever its dtype:
-    # tests/test_kv_sizing.py checks how it is sized), in blocks of 16 tokens of 32 layers * 2 * 8 heads * 128 *
+    # tests/sim/test_kv_sizing.py checks how it is sized), in blocks of 16 tokens of 32 layers * 2 * 8 heads * 128 *
     # (2 bytes, or 1 in fp8).
     memories = set()
     for kv_dtype, element_bytes in (("auto", 2), (dtype, 1)):

@@ -17,7 +17,7 @@ from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_m
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT, shared_trace
-from tests.test_simulator_sharing import ComputedContent
+from tests.sim.test_replay_sharing import ComputedContent
 
 CATEGORY_KEYS = ("token_state_pct", "reserved_future_pct", "internal_frag_pct", "external_frag_pct", "free_pct")
 

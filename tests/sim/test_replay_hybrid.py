@@ -18,7 +18,7 @@ from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
 from minipaged_cli.sim.replay import replay, simulate
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION, GpuSpec, ModelSpec, load_gpu
 from minipaged_cli.workloads.trace import Request, make_trace
-from tests.test_simulator import SEGMENTS, assert_same_replay, unrounded
+from tests.sim.test_replay import SEGMENTS, assert_same_replay, unrounded
 
 
 def windowed_model(num_layers: int = 2, window: int = 4, *, kv_heads: int = 1, head_dim: int = 8) -> ModelSpec:
@@ -109,7 +109,7 @@ def test_v0_has_no_hybrid_manager(clock_gpu: GpuSpec) -> None:
 @example(seed=0, block_size=1, window=128, chunk=2048, num_blocks=41, sharing=True, layers=2)
 def test_fast_path_equals_step_by_step(seed: int, block_size: int, window: int, chunk: int, num_blocks: int,
                                        sharing: bool, layers: int) -> None:
-    # As tests/test_simulator.py's test of the same name, with sliding windows freeing blocks between events (7
+    # As tests/sim/test_replay.py's test of the same name, with sliding windows freeing blocks between events (7
     # layers: 4 sliding + 3 full -> groups of 3, the sliding layers in two padded groups).
     rng = np.random.default_rng(seed)
     requests = []

@@ -23,7 +23,7 @@ from minipaged_cli.sim.replay import Replay, replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # (scheduler, strategy, prefix caching): v1 queues parallel samples at arrival, v0 forks them after the prefill
 ENGINES = [("v1", "paged", True), ("v1", "dynamic", False), ("v0", "paged", False), ("v0", "oracle-reserve", False)]
 

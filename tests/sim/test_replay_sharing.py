@@ -17,7 +17,7 @@ from tests.conftest import ROOT, shared_trace
 
 def v0_config(*args: object, **options: object) -> SimConfig:
     """The cases below that are worked by hand for vLLM v0's scheduling (whole prompts reserved at admission,
-    samples forked, swap); v1's are in test_scheduler_v1.py."""
+    samples forked, swap); v1's are in test_scheduler.py."""
     return SimConfig(*args, scheduler="v0", **options)  # type: ignore[arg-type]
 
 

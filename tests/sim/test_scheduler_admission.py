@@ -1,5 +1,5 @@
 """vLLM 0.34.0's cache-aware admission in the v1 scheduler (``cache_aware_admission_window`` / ``_threshold``):
-a hand-worked schedule here; step by step against vLLM 0.34.0's own scheduler in ``tests/test_vllm_parity.py``
+a hand-worked schedule here; step by step against vLLM 0.34.0's own scheduler in ``tests/parity/test_scheduler.py``
 (parity/cache_aware_cases.yaml)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
 from minipaged_cli.workloads.trace import Request, make_trace
-from tests.test_scheduler_v1 import scheduled_tokens
+from tests.sim.test_scheduler import scheduled_tokens
 
 
 def _admission_order(model: ModelSpec, gpu: GpuSpec, window: int, threshold: float = 0.5) -> list[int]:

@@ -18,7 +18,7 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import Replay, replay
 from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT
-from tests.test_tiers import BLOCK, BLOCK_BYTES, H200, QWEN3_8B, random_trace
+from tests.sim.test_tiers import BLOCK, BLOCK_BYTES, H200, QWEN3_8B, random_trace
 
 
 def three_segments_twice():

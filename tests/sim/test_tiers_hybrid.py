@@ -22,9 +22,9 @@ from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache, sliding_hit_end
 from minipaged_cli.workloads.presets import load_model
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
+from tests.cli.test_bad_input_scheduling import BURST
 from tests.conftest import VLLM_PYTHON, needs_vllm_venv
-from tests.test_bad_input_sched import BURST
-from tests.test_tiers import H200, HOST_LINK, prefill_seconds, random_trace
+from tests.sim.test_tiers import H200, HOST_LINK, prefill_seconds, random_trace
 
 GEMMA_ALL_LAYERS_BLOCK = 16 * 507_904  # gemma-3-27b: 62 layers of K/V, 507,904 B a token, 8,126,464 B a block
 
@@ -116,8 +116,8 @@ def test_the_hybrid_lookup_starts_after_the_gpu_hit() -> None:
 
 @needs_vllm_venv
 def test_the_sliding_run_agrees_with_vllm() -> None:
-    # vLLM's own _sliding_window_lookup on 3,000 random patterns of held blocks (tests/vllm_sliding_lookup.py)
-    script = Path(__file__).with_name("vllm_sliding_lookup.py")
+    # vLLM's own _sliding_window_lookup on 3,000 random patterns of held blocks (tests/parity/vllm_sliding_lookup.py)
+    script = Path(__file__).parents[1] / "parity" / "vllm_sliding_lookup.py"
     done = subprocess.run([str(VLLM_PYTHON), str(script)], capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -16,7 +16,7 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import Replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, make_trace
-from tests.test_tiers import random_trace
+from tests.sim.test_tiers import random_trace
 
 BLOCK = 16
 

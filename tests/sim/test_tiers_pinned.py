@@ -24,10 +24,10 @@ from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork, replay
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache
-from tests.test_offload_run import MODEL, content
-from tests.test_tier_store_batches import NaiveLRU
-from tests.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config, random_trace
-from tests.test_tiers_hybrid import FULL, SLIDING, host_tier_holding
+from tests.apps.test_offload_steps import MODEL, content
+from tests.memory.test_tier_store import NaiveLRU
+from tests.sim.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config, random_trace
+from tests.sim.test_tiers_hybrid import FULL, SLIDING, host_tier_holding
 
 # -- the stores ------------------------------------------------------------------------------------------------
 

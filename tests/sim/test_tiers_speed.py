@@ -11,7 +11,7 @@ from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.tier_store import LRUStore
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache
-from tests.test_tiers import BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config
+from tests.sim.test_tiers import BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config
 
 
 def test_a_flush_without_pairs_stores_what_one_with_them_does() -> None:

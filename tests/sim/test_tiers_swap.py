@@ -14,7 +14,7 @@ from minipaged_cli.sim.replay import Replay, simulate
 from minipaged_cli.sim.scheduler import StepDecision
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.workloads.trace import Request, make_trace
-from tests.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, prefill_seconds, random_trace
+from tests.sim.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, prefill_seconds, random_trace
 
 ONE_BLOCK_S = BLOCK_BYTES / HOST_LINK  # 2,359,296 B over 49.92 GB/s = 47.26 us
 

@@ -12,7 +12,7 @@ from minipaged_cli.cli.main import app
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import load_gpu, load_model
-from tests.test_bad_input_sched import BURST, one_line_error
+from tests.cli.test_bad_input_scheduling import BURST, one_line_error
 
 V0_SWAP = ["--scheduler", "v0", "--preemption", "swap"]
 
