@@ -150,7 +150,7 @@ def test_a_monotone_curve_has_one_sustainable_rate_whatever_the_grid(rates: tupl
 ISSUE_CURVE = ((2.0, 3.3, 4.0, 4.5, 5.0, 6.0), (0.5, 1.0, 1.30, 0.94, 1.0, 1.5))
 
 
-def test_the_issues_example_a_non_monotone_curve_is_reported_with_its_rates() -> None:
+def test_a_non_monotone_curve_is_reported_with_its_rates() -> None:
     def latency(rate: float) -> float:
         return float(np.interp(rate, *ISSUE_CURVE))
 

@@ -1,4 +1,4 @@
-"""Issue 24's anchors on the Mooncake traces, as the simulator meets them: what the importer makes cacheable, and
+"""The host tiers' anchors on the Mooncake traces, as the simulator meets them: what the importer makes cacheable, and
 the GPU + host tiers against LMCache's simulator (``benchmarks/lru_reference.py``, which reproduces it)."""
 
 from __future__ import annotations

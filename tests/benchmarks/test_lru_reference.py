@@ -1,5 +1,5 @@
 """benchmarks/lru_reference.py, the naive replay the tiers are measured against: it must reproduce the published
-figures on the full Mooncake traces (the plain-LRU ones quoted in issue 24, to their one decimal; LMCache's
+figures on the full Mooncake traces (the plain-LRU ones from the traces' README, to their one decimal; LMCache's
 simulator's, to their two), and its three policies must do what a hand-worked toy trace says."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The replay's fast paths against their naive references, and the benchmark that compares replay speed with an
-older checkout (issue 21: replay speed within 10 % of the replay before v1's scheduling)."""
+older checkout (replay speed within 10 % of the replay before v1's scheduling)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Bad calibration files, GPU presets and Vidur profiles: one line naming the file, the field and the value, exit 2
-(issue 25, items 7 and 8). A NaN used to pass these checks and hang the replay (``max(now, nan)`` never advances);
+"""Bad calibration files, GPU presets and Vidur profiles: one line naming the file, the field and the value, exit 2.
+A NaN used to pass these checks and hang the replay (``max(now, nan)`` never advances);
 a profile row with ``num_tokens`` written ``1.0`` ended in a StopIteration traceback."""
 
 from __future__ import annotations

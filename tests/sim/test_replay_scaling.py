@@ -1,4 +1,4 @@
-"""A replay's cost in proportion to its trace (issue 35): finished requests leave only their latencies behind, those
+"""A replay's cost in proportion to its trace: finished requests leave only their latencies behind, those
 equal the figures the full records gave, and the benchmark that measures the growth runs."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_finished_requests_are_not_retained(monkeypatch: pytest.MonkeyPatch, tin
                                             clock_gpu: GpuSpec, scheduler: str, strategy: str,
                                             prefix_caching: bool) -> None:
     # After every iteration the only sequences alive are the queued and running ones: a finished or rejected
-    # sequence leaves its latencies in float arrays and nothing else (before issue 35 the accounting kept every
+    # sequence leaves its latencies in float arrays and nothing else (the accounting once kept every
     # finished sequence to the end: memory and collector time growing with the trace).
     monkeypatch.setattr(scheduler_module, "LiveRequest", TrackedLiveRequest)
     monkeypatch.setattr(scheduler_v0_module, "LiveRequest", TrackedLiveRequest)
@@ -88,7 +88,7 @@ def test_finished_requests_are_not_retained(monkeypatch: pytest.MonkeyPatch, tin
 def reference_latencies(finished: list[tuple[LiveRequest, float]], rejected: set[int],
                         first_arrival_s: float) -> dict[str, float | None]:
     """The naive reference: every finished sequence kept with its finish time, the figures computed at the end
-    (what ``Accounting.metrics`` did before issue 35)."""
+    (what ``Accounting.metrics`` did before it counted as it went)."""
     firsts = [r.first_token_s - r.request.arrival_s for r, _ in finished if r.sample == 0]
     tpots = [(t - r.first_token_s) / (r.output_tokens - 1) for r, t in finished if r.output_tokens > 1]
     last: dict[int, tuple[LiveRequest, float]] = {}

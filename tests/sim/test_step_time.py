@@ -144,7 +144,7 @@ def _profile(path: Path, gpu: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _in_ranges(tokens: np.ndarray) -> np.ndarray:
-    """The issue's shapes: batch 1-128 decode, 512-4,096-token prefill."""
+    """The validated shapes (benchmarks/step_time_validation.py's): batch 1-128 decode, 512-4,096-token prefill."""
     return (tokens <= 128) | ((tokens >= 512) & (tokens <= 4096))
 
 

@@ -299,7 +299,7 @@ def naive_lru_hits(trace, capacity: int) -> int:
 def test_a_tiny_gpu_pool_over_a_host_tier_is_a_plain_lru(capacity: int) -> None:
     # Requests one at a time (1 s apart, each done in milliseconds) with one output token, on a GPU pool of 12
     # blocks under a larger host tier: the tier sees every prompt block as the naive LRU does, and the totals agree
-    # within a point (issue 24's goal). They differ by the GPU in front: its blocks add to the tier's, and vLLM's
+    # within a point. They differ by the GPU in front: its blocks add to the tier's, and vLLM's
     # order of recency within a request (the first block most recent) is not the naive one (the last).
     trace = random_trace(7, 300, 1.0)
     trace = make_trace("one-token", [dataclasses.replace(r, output_tokens=1) for r in trace.requests],

@@ -1,4 +1,4 @@
-"""The tiers' bookkeeping stays within the blocks held (issue 24: "memory linear in blocks"): the names of output
+"""The tiers' bookkeeping stays within the blocks held (memory linear in blocks, not in requests): the names of output
 blocks that the tiers keep so as never to store them are at most the GPU's cached blocks once the requests are
 done, not one per request of the trace. ``benchmarks/tiers_memory.py`` measures the bytes."""
 
