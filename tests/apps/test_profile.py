@@ -145,6 +145,7 @@ def test_profile_bad_block_size() -> None:
     assert result.exit_code == 2 and "--block-size" in result.stderr
 
 
+@pytest.mark.native_build
 def test_kernel_timing_on_the_emulated_kernels() -> None:
     from dataclasses import replace
 

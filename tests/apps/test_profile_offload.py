@@ -27,6 +27,7 @@ def test_time_offload_counts_the_copies_each_layout_makes(block_size: int) -> No
     assert all(c.num_blocks == 2**20 // block and c.store_gbps > 0 and c.load_gbps > 0 for c in costs)
 
 
+@pytest.mark.slow
 def test_profile_offload_reports_each_block_size_and_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(profile_cli.OFFLOAD_BYTES, "torch", 2**20)  # a test's worth: 1 MiB a call
     result = CliRunner().invoke(app, ["profile", "traces/mixed.yaml", "--model", "qwen3-0.6b", "--limit", "3",

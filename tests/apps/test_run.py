@@ -100,6 +100,7 @@ def checked_replay(requests: list[tuple], num_blocks: int, block_size: int,
     return checked, metrics.num_preemptions, metrics.num_copy_on_writes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("scheduler", "max_batched_tokens"), [("v0", None), ("v0", 24), ("v1", 24), ("v1", 2048)])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_every_attention_call_matches_a_dense_reference(block_size: int, max_batched_tokens: int | None,

@@ -369,6 +369,7 @@ def _sweep_process(args: list[str], env: dict[str, str]) -> subprocess.Completed
                           timeout=300, cwd=ROOT, env=env)
 
 
+@pytest.mark.slow
 def test_the_same_answers_on_a_ray_cluster_named_by_its_address(tmp_path: Path, ray_env: dict[str, str]) -> None:
     local = runner.invoke(app, [*RAY_ARGS, "--workers", "2", "--json", str(tmp_path / "local.json")])
     assert local.exit_code == 0, local.output
@@ -386,6 +387,7 @@ def test_the_same_answers_on_a_ray_cluster_named_by_its_address(tmp_path: Path, 
     assert json.loads((tmp_path / "ray.json").read_text()) == json.loads((tmp_path / "local.json").read_text())
 
 
+@pytest.mark.slow
 def test_ray_with_no_cluster_running_starts_one_and_says_so(tmp_path: Path, ray_env: dict[str, str]) -> None:
     local = runner.invoke(app, [*RAY_ARGS, "--workers", "1", "--json", str(tmp_path / "local.json")])
     assert local.exit_code == 0, local.output

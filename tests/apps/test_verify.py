@@ -24,6 +24,7 @@ def models() -> dict[str, object]:
             for name in SHAPES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 16, 128])  # 128: one block holds a whole prompt
 @pytest.mark.parametrize("which_layer", ["first", "last"])
 @pytest.mark.parametrize("shape", SHAPES)
@@ -39,6 +40,7 @@ def test_layer_matches_hugging_face(models: dict, shape: str, which_layer: str, 
         assert check.tolerance == 1e-4  # fp32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrupt", ["swap-blocks", "offset-slot"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_broken_block_table_or_slot_fails(corrupt: str, dtype: torch.dtype) -> None:
@@ -52,6 +54,7 @@ def test_a_broken_block_table_or_slot_fails(corrupt: str, dtype: torch.dtype) ->
     assert prefill.max_abs_err > 10 * prefill.tolerance
 
 
+@pytest.mark.slow
 def test_bfloat16_passes_within_its_derived_bound() -> None:
     model = build_random_qwen3(load_config_file(SHAPES[1]), 0, torch.bfloat16, torch.device("cpu"))
     prompts = make_prompts([20, 9], model.config.vocab_size, seed=3)
@@ -61,6 +64,7 @@ def test_bfloat16_passes_within_its_derived_bound() -> None:
     assert checks[0].tolerance > 1e-4  # derived from bf16's eps, not fp32's
 
 
+@pytest.mark.slow
 def test_paged_generation_equals_hugging_face_generate(models: dict) -> None:
     model = models[SHAPES[0]]
     prompts = make_prompts([12, 30, 3], model.config.vocab_size, seed=4)
@@ -79,6 +83,7 @@ def test_rope_rotates_pairs_by_position_times_frequency() -> None:
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.slow
 def test_verify_a_saved_checkpoint(tmp_path: Path) -> None:
     model = build_random_qwen3(load_config_file(SHAPES[1]), 7, torch.float32, torch.device("cpu"))
     model.save_pretrained(tmp_path, safe_serialization=True)
@@ -101,6 +106,7 @@ def test_pickle_weights_are_refused(tmp_path: Path) -> None:
     assert "pickle weights (pytorch_model.bin), which are refused" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_failing_check_exits_1_with_a_failed_table(monkeypatch: pytest.MonkeyPatch) -> None:
     import minipaged_cli.apps.verify as verify
 

@@ -13,6 +13,8 @@ import pytest
 from tests.conftest import ROOT
 
 
+@pytest.mark.native_build
+@pytest.mark.slow
 def test_the_gpu_script_selects_real_tests_runs_parsable_commands_and_fits_its_budget() -> None:
     if shutil.which("bash") is None:
         pytest.skip("needs bash")

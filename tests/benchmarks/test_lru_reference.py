@@ -19,6 +19,7 @@ def mooncake() -> dict[str, list[Request]]:
             for trace in ("conversation", "synthetic")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("trace", "chunk_size", "policy"), list(PUBLISHED))
 def test_reproduces_published_figures(mooncake: dict[str, list[Request]], trace: str, chunk_size: int,
                                       policy: str) -> None:

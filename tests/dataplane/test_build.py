@@ -13,6 +13,7 @@ from minipaged_cli.dataplane import build, kernels
 SOURCE = 'extern "C" int answer() { return 42; }\n'
 
 
+@pytest.mark.native_build
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="no C++ compiler")
 def test_a_library_built_on_one_cpu_is_not_loaded_on_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))

@@ -15,6 +15,8 @@ import pytest
 from minipaged_cli.dataplane import kernels
 from tests.dataplane.test_kernel_mutations import build_command
 
+pytestmark = [pytest.mark.native_build]
+
 KERNELS = r"""
 #include "cuda_emu.h"
 

@@ -67,6 +67,7 @@ def test_hand_worked_conversions(dtype: torch.dtype) -> None:
         assert stored == [448.0, 512.0, 57344.0, 3 * 2.0 ** -11, 2.0 ** -10, 1.0, 1.25]
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("query_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("dtype", FP8, ids=str)
 def test_every_backend_writes_what_torchs_cast_stores(emulated: EmulatedBackend, dtype: torch.dtype,
@@ -104,6 +105,7 @@ def one_token_backends(emulated: EmulatedBackend, query_dtype: torch.dtype) -> l
     return backends
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("dtype", FP8, ids=str)
 def test_every_backend_reads_all_256_bit_patterns_back(emulated: EmulatedBackend, dtype: torch.dtype,
@@ -151,6 +153,8 @@ CASES = [(E4M3, torch.float32, False, 16, 128, 4), (E4M3, torch.bfloat16, True, 
          (E5M2, torch.float32, True, 1, 128, 8), (E5M2, torch.float16, True, 8, 64, 3)]
 
 
+@pytest.mark.native_build
+@pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "query_dtype", "per_head", "block_size", "head_dim", "group"), CASES, ids=str)
 def test_attention_over_an_fp8_cache_matches_the_naive_reference(
         emulated: EmulatedBackend, dtype: torch.dtype, query_dtype: torch.dtype, per_head: bool, block_size: int,

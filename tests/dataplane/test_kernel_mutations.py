@@ -21,6 +21,8 @@ from minipaged_cli.dataplane.emulation import FLAGS, EmulatedBackend, EmulationE
 from minipaged_cli.dataplane.reference import cache_write_naive, paged_attention_vectorized
 from tests.dataplane.test_paged_ops import NUM_KV_HEADS, make_batch, tolerance
 
+pytestmark = [pytest.mark.native_build, pytest.mark.slow]
+
 
 def replace_once(text: str, old: str, new: str) -> str:
     assert text.count(old) == 1, f"the mutation's anchor is gone from the kernel: {old!r}"

@@ -25,6 +25,8 @@ from tests.dataplane.test_paged_ops import (
     tolerance,
 )
 
+pytestmark = [pytest.mark.native_build, pytest.mark.slow]
+
 
 @pytest.mark.parametrize("source", ["cache_write.cu", "paged_attention.cu", "paged_attention_tc.cu", "copy_blocks.cu",
                                     "mla_decode.cu"])

@@ -179,6 +179,7 @@ def emulated() -> EmulatedBackend:
     return EmulatedBackend(library=emulated_library())
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("num_heads", [NUM_HEADS, 12])  # part of one thread block's 8 heads; a full block and part
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_emulated_kernel_matches_dense(emulated: EmulatedBackend, dtype: torch.dtype, num_heads: int):
@@ -193,6 +194,7 @@ def test_cuda_kernel_matches_dense():
     assert within_bounds(decode_errors(seed=23, dtype=torch.bfloat16, num_heads=12, backend=CudaBackend()))
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("kernel", [False, True], ids=["torch", "emulated"])
 def test_decode_of_an_empty_sequence_is_zero(emulated: EmulatedBackend, kernel: bool):
     cache, block_tables, _ = paged_batch([0, 5], seed=5)

@@ -46,6 +46,7 @@ def emulated_backend() -> Backend:
 BACKENDS = {"torch": lambda: TorchBackend("cpu"), "emulated": emulated_backend}
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 64), (torch.float32, 8), (torch.float16, 3),
@@ -84,6 +85,7 @@ def test_both_layouts_hold_identical_data_and_load_it_back_alike() -> None:
     assert torch.equal(loaded_a, host_a.flip(0))  # seq 1 went to block 0, seq 0 to block 1
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 def test_attention_over_loaded_blocks_equals_attention_over_the_originals(backend_name: str) -> None:
     backend = BACKENDS[backend_name]()
@@ -134,6 +136,7 @@ def test_an_unknown_hash_or_a_full_pool_fails_and_changes_nothing() -> None:
     assert pool.store([("c", 2), ("d", 3)]).num_blocks == 2
 
 
+@pytest.mark.native_build
 def test_offload_kernels_compile_with_nvcc_for_sm_90(tmp_path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:

@@ -84,6 +84,8 @@ def sdpa_reference(query, key_cache, value_cache, block_tables, seq_lens, scale)
     return torch.stack(outs)
 
 
+@pytest.mark.native_build
+@pytest.mark.slow
 @pytest.mark.parametrize("repeated", [False, True], ids=["permuted", "repeated"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_size", [1, 8, 16, 32])
@@ -113,6 +115,7 @@ def test_attention_implementations_agree(group: int, head_dim: int, block_size: 
         torch.testing.assert_close(out.float(), reference, **tolerance(dtype), msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_rows_take_the_tokens_down_path_and_agree(dtype: torch.dtype) -> None:
     # Above 2,048 tokens the vectorized version computes logits as x q^T; NaN fills every slot no one owns.
@@ -231,6 +234,7 @@ ATTENTION_PATHS = {
 }
 
 
+@pytest.mark.native_build
 @pytest.mark.parametrize("path", sorted(ATTENTION_PATHS))
 def test_an_empty_batch_and_sequences_of_length_0(path: str) -> None:
     if path == "native" and not native_attention_available():

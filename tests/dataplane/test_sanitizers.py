@@ -17,6 +17,8 @@ from minipaged_cli.dataplane import kernels
 from tests.conftest import REQUIRE_SHARED, ROOT, skip_unless_required
 from tests.dataplane.test_kernel_mutations import build_command
 
+pytestmark = [pytest.mark.native_build, pytest.mark.slow]
+
 DRIVER = ROOT / "tests" / "dataplane" / "kernel_driver.cpp"
 ADDRESS = ("-fsanitize=address,alignment", "-fno-sanitize-recover=all")
 # name: (sanitizer flags, the driver's -D, what the driver is told)

@@ -93,6 +93,8 @@ def test_bad_input_is_one_line_and_exit_2() -> None:
     assert missing.returncode == 2 and "nowhere.yaml" in missing.stderr
 
 
+@pytest.mark.needs_vllm
+@pytest.mark.slow
 def test_identical_to_vllm_v1() -> None:
     if not (VLLM_VENV / ".minipaged-parity-complete").is_file():
         skip_unless_required(f"no vLLM reference venv at {VLLM_VENV}: build it with parity/setup_env.sh (about 2 GB)",
@@ -104,6 +106,8 @@ def test_identical_to_vllm_v1() -> None:
     assert result.returncode == 0, f"minipaged's v1 scheduling parts from vLLM's:\n{result.stdout}"
 
 
+@pytest.mark.needs_vllm
+@pytest.mark.slow
 def test_cache_aware_admission_identical_to_vllm_034() -> None:
     # vLLM 0.34.0's cache-aware admission on cases built to trigger it (parity/cache_aware_cases.yaml); 0.33.0 has
     # no such option, so its venv runs none of them.

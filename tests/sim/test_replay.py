@@ -122,6 +122,7 @@ def assert_same_replay(fast: dict, slow: dict, label: str) -> None:
 SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary for every block size but 1
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
          max_num_seqs=256, long_prefill=0)
@@ -184,6 +185,7 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         assert fast["prefix_cache_hits"] <= fast["prefix_cache_queries"]
 
 
+@pytest.mark.slow
 def test_mixed_trace_orders_the_strategies() -> None:
     config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=46_844, block_size=16,
                        check_invariants=True)
@@ -197,6 +199,7 @@ def test_mixed_trace_orders_the_strategies() -> None:
         assert sum(metrics[k] for k in CATEGORY_KEYS) == pytest.approx(100.0, abs=0.01)
 
 
+@pytest.mark.slow
 def test_sharegpt_reproduces_the_vllm_paper_fig2_picture() -> None:
     # vLLM paper Fig. 2 (OPT-13B, ShareGPT): token states 20.4 % (Orca Max), 26.8 % (Pow2), 38.2 % (Oracle),
     # 96.3 % (vLLM). The issue's acceptance: the same order, paged >= 90 %, max-reserve <= 40 %, on real
@@ -212,6 +215,7 @@ def test_sharegpt_reproduces_the_vllm_paper_fig2_picture() -> None:
     assert all(m.averaged_over == "saturated" for m in result.strategies.values())
 
 
+@pytest.mark.slow
 def test_committed_azure_sample_shows_the_same_picture() -> None:
     # The same acceptance on the committed slice of a real trace, so it runs wherever the tests run, in both
     # engines' scheduling (v1 allocates chunk by chunk: the order and the bounds hold there too).

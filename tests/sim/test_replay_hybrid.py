@@ -101,6 +101,7 @@ def test_v0_has_no_hybrid_manager(clock_gpu: GpuSpec) -> None:
     assert not SimConfig(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0").hybrid_kv
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([1, 4, 16]), window=st.sampled_from([1, 5, 32, 128]),
        chunk=st.sampled_from([64, 2048]), num_blocks=st.integers(30, 120), sharing=st.booleans(),

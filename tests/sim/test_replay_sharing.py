@@ -171,6 +171,7 @@ def mooncake_ceiling(requests: tuple[Request, ...], segments: dict[str, int]) ->
     return hits / sum(r.prompt_tokens for r in requests)
 
 
+@pytest.mark.slow
 def test_mooncake_hit_rate_reaches_the_ceiling_and_evicts_in_a_small_pool() -> None:
     trace = load_trace(shared_trace("mooncake_conversation_trace.jsonl"), limit=1500)
     ceiling = 100 * mooncake_ceiling(trace.requests, trace.segments)
@@ -220,6 +221,7 @@ class ComputedContent:
                 self.checked_tokens += self.block_size
 
 
+@pytest.mark.slow
 def test_a_request_preempted_mid_prefill_leaves_no_uncomputed_block_in_the_cache() -> None:
     # The audit's case: the Azure conversation sample with prefix caching and chunked prefill on a pool small
     # enough to preempt mid-prefill (Qwen3-8B, H100, 250 blocks, 512 tokens a step). Before the fix, admission

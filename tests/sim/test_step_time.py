@@ -281,6 +281,7 @@ def test_simulate_with_a_calibration_names_it_and_runs_slower_steps(tmp_path: Pa
     assert calibrated_json["strategies"]["paged"]["mean_tpot_s"] > plain_json["strategies"]["paged"]["mean_tpot_s"]
 
 
+@pytest.mark.slow
 def test_calibrate_measures_on_the_cpu_and_simulate_reads_what_it_wrote(tmp_path: Path) -> None:
     # What calibrate owes its user, on the machine's own clock: a file simulate reads, positive times of the
     # grid's shapes. How the times order by size is the fake clock's test below: a busy machine can reorder them.
@@ -327,6 +328,7 @@ class _FakeDevice:
         self.now += size * 1e-6 + (1.0 if calls <= self.COLD_CALLS else 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repeat", [1, 3])
 def test_calibrate_tables_are_the_timed_calls_at_their_sizes_without_the_warm_up(monkeypatch, repeat: int) -> None:
     torch = pytest.importorskip("torch")
@@ -395,6 +397,7 @@ def test_the_full_grid_reaches_the_models_context_length() -> None:
     assert full_grid(llama) == FULL_GRID  # 8,192 already covers it
 
 
+@pytest.mark.slow
 def test_calibrate_stops_prefill_where_the_device_runs_out_of_memory_and_says_so(monkeypatch) -> None:
     torch = pytest.importorskip("torch")
     from minipaged_cli.apps import calibrate as calibrate_app

@@ -236,6 +236,7 @@ def test_a_hybrid_load_pins_the_pages_it_moves() -> None:
 # -- run's data plane ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("policy", "inclusion", "seed", "num_blocks", "tier_blocks"), [
     # each of these failed before the pins: "not in the host pool", or a load copied another block's content
     ("on-eviction", "inclusive", 0, 20, 12), ("on-eviction", "exclusive", 5, 20, 12),

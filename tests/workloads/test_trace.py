@@ -248,6 +248,7 @@ PUBLISHED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "rows", "prompt_mean", "output_mean"), PUBLISHED)
 def test_real_traces_match_published_statistics(name: str, rows: int, prompt_mean: float,
                                                 output_mean: float) -> None:
@@ -257,6 +258,7 @@ def test_real_traces_match_published_statistics(name: str, rows: int, prompt_mea
     assert trace.output_tokens / rows == pytest.approx(output_mean, rel=0.002)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "ceiling"), [("mooncake_conversation_trace.jsonl", 0.374),
                                                ("mooncake_synthetic_trace.jsonl", 0.651)])
 def test_mooncake_prefix_reuse_ceiling(name: str, ceiling: float) -> None:
