@@ -14,7 +14,7 @@
 #include <vector>
 
 #ifdef NATIVE
-#include "../cuda/host/paged_attention_cpu.cpp"
+#include "../../cuda/host/paged_attention_cpu.cpp"
 #else
 #define EMU_ATTENTION(NAME)                                                                                      \
     extern "C" void NAME(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, uint16_t*, const uint16_t*,  \
