@@ -41,18 +41,18 @@ CALIBRATION=calibration-h200-qwen3-8b.yaml
 GPU_TESTS=(tests/ -m gpu)
 # Selected by node id: -k cannot spell "(32, 8)", and the ids spell the dtype torch.bfloat16, not bf16.
 MEMCHECK_TESTS=(
-    "tests/test_kernels.py::test_gpu_attention_on_vllm_shapes[(32, 8)-128-16-torch.bfloat16]"
-    "tests/test_kernels.py::test_gpu_attention_on_vllm_shapes[(64, 8)-128-16-torch.bfloat16]"
-    "tests/test_kernels.py::test_gpu_cache_write_is_bit_exact[torch.bfloat16]"
-    "tests/test_kernels.py::test_gpu_copy_blocks_is_exact[torch.bfloat16]"
-    "tests/test_offload.py::test_gpu_store_waits_for_the_step_and_load_finishes_before_attention[contiguous]"
+    "tests/dataplane/test_kernels.py::test_gpu_attention_on_vllm_shapes[(32, 8)-128-16-torch.bfloat16]"
+    "tests/dataplane/test_kernels.py::test_gpu_attention_on_vllm_shapes[(64, 8)-128-16-torch.bfloat16]"
+    "tests/dataplane/test_kernels.py::test_gpu_cache_write_is_bit_exact[torch.bfloat16]"
+    "tests/dataplane/test_kernels.py::test_gpu_copy_blocks_is_exact[torch.bfloat16]"
+    "tests/dataplane/test_offload.py::test_gpu_store_waits_for_the_step_and_load_finishes_before_attention[contiguous]"
 )
 # racecheck, synccheck and initcheck slow a kernel by 10-100x: the tensor-core kernel on 3 sequences (<= 517 tokens),
 # with and without split-K, not vLLM's 8k-token shapes.
 TC_SANITIZERS=(racecheck synccheck initcheck)
 TC_TESTS=(
-    "tests/test_kernels.py::test_gpu_tensor_core_kernel_on_small_batches[plan-torch.bfloat16]"
-    "tests/test_kernels.py::test_gpu_tensor_core_kernel_on_small_batches[split 64-torch.bfloat16]"
+    "tests/dataplane/test_kernels.py::test_gpu_tensor_core_kernel_on_small_batches[plan-torch.bfloat16]"
+    "tests/dataplane/test_kernels.py::test_gpu_tensor_core_kernel_on_small_batches[split 64-torch.bfloat16]"
 )
 BENCH_CMD=("$PY" benchmarks/kernels_gpu.py --repeat 7 --launches 20)
 RUN_CMD=("$PY" -m minipaged_cli run traces/azure_conv_1k.yaml --limit 100 --device cuda --kv-memory 16GiB

@@ -1,6 +1,6 @@
 """Sessions must not slow the replay down: generated chat sessions (10 turns each, a shared system prompt, think
 times) replayed with their turns sent as answers come back, against the same turns flattened into open-loop
-requests arriving when the sessions sent them (the same steps and hits: ``tests/test_sessions.py`` checks that
+requests arriving when the sessions sent them (the same steps and hits: ``tests/workloads/test_sessions.py`` checks that
 equality; here only the time differs). Goal: within 1.5x.
 
     python benchmarks/sessions_bench.py            # 200 sessions x 10 turns (well under a minute)

@@ -4,7 +4,7 @@ the preset tables from configs/ (docs/reference/presets.md, between its ``<!-- g
     python scripts/reference_pages.py           # write them
     python scripts/reference_pages.py --check   # exit 1 when a committed page differs from what the code gives
 
-``tests/test_docs.py`` runs the check, so an option added or changed without regenerating fails the tests."""
+``tests/project/test_docs.py`` runs the check, so an option added or changed without regenerating fails the tests."""
 
 from __future__ import annotations
 

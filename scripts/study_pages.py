@@ -7,8 +7,8 @@ rest is what the command printed on stdout (the whole of it, as this script wrot
 semicolon:
 
 - ``check``: the command is fast (a few seconds), so the test suite re-runs it and compares, as it does the runnable
-  examples (``tests/test_docs.py``); the other blocks are too slow for a test run, and the test checks only that their
-  command still parses;
+  examples (``tests/project/test_docs.py``); the other blocks are too slow for a test run, and the test checks only that
+  their command still parses;
 - ``ignore: WORDS, ...``: for a checked block, leave out the lines that contain any of these words.
 
 The commands run from the repository's root (the traces in ``../shared/traces`` are the public ones its README names),

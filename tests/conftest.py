@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,14 @@ VLLM_VERSION = os.environ.get("MINIPAGED_VLLM_VERSION", "0.34.0")
 VLLM_VENV = Path(os.environ.get("MINIPAGED_VLLM_VENV",
                                 Path.home() / ".cache" / "minipaged" / f"vllm-{VLLM_VERSION}"))
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
-needs_vllm_venv = pytest.mark.skipif(not VLLM_PYTHON.exists(),
-                                     reason=f"no vLLM reference venv at {VLLM_VENV} (parity/setup_env.sh builds it)")
+
+
+def needs_vllm_venv(test: Callable) -> Callable:
+    """Mark a test that runs vLLM's code in the reference venv: ``needs_vllm`` and ``slow``, skipped without the
+    venv."""
+    skip = pytest.mark.skipif(not VLLM_PYTHON.exists(),
+                              reason=f"no vLLM reference venv at {VLLM_VENV} (parity/setup_env.sh builds it)")
+    return pytest.mark.slow(pytest.mark.needs_vllm(skip(test)))
 
 
 def skip_unless_required(reason: str, switch: str) -> None:

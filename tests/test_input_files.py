@@ -25,7 +25,7 @@ from tests.conftest import ROOT
 
 runner = CliRunner()
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-HUGE = 2**62  # the issue's 4611686018427387904: a list of its blocks' keys would not fit in memory
+HUGE = 2**62  # 4611686018427387904: a list of its blocks' keys would not fit in memory
 
 
 def one_line_exit_2(args: list[str]) -> str:
@@ -140,7 +140,7 @@ def test_a_trace_file_that_is_not_text_or_csv_is_bad_input(tmp_path: Path, name:
 
 # -- huge counts -------------------------------------------------------------------------------------------------
 
-def test_the_issues_huge_prompt_is_one_line_exit_2(tmp_path: Path) -> None:
+def test_a_huge_prompt_is_one_line_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(f"requests:\n  - {{id: a, arrival_s: 0, prompt_tokens: {HUGE}, output_tokens: 5}}\n")
     assert one_line_exit_2(["simulate", str(path)]) == (

@@ -51,7 +51,7 @@ def activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num
       moe_intermediate_size in a MoE one (the fused MoE kernel's intermediate cache), the larger where both are;
     - the sampler's: ``SAMPLER_LOGITS_COPIES`` float32 copies of the logits.
 
-    Checked against vLLM's own profiles (``tests/test_kv_sizing.py``: Llama-3-8B at 8,192 tokens and 256
+    Checked against vLLM's own profiles (``tests/sim/test_kv_sizing.py``: Llama-3-8B at 8,192 tokens and 256
     sequences, 1.19-1.26 GiB published, 1.27 GiB here)."""
     widths = [model.intermediate_size] if model.num_layers > model.num_moe_layers else []
     if model.is_moe:

@@ -3,7 +3,7 @@ nothing, and what minipaged therefore takes where its user sets nothing (an opti
 
 Every value is read from the release's wheel (``vllm/config/cache.py``, ``vllm/config/scheduler.py``,
 ``vllm/engine/arg_utils.py``, the attention backends under ``vllm/v1/attention/backends/``);
-``tests/test_vllm_drift.py`` reads them again from the installed wheel in the parity venv
+``tests/parity/test_vllm_defaults.py`` reads them again from the installed wheel in the parity venv
 (``parity/setup_env.sh``) and fails when a release's code and this table part. ``docs/vllm-releases.md`` says
 what moved between releases.
 """

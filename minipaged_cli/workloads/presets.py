@@ -40,7 +40,7 @@ _PLAIN_MLP_TYPES = {"opt", "gpt2", "gpt_neox", "gptj", "bloom", "falcon"}
 # What transformers' config classes fill in for a model type whose config.json leaves out ``sliding_window`` or
 # ``layer_types``: (the window, every how many layers one is full attention, or None: every layer slides), from
 # Gemma2Config, Gemma3TextConfig, GptOssConfig, Cohere2Config, MistralConfig, Qwen2Config and Qwen3Config
-# (tests/test_model_layers.py checks them against those classes).
+# (tests/workloads/test_presets_layers.py checks them against those classes).
 _HF_SLIDING_DEFAULTS = {"gemma2": (4096, 2), "gemma3": (4096, 6), "gemma3_text": (4096, 6), "gpt_oss": (128, 2),
                         "cohere2": (4096, 4), "mistral": (4096, None), "qwen2": (4096, None), "qwen3": (4096, None)}
 # Qwen's windows are off unless ``use_sliding_window`` is true; then Qwen2/3 keep the first ``max_window_layers``
