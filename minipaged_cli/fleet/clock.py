@@ -6,6 +6,11 @@ replica mid-step waits for the step's end, as in vLLM's engine loop.
 The replica whose clock is earliest always runs next, so no replica runs past a moment another one's event
 (a prefill finishing, a transfer landing) could change what it is sent. Cost: a pass per step of each replica,
 as many steps as the requests need, whatever the number of replicas (bulk decode advances included).
+
+``lookahead``: when a finish may send a request at once (a session's next turn, a closed-loop client's next
+request, a capped client's queue), a replica's bulk advance also stops where another replica may finish
+something: at the earliest moment another one's next pass starts (``Replica.ready_s``), so no request is sent
+to a replica already past the moment it was sent. Bulk advances are cut shorter; the steps are the same.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from minipaged_cli.fleet.replica import Replica
 
@@ -20,12 +26,13 @@ from minipaged_cli.fleet.replica import Replica
 class FleetClock:
     """Events at known times (arrivals, landings), and the replicas advanced between them."""
 
-    def __init__(self, replicas: Sequence[Replica]) -> None:
+    def __init__(self, replicas: Sequence[Replica], *, lookahead: bool = False) -> None:
         self.replicas = list(replicas)
-        self.events: list[tuple[float, int, int]] = []  # (time, order, payload): a heap
+        self.lookahead = lookahead
+        self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
 
-    def schedule(self, at: float, payload: int) -> None:
+    def schedule(self, at: float, payload: Any) -> None:
         heapq.heappush(self.events, (at, self._order, payload))
         self._order += 1
 
@@ -36,6 +43,9 @@ class FleetClock:
     def advance(self, on_pass: Callable[[Replica], None]) -> None:
         """Run the earliest busy replica one pass at a time until every busy replica has reached the next event
         (which a pass may bring closer: ``on_pass`` may schedule one)."""
+        if self.lookahead:
+            self._advance_looking_ahead(on_pass)
+            return
         while True:
             until = self.next_event_s
             replica = min((r for r in self.replicas if r.has_work and r.now < until), default=None,
@@ -45,7 +55,19 @@ class FleetClock:
             replica.iterate(None if until == math.inf else until)
             on_pass(replica)
 
-    def pop_due(self) -> tuple[float, list[int]]:
+    def _advance_looking_ahead(self, on_pass: Callable[[Replica], None]) -> None:
+        """``advance``, the replica whose next pass starts earliest first, each up to the others' next start."""
+        while True:
+            until = self.next_event_s
+            ready = sorted((r.ready_s, r.index, r) for r in self.replicas if r.has_work and r.ready_s < until)
+            if not ready:
+                return
+            horizon = min(until, ready[1][0]) if len(ready) > 1 else until
+            replica = ready[0][2]
+            replica.iterate(None if horizon == math.inf else horizon)
+            on_pass(replica)
+
+    def pop_due(self) -> tuple[float, list[Any]]:
         """The earliest time and the payloads of every event then, in the order scheduled ([] when none is left)."""
         if not self.events:
             return math.inf, []
