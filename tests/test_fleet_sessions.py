@@ -32,8 +32,7 @@ def replay(trace: Trace, num_replicas: int, router: str = "round-robin", clients
            weights: tuple[tuple[str, float], ...] | None = None, **options: object) -> FleetResult:
     sim = engine(clients, **options)
     router_config = RouterConfig(router, weights=weights) if weights else RouterConfig(router)
-    result = run_fleet(trace, FleetConfig((ReplicaPool("replicas", num_replicas, sim),), router_config,
-                                          clients=clients))
+    result = run_fleet(trace, FleetConfig((ReplicaPool("replicas", num_replicas, sim),), router_config))
     assert result.figures.totals["invariant_violations"] == 0
     return result
 

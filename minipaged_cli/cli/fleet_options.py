@@ -68,7 +68,7 @@ def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix
                  link_latency: str, prefill_threshold: int, shared_kv_store: bool, fleet_file: Path | None,
                  log_decisions: bool, record_timeline: bool) -> fleets.FleetConfig | None:
     """The fleet the options ask for, or None (one engine: ``simulate`` as ever)."""
-    options = {"log_decisions": log_decisions, "record_timeline": record_timeline, "clients": config.clients}
+    options = {"log_decisions": log_decisions, "record_timeline": record_timeline}
     if fleet_file is not None:
         return load_fleet_file(fleet_file, config, **options)
     if replicas is None and prefill_replicas is None and decode_replicas is None and not shared_kv_store:

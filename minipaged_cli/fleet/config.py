@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from minipaged_cli.errors import InputError, did_you_mean
-from minipaged_cli.sim.clients import OPEN_LOOP, Clients
+from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, positive_number, whole_number
@@ -128,8 +128,8 @@ class FleetConfig:
     """Pools of replicas behind one router. P/D disaggregation: a ``prefill`` pool and a ``decode`` pool (no mixed
     one) and the ``kv_link`` between them; prompts of at most ``prefill_threshold`` tokens prefill on their decode
     replica (BLIS's prefix-threshold decider). ``shared_kv_store``: the tiers below the GPUs are one store shared
-    by every replica (``fleet/shared_store.py``). ``clients``: who sends the requests, and when (``sim/clients.py``:
-    open loop, closed loop, capped), fleet-wide."""
+    by every replica (``fleet/shared_store.py``). The pools' engine configs name the clients (``sim/clients.py``:
+    open loop, closed loop, capped): one set for the whole fleet, so every pool names the same."""
 
     pools: tuple[ReplicaPool, ...]
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -139,7 +139,6 @@ class FleetConfig:
     log_decisions: bool = False
     record_timeline: bool = False
     source: str | None = None
-    clients: Clients = OPEN_LOOP
 
     def __post_init__(self) -> None:
         roles = [pool.role for pool in self.pools]
@@ -156,9 +155,17 @@ class FleetConfig:
             raise InputError("P/D disaggregation runs vLLM v1's scheduler without tiers below the GPU",
                              source=self.source, field="pools")
         whole_number(self.prefill_threshold, field="prefill_threshold", source=self.source, minimum=0)
+        if len({pool.config.clients for pool in self.pools}) > 1:
+            raise InputError("the fleet's clients send to every pool: give its pools the same clients",
+                             source=self.source, field="pools")
         if self.shared_kv_store and not all(pool.config.has_tiers for pool in self.pools):
             raise InputError("a shared KV store is the tiers below the GPU: give --cpu-kv-memory",
                              source=self.source, field="shared_kv_store")
+
+    @property
+    def clients(self) -> Clients:
+        """Who sends the requests, and when, fleet-wide."""
+        return self.pools[0].config.clients
 
     @property
     def disaggregated(self) -> bool:
