@@ -129,3 +129,12 @@ def test_the_weighted_router_takes_a_session_weight() -> None:
                                  "weighted", "--router-weights", "sesion:4"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "weights: 'sesion': unknown scorer (did you mean 'session'?)" in result.stderr
+
+
+def test_a_fleet_file_routes_sessions_with_a_session_weight() -> None:
+    result = runner.invoke(app, ["simulate", "tests/data/sessions_chat.yaml", "--fleet",
+                                 "configs/fleets/session-weighted-4.yaml", "--concurrency", "4", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    fleet = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]
+    assert fleet["router"]["weights"] == {"prefix": 2.0, "queue": 1.0, "kv": 1.0, "session": 3.0}
+    assert fleet["sessions"]["clients"] == "closed" and fleet["sessions"]["max_in_flight"] <= 4

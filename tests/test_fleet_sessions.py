@@ -15,7 +15,7 @@ from minipaged_cli.sim.clients import OPEN_LOOP, Clients
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.sessions import Session, Turn
-from minipaged_cli.workloads.trace import Trace, make_trace
+from minipaged_cli.workloads.trace import Request, Trace, make_trace
 from tests.session_helpers import CLOCK_GPU, MODEL
 from tests.test_clients import random_requests, sessions_and_clients
 from tests.test_sessions import generated
@@ -166,10 +166,29 @@ def test_sessions_under_prefill_decode_disaggregation() -> None:
     result = run_fleet(trace, FleetConfig(pools, RouterConfig("session-affinity"), KvLink(50e9, 20e-6)))
     arrivals, records = result.arrivals, result.records
     assert all(arrivals.completed)
-    for index, request in enumerate(trace.requests):
-        assert arrivals.finish_s[index] == records[index].finish_s > records[index].landed_s
+    for index, record in enumerate(records):
+        assert arrivals.finish_s[index] == record.finish_s > record.landed_s
     position = {r.id: i for i, r in enumerate(trace.requests)}
     for session, delay in (("s0", 0.5), ("s1", 0.1)):
         first, second = position[f"{session}/0"], position[f"{session}/1"]
         assert arrivals.sent_s[second] == pytest.approx(arrivals.finish_s[first] + delay)
         assert arrivals.cached_tokens[second] == 992
+
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0025])
+def test_a_turn_sent_to_a_replica_in_a_long_decode_joins_its_next_step(delay: float) -> None:
+    # By hand (every step 1 ms): round-robin sends A (100 output tokens) to replica 0 and s/0 to replica 1; s/0
+    # answers at 5 ms (a prefill step, then 4 decodes), and s/1 goes at once to replica 0, in the middle of A's
+    # decode. Replica 0 must not have run its decode ahead in bulk past 5 ms: s/1 joins the step that starts at
+    # 5 ms and has its first token at 6 ms (a bulk advance to A's end would give it about 95 ms). With a think
+    # time of 2.5 ms it is sent at 7.5 ms, mid-step, and joins the step that starts at 8 ms: first token at 9 ms.
+    trace = make_trace("t", [Request("A", 0.0, 10, 100)], source="test",
+                       sessions=[Session("s", (Turn(10, 5), Turn(10, 5, delay_s=delay)))])
+    result = run_fleet(trace, FleetConfig((ReplicaPool("replicas", 2, engine()),), log_decisions=True))
+    position = {r.id: i for i, r in enumerate(trace.requests)}
+    assert [(d.request, d.replica) for d in result.decisions] == [(position["A"], 0), (position["s/0"], 1),
+                                                                  (position["s/1"], 0)]
+    second = result.records[position["s/1"]]
+    assert second.arrival_s == pytest.approx(0.005 + delay)
+    assert second.first_token_s == pytest.approx(0.006 if delay == 0 else 0.009)

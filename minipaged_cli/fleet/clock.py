@@ -7,10 +7,12 @@ The replica whose clock is earliest always runs next, so no replica runs past a 
 (a prefill finishing, a transfer landing) could change what it is sent. Cost: a pass per step of each replica,
 as many steps as the requests need, whatever the number of replicas (bulk decode advances included).
 
-``lookahead``: when a finish may send a request at once (a session's next turn, a closed-loop client's next
-request, a capped client's queue), a replica's bulk advance also stops where another replica may finish
-something: at the earliest moment another one's next pass starts (``Replica.ready_s``), so no request is sent
-to a replica already past the moment it was sent. Bulk advances are cut shorter; the steps are the same.
+``reaction_s``: when a finish may send a request (a session's next turn, a closed-loop client's next request, a
+capped client's queue), at least this long after it, a replica's bulk advance also stops where another replica's
+finish may send one: the earliest moment another one's next pass starts (``Replica.ready_s``; a finish comes at
+a pass's end, a refusal at its start) plus ``reaction_s``, so no request is sent to a replica already past the
+moment it was sent. The steps are the same; bulk advances are cut shorter, the more so the shorter the reaction
+(a closed loop or a binding cap sends at once: the replicas then take turns, a few steps each).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from minipaged_cli.fleet.replica import Replica
 class FleetClock:
     """Events at known times (arrivals, landings), and the replicas advanced between them."""
 
-    def __init__(self, replicas: Sequence[Replica], *, lookahead: bool = False) -> None:
+    def __init__(self, replicas: Sequence[Replica], *, reaction_s: float = math.inf) -> None:
         self.replicas = list(replicas)
-        self.lookahead = lookahead
+        self.reaction_s = reaction_s
         self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
 
@@ -43,7 +45,7 @@ class FleetClock:
     def advance(self, on_pass: Callable[[Replica], None]) -> None:
         """Run the earliest busy replica one pass at a time until every busy replica has reached the next event
         (which a pass may bring closer: ``on_pass`` may schedule one)."""
-        if self.lookahead:
+        if self.reaction_s < math.inf:
             self._advance_looking_ahead(on_pass)
             return
         while True:
@@ -56,13 +58,14 @@ class FleetClock:
             on_pass(replica)
 
     def _advance_looking_ahead(self, on_pass: Callable[[Replica], None]) -> None:
-        """``advance``, the replica whose next pass starts earliest first, each up to the others' next start."""
+        """``advance``, the replica whose next pass starts earliest first, each up to the others' next start plus
+        the reaction time."""
         while True:
             until = self.next_event_s
             ready = sorted((r.ready_s, r.index, r) for r in self.replicas if r.has_work and r.ready_s < until)
             if not ready:
                 return
-            horizon = min(until, ready[1][0]) if len(ready) > 1 else until
+            horizon = min(until, ready[1][0] + self.reaction_s) if len(ready) > 1 else until
             replica = ready[0][2]
             replica.iterate(None if horizon == math.inf else horizon)
             on_pass(replica)

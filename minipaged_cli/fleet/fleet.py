@@ -79,11 +79,11 @@ class Fleet:
         self.sessions = [link.session if (link := trace.turns.get(r.id)) else None for r in trace.requests]
         self.routed: list[list[tuple[Router, Replica]]] = [[] for _ in trace.requests]  # (P/D: entry, decode)
         self.prompt_cached: dict[int, int] = {}  # P/D: the prefix hit of a prompt its prefill replica ran
-        clients = fleet.clients
-        # A finish sends a request at once: the clock must not let a replica run past it (``clock.py``)
-        reacts = bool(trace.turns) or clients.kind == "closed" or (
-            clients.kind == "capped" and clients.max_concurrency < trace.num_requests)
-        self.clock = FleetClock(self.replicas, lookahead=reacts)
+        # A finish may send a request: the clock must not let a replica run past it (``clock.py``), and the
+        # clients hear it at its moment on the clock. Otherwise they hear it as soon as it is known, which leaves
+        # the replicas' bulk advances whole.
+        self.reacts = self.arrivals.min_reaction_s < math.inf
+        self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s)
         self.arrivals_at = math.inf  # when the clock's pending "send" event is
 
     def run(self) -> FleetResult:
@@ -163,7 +163,11 @@ class Fleet:
             if replica.role == "prefill" and completed and self.records[fleet_index].output_tokens > 1:
                 self.prompt_cached[fleet_index] = cached  # (its decode replica finishes it)
                 continue
-            self.clock.schedule(now, (DONE, fleet_index, completed, self.prompt_cached.pop(fleet_index, cached)))
+            cached = self.prompt_cached.pop(fleet_index, cached)
+            if self.reacts:
+                self.clock.schedule(now, (DONE, fleet_index, completed, cached))
+            else:
+                self._client_done(fleet_index, completed, cached, now)
 
     def _client_done(self, fleet_index: int, completed: bool, cached_tokens: int, at: float) -> None:
         """Request ``fleet_index`` is done: its clients hear it; its session's cookie names who answered."""

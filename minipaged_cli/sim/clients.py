@@ -111,6 +111,14 @@ class Arrivals:
         else:
             self.heap = [(r.arrival_s, i) for i, r in enumerate(requests) if not self.unmet[i]]
             heapq.heapify(self.heap)  # (already one: the trace is sorted by arrival)
+        # The least time from a finish to a request it sends (infinite: no finish sends one): a turn's delay after
+        # what it waits for; a closed-loop client's next unit's delays; under a cap that binds, none
+        self.min_reaction_s = min((self.delay_s[i] for i in range(n) if self.unmet[i]), default=math.inf)
+        if self.closed:
+            starts = min((self.delay_s[i] for i in range(n) if not self.unmet[i]), default=math.inf)
+            self.min_reaction_s = min(self.min_reaction_s, starts)
+        if self.cap < n:
+            self.min_reaction_s = 0.0
 
     @property
     def has_pending(self) -> bool:
