@@ -61,6 +61,9 @@ class Arrivals:
 
     Per request (index in ``trace.requests``): ``due_s`` when the client wanted it sent, ``sent_s`` when it was
     (later only under a cap), ``finish_s`` and ``cached_tokens`` once finished; NaN where it never happened.
+
+    One engine's scheduler drives it (its arrivals); a fleet drives one for all its replicas on the fleet's clock
+    (``fleet/fleet.py``), which reads ``min_reaction_s`` to know how far a replica may run ahead of a finish.
     """
 
     def __init__(self, trace: Trace, clients: Clients) -> None:
