@@ -80,8 +80,8 @@ def page(trace: Path, limit: int | None) -> str:
     return "\n".join([
         "# Session affinity against prefix-aware routing",
         "",
-        f"Written by `{command}` ({scope}); Qwen3-8B on H200 presets with 4 GiB of KV memory per replica (about "
-        "29,000 tokens: a few dozen conversations, so the cache must choose what it keeps), 4 replicas, vLLM v1's "
+        f"Written by `{command}` ({scope}); Qwen3-8B on H200 presets with 4 GiB of KV memory per replica (29,120 "
+        "tokens: a handful of whole conversations, so the cache must choose what it keeps), 4 replicas, vLLM v1's "
         "scheduler with prefix caching; every command below reproduces its row.",
         "",
         "The workload: 200 chat sessions of 2 to 10 turns sharing a 1,000-token system prompt, each turn's prompt "
