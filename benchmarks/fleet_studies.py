@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from minipaged_cli.cli.main import app
 
+ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = "mooncake_conversation_trace.jsonl"
 AZURE = "AzureLLMInferenceTrace_conv.csv"
 
@@ -41,7 +42,9 @@ def simulate(trace: Path, options: list[str], limit: int | None) -> tuple[str, d
         if result.exit_code != 0:
             raise SystemExit(f"{shlex.join(args)} failed: {result.output}")
         document = json.loads(path.read_text())["fleet"]
-    shown = shlex.join(["minipaged", *args]).replace(str(trace), f"../shared/traces/{trace.name}")
+    inside = trace.resolve().is_relative_to(ROOT)  # (one of this repository's traces, or a public one)
+    shown = shlex.join(["minipaged", *args]).replace(
+        str(trace), str(trace.resolve().relative_to(ROOT)) if inside else f"../shared/traces/{trace.name}")
     return shown, document, seconds
 
 

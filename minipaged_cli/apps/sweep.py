@@ -58,15 +58,18 @@ class Axes:
     replicas: tuple[int, ...] = (1,)  # fleets of paged replicas (fleet/): each count > 1 behind each router
     routers: tuple[str, ...] = ("round-robin",)
     concurrency: tuple[int, ...] = (0,)  # closed-loop clients; 0: open loop at each rate
+    max_concurrency: tuple[int, ...] = (0,)  # open loop at each rate, capped at that many in flight; 0: no cap
     # Models whose paged curve is swept again with every layer as full attention (``all_full_attention_models``)
     all_full_models: tuple[str, ...] = ()
 
     def points(self) -> list[Point]:
         """Every combination of the axes, less exclusive tiers under write-through (they need on-eviction)."""
-        points = [Point(m, g, k, b, p, s, r, c, o, e, i, concurrency=n) for m, g, k, b, p, c, o, e, i, n, s, r in
+        points = [Point(m, g, k, b, p, s, r, c, o, e, i, concurrency=n, max_concurrency=x)
+                  for m, g, k, b, p, c, o, e, i, n, x, s, r in
                   itertools.product(self.models, self.gpus, self.kv_memory, self.block_sizes, self.prefix_caching,
                                     self.cpu_kv_memory, self.offload_policies, self.tier_evictions,
-                                    self.tier_inclusions, self.concurrency, self.strategies, self.rates)
+                                    self.tier_inclusions, self.concurrency, self.max_concurrency, self.strategies,
+                                    self.rates)
                   if not (i == "exclusive" and o != "on-eviction")]
         points = [replace(p, replicas=count, router=router) for p in points for count in self.replicas
                   for router in (self.routers if count > 1 else ("",)) if count == 1 or p.strategy == "paged"]
@@ -84,7 +87,8 @@ class Axes:
                   "block_size": self.block_sizes, "prefix_caching": self.prefix_caching,
                   "cpu_kv_memory": self.cpu_kv_memory, "offload_policy": self.offload_policies,
                   "tier_eviction": self.tier_evictions, "tier_inclusion": self.tier_inclusions,
-                  "replicas": self.replicas, "router": self.routers, "concurrency": self.concurrency}
+                  "replicas": self.replicas, "router": self.routers, "concurrency": self.concurrency,
+                  "max_concurrency": self.max_concurrency}
         return [name for name, v in values.items() if len(v) > 1]
 
 

@@ -14,7 +14,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.sim.calibration import Calibration, load_calibration
-from minipaged_cli.sim.clients import OPEN_LOOP, Clients
+from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     SimConfig,
@@ -91,6 +91,7 @@ class Point:
     replicas: int = 1
     router: str = ""
     concurrency: int = 0  # closed-loop clients (sim/clients.py); 0: open loop at the point's rate
+    max_concurrency: int = 0  # open loop at the point's rate, at most this many in flight; 0: no cap
 
     @property
     def curve(self) -> Point:
@@ -106,7 +107,7 @@ class Point:
         """Points in a stable order (the GPU's default KV memory, None, first; host tiers by size)."""
         return (self.model, self.gpu, self.kv_memory is not None, self.kv_memory or "", self.block_size,
                 self.prefix_caching, self.host_bytes, self.offload_policy, self.tier_eviction, self.tier_inclusion,
-                self.replicas, self.router, self.concurrency, self.strategy, self.rate)
+                self.replicas, self.router, self.concurrency, self.max_concurrency, self.strategy, self.rate)
 
     @property
     def replay_key(self) -> Point:
@@ -171,7 +172,8 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
                                                  hybrid=settings.hybrid_manager),
                        offload_policy=point.offload_policy, tier_eviction=point.tier_eviction,
                        tier_inclusion=point.tier_inclusion,
-                       clients=Clients(concurrency=point.concurrency) if point.concurrency else OPEN_LOOP,
+                       clients=Clients(concurrency=point.concurrency or None,
+                                       max_concurrency=point.max_concurrency or None),
                        **settings.engine)
     return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
 

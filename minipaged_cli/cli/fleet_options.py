@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from minipaged_cli.cli.fleet_render import fleet_table
+from minipaged_cli.cli.fleet_render import fleet_tables
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet import config as fleets
@@ -25,8 +25,9 @@ ReplicasOpt = Annotated[int | None, typer.Option(
     help="Replay over this many identical replicas behind --router (one engine each).")]
 RouterOpt = Annotated[str, typer.Option(
     "--router", rich_help_panel=PANEL,
-    help="Which replica takes a request: " + ", ".join(fleets.ROUTERS) + " (ties: the least loaded, then the lowest "
-         "index; llm-d and Dynamo break them at random).")]
+    help="Which replica takes a request: " + ", ".join(fleets.ROUTERS) + " (session-affinity: the replica that "
+         "answered the session's last turn, as llm-d's session-affinity scorer; ties: the least loaded, then the "
+         "lowest index; llm-d and Dynamo break them at random).")]
 PrefixIndexOpt = Annotated[str, typer.Option(
     "--prefix-index", rich_help_panel=PANEL,
     help="What prefix-aware and weighted routers read: " + " or ".join(fleets.PREFIX_INDEXES) + " (precise: the "
@@ -34,7 +35,9 @@ PrefixIndexOpt = Annotated[str, typer.Option(
 IndexCapacityOpt = Annotated[int, typer.Option(
     "--prefix-index-capacity", min=1, rich_help_panel=PANEL, help="Blocks the approximate index remembers.")]
 WeightsOpt = Annotated[str, typer.Option(
-    "--router-weights", rich_help_panel=PANEL, help="The weighted router's scorers, name:weight comma-separated.")]
+    "--router-weights", rich_help_panel=PANEL,
+    help="The weighted router's scorers, name:weight comma-separated: " + ", ".join(fleets.WEIGHT_NAMES) + " (session: "
+         "1 for the replica that answered the session's last turn; add it as session:5 beside the others).")]
 PrefillReplicasOpt = Annotated[int | None, typer.Option(
     "--prefill-replicas", min=1, rich_help_panel=PANEL, show_default=False,
     help="P/D disaggregation: this many prefill replicas (with --decode-replicas).")]
@@ -91,7 +94,8 @@ def run_fleet_command(trace: Trace, config: SimConfig, fleet: fleets.FleetConfig
     """Replay, print the table, write the JSON (``fleet`` beside simulate's ``trace`` and ``config``) and plot;
     exit 1 on an invariant violation (``--check-invariants``: a bug in the allocator)."""
     result = run_fleet(trace, fleet)
-    console.print(fleet_table(result))
+    for table in fleet_tables(result):
+        console.print(table)
     if json_path is not None:
         document: dict[str, Any] = SimulationResult(trace, config, {}).to_dict()
         del document["strategies"]

@@ -1,4 +1,5 @@
-"""The fleet's table: one row per replica, then the fleet."""
+"""The fleet's tables: one row per replica, then the fleet; with sessions or clients other than open loop, what
+the clients saw (``simulate``'s sessions table, one row for the fleet)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from minipaged_cli.cli.render import sessions_table
 from minipaged_cli.fleet.fleet import FleetResult
 
 
@@ -43,3 +45,10 @@ def fleet_table(result: FleetResult) -> Table:
     table.add_section()
     table.add_row(*row(f"fleet (imbalance {document['imbalance']:.2f})", "", document))
     return table
+
+
+def fleet_tables(result: FleetResult) -> list[Table]:
+    tables = [fleet_table(result)]
+    if result.figures.sessions is not None:
+        tables.append(sessions_table({"fleet": result.figures.sessions}, ""))
+    return tables

@@ -21,6 +21,7 @@ from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
+from minipaged_cli.sim.session_report import SessionMetrics
 from minipaged_cli.units import format_bytes
 from minipaged_cli.workloads.presets import ModelSpec
 
@@ -104,7 +105,7 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     if result.without_tiers:
         tables += [_tiers_table(result), _tiers_gain_table(result)]
     if any(m.sessions is not None for m in rows.values()):
-        tables.append(_sessions_table(rows))
+        tables.append(sessions_table({name: m.sessions for name, m in rows.items() if m.sessions is not None}))
     return tables
 
 
@@ -180,17 +181,17 @@ def _tiers_gain_table(result: SimulationResult) -> Table:
     return table
 
 
-def _sessions_table(rows: dict[str, StrategyMetrics]) -> Table:
-    """Sessions and clients (``sim/session_report.py``): sessions done and how long they took, turns per second,
-    the prefix hit rate of first turns against later ones (whether the cache holds conversations), client waits."""
-    first = next(m.sessions for m in rows.values() if m.sessions is not None)
+def sessions_table(sessions: dict[str, SessionMetrics], first_column: str = "strategy") -> Table:
+    """Sessions and clients (``sim/session_report.py``), a row each (a strategy, or a fleet): sessions done and how
+    long they took, turns per second, the prefix hit rate of first turns against later ones (whether the cache
+    holds conversations), client waits."""
+    first = next(iter(sessions.values()))
     clients = first.clients + (f" ({first.concurrency})" if first.concurrency is not None else "")
     table = Table(title=f"Sessions, {clients} clients", title_justify="left", box=box.SIMPLE_HEAD)
-    for name in ("strategy", "sessions done", "session s mean/p99", "turns/s", "hit % turn 1", "hit % later turns",
+    for name in (first_column, "sessions done", "session s mean/p99", "turns/s", "hit % turn 1", "hit % later turns",
                  "turns rejected/not sent", "client wait s mean/p99"):
-        table.add_column(name, justify="left" if name == "strategy" else "right")
-    for name, m in rows.items():
-        s = m.sessions
+        table.add_column(name, justify="left" if name == first_column else "right")
+    for name, s in sessions.items():
         table.add_row(name, f"{s.completed_sessions}/{s.num_sessions}",
                       f"{_maybe(s.mean_session_s, '{:.2f}')}/{_maybe(s.p99_session_s, '{:.2f}')}",
                       f"{s.turns_per_s:.2f}", _maybe(s.hit_pct_first_turn, "{:.1f}"),

@@ -53,7 +53,7 @@ from minipaged_cli.cli.outputs import atomic_output, check_outputs
 from minipaged_cli.cli.render import bold, write_json
 from minipaged_cli.cli.sweep_options import FILE_KEYS, checked, read_config
 from minipaged_cli.cli.tier_options import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
-from minipaged_cli.cli.workload_options import SweepConcurrencyOpt
+from minipaged_cli.cli.workload_options import SweepConcurrencyOpt, TokenizerOpt
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
@@ -137,6 +137,8 @@ def sweep_command(
                                                   show_default=False)] = None,
     plot: PlotOpt = None,
     concurrency: SweepConcurrencyOpt = None,
+    max_concurrency: axes.MaxConcurrencyAxis = None,
+    tokenizer: TokenizerOpt = None,
 ) -> None:
     """Replay a trace at every combination of request rates, strategies and the other axes (models, GPUs, KV
     memory, block sizes, prefix caching), and report per point the normalized latency (end-to-end latency per
@@ -172,10 +174,10 @@ def sweep_command(
                 prefix_caching=prefix, cpu_kv_memory=options["cpu_kv_memory"] or (None,),
                 offload_policies=options["offload_policy"], tier_evictions=options["tier_eviction"],
                 tier_inclusions=options["tier_inclusion"], replicas=options["replicas"], routers=options["routers"],
-                concurrency=options["concurrency"] or (0,),
+                concurrency=options["concurrency"] or (0,), max_concurrency=options["max_concurrency"] or (0,),
                 all_full_models=all_full_attention_models(options["models"], options["strategies"], settings))
     trace = load_trace(trace_path, options["trace_format"], limit=options["limit"],
-                       time_scale=options["time_scale"])
+                       time_scale=options["time_scale"], tokenizer=tokenizer)
     points = axes.points()
     work = prepare(trace, settings, points)  # bad input ends here, before any progress bar
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
@@ -240,6 +242,8 @@ def _value(name: str, value: Any) -> str:
         return f"block {value}"
     if name == "cpu_kv_memory":
         return f"host {value or 0}"
+    if name == "max_concurrency":
+        return f"cap {value}" if value else "no cap"
     return str(value)
 
 

@@ -24,6 +24,10 @@ TierInclusionAxis = Annotated[str, typer.Option(
     "needs --offload-policy on-eviction: crossed with write-through it is left out).")]
 ReplicasAxis = Annotated[str, typer.Option(
     "--replicas", help="Fleet sizes, comma-separated: N > 1 replays paged over N replicas behind each of --routers.")]
+MaxConcurrencyAxis = Annotated[str | None, typer.Option(
+    "--max-concurrency", show_default=False,
+    help="Open loop at each rate with at most this many requests in flight (vllm bench serve's), comma-separated "
+         "(8,32): an axis of the sweep; the time requests waited in the client is not in their TTFT.")]
 RoutersAxis = Annotated[str, typer.Option(
     "--routers", help="Fleet routers, comma-separated: " + ", ".join(ROUTERS) + ".")]
 

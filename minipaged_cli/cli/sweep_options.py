@@ -24,7 +24,7 @@ FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes"
              "search_steps", "seed", "seeds", "limit", "time_scale", "trace_format", "scheduler", "max_model_len",
              "max_num_seqs", "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "gpu_memory_utilization",
              "calibration", "kv_cache_dtype", "cpu_kv_memory", "offload_policy", "tier_eviction", "tier_inclusion",
-             "hybrid_kv", "replicas", "routers", "concurrency")
+             "hybrid_kv", "replicas", "routers", "concurrency", "max_concurrency")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -49,6 +49,12 @@ def checked(values: dict[str, Any], from_file: set[str], config: str) -> dict[st
     for key, value in values.items():
         where = {"field": _field_name(key, from_file), "source": config if key in from_file else None}
         out[key] = None if value is None and key in OPTIONAL_KEYS else CHECKS[key](value, where)
+    if out.get("concurrency") and out.get("max_concurrency"):  # (a point's clients are closed or capped)
+        raise InputError(f"sweep {_field_name('concurrency', from_file)} (closed loop) or "
+                         f"{_field_name('max_concurrency', from_file)} (open loop, capped), not both",
+                         field=_field_name("max_concurrency", from_file),
+                         source=config if "max_concurrency" in from_file else None,
+                         value=",".join(map(str, out["max_concurrency"])), has_value=True)
     # (the sweep crosses the two, leaving out exclusive tiers under write-through: each value swept needs a point)
     inclusions, policies = out.get("tier_inclusion", ()), out.get("offload_policy", ())
     if "exclusive" in inclusions and "on-eviction" not in policies:
@@ -169,8 +175,10 @@ CHECKS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "replicas": lambda v, w: _list(v, lambda item, w: whole_number(number_from_text(item), minimum=1, **w), w),
     "routers": lambda v, w: _list(v, _choice(ROUTERS), w),
     "concurrency": lambda v, w: _list(v, lambda item, w: whole_number(number_from_text(item), minimum=1, **w), w),
+    "max_concurrency": lambda v, w: _list(v, lambda item, w: whole_number(number_from_text(item), minimum=1, **w),
+                                          w),
 }
 # Settings that may be left out (None): the sweep's or the engine's default applies.
 OPTIONAL_KEYS = ("rates", "kv_memory", "prefix_caching", "scheduler", "limit", "max_model_len", "max_num_seqs",
                  "max_batched_tokens", "watermark", "preemption", "cpu_blocks", "calibration", "cpu_kv_memory",
-                 "hybrid_kv", "gpu_memory_utilization", "concurrency")
+                 "hybrid_kv", "gpu_memory_utilization", "concurrency", "max_concurrency")

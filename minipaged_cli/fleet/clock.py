@@ -6,6 +6,13 @@ replica mid-step waits for the step's end, as in vLLM's engine loop.
 The replica whose clock is earliest always runs next, so no replica runs past a moment another one's event
 (a prefill finishing, a transfer landing) could change what it is sent. Cost: a pass per step of each replica,
 as many steps as the requests need, whatever the number of replicas (bulk decode advances included).
+
+``reaction_s``: when a finish may send a request (a session's next turn, a closed-loop client's next request, a
+capped client's queue), at least this long after it, a replica's bulk advance also stops where another replica's
+finish may send one: the earliest moment another one's next pass starts (``Replica.ready_s``; a finish comes at
+a pass's end, a refusal at its start) plus ``reaction_s``, so no request is sent to a replica already past the
+moment it was sent. The steps are the same; bulk advances are cut shorter, the more so the shorter the reaction
+(a closed loop or a binding cap sends at once: the replicas then take turns, a few steps each).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from minipaged_cli.fleet.replica import Replica
 
@@ -20,12 +28,13 @@ from minipaged_cli.fleet.replica import Replica
 class FleetClock:
     """Events at known times (arrivals, landings), and the replicas advanced between them."""
 
-    def __init__(self, replicas: Sequence[Replica]) -> None:
+    def __init__(self, replicas: Sequence[Replica], *, reaction_s: float = math.inf) -> None:
         self.replicas = list(replicas)
-        self.events: list[tuple[float, int, int]] = []  # (time, order, payload): a heap
+        self.reaction_s = reaction_s
+        self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
 
-    def schedule(self, at: float, payload: int) -> None:
+    def schedule(self, at: float, payload: Any) -> None:
         heapq.heappush(self.events, (at, self._order, payload))
         self._order += 1
 
@@ -36,6 +45,9 @@ class FleetClock:
     def advance(self, on_pass: Callable[[Replica], None]) -> None:
         """Run the earliest busy replica one pass at a time until every busy replica has reached the next event
         (which a pass may bring closer: ``on_pass`` may schedule one)."""
+        if self.reaction_s < math.inf:
+            self._advance_looking_ahead(on_pass)
+            return
         while True:
             until = self.next_event_s
             replica = min((r for r in self.replicas if r.has_work and r.now < until), default=None,
@@ -45,7 +57,20 @@ class FleetClock:
             replica.iterate(None if until == math.inf else until)
             on_pass(replica)
 
-    def pop_due(self) -> tuple[float, list[int]]:
+    def _advance_looking_ahead(self, on_pass: Callable[[Replica], None]) -> None:
+        """``advance``, the replica whose next pass starts earliest first, each up to the others' next start plus
+        the reaction time."""
+        while True:
+            until = self.next_event_s
+            ready = sorted((r.ready_s, r.index, r) for r in self.replicas if r.has_work and r.ready_s < until)
+            if not ready:
+                return
+            horizon = min(until, ready[1][0] + self.reaction_s) if len(ready) > 1 else until
+            replica = ready[0][2]
+            replica.iterate(None if horizon == math.inf else horizon)
+            on_pass(replica)
+
+    def pop_due(self) -> tuple[float, list[Any]]:
         """The earliest time and the payloads of every event then, in the order scheduled ([] when none is left)."""
         if not self.events:
             return math.inf, []

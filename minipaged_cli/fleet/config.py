@@ -7,13 +7,14 @@ import math
 from dataclasses import dataclass, field
 
 from minipaged_cli.errors import InputError, did_you_mean
+from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, positive_number, whole_number
 
-ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "weighted")
+ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity", "weighted")
 PREFIX_INDEXES = ("precise", "approximate")  # llm-d's two prefix scorers
-WEIGHT_NAMES = ("prefix", "queue", "kv")
+WEIGHT_NAMES = ("prefix", "queue", "kv", "session")
 ROLES = ("mixed", "prefill", "decode")
 DEFAULT_WEIGHTS = (("prefix", 2.0), ("queue", 1.0), ("kv", 1.0))  # llm-d's default scorer weights
 DEFAULT_INDEX_CAPACITY = 1 << 20  # blocks the approximate index remembers
@@ -23,7 +24,8 @@ DEFAULT_INDEX_CAPACITY = 1 << 20  # blocks the approximate index remembers
 class RouterConfig:
     """Which replica takes a request: ``name`` (``ROUTERS``); ``prefix_index``: what a prefix score reads, the
     replicas' published KV events (``precise``) or the router's own LRU index of what it sent where
-    (``approximate``, ``index_capacity`` blocks); ``weights`` of the ``weighted`` scorer."""
+    (``approximate``, ``index_capacity`` blocks); ``weights`` of the ``weighted`` scorer (``session``: llm-d's
+    session-affinity scorer, 1 for the replica that answered the session's last turn, 0 for the others)."""
 
     name: str = "round-robin"
     prefix_index: str = "precise"
@@ -49,6 +51,11 @@ class RouterConfig:
     @property
     def reads_prefixes(self) -> bool:
         return self.name == "prefix-aware" or (self.name == "weighted" and dict(self.weights).get("prefix", 0) > 0)
+
+    @property
+    def reads_sessions(self) -> bool:
+        return self.name == "session-affinity" or (self.name == "weighted"
+                                                   and dict(self.weights).get("session", 0) > 0)
 
     def to_dict(self) -> dict[str, object]:
         document: dict[str, object] = {"name": self.name}
@@ -121,7 +128,8 @@ class FleetConfig:
     """Pools of replicas behind one router. P/D disaggregation: a ``prefill`` pool and a ``decode`` pool (no mixed
     one) and the ``kv_link`` between them; prompts of at most ``prefill_threshold`` tokens prefill on their decode
     replica (BLIS's prefix-threshold decider). ``shared_kv_store``: the tiers below the GPUs are one store shared
-    by every replica (``fleet/shared_store.py``)."""
+    by every replica (``fleet/shared_store.py``). The pools' engine configs name the clients (``sim/clients.py``:
+    open loop, closed loop, capped): one set for the whole fleet, so every pool names the same."""
 
     pools: tuple[ReplicaPool, ...]
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -147,9 +155,17 @@ class FleetConfig:
             raise InputError("P/D disaggregation runs vLLM v1's scheduler without tiers below the GPU",
                              source=self.source, field="pools")
         whole_number(self.prefill_threshold, field="prefill_threshold", source=self.source, minimum=0)
+        if len({pool.config.clients for pool in self.pools}) > 1:
+            raise InputError("the fleet's clients send to every pool: give its pools the same clients",
+                             source=self.source, field="pools")
         if self.shared_kv_store and not all(pool.config.has_tiers for pool in self.pools):
             raise InputError("a shared KV store is the tiers below the GPU: give --cpu-kv-memory",
                              source=self.source, field="shared_kv_store")
+
+    @property
+    def clients(self) -> Clients:
+        """Who sends the requests, and when, fleet-wide."""
+        return self.pools[0].config.clients
 
     @property
     def disaggregated(self) -> bool:

@@ -1,22 +1,28 @@
-"""A fleet's replay: the trace routed over pools of replicas on one clock (``clock.py``), with P/D transfers
-(``disaggregation.py``) and a shared KV store (``shared_store.py``); ``FleetResult`` is what it measured."""
+"""A fleet's replay: the trace's requests, sent by its clients (``sim/clients.py``: open loop, closed loop, capped;
+sessions' turns when what they wait for has finished), routed over pools of replicas on one clock (``clock.py``),
+with P/D transfers (``disaggregation.py``) and a shared KV store (``shared_store.py``); ``FleetResult`` is what it
+measured."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.clock import FleetClock
 from minipaged_cli.fleet.config import FleetConfig
 from minipaged_cli.fleet.disaggregation import KvTransfers, RemoteKv, transfer_bytes
 from minipaged_cli.fleet.replica import Replica
-from minipaged_cli.fleet.report import FleetFigures, RequestRecord, fleet_figures
+from minipaged_cli.fleet.report import FleetFigures, RequestRecord, fleet_figures, makespan_s
 from minipaged_cli.fleet.routers import Decision, Router
 from minipaged_cli.fleet.shared_store import share_tiers
+from minipaged_cli.sim.clients import Arrivals
 from minipaged_cli.sim.replay import check_capacity
 from minipaged_cli.sim.scheduler import content_keys
-from minipaged_cli.workloads.trace import Trace
+from minipaged_cli.sim.session_report import session_metrics
+from minipaged_cli.workloads.trace import Request, Trace
+
+SEND, DONE, LAND = "send", "done", "land"  # the clock's events (``Fleet.run``)
 
 
 @dataclass
@@ -31,23 +37,26 @@ class FleetResult:
     decisions: list[Decision] = field(default_factory=list)
     router: dict[str, int] = field(default_factory=dict)  # the routers' own figures (``Router.figures``)
     records: list[RequestRecord] = field(default_factory=list, repr=False)  # per request of the trace
+    arrivals: Arrivals | None = field(default=None, repr=False)  # the clients: when each was sent, finished
 
     def to_dict(self) -> dict[str, Any]:
         return self.figures.to_dict(self.fleet, self.transfers, self.decisions, self.router)
 
 
 class Fleet:
-    """The replicas of every pool, their routers, the P/D link; ``run`` replays a trace over them."""
+    """The replicas of every pool, their routers, the P/D link, the clients; ``run`` replays a trace over them.
+
+    The clients are ``simulate``'s (``sim.clients.Arrivals``), driven by the fleet's clock: a request is sent (and
+    routed) when they send it, and they hear a request is done when the replica that ran it finished or refused
+    it (under P/D, its decode), at that moment on the fleet's clock, so a session's next turn, a closed-loop
+    client's next request or a capped client's queued one is sent then, plus its delay.
+    """
 
     def __init__(self, trace: Trace, fleet: FleetConfig) -> None:
         self.trace = trace
         self.config = fleet
         self.replicas: list[Replica] = []
         pools: dict[str, list[Replica]] = {}
-        if trace.turns or any(pool.config.clients.kind != "open" for pool in fleet.pools):
-            # a router sends each request at its time in the trace; turns sent when earlier ones finish are not yet
-            raise InputError("a fleet replays requests at their arrival times: sessions and closed-loop or capped "
-                             "clients run on one engine", field="--replicas")
         for pool in fleet.pools:
             check_capacity(trace, pool.config, ("paged",))
             for _ in range(pool.num_replicas):
@@ -66,37 +75,59 @@ class Fleet:
                 replica.replay.scheduler.tiers = RemoteKv(fleet.prefill_threshold)  # type: ignore[assignment]
         self.decisions: list[Decision] = []
         self.records = [RequestRecord(r.arrival_s, r.output_tokens) for r in trace.requests]
-        self.clock = FleetClock(self.replicas)
+        self.arrivals = Arrivals(trace, fleet.clients)
+        self.sessions = [link.session if (link := trace.turns.get(r.id)) else None for r in trace.requests]
+        self.routed: list[list[tuple[Router, Replica]]] = [[] for _ in trace.requests]  # (P/D: entry, decode)
+        self.prompt_cached: dict[int, int] = {}  # P/D: the prefix hit of a prompt its prefill replica ran
+        # A finish may send a request: the clock must not let a replica run past it (``clock.py``), and the
+        # clients hear it at its moment on the clock. Otherwise they hear it as soon as it is known, which leaves
+        # the replicas' bulk advances whole.
+        self.reacts = self.arrivals.min_reaction_s < math.inf
+        self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s)
+        self.arrivals_at = math.inf  # when the clock's pending "send" event is
 
     def run(self) -> FleetResult:
-        """Arrivals join the clock one at a time (the next when one is routed); landings when their transfer is
-        issued. Event payloads: a request's index (arrival), or -1 - index (its KV landing)."""
-        requests, clock = self.trace.requests, self.clock
-        clock.schedule(requests[0].arrival_s, 0)
+        """At each moment on the clock: the clients hear what finished then, send what is due (each routed at
+        once, in the order sent), then prefills' KV landing then reaches the decode side. Event payloads:
+        ``(SEND,)``, ``(DONE, index, completed, cached tokens)``, ``(LAND, index)``."""
+        clock = self.clock
+        self._schedule_send()
         while True:
             clock.advance(self._finished)
             at, due = clock.pop_due()
             if not due:
                 break
-            for payload in due:
-                if payload >= 0:  # every request arriving now, in trace order, before any replica steps
-                    index = payload
-                    while index < len(requests) and requests[index].arrival_s == at:
-                        self._route(index, at)
-                        index += 1
-                    if index < len(requests):
-                        clock.schedule(requests[index].arrival_s, index)
-                else:
-                    self._land(-payload - 1, at)
+            if at >= self.arrivals_at:
+                self.arrivals_at = math.inf
+            for event in due:
+                if event[0] == DONE:
+                    self._client_done(*event[1:], at)
+            for index, request in self.arrivals.due(at):
+                self.records[index].arrival_s = request.arrival_s
+                self._route(index, request, at)
+            for event in due:
+                if event[0] == LAND:
+                    self._land(event[1], at)
+            self._schedule_send()
+        assert not self.arrivals.has_pending, "a request was never sent: the clients missed a finish"
         routers = [self.entry] if self.decode is None else [self.entry, self.decode]
         figures = {name: sum(router.figures().get(name, 0) for router in routers)
                    for name in self.entry.figures()}
-        return FleetResult(self.trace, self.config, self.replicas,
-                           fleet_figures(self.replicas, self.records, self.transfers), self.transfers,
-                           self.decisions, figures, self.records)
+        figures_of = fleet_figures(self.replicas, self.records, self.transfers)
+        if self.trace.sessions or self.config.clients.kind != "open":
+            figures_of.sessions = session_metrics(self.trace, self.arrivals, self.config.clients,
+                                                  makespan_s(self.records))
+        return FleetResult(self.trace, self.config, self.replicas, figures_of, self.transfers,
+                           self.decisions, figures, self.records, self.arrivals)
 
-    def _route(self, fleet_index: int, at: float) -> None:
-        request = self.trace.requests[fleet_index]
+    def _schedule_send(self) -> None:
+        """Put the clients' next send on the clock (once: an earlier one replaces a later one in effect)."""
+        next_s = self.arrivals.next_arrival_s
+        if next_s is not None and next_s < self.arrivals_at:
+            self.clock.schedule(next_s, (SEND,))
+            self.arrivals_at = next_s
+
+    def _route(self, fleet_index: int, request: Request, at: float) -> None:
         local = self.decode is not None and request.prompt_tokens <= self.config.prefill_threshold
         router = self.decode if local else self.entry
         replica = self._choose(router, fleet_index, at)
@@ -110,22 +141,41 @@ class Fleet:
         block_size = router.replicas[0].config.block_size
         hashes = content_keys(request, fleet_index, 0, self.trace.segments, block_size)[
             :request.prompt_tokens // block_size] if router.needs_block_hashes else []
-        replica, decision = router.choose(fleet_index, hashes, at)
+        replica, decision = router.choose(fleet_index, hashes, at, self.sessions[fleet_index])
+        self.routed[fleet_index].append((router, replica))
         if self.config.log_decisions:
             self.decisions.append(decision)
         return replica
 
     def _finished(self, replica: Replica) -> None:
-        """After a replica's pass: note what finished; a prefill replica's finished prompts start their transfers."""
+        """After a replica's pass: note what finished; a prefill replica's finished prompts start their transfers;
+        the clients hear what is done when the clock reaches its finish."""
         for live, finish_s in replica.take_finished():
             fleet_index = replica.fleet_indices[live.request_index]
             record = self.records[fleet_index]
             if replica.role == "prefill" and record.output_tokens > 1:
                 record.prefilled_s = finish_s
                 num_bytes = transfer_bytes(replica.config, live.prompt_tokens)
-                self.clock.schedule(self.transfers.send(num_bytes, finish_s), -fleet_index - 1)
+                self.clock.schedule(self.transfers.send(num_bytes, finish_s), (LAND, fleet_index))
                 continue
             record.finished(live, finish_s)
+        for fleet_index, now, completed, cached in replica.take_done():
+            if replica.role == "prefill" and completed and self.records[fleet_index].output_tokens > 1:
+                self.prompt_cached[fleet_index] = cached  # (its decode replica finishes it)
+                continue
+            cached = self.prompt_cached.pop(fleet_index, cached)
+            if self.reacts:
+                self.clock.schedule(now, (DONE, fleet_index, completed, cached))
+            else:
+                self._client_done(fleet_index, completed, cached, now)
+
+    def _client_done(self, fleet_index: int, completed: bool, cached_tokens: int, at: float) -> None:
+        """Request ``fleet_index`` is done: its clients hear it; its session's cookie names who answered."""
+        self.arrivals.finished(fleet_index, at, completed=completed, cached_tokens=cached_tokens)
+        session = self.sessions[fleet_index]
+        if completed and session is not None:
+            for router, replica in self.routed[fleet_index]:
+                router.served(session, replica)
 
     def _land(self, fleet_index: int, at: float) -> None:
         """A prefill's KV has landed: the request reaches a decode replica."""

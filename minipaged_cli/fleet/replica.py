@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from minipaged_cli.fleet.kv_events import KvEvents
 from minipaged_cli.sim.accounting import StrategyMetrics
+from minipaged_cli.sim.clients import OPEN_LOOP
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.replay import Replay
@@ -39,20 +40,28 @@ class ReplicaState:
 class RoutedArrivals:
     """The requests a router sent to one replica, as its scheduler's arrivals (``sim.clients.Arrivals``' four
     members): each at the time it reached the replica, in the order sent. The next arrival is never later than
-    ``horizon_s``, the fleet's next event, when the router may send one more."""
+    ``horizon_s``, the fleet's next event, when the router may send one more. ``done`` collects what the
+    scheduler reports finished (local index, time, completed, cached tokens) for the fleet's clients, which
+    hear it on the fleet's clock (``fleet.py``)."""
 
     def __init__(self) -> None:
         self.requests: list[Request] = []
         self.num_sent = 0  # of ``requests``, those handed to the scheduler
         self.horizon_s: float | None = None
+        self.done: list[tuple[int, float, bool, int]] = []
 
     @property
     def has_pending(self) -> bool:
         return self.num_sent < len(self.requests)
 
     @property
+    def own_next_s(self) -> float | None:
+        """The next request the router sent that the scheduler has not yet been handed."""
+        return self.requests[self.num_sent].arrival_s if self.has_pending else None
+
+    @property
     def next_arrival_s(self) -> float | None:
-        own = self.requests[self.num_sent].arrival_s if self.has_pending else None
+        own = self.own_next_s
         if self.horizon_s is None or (own is not None and own <= self.horizon_s):
             return own
         return self.horizon_s
@@ -63,7 +72,7 @@ class RoutedArrivals:
             yield self.num_sent - 1, self.requests[self.num_sent - 1]
 
     def finished(self, index: int, now: float, *, completed: bool, cached_tokens: int) -> None:
-        """(The fleet's clients are open loop: nothing here waits for a finish.)"""
+        self.done.append((index, now, completed, cached_tokens))
 
 
 class Replica:
@@ -73,7 +82,8 @@ class Replica:
     def __init__(self, index: int, config: SimConfig, segments: dict[str, int], num_fleet_requests: int, *,
                  role: str = "mixed", kv_events: bool = False, record_timeline: bool = False) -> None:
         self.index = index
-        self.config = config
+        # The fleet's clients send (``fleet.py``); the replica takes what it is sent when it is sent
+        self.config = config = replace(config, clients=OPEN_LOOP) if config.clients.kind != "open" else config
         self.role = role
         self.arrivals = RoutedArrivals()
         self.requests = self.arrivals.requests  # what the router sent, in the order sent
@@ -109,6 +119,15 @@ class Replica:
     def has_work(self) -> bool:
         return self.replay.scheduler.has_work
 
+    @property
+    def ready_s(self) -> float:
+        """When its next pass does something: now, or while it idles, when its next request reaches it."""
+        scheduler = self.replay.scheduler
+        own = self.arrivals.own_next_s
+        if scheduler.running or scheduler.waiting or own is None:
+            return self.now
+        return max(self.now, own)
+
     def send(self, request: Request, fleet_index: int, at: float) -> None:
         """Hand the replica a request that reaches it at ``at`` (mid-step, it waits for the step's end)."""
         self.requests.append(request if request.arrival_s == at else replace(request, arrival_s=at))
@@ -119,6 +138,11 @@ class Replica:
         if self.events is not None:
             self.events.publish()  # the step before this pass has ended
         self.arrivals.horizon_s = horizon_s
+        self.replay.scheduler.arrive(self.now)  # (the replay's pass queues nothing more at ``now``)
+        if self.arrivals.done:
+            # A request refused on arrival: its client hears it before the step starts, and may send another
+            # that this step takes, as on one engine (``Arrivals.due`` goes on after a refusal)
+            return
         self._before = self._state
         self.replay.iterate()
         self._state = self._read_state()
@@ -153,6 +177,12 @@ class Replica:
         """The sequences finished since the last call, with their finish times (the replica keeps none)."""
         finished, self._finished = self._finished, []
         return finished
+
+    def take_done(self) -> list[tuple[int, float, bool, int]]:
+        """The requests done since the last call (finished or rejected): (fleet index, time, completed, cached
+        prompt tokens)."""
+        done, self.arrivals.done = self.arrivals.done, []
+        return [(self.fleet_indices[index], now, completed, cached) for index, now, completed, cached in done]
 
     def _sample_done(self, live: LiveRequest, now: float) -> None:
         self._finished.append((live, now))

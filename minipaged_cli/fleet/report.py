@@ -19,6 +19,7 @@ import numpy as np
 
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.session_report import SessionMetrics
 from minipaged_cli.units import rounded
 
 if TYPE_CHECKING:
@@ -54,6 +55,12 @@ class RequestRecord:
         self.finish_s = finish_s if self.finish_s is None else max(self.finish_s, finish_s)
 
 
+def makespan_s(records: Sequence[RequestRecord]) -> float:
+    """From the first request's arrival to the last finish."""
+    first_arrival = records[0].arrival_s
+    return max((r.finish_s for r in records if r.finish_s is not None), default=first_arrival) - first_arrival
+
+
 def latency_figures(ttfts: Sequence[float], tpots: Sequence[float]) -> dict[str, float | None]:
     """p50/p99 of TTFT and TPOT (None when there is none), beside ``simulate``'s means."""
     def pct(values: Sequence[float], q: float) -> float | None:
@@ -64,11 +71,12 @@ def latency_figures(ttfts: Sequence[float], tpots: Sequence[float]) -> dict[str,
 
 @dataclass
 class FleetFigures:
-    """Per replica (``simulate``'s fields, plus its role, engine, requests and latency percentiles), and the
-    totals."""
+    """Per replica (``simulate``'s fields, plus its role, engine, requests and latency percentiles), the totals,
+    and with sessions or clients other than open loop what the clients saw (``sim.session_report``)."""
 
     replicas: list[dict[str, Any]]
     totals: dict[str, Any]
+    sessions: SessionMetrics | None = None
 
     def to_dict(self, fleet: FleetConfig, transfers: KvTransfers | None, decisions: list[Decision],
                 router: dict[str, int]) -> dict[str, Any]:
@@ -78,6 +86,8 @@ class FleetFigures:
         if transfers is not None:
             document["kv_link"] = {**transfers.to_dict(self.totals["makespan_s"]),
                                    "prefill_threshold": fleet.prefill_threshold}
+        if self.sessions is not None:
+            document["sessions"] = self.sessions.to_dict()
         if decisions:
             document["decisions"] = [d.to_dict() for d in decisions]
         return document
@@ -105,8 +115,7 @@ def _totals(replicas: list[Replica], metrics: list[StrategyMetrics], records: li
              if r.output_tokens > 1 and r.first_token_s is not None]
     e2e = [r.finish_s - r.arrival_s for r in done]
     normalized = [(r.finish_s - r.arrival_s) / r.output_tokens for r in done]
-    first_arrival = records[0].arrival_s
-    makespan = max((r.finish_s for r in done), default=first_arrival) - first_arrival
+    makespan = makespan_s(records)
     capacities = np.array([replica.replay.allocator.capacity_tokens for replica in replicas], dtype=float)
     totals: dict[str, Any] = {
         name: float(np.average([getattr(m, name) for m in metrics], weights=capacities)) for name in _WEIGHTED}

@@ -3,10 +3,17 @@
 ``round-robin`` cycles; ``least-loaded`` takes the fewest queued requests, then the lowest KV usage, then the
 fewest running; ``prefix-aware`` the longest cached prefix of the request's blocks (``precise``: the replicas' KV
 events; ``approximate``: the router's own index, ``prefix_index.py``) among the replicas with room (no request
-waiting at their last step; all of them when none has room); ``weighted`` the highest sum of weighted
-scores in [0, 1], as llm-d's scorers: prefix (matched / prompt blocks), queue ((max - q) / (max - min) over the
-pool; 1 when all are equal), kv (1 - usage). Ties, which llm-d, SGLang's gateway and Dynamo break at random, go
-to the least loaded, then to the lowest index: every run routes the same way.
+waiting at their last step; all of them when none has room); ``session-affinity`` the replica that answered the
+session's last turn (a first turn, or a request of no session, ties everywhere); ``weighted`` the highest sum of
+weighted scores in [0, 1], as llm-d's scorers: prefix (matched / prompt blocks), queue ((max - q) / (max - min)
+over the pool; 1 when all are equal), kv (1 - usage), session (1 for the replica that answered the session's last
+turn, else 0). Ties, which llm-d, SGLang's gateway and Dynamo break at random, go to the least loaded, then to
+the lowest index: every run routes the same way.
+
+The session score is llm-d's session-affinity scorer: the response carries a cookie naming the endpoint that
+served it, and the next request of the session scores 1.0 there and 0.0 elsewhere; the cookie changes with each
+response, so the score follows the last answer (``served``), not the session's first replica.
+llm-d: llm-d-router, package sessionaffinity::SessionAffinity.Score
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class Router:
         self.next_index = 0  # round-robin's turn
         self.index = ApproximateIndex(config.index_capacity) \
             if config.reads_prefixes and config.prefix_index == "approximate" else None
+        self.last_served: dict[str, int] = {}  # session -> the pool position of the replica of its last answer
 
     def figures(self) -> dict[str, int]:
         """What the router itself holds: the approximate index's entries and how many it forgot."""
@@ -53,8 +61,14 @@ class Router:
     def needs_block_hashes(self) -> bool:
         return self.config.reads_prefixes
 
-    def choose(self, fleet_index: int, block_hashes: Sequence[Hashable], at: float) -> tuple[Replica, Decision]:
-        """The replica that takes request ``fleet_index`` (its prompt's full blocks ``block_hashes``) at ``at``."""
+    def served(self, session: str, replica: Replica) -> None:
+        """A turn of ``session`` was answered by ``replica`` (the cookie its response sets)."""
+        self.last_served[session] = self.replicas.index(replica)
+
+    def choose(self, fleet_index: int, block_hashes: Sequence[Hashable], at: float,
+               session: str | None = None) -> tuple[Replica, Decision]:
+        """The replica that takes request ``fleet_index`` (its prompt's full blocks ``block_hashes``; the session
+        it is a turn of, if any) at ``at``."""
         replicas, name = self.replicas, self.config.name
         if name == "round-robin":
             chosen = self.next_index % len(replicas)
@@ -62,7 +76,7 @@ class Router:
             scores = tuple(float(i == chosen) for i in range(len(replicas)))
         else:
             loads = [(r.queue_depth(at), r.state_at(at).kv_usage, r.state_at(at).num_running) for r in replicas]
-            scores = tuple(self._scores(block_hashes, loads, at))
+            scores = tuple(self._scores(block_hashes, loads, at, self.last_served.get(session, -1)))
             best = max(scores)
             # (a tie within rounding counts as a tie: weighted sums of floats)
             tied = [i for i, score in enumerate(scores) if score >= best - 1e-12]
@@ -72,10 +86,13 @@ class Router:
             self.index.sent(replica.index, block_hashes)
         return replica, Decision(at, fleet_index, replica.index, scores)
 
-    def _scores(self, block_hashes: Sequence[Hashable], loads: list[tuple[int, float, int]],
-                at: float) -> list[float]:
+    def _scores(self, block_hashes: Sequence[Hashable], loads: list[tuple[int, float, int]], at: float,
+                last_served: int) -> list[float]:
         if self.config.name == "least-loaded":
             return [0.0] * len(loads)  # every replica ties: the least loaded wins
+        sessions = [float(i == last_served) for i in range(len(loads))]
+        if self.config.name == "session-affinity":
+            return sessions
         prefix = [self._matched(r, block_hashes, at) for r in self.replicas]
         if self.config.name == "prefix-aware":
             # A replica with requests waiting has no room (vLLM admits whatever fits): the prefix goes elsewhere
@@ -89,7 +106,8 @@ class Router:
         return [weights.get("prefix", 0.0) * (p / len(block_hashes) if block_hashes else 0.0)
                 + weights.get("queue", 0.0) * ((high - q) / (high - low) if high > low else 1.0)
                 + weights.get("kv", 0.0) * (1.0 - usage)
-                for p, (q, usage, _) in zip(prefix, loads, strict=True)]
+                + weights.get("session", 0.0) * session
+                for p, (q, usage, _), session in zip(prefix, loads, sessions, strict=True)]
 
     def _matched(self, replica: Replica, block_hashes: Sequence[Hashable], at: float) -> int:
         if self.index is not None:

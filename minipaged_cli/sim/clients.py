@@ -61,6 +61,9 @@ class Arrivals:
 
     Per request (index in ``trace.requests``): ``due_s`` when the client wanted it sent, ``sent_s`` when it was
     (later only under a cap), ``finish_s`` and ``cached_tokens`` once finished; NaN where it never happened.
+
+    One engine's scheduler drives it (its arrivals); a fleet drives one for all its replicas on the fleet's clock
+    (``fleet/fleet.py``), which reads ``min_reaction_s`` to know how far a replica may run ahead of a finish.
     """
 
     def __init__(self, trace: Trace, clients: Clients) -> None:
@@ -111,6 +114,14 @@ class Arrivals:
         else:
             self.heap = [(r.arrival_s, i) for i, r in enumerate(requests) if not self.unmet[i]]
             heapq.heapify(self.heap)  # (already one: the trace is sorted by arrival)
+        # The least time from a finish to a request it sends (infinite: no finish sends one): a turn's delay after
+        # what it waits for; a closed-loop client's next unit's delays; under a cap that binds, none
+        self.min_reaction_s = min((self.delay_s[i] for i in range(n) if self.unmet[i]), default=math.inf)
+        if self.closed:
+            starts = min((self.delay_s[i] for i in range(n) if not self.unmet[i]), default=math.inf)
+            self.min_reaction_s = min(self.min_reaction_s, starts)
+        if self.cap < n:
+            self.min_reaction_s = 0.0
 
     @property
     def has_pending(self) -> bool:

@@ -105,9 +105,36 @@ def test_fleet_file_pools_have_their_own_engines(tmp_path: Path) -> None:
     assert replicas[2]["num_blocks"] == 16 * 2**30 // (16 * 131_072)  # 128 KiB/token: 32 layers x 8 x 128 x 2 x 2
 
 
-@pytest.mark.parametrize("args", [["tests/data/sessions_chat.yaml"], ["traces/mixed.yaml", "--concurrency", "3"]])
-def test_a_fleet_refuses_sessions_and_closed_loop_clients_in_one_line(args: list[str]) -> None:
-    # a router sends each request at its trace time; a session's turn is sent when the turn before it finished
-    result = runner.invoke(app, ["simulate", *args, "--replicas", "2"])
+@pytest.mark.parametrize(("args", "clients"), [(["tests/data/sessions_chat.yaml"], "open"),
+                                               (["traces/mixed.yaml", "--concurrency", "3"], "closed"),
+                                               (["tests/data/sessions_chat.yaml", "--max-concurrency", "2"], "capped")])
+def test_a_fleet_runs_sessions_and_clients(args: list[str], clients: str) -> None:
+    result = runner.invoke(app, ["simulate", *args, "--replicas", "2", "--router", "session-affinity", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    fleet = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]
+    assert fleet["router"] == {"name": "session-affinity"}
+    assert fleet["sessions"]["clients"] == clients
+    assert fleet["sessions"]["turns_completed"] + fleet["sessions"]["turns_rejected"] <= fleet["completed_requests"] \
+        + fleet["rejected_requests"]
+    assert "Sessions, " + clients in result.stderr  # (the tables go to stderr when the JSON takes stdout)
+
+
+def test_the_weighted_router_takes_a_session_weight() -> None:
+    result = runner.invoke(app, ["simulate", "tests/data/sessions_chat.yaml", "--replicas", "2", "--router",
+                                 "weighted", "--router-weights", "prefix:2,queue:1,session:4", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    router = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]["router"]
+    assert router["weights"] == {"prefix": 2.0, "queue": 1.0, "session": 4.0}
+    result = runner.invoke(app, ["simulate", "tests/data/sessions_chat.yaml", "--replicas", "2", "--router",
+                                 "weighted", "--router-weights", "sesion:4"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "--replicas: a fleet replays requests at their arrival times" in result.stderr
+    assert "weights: 'sesion': unknown scorer (did you mean 'session'?)" in result.stderr
+
+
+def test_a_fleet_file_routes_sessions_with_a_session_weight() -> None:
+    result = runner.invoke(app, ["simulate", "tests/data/sessions_chat.yaml", "--fleet",
+                                 "configs/fleets/session-weighted-4.yaml", "--concurrency", "4", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    fleet = json.loads(result.stdout[result.stdout.index("{"):])["fleet"]
+    assert fleet["router"]["weights"] == {"prefix": 2.0, "queue": 1.0, "kv": 1.0, "session": 3.0}
+    assert fleet["sessions"]["clients"] == "closed" and fleet["sessions"]["max_in_flight"] <= 4
