@@ -3,7 +3,7 @@
 Stepping one decode step at a time costs Python work per token. Between events (an arrival, a completion, an
 admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes, so
 ``BulkAdvance`` advances all those steps at once and integrates the metrics over them. ``replay(bulk=False)`` steps
-one at a time: the reference this fast path is tested against (``tests/test_replay_*.py``).
+one at a time: the reference this fast path is tested against (``tests/sim/test_replay*.py``).
 """
 
 from __future__ import annotations

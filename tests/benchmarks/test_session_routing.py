@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from minipaged_cli.cli.main import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import session_routing  # noqa: E402
 

@@ -17,8 +17,8 @@ from minipaged_cli.sim.replay import simulate
 from minipaged_cli.workloads.sessions import Session, Turn
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
 from tests.session_helpers import CLOCK_GPU, MODEL
-from tests.test_clients import random_requests, sessions_and_clients
-from tests.test_sessions import generated
+from tests.sim.test_clients import random_requests, sessions_and_clients
+from tests.workloads.test_sessions import generated
 
 
 def engine(clients: Clients = OPEN_LOOP, **options: object) -> SimConfig:
