@@ -36,7 +36,7 @@ from types import TracebackType
 
 from benchmarks.lru_reference import TRACES, Request, hit_rate, load_requests
 from benchmarks.replay_cpu import default_config
-from minipaged_cli.sim.config import TIER_INCLUSIONS
+from minipaged_cli.sim.settings import TIER_INCLUSIONS
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace

@@ -73,9 +73,9 @@ class StepOffload:
     def under(cls, cache: PagedKVCache, backend: Backend, config: SimConfig) -> StepOffload:
         """The host tier of ``config`` on a pool of real host memory: the tier's blocks and one step's loads (at
         most the tier's blocks, and no more than the GPU pool holds)."""
-        tier_blocks = config.cpu_kv_blocks
-        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.num_blocks))
-        return cls(pool, config.offload_policy == "write-through", tier_blocks=tier_blocks)
+        tier_blocks = config.tiers.cpu_kv_blocks
+        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.cache.num_blocks))
+        return cls(pool, config.tiers.offload_policy == "write-through", tier_blocks=tier_blocks)
 
     def before_compute(self, work: StepWork, allocator: Allocator) -> None:
         if self.host_holds is None:

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.outputs import STDOUT, write_text
 from minipaged_cli.memory.kv_groups import block_bytes as kv_block_bytes
 from minipaged_cli.sim.accounting import StrategyMetrics
@@ -55,9 +56,10 @@ def kv_format(model: ModelSpec) -> str:
 
 def scheduling(config: SimConfig) -> str:
     """The engine and its limits, as the header names them."""
-    budget = f"{config.max_batched_tokens:,} tokens a step" if config.max_batched_tokens else "whole prompts"
-    caching = "prefix caching" if config.prefix_caching else "no prefix caching"
-    return f"vLLM {config.scheduler} scheduling: {config.max_num_seqs:,} seqs, {budget}, {caching}"
+    engine = config.engine
+    budget = f"{engine.max_batched_tokens:,} tokens a step" if engine.max_batched_tokens else "whole prompts"
+    caching = "prefix caching" if config.cache.prefix_caching else "no prefix caching"
+    return f"vLLM {engine.scheduler} scheduling: {engine.max_num_seqs:,} seqs, {budget}, {caching}"
 
 
 def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:
@@ -67,8 +69,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     header = (
         f"{bold(trace.name)}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
         f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
-        f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
-        f"({format_bytes(config.kv_memory_bytes)}, {escape(capacity_origin)}) · {kv_groups_phrase(config)}"
+        f"capacity {config.kv_capacity_tokens:,} tokens = {config.cache.num_blocks:,} blocks x {config.block_size} "
+        f"({format_bytes(config.kv_memory_bytes)}, {escape(note_line(capacity_origin))}) · {kv_groups_phrase(config)}"
         f"max model len {config.model_len:,} · step times: {escape(step_times(config))}"
     )
     rows = result.strategies
@@ -98,8 +100,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
               service]
     if result.all_full_attention is not None:
         tables.append(_hybrid_table(result))
-    sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
-    if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
+    sharing = config.cache.prefix_caching or any(r.n > 1 for r in trace.requests)
+    if sharing or config.engine.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))
     if result.without_tiers:
         tables += [_tiers_table(result), _tiers_gain_table(result)]
@@ -110,8 +112,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
 
 def vllm_startup_line(config: SimConfig) -> str:
     """The pool as vLLM's startup log reports it (``kv_cache_utils.update_kv_cache_capacity``)."""
-    return (f"vLLM {config.vllm_version}: GPU KV cache size: {config.kv_size_tokens:,} tokens, Maximum concurrency "
-            f"for {config.model_len:,} tokens per request: {config.max_concurrency:.2f}x")
+    return (f"vLLM {config.engine.vllm_version}: GPU KV cache size: {config.kv_size_tokens:,} tokens, Maximum "
+            f"concurrency for {config.model_len:,} tokens per request: {config.max_concurrency:.2f}x")
 
 
 def kv_groups_phrase(config: SimConfig) -> str:
@@ -119,7 +121,7 @@ def kv_groups_phrase(config: SimConfig) -> str:
     if not config.model.is_hybrid:
         return ""
     groups = config.kv_cache_groups
-    if not config.hybrid_kv:
+    if not config.cache.hybrid_kv:
         return "every layer full attention (--no-hybrid-kv) · "
     sliding = sum(g.is_sliding for g in groups)
     return (f"{len(groups)} KV cache groups of {groups[0].num_layers} layers ({sliding} sliding window "
@@ -138,7 +140,7 @@ def _hybrid_table(result: SimulationResult) -> Table:
         table.add_column(name, justify="left" if name == "KV cache" else "right")
     for label, config, m in (("hybrid groups", result.config, result.strategies["paged"]),
                              ("all full attention", full_config, full)):
-        table.add_row(label, f"{config.num_blocks:,}", f"{config.kv_size_tokens:,}", _pct(m.token_state_pct),
+        table.add_row(label, f"{config.cache.num_blocks:,}", f"{config.kv_size_tokens:,}", _pct(m.token_state_pct),
                       _pct(m.free_pct), f"{m.completed_requests:,}", f"{m.num_preemptions:,}",
                       f"{m.mean_batch_size:.1f}", f"{m.throughput_tokens_per_s:,.0f}")
     return table
@@ -146,12 +148,12 @@ def _hybrid_table(result: SimulationResult) -> Table:
 
 def _tiers_table(result: SimulationResult) -> Table:
     """Per strategy and tier below the GPU: hits, what moved over its links, evictions."""
-    config = result.config
-    title = (f"Prefix-cache tiers below the GPU ({config.offload_policy} stores, {config.tier_eviction} eviction, "
-             f"{'layer-by-layer' if config.layerwise_loads else 'whole'} loads"
-             f"{', exclusive' if config.tier_inclusion == 'exclusive' else ''})") if config.prefix_caching else \
+    config, tiers = result.config, result.config.tiers
+    title = (f"Prefix-cache tiers below the GPU ({tiers.offload_policy} stores, {tiers.tier_eviction} eviction, "
+             f"{'layer-by-layer' if tiers.layerwise_loads else 'whole'} loads"
+             f"{', exclusive' if tiers.tier_inclusion == 'exclusive' else ''})") if config.cache.prefix_caching else \
         "The host tier below the GPU"
-    if config.preemption == "swap":  # (v0: the link busy % counts the swaps too)
+    if config.engine.preemption == "swap":  # (v0: the link busy % counts the swaps too)
         title += ", also the swap space"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("strategy", "tier", "capacity", "hit tokens", "hit %", "recomputed", "stored", "loaded",

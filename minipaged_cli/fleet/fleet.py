@@ -47,7 +47,7 @@ class Fleet:
         if trace.turns or any(pool.config.clients.kind != "open" for pool in fleet.pools):
             # a router sends each request at its time in the trace; turns sent when earlier ones finish are not yet
             raise InputError("a fleet replays requests at their arrival times: sessions and closed-loop or capped "
-                             "clients run on one engine", field="--replicas")
+                             "clients run on one engine", field="{replicas}")
         for pool in fleet.pools:
             check_capacity(trace, pool.config, ("paged",))
             for _ in range(pool.num_replicas):
