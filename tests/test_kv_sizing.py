@@ -91,7 +91,7 @@ def test_tokens_and_concurrency_as_the_log_reports_them() -> None:
     blocks, origin, sizing = resolve_num_blocks(QWEN3_14B, l40s, 16, None, "11.57GiB", None)
     assert sizing is None and origin == "--kv-memory 11.57GiB"  # an exact override: no sizing
     assert abs(blocks - 75_824 // 16) <= 2
-    config = SimConfig(QWEN3_14B, l40s, num_blocks=75_824 // 16, block_size=16)
+    config = SimConfig.of(QWEN3_14B, l40s, num_blocks=75_824 // 16, block_size=16)
     assert config.kv_size_tokens == 75_824
     assert round(config.max_concurrency, 2) == 1.85
 
@@ -153,7 +153,7 @@ def _default_pool(model_name: str, gpu_name: str, version: str) -> tuple[int, in
     block_size = resolve_block_size(None, model, gpu, "v1", version)
     blocks, _, sizing = resolve_num_blocks(model, gpu, block_size, None, None, None, vllm_version=version)
     assert sizing is not None
-    config = SimConfig(model=model, gpu=gpu, num_blocks=blocks, block_size=block_size, vllm_version=version)
+    config = SimConfig.of(model=model, gpu=gpu, num_blocks=blocks, block_size=block_size, vllm_version=version)
     return block_size, blocks, config.kv_size_tokens, sizing.kv_memory_bytes / 2**30, config.max_concurrency
 
 

@@ -156,8 +156,8 @@ def run_command(
     engine = EngineSettings(scheduler=scheduler, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
                             max_batched_tokens=max_batched_tokens, watermark=watermark)
     cpu_kv_blocks = tier_blocks(cpu_kv_memory, spec, block_size, "{cpu_kv_memory}", hybrid=False)
-    tier_settings = TierSettings(cpu_kv_blocks=cpu_kv_blocks, offload_policy=offload_policy, tier_eviction=tier_eviction,
-                                 tier_inclusion=tier_inclusion)
+    tier_settings = TierSettings(cpu_kv_blocks=cpu_kv_blocks, offload_policy=offload_policy,
+                                 tier_eviction=tier_eviction, tier_inclusion=tier_inclusion)
     cache = CacheSettings(blocks, block_size, prefix_caching=prefix_caching, hybrid_kv=False)
     config = SimConfig(spec, gpu_spec, cache, engine, tier_settings, max_model_len=max_model_len)
 

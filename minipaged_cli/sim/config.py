@@ -238,8 +238,8 @@ class SimConfig:
 
     @property
     def prefill_token_limit(self) -> int:
-        """Prompt tokens one step may prefill: the chunked-prefill budget, else vLLM v0's unchunked default."""
-        return self.engine.max_batched_tokens or max(self.model_len, 2048)
+        """``EngineSettings.prefill_token_limit`` for this model length."""
+        return self.engine.prefill_token_limit(self.model_len)
 
     def allocator(self, strategy: str) -> Allocator:
         """A fresh allocator of ``strategy`` on this capacity."""

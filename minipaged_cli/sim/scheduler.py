@@ -88,8 +88,7 @@ class Scheduler:
         self.engine = engine
         self.cache = cache
         self.model_len = model_len
-        # Prompt tokens one step may prefill: the chunked-prefill budget, else vLLM v0's unchunked default
-        self.prefill_token_limit = engine.max_batched_tokens or max(model_len, 2048)
+        self.prefill_token_limit = engine.prefill_token_limit(model_len)
         self.swap_blocks = swap_blocks
         self.allocator = allocator
         self.accounting = accounting

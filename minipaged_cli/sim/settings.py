@@ -95,6 +95,10 @@ class EngineSettings:
     def v1(self) -> bool:
         return self.scheduler == "v1"
 
+    def prefill_token_limit(self, model_len: int) -> int:
+        """Prompt tokens one step may prefill: the chunked-prefill budget, else vLLM v0's unchunked default."""
+        return self.max_batched_tokens or max(model_len, 2048)
+
 
 @dataclass(frozen=True)
 class CacheSettings:
