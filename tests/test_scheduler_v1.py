@@ -133,7 +133,7 @@ def test_defaults_are_vllm_serves(tiny_model: ModelSpec) -> None:
 
 
 def test_swap_is_v0_only(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
-    with pytest.raises(InputError, match=r"--preemption.*recompute only"):
+    with pytest.raises(InputError, match=r"preemption.*recompute only"):
         SimConfig.of(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10)
     SimConfig.of(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10, scheduler="v0")
 

@@ -93,7 +93,7 @@ def test_capacity_too_small_for_any_request_is_bad_input(tiny_model: ModelSpec, 
     config = SimConfig.of(tiny_model, clock_gpu, num_blocks=2, block_size=2, max_model_len=64)
     with pytest.raises(InputError, match="too small for any request under paged"):
         simulate(trace_of((0.0, 30, 10)), config, ("paged",))
-    with pytest.raises(InputError, match="--max-model-len"):
+    with pytest.raises(InputError, match="max_model_len"):
         simulate(trace_of((0.0, 60, 10)), config, ("paged",))
     with pytest.raises(InputError, match="did you mean 'paged'"):
         simulate(trace_of((0.0, 1, 1)), config, ("pagd",))

@@ -132,7 +132,7 @@ def test_swap_moves_the_victims_kv_out_and_back(tiny_model: ModelSpec, clock_gpu
     recompute = replay(trace, v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16),
                        "paged", bulk=False)
     assert recompute.num_swaps == 0 and recompute.swap_out_bytes == 0 and recompute.num_preemptions >= 1
-    with pytest.raises(InputError, match="--cpu-blocks"):
+    with pytest.raises(InputError, match="cpu_blocks"):
         v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, preemption="swap")
 
 
