@@ -98,7 +98,7 @@ def test_simulate_compares_with_every_layer_full(clock_gpu: GpuSpec) -> None:
 def test_v0_has_no_hybrid_manager(clock_gpu: GpuSpec) -> None:
     with pytest.raises(InputError, match="hybrid_kv=False"):
         SimConfig.of(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0", hybrid_kv=True)
-    assert not SimConfig.of(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0").hybrid_kv
+    assert not SimConfig.of(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0").cache.hybrid_kv
 
 
 @settings(max_examples=8, deadline=None)

@@ -29,7 +29,7 @@ from minipaged_cli.cli.main import app
 from minipaged_cli.cli.sweep import capacity_notes, capacity_table
 from minipaged_cli.memory.contiguous import OracleReserveAllocator
 from minipaged_cli.memory.paged import PagedAllocator
-from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig
+from minipaged_cli.sim.config import CONCERNS, DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
@@ -209,7 +209,8 @@ def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
                              block_size=points[0].block_size,
                              prefix_caching=points[0].prefix_caching, max_num_seqs=8)
     assert config == reference
-    shared = {f.name for f in fields(Settings)} & {f.name for f in fields(SimConfig)}
+    settings = {f.name for kind in (SimConfig, *CONCERNS.values()) for f in fields(kind)} - set(CONCERNS)
+    shared = {f.name for f in fields(Settings)} & settings
     assert shared == {"calibration"}  # a path here, the loaded table there: no engine field written twice
 
 

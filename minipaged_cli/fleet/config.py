@@ -143,7 +143,8 @@ class FleetConfig:
         if disaggregated and self.kv_link is None:
             raise InputError("a prefill and a decode pool need a KV link between them (bandwidth, latency)",
                              source=self.source, field="kv_link")
-        if disaggregated and any(pool.config.scheduler != "v1" or pool.config.tiers.has_tiers for pool in self.pools):
+        if disaggregated and any(pool.config.engine.scheduler != "v1" or pool.config.tiers.has_tiers
+                                 for pool in self.pools):
             raise InputError("P/D disaggregation runs vLLM v1's scheduler without tiers below the GPU",
                              source=self.source, field="pools")
         whole_number(self.prefill_threshold, field="prefill_threshold", source=self.source, minimum=0)
