@@ -15,8 +15,6 @@ FLAGS = {
     "watermark": "--watermark",
     "preemption": "--preemption",
     "long_prefill_token_threshold": "--long-prefill-threshold",
-    "cache_aware_admission_window": "--cache-aware-admission-window",
-    "cache_aware_admission_threshold": "--cache-aware-admission-threshold",
     # the KV cache (CacheSettings) and how it is sized (sim/kv_sizing.py)
     "num_blocks": "--num-blocks",
     "block_size": "--block-size",

@@ -83,13 +83,9 @@ class Scheduler:
 
     def __init__(self, trace: Trace, engine: EngineSettings, cache: CacheSettings, allocator: Allocator,
                  accounting: Accounting, *, model_len: int, clients: Clients = OPEN_LOOP, swap_blocks: int = 0) -> None:
-        """``engine`` and ``cache`` as ``SimConfig`` resolved them (no limit left None but v0's
-        ``max_batched_tokens``); ``swap_blocks``: v0's swap space (``SimConfig.swap_blocks``)."""
-        self.engine = engine
-        self.cache = cache
-        self.model_len = model_len
+        self.engine, self.cache, self.model_len = engine, cache, model_len  # as SimConfig resolved them
         self.prefill_token_limit = engine.prefill_token_limit(model_len)
-        self.swap_blocks = swap_blocks
+        self.swap_blocks = swap_blocks  # v0's swap space (SimConfig.swap_blocks)
         self.allocator = allocator
         self.accounting = accounting
         self.arrivals = Arrivals(trace, clients)  # who sends what when (sim/clients.py)
