@@ -45,7 +45,8 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.outputs import check_outputs
-from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
+from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, write_json
+from minipaged_cli.cli.render_dataplane import profile_detail, profile_table
 from minipaged_cli.cli.sweep_options import CHECKS
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION

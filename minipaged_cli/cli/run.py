@@ -46,7 +46,8 @@ from minipaged_cli.cli.common import (
 from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
-from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
+from minipaged_cli.cli.render import ReplayProgress, bold, write_json
+from minipaged_cli.cli.render_dataplane import run_table
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
