@@ -17,7 +17,7 @@ from typing import Any
 SETTING_REFERENCE = re.compile(r"\{([a-z][a-z0-9_]*)(?:=([^{}]+))?\}")
 
 # How a reference reads: (setting, value or None) -> text.
-Namer = Callable[[str, "str | None"], str]
+Namer = Callable[[str, str | None], str]
 
 
 def setting_name(setting: str, value: str | None) -> str:
