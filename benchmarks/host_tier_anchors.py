@@ -132,7 +132,7 @@ def main() -> None:
                     config = base.with_settings(num_blocks=capacity // base.block_size)
                 else:
                     config = base.with_settings(cpu_kv_blocks=(capacity - gpu_tokens) // base.block_size,
-                                                 offload_policy=policy, tier_inclusion=args.tier_inclusion)
+                                                offload_policy=policy, tier_inclusion=args.tier_inclusion)
                 start = time.process_time()
                 with TierWatch(span_s, 1000 if args.both_tiers else 0) as watch:
                     metrics = replay(paced, config, "paged")

@@ -75,8 +75,8 @@ def run(trace: Trace, base: SimConfig, total: int, policy: str, variants: list[s
         config = base.with_settings(num_blocks=total // base.block_size)
     else:
         config = base.with_settings(offload_policy=policy,
-                                     cpu_kv_blocks=(total - base.cache.num_blocks * base.block_size) // base.block_size,
-                                     tier_inclusion="exclusive" if "exclusive" in variants else "inclusive")
+                                    cpu_kv_blocks=(total - base.cache.num_blocks * base.block_size) // base.block_size,
+                                    tier_inclusion="exclusive" if "exclusive" in variants else "inclusive")
     if "fastlink" in variants:
         config = dataclasses.replace(config, gpu=dataclasses.replace(
             config.gpu, host_bandwidth_bytes_per_s=config.gpu.host_bandwidth_bytes_per_s * 1e6))

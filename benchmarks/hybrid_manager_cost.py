@@ -170,10 +170,9 @@ def main() -> None:
     for _ in range(args.repeat):
         for (manager, label), best in list(seconds.items()):
             seconds[manager, label] = min(best, managers[manager](configs[label], requests, args.running))
+    full_blocks = configs["all full attention"].cache.num_blocks
     print(f"{args.model}: {len(hybrid.kv_cache_groups)} KV cache groups ({hybrid.cache.num_blocks:,} blocks) against "
-          "one "
-          f"({configs['all full attention'].cache.num_blocks:,} blocks); {len(requests)} requests, {args.running} "
-          "at once")
+          f"one ({full_blocks:,} blocks); {len(requests)} requests, {args.running} at once")
     for manager in managers:
         grouped, full = seconds[manager, "KV cache groups"], seconds[manager, "all full attention"]
         print(f"{manager:>12}: groups {grouped:6.3f} s, all full {full:6.3f} s: {grouped / full:.2f}x")

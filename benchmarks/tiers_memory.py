@@ -80,7 +80,7 @@ def main() -> None:
     runs += [(2, "write-through", "arc"), (2, "on-eviction", "lru")]
     for factor, policy, eviction in runs:
         config = base.with_settings(cpu_kv_blocks=factor * args.base, disk_kv_blocks=2 * factor * args.base,
-                                     offload_policy=policy, tier_eviction=eviction)
+                                    offload_policy=policy, tier_eviction=eviction)
         heap = measured(trace, config)
         tiers = heap.run.tiers
         kept = sum(tier.store.num_kept_hashes for tier in tiers.tiers)
