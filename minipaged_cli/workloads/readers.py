@@ -62,9 +62,9 @@ def detect_format(path: Path) -> str:
             return "azure"
         if _length_columns(header) is not None:
             return "lengths-csv"
-        raise InputError(f"unrecognised CSV header {','.join(header)}; pass --format", source=str(path))
-    raise InputError("cannot tell the format from the extension (.yaml, .json, .jsonl, .csv, .txt); pass --format",
-                     source=str(path))
+        raise InputError(f"unrecognised CSV header {','.join(header)}; pass {{trace_format}}", source=str(path))
+    raise InputError("cannot tell the format from the extension (.yaml, .json, .jsonl, .csv, .txt); pass "
+                     "{trace_format}", source=str(path))
 
 
 # A benchmark tool's config, told by its keys (or its command line's options) in its first 64 KB, comments left
@@ -86,7 +86,7 @@ def _config_format(path: Path) -> str:
         return "sharegpt"
     detected = next((name for name, sign in _CONFIG_SIGNS if sign.search(head)), None)
     if detected is None and path.suffix.lower() in (".json", ".txt"):
-        raise InputError("cannot tell which format this is; pass --format", source=str(path))
+        raise InputError("cannot tell which format this is; pass {trace_format}", source=str(path))
     return detected or "yaml"
 
 
