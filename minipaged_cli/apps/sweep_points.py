@@ -42,7 +42,7 @@ ALL_FULL_ATTENTION = "paged-all-full"
 
 @dataclass(frozen=True)
 class Settings:
-    """What every point shares. ``engine``: SimConfig keyword arguments (names from ENGINE_FIELDS); one left out
+    """What every point shares. ``engine``: settings by name (``SimConfig.of``; names from ENGINE_FIELDS); one left out
     keeps SimConfig's default, so the engine's defaults are written in one place."""
 
     seed: int = 0  # the first arrival seed
