@@ -257,7 +257,7 @@ def test_every_load_copies_what_was_stored_under_its_hash(policy: str, inclusion
                            offload_policy=policy, tier_inclusion=inclusion, max_model_len=512, check_invariants=True)
     cache = PagedKVCache(1, num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
     backend = TorchBackend("cpu")
-    offload = StepOffload.under(cache, backend, config_)
+    offload = StepOffload.under(cache, backend, config_.tiers)
     executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
     stored: dict[object, torch.Tensor] = {}
     loads: list[tuple[object, int]] = []

@@ -28,8 +28,8 @@ from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.offload import HostKVPool
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.paged import PagedAllocator
-from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork
+from minipaged_cli.sim.settings import TierSettings
 from minipaged_cli.units import rounded
 
 
@@ -70,12 +70,12 @@ class StepOffload:
         self.loaded_blocks = 0
 
     @classmethod
-    def under(cls, cache: PagedKVCache, backend: Backend, config: SimConfig) -> StepOffload:
-        """The host tier of ``config`` on a pool of real host memory: the tier's blocks and one step's loads (at
-        most the tier's blocks, and no more than the GPU pool holds)."""
-        tier_blocks = config.tiers.cpu_kv_blocks
-        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.cache.num_blocks))
-        return cls(pool, config.tiers.offload_policy == "write-through", tier_blocks=tier_blocks)
+    def under(cls, cache: PagedKVCache, backend: Backend, tiers: TierSettings) -> StepOffload:
+        """The host tier of ``tiers`` on a pool of real host memory: the tier's blocks and one step's loads (at
+        most the tier's blocks, and no more than ``cache``, the GPU pool, holds)."""
+        tier_blocks = tiers.cpu_kv_blocks
+        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, cache.num_blocks))
+        return cls(pool, tiers.offload_policy == "write-through", tier_blocks=tier_blocks)
 
     def before_compute(self, work: StepWork, allocator: Allocator) -> None:
         if self.host_holds is None:

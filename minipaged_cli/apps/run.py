@@ -221,7 +221,7 @@ def run_trace(
     model = config.model
     cache = PagedKVCache(num_layers, config.cache.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          cache_dtype(model.kv_cache_dtype, dtype), backend.device, scale_mode)
-    offload = StepOffload.under(cache, backend, config) if config.tiers.has_tiers else None
+    offload = StepOffload.under(cache, backend, config.tiers) if config.tiers.has_tiers else None
     executor = _Executor(cache, backend, model.num_q_heads, seed, dtype, offload)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)
