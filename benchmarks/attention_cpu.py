@@ -58,7 +58,7 @@ def run_shape() -> tuple[list[int], int, int]:
     from minipaged_cli.workloads.readers import load_trace
 
     model = load_model("qwen3-8b")
-    config = SimConfig(model, load_gpu("h200"), num_blocks_for_memory(parse_bytes(CPU_KV_MEMORY), model, 16))
+    config = SimConfig.of(model, load_gpu("h200"), num_blocks_for_memory(parse_bytes(CPU_KV_MEMORY), model, 16))
     metrics = replay(load_trace(MIXED), config, "paged")
     assert metrics.detail is not None
     return metrics.detail.busiest_seq_lens, model.num_q_heads, model.num_kv_heads
@@ -140,7 +140,7 @@ def run_gbps(dtype: torch.dtype) -> float:
     from minipaged_cli.workloads.readers import load_trace
 
     model = load_model("qwen3-8b")
-    config = SimConfig(model, load_gpu("h200"), num_blocks_for_memory(parse_bytes(CPU_KV_MEMORY), model, 16))
+    config = SimConfig.of(model, load_gpu("h200"), num_blocks_for_memory(parse_bytes(CPU_KV_MEMORY), model, 16))
     report = run_trace(load_trace(MIXED), config, TorchBackend("cpu"), num_layers=CPU_LAYERS, dtype=dtype,
                        max_steps=CPU_MAX_STEPS)
     return report.attention_gbps

@@ -39,7 +39,7 @@ def main() -> None:
     blocks = num_blocks_for_memory(parse_bytes(args.kv_memory), model, DEFAULT_BLOCK_SIZE)
 
     def fleet(num_replicas: int, num_blocks: int) -> FleetConfig:
-        config = SimConfig(model, gpu, num_blocks=num_blocks, max_model_len=args.max_model_len)
+        config = SimConfig.of(model, gpu, num_blocks=num_blocks, max_model_len=args.max_model_len)
         return FleetConfig((ReplicaPool("replicas", num_replicas, config),), RouterConfig(args.router))
 
     runs = {"fleet": fleet(args.replicas, blocks), "single": fleet(1, blocks * args.replicas)}

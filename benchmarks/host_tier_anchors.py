@@ -28,7 +28,6 @@ both: the capacity the two tiers spend on one block. One JSON line per replay wi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -36,8 +35,8 @@ from types import TracebackType
 
 from benchmarks.lru_reference import TRACES, Request, hit_rate, load_requests
 from benchmarks.replay_cpu import default_config
-from minipaged_cli.sim.config import TIER_INCLUSIONS
 from minipaged_cli.sim.replay import replay
+from minipaged_cli.sim.settings import TIER_INCLUSIONS
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace
@@ -114,7 +113,7 @@ def main() -> None:
     requests = load_requests(path)[:args.limit]
     served = served_requests(path, trace)
     base = default_config(MAX_MODEL_LEN, prefix_caching=True, scheduler="v1")
-    gpu_tokens = base.num_blocks * base.block_size
+    gpu_tokens = base.cache.num_blocks * base.block_size
     policies = ["none"] if args.gpu_only else args.offload_policy.split(",")
     print(f"{trace.name}: {trace.num_requests:,} requests; GPU KV {gpu_tokens:,} tokens; {args.tier_inclusion} "
           "host tier (% of prompt tokens)")
@@ -130,10 +129,10 @@ def main() -> None:
             span_s = paced.requests[-1].arrival_s - paced.requests[0].arrival_s
             for policy in policies:
                 if args.gpu_only:
-                    config = dataclasses.replace(base, num_blocks=capacity // base.block_size)
+                    config = base.with_settings(num_blocks=capacity // base.block_size)
                 else:
-                    config = dataclasses.replace(base, cpu_kv_blocks=(capacity - gpu_tokens) // base.block_size,
-                                                 offload_policy=policy, tier_inclusion=args.tier_inclusion)
+                    config = base.with_settings(cpu_kv_blocks=(capacity - gpu_tokens) // base.block_size,
+                                                offload_policy=policy, tier_inclusion=args.tier_inclusion)
                 start = time.process_time()
                 with TierWatch(span_s, 1000 if args.both_tiers else 0) as watch:
                     metrics = replay(paced, config, "paged")
@@ -144,8 +143,8 @@ def main() -> None:
                 found = loaded + 100 * host.recomputed_tokens / metrics.prefix_cache_queries if host else 0.0
                 wait = host.store_wait_s if host else 0.0
                 row = {"trace": args.trace, "time_scale": pace, "total_tokens": capacity,
-                       "gpu_tokens": config.num_blocks * config.block_size, "offload_policy": policy,
-                       "tier_inclusion": config.tier_inclusion,
+                       "gpu_tokens": config.cache.num_blocks * config.block_size, "offload_policy": policy,
+                       "tier_inclusion": config.tiers.tier_inclusion,
                        "gpu_hit_pct": gpu, "host_loaded_pct": loaded, "host_found_pct": found,
                        "sum_loaded_pct": gpu + loaded, "sum_found_pct": gpu + found, "lmcache_pct": lmcache,
                        "lmcache_served_pct": lmcache_served, "lru512_pct": lru, "ttft_mean_s": metrics.mean_ttft_s,

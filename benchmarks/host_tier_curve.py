@@ -74,7 +74,7 @@ def main() -> None:
           f"{'LRU %':>6} {'TTFT mean s':>11} {'TTFT p99 s':>10}")
     for point in sorted(result.rows, key=lambda p: p.sort_key()):
         config = configs[point]
-        tokens = config.kv_capacity_tokens + config.cpu_kv_blocks * config.block_size
+        tokens = config.kv_capacity_tokens + config.tiers.cpu_kv_blocks * config.block_size
         if point.cpu_kv_memory not in reference:
             reference[point.cpu_kv_memory] = 100 * hit_rate(requests, tokens)
         row = result.rows[point]

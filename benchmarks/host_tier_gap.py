@@ -72,11 +72,11 @@ def run(trace: Trace, base: SimConfig, total: int, policy: str, variants: list[s
     unknown = set(variants) - set(VARIANTS)
     assert not unknown, f"unknown variants {unknown}; expected some of {VARIANTS}"
     if "gpuonly" in variants:
-        config = dataclasses.replace(base, num_blocks=total // base.block_size)
+        config = base.with_settings(num_blocks=total // base.block_size)
     else:
-        config = dataclasses.replace(base, offload_policy=policy,
-                                     cpu_kv_blocks=(total - base.num_blocks * base.block_size) // base.block_size,
-                                     tier_inclusion="exclusive" if "exclusive" in variants else "inclusive")
+        config = base.with_settings(offload_policy=policy,
+                                    cpu_kv_blocks=(total - base.cache.num_blocks * base.block_size) // base.block_size,
+                                    tier_inclusion="exclusive" if "exclusive" in variants else "inclusive")
     if "fastlink" in variants:
         config = dataclasses.replace(config, gpu=dataclasses.replace(
             config.gpu, host_bandwidth_bytes_per_s=config.gpu.host_bandwidth_bytes_per_s * 1e6))

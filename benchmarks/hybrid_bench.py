@@ -33,8 +33,8 @@ def main() -> None:
     model, gpu = load_model(args.model), load_gpu("h200")
     trace = load_trace(args.trace, "auto", limit=args.limit)
     num_blocks, _, _ = resolve_num_blocks(model, gpu, DEFAULT_BLOCK_SIZE, None, None, None)  # simulate's default pool
-    hybrid = SimConfig(model, gpu, num_blocks=num_blocks, block_size=DEFAULT_BLOCK_SIZE,
-                       max_model_len=args.max_model_len)
+    hybrid = SimConfig.of(model, gpu, num_blocks=num_blocks, block_size=DEFAULT_BLOCK_SIZE,
+                          max_model_len=args.max_model_len)
     configs = {"hybrid groups": hybrid, "all full attention": hybrid.all_full_attention()}
     seconds, metrics = dict.fromkeys(configs, float("inf")), {}
     for _ in range(args.repeat):
@@ -43,7 +43,7 @@ def main() -> None:
             metrics[label] = replay(trace, config, "paged")
             seconds[label] = min(seconds[label], time.process_time() - start)
     for label, config in configs.items():
-        print(f"{label:>20}: {seconds[label]:6.2f} s CPU (best of {args.repeat}), {config.num_blocks:,} blocks, "
+        print(f"{label:>20}: {seconds[label]:6.2f} s CPU (best of {args.repeat}), {config.cache.num_blocks:,} blocks, "
               f"{metrics[label].completed_requests:,} requests done, "
               f"{metrics[label].throughput_tokens_per_s:,.0f} output tok/s")
     ratio = seconds["hybrid groups"] / seconds["all full attention"]

@@ -75,7 +75,7 @@ def vllm_manager(config: SimConfig) -> KVCacheManager:
                                   sliding_window=group.sliding_window) if group.is_sliding else
                 FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=8, dtype=torch.float16))
         groups.append(KVCacheGroupSpec([f"layer.{g}"], spec))
-    kv_config = KVCacheConfig(num_blocks=config.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups)
+    kv_config = KVCacheConfig(num_blocks=config.cache.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups)
     return KVCacheManager(kv_config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=config.block_size,
                           hash_block_size=config.block_size, max_in_flight_tokens=IN_FLIGHT_TOKENS,
                           enable_caching=True)
@@ -121,7 +121,7 @@ def time_vllm(config: SimConfig, requests: list[tuple[list[int], list[int]]], ru
 
 
 def time_minipaged(config: SimConfig, requests: list[tuple[list[int], list[int]]], running: int) -> float:
-    manager = HybridBlockManager(config.num_blocks, config.block_size, config.kv_cache_groups,
+    manager = HybridBlockManager(config.cache.num_blocks, config.block_size, config.kv_cache_groups,
                                  enable_prefix_caching=True, max_in_flight_tokens=IN_FLIGHT_TOKENS,
                                  max_model_len=MAX_MODEL_LEN)
     block_size = config.block_size
@@ -161,8 +161,8 @@ def main() -> None:
     init_none_hash(sha256)
     model, gpu = load_model(args.model), load_gpu("h200")
     num_blocks, _, _ = resolve_num_blocks(model, gpu, DEFAULT_BLOCK_SIZE, None, None, None)  # simulate's default pool
-    hybrid = SimConfig(model, gpu, num_blocks=num_blocks, block_size=DEFAULT_BLOCK_SIZE,
-                       max_model_len=MAX_MODEL_LEN)
+    hybrid = SimConfig.of(model, gpu, num_blocks=num_blocks, block_size=DEFAULT_BLOCK_SIZE,
+                          max_model_len=MAX_MODEL_LEN)
     configs = {"KV cache groups": hybrid, "all full attention": hybrid.all_full_attention()}
     requests = workload(args.trace, args.limit, seed=0)
     managers = {"vLLM 0.33.0": time_vllm, "minipaged": time_minipaged}
@@ -170,8 +170,9 @@ def main() -> None:
     for _ in range(args.repeat):
         for (manager, label), best in list(seconds.items()):
             seconds[manager, label] = min(best, managers[manager](configs[label], requests, args.running))
-    print(f"{args.model}: {len(hybrid.kv_cache_groups)} KV cache groups ({hybrid.num_blocks:,} blocks) against one "
-          f"({configs['all full attention'].num_blocks:,} blocks); {len(requests)} requests, {args.running} at once")
+    full_blocks = configs["all full attention"].cache.num_blocks
+    print(f"{args.model}: {len(hybrid.kv_cache_groups)} KV cache groups ({hybrid.cache.num_blocks:,} blocks) against "
+          f"one ({full_blocks:,} blocks); {len(requests)} requests, {args.running} at once")
     for manager in managers:
         grouped, full = seconds[manager, "KV cache groups"], seconds[manager, "all full attention"]
         print(f"{manager:>12}: groups {grouped:6.3f} s, all full {full:6.3f} s: {grouped / full:.2f}x")

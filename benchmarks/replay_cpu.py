@@ -3,7 +3,8 @@
 time the same replay under each.
 
 It imports only what every checkout since 0035b67 (the replay before vLLM v1's scheduling) has, so that it runs
-unchanged against an older commit; a checkout without ``SimConfig.scheduler`` replays its only engine.
+unchanged against an older commit (one with flat ``SimConfig`` fields too); a checkout without ``SimConfig.scheduler``
+replays its only engine.
 
     PYTHONPATH=CHECKOUT python benchmarks/replay_cpu.py TRACE REQUESTS MAX_MODEL_LEN|0 PREFIX_CACHING(0|1) SCHEDULER
         [COPIES [KV_BYTES|0]]
@@ -46,12 +47,15 @@ def default_config(max_model_len: int | None, prefix_caching: bool, scheduler: s
     """``minipaged simulate``'s default capacity (or ``kv_memory`` bytes) and engine; ``scheduler`` where the
     checkout has a choice."""
     model, gpu = load_model("qwen3-8b"), load_gpu("h200")
-    fields = {field.name: field for field in dataclasses.fields(SimConfig)}
     if kv_memory is None:
         kv_memory = int(GPU_MEMORY_UTILIZATION * gpu.memory_bytes - model.weight_bytes)
+    num_blocks = num_blocks_for_memory(kv_memory, model, BLOCK_SIZE)
+    settings = {"block_size": BLOCK_SIZE, "max_model_len": max_model_len, "prefix_caching": prefix_caching}
+    if hasattr(SimConfig, "of"):  # settings by concern
+        return SimConfig.of(model, gpu, num_blocks, scheduler=scheduler, **settings)
+    fields = {field.name: field for field in dataclasses.fields(SimConfig)}
     engine = {"scheduler": scheduler} if "scheduler" in fields else {}
-    return SimConfig(model, gpu, num_blocks=num_blocks_for_memory(kv_memory, model, BLOCK_SIZE), block_size=BLOCK_SIZE,
-                     max_model_len=max_model_len, prefix_caching=prefix_caching, **engine)
+    return SimConfig(model, gpu, num_blocks=num_blocks, **settings, **engine)
 
 
 def repeated(trace: Trace, copies: int) -> Trace:

@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     trace = chat_sessions(2000 if args.full else 200, args.turns, args.seed)
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=60_000, max_model_len=40_960)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=60_000, max_model_len=40_960)
     sessions_s, replay = timed_replay(trace, config)
     sent = replay.scheduler.arrivals.sent_s
     flat = Trace(trace.name, tuple(sorted((replace(r, arrival_s=t) for r, t in zip(trace.requests, sent, strict=True)),

@@ -27,8 +27,9 @@ from pathlib import Path
 from replay_cpu import commit_of, cpu_seconds, default_config
 
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import SCHEDULERS, SimConfig
+from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
+from minipaged_cli.sim.settings import SCHEDULERS
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Trace
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import pstats
 import time
 from pathlib import Path
@@ -53,10 +52,10 @@ def main() -> None:
     runs = [("none", "none", base)]
     for index, size in enumerate(sizes):
         disk = args.disk if index == len(sizes) - 1 else "0"
-        runs.append((size, disk, dataclasses.replace(
-            base, cpu_kv_blocks=tier_blocks(size, base.model, base.block_size, "--cpu", hybrid=base.hybrid_kv),
-            disk_kv_blocks=tier_blocks(disk, base.model, base.block_size, "--disk", hybrid=base.hybrid_kv))))
-    print(f"{trace.name}: {trace.num_requests:,} requests, KV {base.num_blocks:,} blocks of {base.block_size}")
+        runs.append((size, disk, base.with_settings(
+            cpu_kv_blocks=tier_blocks(size, base.model, base.block_size, "--cpu", hybrid=base.cache.hybrid_kv),
+            disk_kv_blocks=tier_blocks(disk, base.model, base.block_size, "--disk", hybrid=base.cache.hybrid_kv))))
+    print(f"{trace.name}: {trace.num_requests:,} requests, KV {base.cache.num_blocks:,} blocks of {base.block_size}")
     best = [float("inf")] * len(runs)
     results = {}
     baseline_s = float("inf")

@@ -67,7 +67,8 @@ def main() -> None:
 
     trace = load_trace(args.traces / args.trace).limited(args.limit)
     base = default_config(131072, prefix_caching=True, scheduler="v1")  # prompts up to 126k tokens
-    print(f"{trace.name}: {trace.num_requests:,} requests, GPU KV {base.num_blocks:,} blocks of {base.block_size}; "
+    print(f"{trace.name}: {trace.num_requests:,} requests, GPU KV {base.cache.num_blocks:,} blocks of "
+          f"{base.block_size}; "
           "Python heap (tracemalloc) less the run without tiers on the same GPU pool")
     measured(trace, base)  # (once first: what a replay allocates once and keeps, e.g. caches, is not a tier's)
     without = measured(trace, base)
@@ -78,8 +79,8 @@ def main() -> None:
     runs = [(factor, "write-through", "lru") for factor in (1, 2, 4, 8, 64)]
     runs += [(2, "write-through", "arc"), (2, "on-eviction", "lru")]
     for factor, policy, eviction in runs:
-        config = dataclasses.replace(base, cpu_kv_blocks=factor * args.base, disk_kv_blocks=2 * factor * args.base,
-                                     offload_policy=policy, tier_eviction=eviction)
+        config = base.with_settings(cpu_kv_blocks=factor * args.base, disk_kv_blocks=2 * factor * args.base,
+                                    offload_policy=policy, tier_eviction=eviction)
         heap = measured(trace, config)
         tiers = heap.run.tiers
         kept = sum(tier.store.num_kept_hashes for tier in tiers.tiers)
@@ -87,7 +88,9 @@ def main() -> None:
         if kept:  # (a short --limit may store nothing)
             per_hash.append(held / kept)
         held_per, peak_per = (f"{held / kept:.0f}", f"{peak / kept:.0f}") if kept else ("-", "-")
-        print(f"{config.cpu_kv_blocks:>11,} {config.disk_kv_blocks:>11,} {policy + ', ' + eviction:>22} {kept:>11,} "
+        tiers_set = config.tiers
+        print(f"{tiers_set.cpu_kv_blocks:>11,} {tiers_set.disk_kv_blocks:>11,} {policy + ', ' + eviction:>22} "
+              f"{kept:>11,} "
               f"{len(tiers.output_hashes):>12,} {held / 1e6:>8.1f} {held_per:>6} {peak / 1e6:>8.1f} {peak_per:>6}")
     if per_hash:
         print(f"bytes held per kept hash: {min(per_hash):.0f} to {max(per_hash):.0f}")
@@ -95,13 +98,13 @@ def main() -> None:
     print(f"\n{'GPU blocks':>11} {'touched':>9} {'cached':>9} {'held MB':>8} {'B/touched block over the first':>31}")
     first: tuple[int, int] | None = None
     for factor in (float(value) for value in args.gpu.split(",")):
-        config = dataclasses.replace(base, num_blocks=round(factor * base.num_blocks))
+        config = base.with_settings(num_blocks=round(factor * base.cache.num_blocks))
         heap = measured(trace, config)
         pool = heap.run.allocator.manager.pool
         touched = pool.free_blocks.num_touched
         first = first or (touched, heap.held)
         extra = f"{(heap.held - first[1]) / (touched - first[0]):.0f}" if touched > first[0] else "-"
-        print(f"{config.num_blocks:>11,} {touched:>9,} {len(pool.cached_blocks):>9,} {heap.held / 1e6:>8.1f} "
+        print(f"{config.cache.num_blocks:>11,} {touched:>9,} {len(pool.cached_blocks):>9,} {heap.held / 1e6:>8.1f} "
               f"{extra:>31}")
 
 

@@ -1,11 +1,33 @@
 """The one error type that means "the user's input is wrong" (exit code 2 on the command line), and the hint
-such errors give."""
+such errors give.
+
+The library names the setting that was wrong, never a command-line flag: a ``field`` that is a setting is written
+``{max_num_seqs}`` (a file's field is written as it is: ``pools[0].name``), and a message refers to a setting as
+``{name}`` or ``{name=value}``. The CLI renders those as its flags (``cli/flags.py``: ``--max-num-seqs``,
+``--scheduler v0``); the library's ``str(error)`` as the names (``max_num_seqs``, ``scheduler=v0``)."""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
+
+# A setting referred to in a message: {name} or {name=value} (a value without braces).
+SETTING_REFERENCE = re.compile(r"\{([a-z][a-z0-9_]*)(?:=([^{}]+))?\}")
+
+# How a reference reads: (setting, value or None) -> text.
+Namer = Callable[[str, str | None], str]
+
+
+def setting_name(setting: str, value: str | None) -> str:
+    """A reference as the library writes it: ``max_num_seqs``, ``scheduler=v0``."""
+    return setting if value is None else f"{setting}={value}"
+
+
+def name_settings(text: str, namer: Namer = setting_name) -> str:
+    """``text`` with each ``{setting}`` / ``{setting=value}`` reference written by ``namer``."""
+    return SETTING_REFERENCE.sub(lambda match: namer(match[1], match[2]), text)
 
 
 def did_you_mean(word: str, options: Iterable[Any], cutoff: float = 0.6) -> str:
@@ -17,8 +39,9 @@ def did_you_mean(word: str, options: Iterable[Any], cutoff: float = 0.6) -> str:
 class InputError(ValueError):
     """Bad input: says where (file, request, field), what value, and what to do.
 
-    The CLI prints ``str(error)`` as one line and exits with code 2; the library raises it wherever
-    user-supplied data (a trace, a preset, an option) cannot be used.
+    The CLI prints ``line(its namer)`` as one line and exits with code 2; the library raises it wherever
+    user-supplied data (a trace, a preset, a setting) cannot be used. ``message`` keeps its ``{setting}``
+    references, so that an error re-raised under a file's name still names its settings.
     """
 
     def __init__(
@@ -37,13 +60,15 @@ class InputError(ValueError):
         self.value = value
         self.has_value = has_value
         self.message = message
-        super().__init__(self._line())
+        super().__init__(self.line())
 
-    def _line(self) -> str:
-        parts = [p for p in (self.source, self.where, self.field) if p]
+    def line(self, namer: Namer = setting_name) -> str:
+        """The error as one line, its settings named by ``namer``."""
+        field = name_settings(self.field, namer) if self.field else None
+        parts = [p for p in (self.source, self.where, field) if p]
         if self.has_value:
             parts.append(repr(self.value))
-        parts.append(self.message)
+        parts.append(name_settings(self.message, namer))
         return ": ".join(map(_one_line, parts))
 
 

@@ -22,7 +22,7 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str, *, field: str = "--kv-memory", allow_zero: bool = False) -> int:
+def parse_bytes(text: str, *, field: str = "{kv_memory}", allow_zero: bool = False) -> int:
     """``"12GiB"`` -> 12884901888. Decimal (GB) and binary (GiB) units; a bare number is bytes. ``allow_zero``:
     0 is a size (a tier turned off)."""
     match = _SIZE.match(text)

@@ -161,16 +161,17 @@ class ParityCase:
         """The trace and minipaged's configuration (bad input raises ``InputError``)."""
         trace = load_trace(self.trace, self.trace_format, rate=self.rate, seed=self.seed, limit=self.limit,
                            time_scale=self.time_scale)
-        config = SimConfig(model=load_model(self.model), gpu=load_gpu(self.gpu), num_blocks=self.num_blocks,
-                           block_size=self.block_size, max_model_len=self.max_model_len,
-                           max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
-                           prefix_caching=self.prefix_caching, watermark=self.watermark,
-                           scheduler=self.scheduler, cache_aware_admission_window=self.cache_aware_admission_window,
-                           cache_aware_admission_threshold=self.cache_aware_admission_threshold)
+        config = SimConfig.of(model=load_model(self.model), gpu=load_gpu(self.gpu), num_blocks=self.num_blocks,
+                              block_size=self.block_size, max_model_len=self.max_model_len,
+                              max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
+                              prefix_caching=self.prefix_caching, watermark=self.watermark,
+                              scheduler=self.scheduler, cache_aware_admission_window=self.cache_aware_admission_window,
+                              cache_aware_admission_threshold=self.cache_aware_admission_threshold)
         if config.model_len > config.kv_capacity_tokens:
             # vLLM refuses to start an engine whose pool cannot hold one request of max_model_len
             # (v1/core/kv_cache_planning.py::_check_enough_kv_cache_memory).
-            raise InputError(f"vLLM will not start: {config.num_blocks} blocks of {config.block_size} tokens hold "
+            blocks = config.cache.num_blocks
+            raise InputError(f"vLLM will not start: {blocks} blocks of {config.block_size} tokens hold "
                              f"{config.kv_capacity_tokens} tokens, less than one request of max_model_len; lower "
                              "--max-model-len or raise --num-blocks", field="--max-model-len",
                              value=config.model_len, has_value=True)
@@ -205,7 +206,7 @@ def minipaged_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
             scheduled.update((request_key(r.request_index, r.sample), 1) for r in decision.decoders)
             scheduled.update((request_key(r.request_index, r.sample), c) for r, c in decision.chunks)
         steps.append(StepRecord(replay.now, scheduled, preempted, [], accounting.prefix_cache_queries - queries,
-                                accounting.prefix_cache_hits - hits, config.num_blocks - manager.num_free_blocks))
+                                accounting.prefix_cache_hits - hits, config.cache.num_blocks - manager.num_free_blocks))
         return decision
 
     def recorded_finish(now: float) -> None:
@@ -216,7 +217,7 @@ def minipaged_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
 
     scheduler.schedule, scheduler.finish = recorded_schedule, recorded_finish
     replay.run()
-    return ReplayRecord(steps, config.num_blocks)
+    return ReplayRecord(steps, config.cache.num_blocks)
 
 
 class StepClock:

@@ -59,23 +59,23 @@ def build_scheduler(config: SimConfig) -> Scheduler:
     max model length and prefix caching."""
     max_model_len = config.model_len
     cache_aware = {}
-    if config.cache_aware_admission_window:  # (0.34.0's options; 0.33.0 has none and refuses them)
-        cache_aware = {"cache_aware_admission_window": config.cache_aware_admission_window,
-                       "cache_aware_admission_threshold": config.cache_aware_admission_threshold}
+    if config.engine.cache_aware_admission_window:  # (0.34.0's options; 0.33.0 has none and refuses them)
+        cache_aware = {"cache_aware_admission_window": config.engine.cache_aware_admission_window,
+                       "cache_aware_admission_threshold": config.engine.cache_aware_admission_threshold}
     scheduler_config = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.prefill_token_limit,
-        max_model_len=max_model_len, enable_chunked_prefill=config.max_batched_tokens is not None,
-        watermark=config.watermark, is_encoder_decoder=False,
+        max_num_seqs=config.engine.max_num_seqs, max_num_batched_tokens=config.prefill_token_limit,
+        max_model_len=max_model_len, enable_chunked_prefill=config.engine.max_batched_tokens is not None,
+        watermark=config.engine.watermark, is_encoder_decoder=False,
         # What the CPU platform set, written out (no platform sets it here): synchronous scheduling, one
         # schedule() and then its output, as this replay drives it.
         async_scheduling=False, **cache_aware)
     model_config = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype="float16", seed=0,
                                max_model_len=max_model_len)
-    cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=config.prefix_caching)
+    cache_config = CacheConfig(block_size=config.block_size, enable_prefix_caching=config.cache.prefix_caching)
     # DeviceConfig's device is deprecated in 0.34.0, and still the documented way to name one no platform infers.
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config,
                              device_config=DeviceConfig(device="cpu"))
-    num_blocks = config.num_blocks + 1  # block 0 is the null block
+    num_blocks = config.cache.num_blocks + 1  # block 0 is the null block
     # One layer of one head of size 1: the scheduler counts blocks, never bytes.
     spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_cache_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
@@ -100,7 +100,7 @@ def vllm_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its config warnings are about a real model and device
     scheduler = build_scheduler(config)
     block_hasher = None
-    if config.prefix_caching:
+    if config.cache.prefix_caching:
         hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         block_hasher = get_request_block_hasher(config.block_size, hash_fn)
@@ -166,4 +166,4 @@ def vllm_steps(trace: Trace, config: SimConfig) -> ReplayRecord:
         if scheduled:
             record.duration_s = clock.seconds(decodes, chunks)
             now += record.duration_s
-    return ReplayRecord(steps, config.num_blocks)
+    return ReplayRecord(steps, config.cache.num_blocks)

@@ -22,7 +22,7 @@ def run(trace: Trace, *, clients: Clients = OPEN_LOOP, bulk: bool = True,
     """Replay under ``paged`` (block size 16 unless given, invariants checked); the metrics and the clients."""
     options.setdefault("block_size", 16)
     options.setdefault("num_blocks", 1000)
-    config = SimConfig(MODEL, CLOCK_GPU, check_invariants=True, clients=clients, **options)  # type: ignore[arg-type]
+    config = SimConfig.of(MODEL, CLOCK_GPU, check_invariants=True, clients=clients, **options)  # type: ignore[arg-type]
     replay = Replay(trace, config, config.allocator("paged"), bulk, None)
     metrics = replay.run()
     assert metrics.invariant_violations == 0

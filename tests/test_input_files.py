@@ -200,7 +200,7 @@ def test_a_request_longer_than_the_model_is_rejected_before_its_keys_are_built(t
     # The longest count a trace may hold, under prefix caching (every block keyed): 134 M keys were built before
     # the length was checked. Now it is one rejection, and the other request runs.
     trace = make_trace("t", [Request("a", 0.0, MAX_TOKENS - 1, 1), Request("b", 0.0, 10, 2)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=16, block_size=16, prefix_caching=True)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=16, block_size=16, prefix_caching=True)
     result = replay(trace, config, "paged")
     assert (result.completed_requests, result.rejected_requests) == (1, 1)
 

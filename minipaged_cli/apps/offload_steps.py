@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from minipaged_cli.dataplane.backends import Backend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.dataplane.offload import HostKVPool
-from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork
+from minipaged_cli.sim.settings import TierSettings
 from minipaged_cli.units import rounded
 
 
@@ -67,12 +67,12 @@ class StepOffload:
         self.loaded_blocks = 0
 
     @classmethod
-    def under(cls, cache: PagedKVCache, backend: Backend, config: SimConfig) -> StepOffload:
-        """The host tier of ``config`` on a pool of real host memory: the tier's blocks and one step's loads (at
-        most the tier's blocks, and no more than the GPU pool holds)."""
-        tier_blocks = config.cpu_kv_blocks
-        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, config.num_blocks))
-        return cls(pool, config.offload_policy == "write-through", tier_blocks=tier_blocks)
+    def under(cls, cache: PagedKVCache, backend: Backend, tiers: TierSettings) -> StepOffload:
+        """The host tier of ``tiers`` on a pool of real host memory: the tier's blocks and one step's loads (at
+        most the tier's blocks, and no more than ``cache``, the GPU pool, holds)."""
+        tier_blocks = tiers.cpu_kv_blocks
+        pool = HostKVPool(cache, backend, tier_blocks + min(tier_blocks, cache.num_blocks))
+        return cls(pool, tiers.offload_policy == "write-through", tier_blocks=tier_blocks)
 
     def before_compute(self, work: StepWork) -> None:
         if not self.write_through:

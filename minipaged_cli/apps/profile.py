@@ -105,8 +105,8 @@ def prefix_tokens_lost(trace: Trace, block_size: int) -> int:
 def profile_block_size(trace: Trace, config: SimConfig, block_size: int, kv_memory_bytes: int,
                        progress: Callable[[int], None] | None = None) -> ProfileRow:
     """Replay ``trace`` with the paged strategy at ``block_size`` in ``kv_memory_bytes`` of KV."""
-    num_blocks = num_blocks_for_memory(kv_memory_bytes, config.model, block_size, hybrid=config.hybrid_kv)
-    sized = replace(config, block_size=block_size, num_blocks=num_blocks)
+    num_blocks = num_blocks_for_memory(kv_memory_bytes, config.model, block_size, hybrid=bool(config.cache.hybrid_kv))
+    sized = replace(config, cache=replace(config.cache, block_size=block_size, num_blocks=num_blocks))
     metrics = replay(trace, sized, "paged", progress=progress)
     detail = metrics.detail
     assert detail is not None

@@ -36,7 +36,7 @@ def load_config_file(name_or_path: str) -> dict[str, Any]:
         path = VERIFY_CONFIG_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         names = sorted(p.stem for p in VERIFY_CONFIG_DIR.glob("*.yaml"))
-        raise InputError(f"no such config; configs/verify has {', '.join(names)}", field="--model-config",
+        raise InputError(f"no such config; configs/verify has {', '.join(names)}", field="{model_config}",
                          value=name_or_path, has_value=True)
     source, config = str(path), read_config_file(path)
     if config.get("model_type", "qwen3") != "qwen3":
@@ -91,7 +91,7 @@ def build_random_qwen3(config: dict[str, Any], seed: int, dtype: torch.dtype, de
         if free is not None and need > 0.8 * free:
             raise InputError(f"random weights of {num_params / 1e9:.2f} B parameters need {need / 2**30:.1f} GiB "
                              f"on {where.type}, more than 80 % of its {free / 2**30:.1f} GiB free: use a smaller "
-                             "config (configs/verify has two)", field="--model-config")
+                             "config (configs/verify has two)", field="{model_config}")
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**config, attn_implementation="eager"))
     return model.to(device=device, dtype=dtype).eval()
@@ -113,12 +113,12 @@ def load_qwen3(model_path: Path, dtype: torch.dtype, device: torch.device) -> An
     """A local Hugging Face checkpoint: config.json + *.safetensors. Pickle weights are refused; nothing is
     downloaded."""
     if not (model_path / "config.json").is_file():
-        raise InputError("no config.json in the directory", field="--model-path", value=str(model_path),
+        raise InputError("no config.json in the directory", field="{model_path}", value=str(model_path),
                          has_value=True)
     if not list(model_path.glob("*.safetensors")):
         pickled = [p.name for p in model_path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl")]
         reason = f"only pickle weights ({', '.join(pickled)}), which are refused" if pickled else "no *.safetensors"
-        raise InputError(reason, field="--model-path", value=str(model_path), has_value=True)
+        raise InputError(reason, field="{model_path}", value=str(model_path), has_value=True)
     from transformers import AutoConfig, Qwen3ForCausalLM
 
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)

@@ -219,9 +219,9 @@ def run_trace(
     Bad input (``check_capacity``, as ``simulate``): no request fits ``max_model_len`` or the pool."""
     check_capacity(trace, config, ("paged",))
     model = config.model
-    cache = PagedKVCache(num_layers, config.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
+    cache = PagedKVCache(num_layers, config.cache.num_blocks, model.num_kv_heads, config.block_size, model.head_dim,
                          cache_dtype(model.kv_cache_dtype, dtype), backend.device, scale_mode)
-    offload = StepOffload.under(cache, backend, config) if config.has_tiers else None
+    offload = StepOffload.under(cache, backend, config.tiers) if config.tiers.has_tiers else None
     executor = _Executor(cache, backend, model.num_q_heads, seed, dtype, offload)
     if backend.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(backend.device)

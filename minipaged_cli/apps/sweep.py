@@ -109,13 +109,13 @@ def parse_slo(text: str) -> Slo:
     """``--slo NAME=SECONDS``."""
     name, sep, value = str(text).partition("=")
     if not sep or name.strip() not in SLO_METRICS:
-        raise InputError(f"expected NAME=SECONDS with NAME one of {', '.join(SLO_METRICS)}", field="--slo",
+        raise InputError(f"expected NAME=SECONDS with NAME one of {', '.join(SLO_METRICS)}", field="{slo}",
                          value=text, has_value=True)
     try:
         limit: Any = float(value)
     except ValueError:
         limit = value.strip()  # refused below as not a number
-    return make_slo(name.strip(), limit, field="--slo")
+    return make_slo(name.strip(), limit, field="{slo}")
 
 
 def make_slo(name: str, limit: Any, *, field: str, source: str | None = None) -> Slo:

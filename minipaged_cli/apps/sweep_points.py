@@ -16,6 +16,7 @@ from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import (
+    CONCERNS,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     SimConfig,
     default_prefix_caching,
@@ -23,12 +24,13 @@ from minipaged_cli.sim.config import (
 )
 from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import check_capacity, replay
+from minipaged_cli.sim.settings import EngineSettings
 from minipaged_cli.units import parse_bytes, rounded
 from minipaged_cli.validation import whole_number
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.trace import Trace
 
-# The SimConfig fields a sweep's settings may give, every point the same; the rest are a point's own (model, GPU,
+# The settings (SimConfig.of's names) a sweep may give, every point the same; the rest are a point's own (model, GPU,
 # capacity, block size, prefix caching), the calibration's (read once), or diagnostics.
 ENGINE_FIELDS = ("scheduler", "max_model_len", "max_num_seqs", "max_batched_tokens", "watermark", "preemption",
                  "cpu_blocks", "hybrid_kv")
@@ -40,7 +42,7 @@ ALL_FULL_ATTENTION = "paged-all-full"
 
 @dataclass(frozen=True)
 class Settings:
-    """What every point shares. ``engine``: SimConfig keyword arguments (names from ENGINE_FIELDS); one left out
+    """What every point shares. ``engine``: settings by name (``SimConfig.of``; names from ENGINE_FIELDS); one left out
     keeps SimConfig's default, so the engine's defaults are written in one place."""
 
     seed: int = 0  # the first arrival seed
@@ -53,11 +55,12 @@ class Settings:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engine) - set(ENGINE_FIELDS))
         assert not unknown, f"not engine settings a sweep gives: {unknown}"
-        whole_number(self.seeds, field="--seeds", minimum=1)
+        whole_number(self.seeds, field="{seeds}", minimum=1)
 
     def to_dict(self) -> dict[str, Any]:
         """Every setting, the engine's as given or else SimConfig's default (None where SimConfig resolves it)."""
-        defaults = {f.name: None if f.default is MISSING else f.default for f in fields(SimConfig)}
+        defaults = {f.name: None if f.default is MISSING else f.default
+                    for kind in (SimConfig, *CONCERNS.values()) for f in fields(kind)}
         return {"seed": self.seed, "seeds": self.seeds, **{name: self.engine.get(name, defaults[name])
                                                             for name in ENGINE_FIELDS},
                 "gpu_memory_utilization": self.gpu_memory_utilization, "calibration": self.calibration,
@@ -66,12 +69,12 @@ class Settings:
     @property
     def hybrid_manager(self) -> bool:
         """Whether the hybrid KV cache manager runs: as given, else the engine's default (on under v1)."""
-        return resolve_hybrid_kv(self.engine.get("hybrid_kv"), self.engine.get("scheduler", SimConfig.scheduler))
+        return resolve_hybrid_kv(self.engine.get("hybrid_kv"), self.engine.get("scheduler", EngineSettings.scheduler))
 
     def engine_prefix_caching(self) -> bool:
         """Prefix caching where the sweep leaves it out: the engine's default (v1 on, v0 off), as SimConfig
         resolves it, so that ``sweep`` and ``simulate`` agree."""
-        return default_prefix_caching(self.engine.get("scheduler", SimConfig.scheduler))  # (the field's default)
+        return default_prefix_caching(self.engine.get("scheduler", EngineSettings.scheduler))  # (the field's default)
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ class Point:
     @property
     def host_bytes(self) -> int:
         """The host tier's size in bytes (0: none)."""
-        return parse_bytes(self.cpu_kv_memory or "0", field="--cpu-kv-memory", allow_zero=True)
+        return parse_bytes(self.cpu_kv_memory or "0", field="{cpu_kv_memory}", allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ def prepare(trace: Trace, settings: Settings, points: Iterable[Point]) -> Work:
     configs: dict[Point, SimConfig] = {}
     for point in points:
         if not point.rate > 0:
-            raise InputError("must be > 0", field="--rates", value=point.rate, has_value=True)
+            raise InputError("must be > 0", field="{rates}", value=point.rate, has_value=True)
         if point.curve not in configs:
             configs[point.curve] = config = _config(point, settings, calibration)
             check_capacity(trace, config, (point.replayed_strategy,))
@@ -166,15 +169,15 @@ def _config(point: Point, settings: Settings, calibration: Calibration | None) -
                                           settings.gpu_memory_utilization, hybrid=settings.hybrid_manager,
                                           max_num_batched_tokens=settings.engine.get("max_batched_tokens"),
                                           max_num_seqs=settings.engine.get("max_num_seqs"))
-    config = SimConfig(model=model, gpu=gpu, num_blocks=num_blocks, block_size=point.block_size,
-                       prefix_caching=point.prefix_caching, calibration=calibration,
-                       cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "--cpu-kv-memory",
-                                                 hybrid=settings.hybrid_manager),
-                       offload_policy=point.offload_policy, tier_eviction=point.tier_eviction,
-                       tier_inclusion=point.tier_inclusion,
-                       clients=Clients(concurrency=point.concurrency or None,
-                                       max_concurrency=point.max_concurrency or None),
-                       **settings.engine)
+    config = SimConfig.of(model, gpu, num_blocks, block_size=point.block_size, prefix_caching=point.prefix_caching,
+                          calibration=calibration,
+                          cpu_kv_blocks=tier_blocks(point.cpu_kv_memory, model, point.block_size, "{cpu_kv_memory}",
+                                                    hybrid=settings.hybrid_manager),
+                          offload_policy=point.offload_policy, tier_eviction=point.tier_eviction,
+                          tier_inclusion=point.tier_inclusion,
+                          clients=Clients(concurrency=point.concurrency or None,
+                                          max_concurrency=point.max_concurrency or None),
+                          **settings.engine)
     return config.all_full_attention() if point.strategy == ALL_FULL_ATTENTION else config
 
 

@@ -102,7 +102,7 @@ class RayRunner:
         except (ConnectionError, RuntimeError, ValueError) as error:
             hint = (" (a cluster with token authentication needs its token here: RAY_AUTH_TOKEN or "
                     "~/.ray/auth_token)") if isinstance(error, ConnectionError) else ""
-            raise InputError(f"cannot connect to a Ray cluster: {str(error).splitlines()[0]}{hint}", field="--ray",
+            raise InputError(f"cannot connect to a Ray cluster: {str(error).splitlines()[0]}{hint}", field="{ray}",
                              value=address, has_value=True) from None
 
     def _start_local(self, options: dict[str, Any]) -> None:
@@ -136,7 +136,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise InputError(needs("ray"), field="--ray") from None
+        raise InputError(needs("ray"), field="{ray}") from None
     return ray
 
 
@@ -161,12 +161,12 @@ def check_reachable(address: str) -> None:
 
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise InputError("expected HOST:PORT of a Ray head node (or auto)", field="--ray", value=address,
+        raise InputError("expected HOST:PORT of a Ray head node (or auto)", field="{ray}", value=address,
                          has_value=True)
     try:
         socket.create_connection((host, int(port)), timeout=3).close()
     except OSError as error:
-        raise InputError(f"cannot reach a Ray cluster there: {error.strerror or error}", field="--ray",
+        raise InputError(f"cannot reach a Ray cluster there: {error.strerror or error}", field="{ray}",
                          value=address, has_value=True) from None
 
 

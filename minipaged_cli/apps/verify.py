@@ -123,7 +123,7 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
     FP8_SIGMAS x fp8_sigma."""
     num_layers = len(model.model.layers)
     if not 0 <= layer < num_layers:
-        raise InputError(f"the model has layers 0..{num_layers - 1}", field="--layer", value=layer, has_value=True)
+        raise InputError(f"the model has layers 0..{num_layers - 1}", field="{layer}", value=layer, has_value=True)
     dtype = next(model.parameters()).dtype
     generator = torch.Generator().manual_seed(seed + 1)
     vocab = model.config.vocab_size
@@ -163,7 +163,7 @@ def verify_layer(model: Any, layer: int, prompts: list[list[int]], decode_steps:
     if corrupt == "swap-blocks":
         table = max(state.manager.sequences.values(), key=lambda s: len(s.block_table)).block_table
         if len(table) < 2:
-            raise InputError("swap-blocks needs a prompt longer than one block", field="--seq-lens")
+            raise InputError("swap-blocks needs a prompt longer than one block", field="{seq_lens}")
         table[0], table[1] = table[1], table[0]
     out = state.attend(0, torch.cat(queries), [s for s, _ in rows], [p + 1 for _, p in rows],
                        attention.module.scaling)

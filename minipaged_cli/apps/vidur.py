@@ -29,7 +29,7 @@ def from_vidur(path: Path, model: ModelSpec, gpu: str) -> Calibration:
             rows, header = list(reader), reader.fieldnames or []
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise InputError(f"cannot read: {getattr(error, 'strerror', None) or error}", source=source,
-                         field="--from-vidur") from None
+                         field="{from_vidur}") from None
     for column in (*gemms, *elementwise, "num_tokens"):
         if column not in header:
             raise InputError("missing column (expected Vidur's mlp.csv)", source=source, field=column)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from minipaged_cli.cli.flags import error_line, note_line
 from minipaged_cli.errors import InputError
 from minipaged_cli.extras import FallbackWarning, missing_extra, needs
 from minipaged_cli.sim.calibration import Calibration, load_calibration
@@ -40,7 +41,7 @@ def handle_errors(command: F) -> F:
                 warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
                 return command(*args, **kwargs)
         except InputError as error:
-            stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+            stderr.print(f"error: {error_line(error)}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except (typer.Exit, typer.Abort):
             raise
@@ -62,7 +63,7 @@ def _show_warning(default: Callable[..., None], message: Warning | str, category
                   **kwargs: Any) -> None:
     """A ``FallbackWarning`` as one 'note:' line; any other warning as Python shows it."""
     if issubclass(category, FallbackWarning):
-        stderr.print(f"note: {message}", markup=False, highlight=False, soft_wrap=True)
+        stderr.print(f"note: {note_line(str(message))}", markup=False, highlight=False, soft_wrap=True)
     else:
         default(message, category, *args, **kwargs)
 

@@ -43,8 +43,10 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.outputs import check_outputs
-from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, profile_detail, profile_table, write_json
+from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, write_json
+from minipaged_cli.cli.render_dataplane import profile_detail, profile_table
 from minipaged_cli.cli.sweep_options import CHECKS
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -130,6 +132,7 @@ def profile_command(
     from minipaged_cli.sim.config import SimConfig, resolve_hybrid_kv
     from minipaged_cli.sim.kv_sizing import resolve_num_blocks
     from minipaged_cli.sim.replay import check_capacity
+    from minipaged_cli.sim.settings import CacheSettings, EngineSettings
 
     refuse_options({"--cpu-kv-memory": cpu_kv_memory, "--disk-kv-memory": disk_kv_memory,
                     "--offload-policy": offload_policy, "--tier-eviction": tier_eviction,
@@ -162,10 +165,10 @@ def profile_command(
     dtype_name = dtype or spec.dtype
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
-    base = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=sizes[0], max_model_len=max_model_len,
-                     scheduler=scheduler, max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
-                     watermark=watermark, prefix_caching=prefix_caching, hybrid_kv=hybrid_kv,
-                     vllm_version=vllm_version)
+    engine = EngineSettings(scheduler=scheduler, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
+                            max_batched_tokens=max_batched_tokens, watermark=watermark)
+    cache = CacheSettings(blocks, sizes[0], prefix_caching=prefix_caching, hybrid_kv=hybrid_kv)
+    base = SimConfig(spec, gpu_spec, cache, engine, max_model_len=max_model_len)
     check_capacity(trace, base, ("paged",))
 
     rows = []
@@ -200,8 +203,8 @@ def profile_command(
     device_name = str(backend.device) if backend is not None else "none"
     backend_name = backend.name if backend is not None else "none"
     console.print(f"{bold(trace.name)}: {trace.num_requests} requests · {escape(spec.name)} · {kv_format(spec)}, "
-                  f"{kv_bytes / 2**30:.3g} GiB at every block size ({escape(origin)}) · kernels on {device_name} "
-                  f"({backend_name})")
+                  f"{kv_bytes / 2**30:.3g} GiB at every block size ({escape(note_line(origin))}) · kernels on "
+                  f"{device_name} ({backend_name})")
     console.print(profile_table(rows))
     if backend is not None and backend.name == "emulated":
         console.print("[dim]kernel times are the CPU emulation's: they show the kernels run, not how fast a GPU "

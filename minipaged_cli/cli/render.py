@@ -1,6 +1,7 @@
 """The one place that formats results: Rich tables, JSON documents, progress bars. The library only returns data.
 
-Over 300 lines: every command's tables (simulate's with its tiers and KV cache groups) read best beside each other.
+``simulate``'s tables (with its tiers and KV cache groups) are here; the data-plane commands' (``run``, ``verify``,
+``profile``) in ``render_dataplane.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.outputs import STDOUT, write_text
 from minipaged_cli.memory.kv_groups import block_bytes as kv_block_bytes
 from minipaged_cli.sim.accounting import StrategyMetrics
@@ -56,9 +58,10 @@ def kv_format(model: ModelSpec) -> str:
 
 def scheduling(config: SimConfig) -> str:
     """The engine and its limits, as the header names them."""
-    budget = f"{config.max_batched_tokens:,} tokens a step" if config.max_batched_tokens else "whole prompts"
-    caching = "prefix caching" if config.prefix_caching else "no prefix caching"
-    return f"vLLM {config.scheduler} scheduling: {config.max_num_seqs:,} seqs, {budget}, {caching}"
+    engine = config.engine
+    budget = f"{engine.max_batched_tokens:,} tokens a step" if engine.max_batched_tokens else "whole prompts"
+    caching = "prefix caching" if config.cache.prefix_caching else "no prefix caching"
+    return f"vLLM {engine.scheduler} scheduling: {engine.max_num_seqs:,} seqs, {budget}, {caching}"
 
 
 def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[Any]:
@@ -68,8 +71,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
     header = (
         f"{bold(trace.name)}: {trace.num_requests} requests, {trace.prompt_tokens:,} prompt + "
         f"{trace.output_tokens:,} output tokens · {escape(config.model.name)} on {escape(config.gpu.name)} · KV "
-        f"capacity {config.kv_capacity_tokens:,} tokens = {config.num_blocks:,} blocks x {config.block_size} "
-        f"({format_bytes(config.kv_memory_bytes)}, {escape(capacity_origin)}) · {kv_groups_phrase(config)}"
+        f"capacity {config.kv_capacity_tokens:,} tokens = {config.cache.num_blocks:,} blocks x {config.block_size} "
+        f"({format_bytes(config.kv_memory_bytes)}, {escape(note_line(capacity_origin))}) · {kv_groups_phrase(config)}"
         f"max model len {config.model_len:,} · step times: {escape(step_times(config))}"
     )
     rows = result.strategies
@@ -99,8 +102,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
               service]
     if result.all_full_attention is not None:
         tables.append(_hybrid_table(result))
-    sharing = config.prefix_caching or any(r.n > 1 for r in trace.requests)
-    if sharing or config.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
+    sharing = config.cache.prefix_caching or any(r.n > 1 for r in trace.requests)
+    if sharing or config.engine.preemption == "swap" or any(m.rejection_reasons for m in rows.values()):
         tables.append(_sharing_table(result))
     if result.without_tiers:
         tables += [_tiers_table(result), _tiers_gain_table(result)]
@@ -111,8 +114,8 @@ def simulation_tables(result: SimulationResult, capacity_origin: str) -> list[An
 
 def vllm_startup_line(config: SimConfig) -> str:
     """The pool as vLLM's startup log reports it (``kv_cache_utils.update_kv_cache_capacity``)."""
-    return (f"vLLM {config.vllm_version}: GPU KV cache size: {config.kv_size_tokens:,} tokens, Maximum concurrency "
-            f"for {config.model_len:,} tokens per request: {config.max_concurrency:.2f}x")
+    return (f"vLLM {config.engine.vllm_version}: GPU KV cache size: {config.kv_size_tokens:,} tokens, Maximum "
+            f"concurrency for {config.model_len:,} tokens per request: {config.max_concurrency:.2f}x")
 
 
 def kv_groups_phrase(config: SimConfig) -> str:
@@ -120,7 +123,7 @@ def kv_groups_phrase(config: SimConfig) -> str:
     if not config.model.is_hybrid:
         return ""
     groups = config.kv_cache_groups
-    if not config.hybrid_kv:
+    if not config.cache.hybrid_kv:
         return "every layer full attention (--no-hybrid-kv) · "
     sliding = sum(g.is_sliding for g in groups)
     return (f"{len(groups)} KV cache groups of {groups[0].num_layers} layers ({sliding} sliding window "
@@ -139,20 +142,20 @@ def _hybrid_table(result: SimulationResult) -> Table:
         table.add_column(name, justify="left" if name == "KV cache" else "right")
     for label, config, m in (("hybrid groups", result.config, result.strategies["paged"]),
                              ("all full attention", full_config, full)):
-        table.add_row(label, f"{config.num_blocks:,}", f"{config.kv_size_tokens:,}", _pct(m.token_state_pct),
-                      _pct(m.free_pct), f"{m.completed_requests:,}", f"{m.num_preemptions:,}",
+        table.add_row(label, f"{config.cache.num_blocks:,}", f"{config.kv_size_tokens:,}", pct(m.token_state_pct),
+                      pct(m.free_pct), f"{m.completed_requests:,}", f"{m.num_preemptions:,}",
                       f"{m.mean_batch_size:.1f}", f"{m.throughput_tokens_per_s:,.0f}")
     return table
 
 
 def _tiers_table(result: SimulationResult) -> Table:
     """Per strategy and tier below the GPU: hits, what moved over its links, evictions."""
-    config = result.config
-    title = (f"Prefix-cache tiers below the GPU ({config.offload_policy} stores, {config.tier_eviction} eviction, "
-             f"{'layer-by-layer' if config.layerwise_loads else 'whole'} loads"
-             f"{', exclusive' if config.tier_inclusion == 'exclusive' else ''})") if config.prefix_caching else \
+    config, tiers = result.config, result.config.tiers
+    title = (f"Prefix-cache tiers below the GPU ({tiers.offload_policy} stores, {tiers.tier_eviction} eviction, "
+             f"{'layer-by-layer' if tiers.layerwise_loads else 'whole'} loads"
+             f"{', exclusive' if tiers.tier_inclusion == 'exclusive' else ''})") if config.cache.prefix_caching else \
         "The host tier below the GPU"
-    if config.preemption == "swap":  # (v0: the link busy % counts the swaps too)
+    if config.engine.preemption == "swap":  # (v0: the link busy % counts the swaps too)
         title += ", also the swap space"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("strategy", "tier", "capacity", "hit tokens", "hit %", "recomputed", "stored", "loaded",
@@ -162,9 +165,9 @@ def _tiers_table(result: SimulationResult) -> Table:
     for name, m in result.strategies.items():
         for tier in m.tiers.values():
             table.add_row(name, tier.name, format_bytes(tier.capacity_blocks * block_bytes), f"{tier.hit_tokens:,}",
-                          _pct(tier.hit_pct), f"{tier.recomputed_tokens:,}", format_bytes(tier.stored_bytes),
+                          pct(tier.hit_pct), f"{tier.recomputed_tokens:,}", format_bytes(tier.stored_bytes),
                           format_bytes(tier.loaded_bytes), f"{tier.dropped_stores:,}", f"{tier.evictions:,}",
-                          f"{_pct(tier.write_busy_pct)}/{_pct(tier.read_busy_pct)}")
+                          f"{pct(tier.write_busy_pct)}/{pct(tier.read_busy_pct)}")
     return table
 
 
@@ -176,7 +179,7 @@ def _tiers_gain_table(result: SimulationResult) -> Table:
     for name, without in result.without_tiers.items():
         for label, m in (("without", without), ("with", result.strategies[name])):
             hit = m.prefix_cache_hit_pct + sum(t.hit_pct for t in m.tiers.values())
-            table.add_row(name, label, _pct(hit), f"{_maybe(m.mean_ttft_s, '{:.2f}')}/{_maybe(m.p99_ttft_s, '{:.2f}')}",
+            table.add_row(name, label, pct(hit), f"{_maybe(m.mean_ttft_s, '{:.2f}')}/{_maybe(m.p99_ttft_s, '{:.2f}')}",
                           f"{m.throughput_tokens_per_s:,.0f}", f"{m.makespan_s:,.1f}")
     return table
 
@@ -209,115 +212,10 @@ def _sharing_table(result: SimulationResult) -> Table:
         table.add_column(name, justify="left" if name == "rejected because" else "right")
     for name, m in result.strategies.items():
         reasons = "; ".join(f"{count:,} {reason}" for reason, count in m.rejection_reasons.items()) or "-"
-        table.add_row(name, f"{m.prefix_cache_hits:,} / {m.prefix_cache_queries:,}", _pct(m.prefix_cache_hit_pct),
+        table.add_row(name, f"{m.prefix_cache_hits:,} / {m.prefix_cache_queries:,}", pct(m.prefix_cache_hit_pct),
                       f"{m.num_evictions:,}", f"{m.num_copy_on_writes:,}", f"{m.num_swaps:,}",
                       f"{format_bytes(m.swap_out_bytes)} / {format_bytes(m.swap_in_bytes)}", reasons)
     return table
-
-
-def run_table(report: Any) -> Table:
-    """``minipaged run``'s measurements (an ``apps.run.RunReport``), one per row, with their JSON keys."""
-    table = Table(title=f"Data plane on {report.device} ({report.backend} backend)", title_justify="left",
-                  box=box.SIMPLE_HEAD)
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_column("JSON key", style="dim")
-    rows = [
-        ("steps", f"{report.steps:,}", "steps"),
-        ("prompt tokens written", f"{report.prompt_tokens:,}", "prompt_tokens"),
-        ("decode tokens", f"{report.decode_tokens:,}", "decode_tokens"),
-        ("wall time", f"{report.wall_s:.2f} s", "wall_s"),
-        ("decode throughput", f"{report.decode_tokens_per_s:,.1f} tok/s", "decode_tokens_per_s"),
-        ("decode attention", f"{report.attention_s:.3f} s", "attention_s"),
-        ("  K/V read", f"{report.attention_gbps:.2f} GB/s", "attention_gbps"),
-        ("cache write", f"{report.cache_write_s:.3f} s", "cache_write_s"),
-        ("  K/V written", f"{report.cache_write_gbps:.2f} GB/s", "cache_write_gbps"),
-        (f"token states ({report.averaged_over} steps)", f"{_pct(report.token_state_pct)} %", "token_state_pct"),
-        (f"blocks in use ({report.averaged_over} steps)", f"{_pct(report.kv_cache_usage_perc)} %",
-         "kv_cache_usage_perc"),
-        ("KV pool", format_bytes(report.kv_pool_bytes), "kv_pool_bytes"),
-        ("peak memory", format_bytes(report.peak_memory_bytes), "peak_memory_bytes"),
-        ("preemptions", f"{report.num_preemptions:,}", "num_preemptions"),
-        ("copy-on-write block copies", f"{report.block_copies:,} in {report.copy_s:.3f} s", "block_copies, copy_s"),
-    ]
-    if report.offload is not None:  # the host tier's copies (apps/offload_steps.py)
-        moved = report.offload
-        rows += [(f"KV stored to host ({moved.host_blocks:,} blocks)",
-                  f"{format_bytes(moved.stored_bytes)}, {moved.store_gbps:.2f} GB/s",
-                  "offload.stored_bytes, store_gbps"),
-                 ("KV loaded from host", f"{format_bytes(moved.loaded_bytes)}, {moved.load_gbps:.2f} GB/s",
-                  "offload.loaded_bytes, load_gbps")]
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-def verify_table(report: Any) -> Table:
-    """A row per check of ``minipaged verify`` (a ``verify.VerifyReport``)."""
-    verdict = "[green]all passed[/]" if report.passed else "[bold red]FAILED[/]"
-    table = Table(title=f"Paged attention vs Hugging Face: {verdict}", title_justify="left", box=box.SIMPLE_HEAD)
-    for name, justify in (("check", "left"), ("max abs err", "right"), ("mean abs err", "right"),
-                          ("tolerance", "right"), ("result", "left"), ("tolerance because", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for check in report.checks:
-        result = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
-        table.add_row(check.name, f"{check.max_abs_err:.3g}", f"{check.mean_abs_err:.3g}", f"{check.tolerance:.3g}",
-                      result, check.why)
-    return table
-
-
-def profile_table(rows: list[Any]) -> Table:
-    """A row per block size (``apps.profile.ProfileRow``); the best value of each column in bold green."""
-    table = Table(title="Block sizes on this trace and this KV memory (tail %: unfilled slots of the sequences' last "
-                        "blocks, % of allocated slots; tail tok: the same per sequence, time-weighted, about (B-1)/2; "
-                        "tables: int32 block-table bytes at the peak; attn: the "
-                        "busiest batch)",
-                  title_justify="left", box=box.SIMPLE_HEAD)
-    # (header, value, better: -1 lower, +1 higher, 0 no ranking, format)
-    columns: list[tuple[str, Any, int, str]] = [
-        ("block", lambda r: r.block_size, 0, "{:d}"),
-        ("tail %", lambda r: r.tail_waste_pct, -1, "{:.2f}"),
-        ("tail tok", lambda r: r.mean_tail_waste_tokens, -1, "{:.1f}"),
-        ("tables KiB", lambda r: r.block_table_bytes / 1024, -1, "{:,.1f}"),
-        ("allocs", lambda r: r.num_block_allocations, -1, "{:,d}"),
-        ("tok st %", lambda r: r.metrics.token_state_pct, 1, "{:.1f}"),
-        ("batch", lambda r: r.metrics.mean_batch_size, 1, "{:.1f}"),
-        ("preempt", lambda r: r.metrics.num_preemptions, -1, "{:,d}"),
-        ("tok/s", lambda r: r.metrics.throughput_tokens_per_s, 1, "{:,.0f}"),
-        ("prefix lost", lambda r: r.prefix_tokens_lost, -1, "{:,d}"),
-        ("write µs/tok", lambda r: r.kernel.cache_write_us_per_token if r.kernel else None, -1, "{:.3f}"),
-        ("attn ms", lambda r: r.kernel.attention_us / 1e3 if r.kernel else None, -1, "{:,.2f}"),
-        ("attn GB/s", lambda r: r.kernel.attention_gbps if r.kernel else None, 1, "{:.2f}"),
-    ]
-    for header, *_ in columns:
-        table.add_column(header, justify="right")
-    best = {}
-    for header, value, better, _ in columns:
-        values = [value(r) for r in rows if value(r) is not None]
-        if better and len(rows) > 1 and values and len(set(values)) > 1:
-            best[header] = max(values) if better > 0 else min(values)
-    for row in rows:
-        cells = []
-        for header, value, _, form in columns:
-            v = value(row)
-            text = "-" if v is None else form.format(v)
-            cells.append(f"[bold green]{text}[/]" if header in best and v == best[header] else text)
-        table.add_row(*cells)
-    return table
-
-
-def profile_detail(row: Any) -> list[Any]:
-    """For one block size: the tail waste of completed requests and where the memory went."""
-    from minipaged_cli.apps.profile import tail_waste_histogram
-
-    waste = Table(title=f"Tail waste at completion, block size {row.block_size} (requests per range of tokens)",
-                  title_justify="left", box=box.SIMPLE_HEAD)
-    histogram = tail_waste_histogram(row.final_tail_waste, row.block_size)
-    for label, _ in histogram:
-        waste.add_column(label, justify="right")
-    waste.add_row(*(f"{count:,}" for _, count in histogram))
-    title = f"Where the KV memory goes: % of capacity, time-weighted over {row.metrics.averaged_over} steps"
-    return [waste, memory_table({f"block size {row.block_size}": row.metrics}, title)]
 
 
 def memory_table(rows: dict[str, StrategyMetrics], title: str, show_over: bool = False) -> Table:
@@ -331,13 +229,14 @@ def memory_table(rows: dict[str, StrategyMetrics], title: str, show_over: bool =
     if show_over:
         table.add_column("over")
     for name, m in rows.items():
-        cells = [_pct(m.token_state_pct), _pct(m.reserved_future_pct), _pct(m.internal_frag_pct),
-                 _pct(m.external_frag_pct), _pct(m.free_pct), _pct(m.kv_cache_usage_perc)]
+        cells = [pct(m.token_state_pct), pct(m.reserved_future_pct), pct(m.internal_frag_pct),
+                 pct(m.external_frag_pct), pct(m.free_pct), pct(m.kv_cache_usage_perc)]
         table.add_row(name, *cells, *([m.averaged_over] if show_over else []))
     return table
 
 
-def _pct(value: float) -> str:
+def pct(value: float) -> str:
+    """A percentage as every table writes it."""
     return f"{value:.1f}"
 
 

@@ -43,9 +43,11 @@ from minipaged_cli.cli.common import (
     stdout,
     tables_console,
 )
+from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
-from minipaged_cli.cli.render import ReplayProgress, bold, run_table, write_json
+from minipaged_cli.cli.render import ReplayProgress, bold, write_json
+from minipaged_cli.cli.render_dataplane import run_table
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -119,6 +121,7 @@ def run_command(
     from minipaged_cli.dataplane.select import select_backend
     from minipaged_cli.sim.config import SimConfig, resolve_block_size
     from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
+    from minipaged_cli.sim.settings import CacheSettings, EngineSettings, TierSettings
 
     refuse_options({"--hybrid-kv": hybrid_kv}, "run's data plane keeps one block table for every layer: a sliding-"
                    "window model runs with every layer as full attention (--no-hybrid-kv)")
@@ -151,12 +154,13 @@ def run_command(
     dtype_name = dtype or spec.dtype
     check_dtype(dtype_name)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
-    config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
-                       max_model_len=max_model_len, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                       max_num_seqs=max_num_seqs, watermark=watermark, prefix_caching=prefix_caching,
-                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=False),
-                       offload_policy=offload_policy, tier_eviction=tier_eviction,
-                       tier_inclusion=tier_inclusion, hybrid_kv=False, vllm_version=vllm_version)
+    engine = EngineSettings(scheduler=scheduler, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
+                            max_batched_tokens=max_batched_tokens, watermark=watermark)
+    cpu_kv_blocks = tier_blocks(cpu_kv_memory, spec, block_size, "{cpu_kv_memory}", hybrid=False)
+    tier_settings = TierSettings(cpu_kv_blocks=cpu_kv_blocks, offload_policy=offload_policy,
+                                 tier_eviction=tier_eviction, tier_inclusion=tier_inclusion)
+    cache = CacheSettings(blocks, block_size, prefix_caching=prefix_caching, hybrid_kv=False)
+    config = SimConfig(spec, gpu_spec, cache, engine, tier_settings, max_model_len=max_model_len)
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
@@ -165,7 +169,7 @@ def run_command(
                            scale_mode=kv_scales)
     stored = dtype_name if kv_cache_dtype == "auto" else f"{dtype_name} (KV cache {kv_cache_dtype})"
     header = (f"{bold(trace.name)}: {escape(spec.name)}, {num_layers} of {spec.num_layers} layers, {stored}, "
-              f"{config.kv_capacity_tokens:,} token slots ({escape(origin)}), block size {block_size} · "
+              f"{config.kv_capacity_tokens:,} token slots ({escape(note_line(origin))}), block size {block_size} · "
               f"{report.steps:,} steps" + (f" (stopped at --max-steps {max_steps})" if max_steps and
                                            report.steps >= max_steps else ""))
     console.print(header)

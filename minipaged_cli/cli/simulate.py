@@ -65,6 +65,7 @@ from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_block_size, resolve_hybrid_kv
 from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
 from minipaged_cli.sim.replay import simulate
+from minipaged_cli.sim.settings import CacheSettings, EngineSettings, OutputSettings, TierSettings
 from minipaged_cli.sim.vllm_releases import LATEST_VLLM
 from minipaged_cli.workloads.presets import load_gpu, load_model, with_kv_cache_dtype
 from minipaged_cli.workloads.readers import load_trace
@@ -161,21 +162,20 @@ def simulate_command(
                                                 max_num_seqs=max_num_seqs)
     trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
                        tokenizer=tokenizer)
-    config = SimConfig(model=spec, gpu=gpu_spec, num_blocks=blocks, block_size=block_size,
-                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       max_batched_tokens=max_batched_tokens, prefix_caching=prefix_caching,
-                       preemption=preemption, cpu_blocks=cpu_blocks, watermark=watermark, scheduler=scheduler,
-                       hybrid_kv=hybrid,
-                       long_prefill_token_threshold=long_prefill_threshold,
+    engine = EngineSettings(scheduler=scheduler, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
+                            max_batched_tokens=max_batched_tokens, watermark=watermark, preemption=preemption,
+                            long_prefill_token_threshold=long_prefill_threshold)
+    cache = CacheSettings(blocks, block_size, prefix_caching=prefix_caching, hybrid_kv=hybrid, cpu_blocks=cpu_blocks)
+    tiers = TierSettings(
+        cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "{cpu_kv_memory}", hybrid=hybrid),
+        disk_kv_blocks=tier_blocks(disk_kv_memory, spec, block_size, "{disk_kv_memory}", hybrid=hybrid),
+        offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
+        layerwise_loads=layerwise_loads)
+    outputs = OutputSettings(check_invariants=check_invariants, record_timeline=plot is not None,
+                             record_layout=plot_layout is not None)
+    config = SimConfig(spec, gpu_spec, cache, engine, tiers, outputs, max_model_len=max_model_len,
                        calibration=load_calibration_option(calibration),
-                       cpu_kv_blocks=tier_blocks(cpu_kv_memory, spec, block_size, "--cpu-kv-memory", hybrid=hybrid),
-                       disk_kv_blocks=tier_blocks(disk_kv_memory, spec, block_size, "--disk-kv-memory",
-                                                  hybrid=hybrid),
-                       offload_policy=offload_policy, tier_eviction=tier_eviction, tier_inclusion=tier_inclusion,
-                       layerwise_loads=layerwise_loads,
-                       clients=clients_option(clients, concurrency, max_concurrency),
-                       check_invariants=check_invariants, vllm_version=vllm_version,
-                       record_timeline=plot is not None, record_layout=plot_layout is not None)
+                       clients=clients_option(clients, concurrency, max_concurrency))
 
     console = tables_console(json_path)
     fleet = fleet_options.fleet_config(
@@ -193,7 +193,7 @@ def simulate_command(
     if json_path is not None:
         document = result.to_dict()
         # what vLLM's startup log says of this pool, and how the default pool was sized (None: an exact option)
-        document["config"].update(vllm_version=config.vllm_version, kv_size_tokens=config.kv_size_tokens,
+        document["config"].update(vllm_version=config.engine.vllm_version, kv_size_tokens=config.kv_size_tokens,
                                   max_concurrency=config.max_concurrency,
                                   kv_sizing=None if sizing is None else sizing.to_dict())
         write_json(document, json_path, stdout)

@@ -13,7 +13,7 @@ from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import ROUTERS
 from minipaged_cli.input_files import read_mapping
 from minipaged_cli.memory.strategies import STRATEGIES
-from minipaged_cli.sim.config import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS, TIER_INCLUSIONS
+from minipaged_cli.sim.settings import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
 from minipaged_cli.workloads.presets import KV_CACHE_DTYPES

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from minipaged_cli.cli.common import flag
-from minipaged_cli.sim.config import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
+from minipaged_cli.sim.settings import OFFLOAD_POLICIES, TIER_EVICTIONS, TIER_INCLUSIONS
 
 CpuKvMemoryOpt = Annotated[str | None, typer.Option(
     "--cpu-kv-memory", metavar="SIZE", show_default=False,

@@ -21,7 +21,8 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.fp8_options import KvScalesOption
 from minipaged_cli.cli.outputs import check_outputs
-from minipaged_cli.cli.render import verify_table, write_json
+from minipaged_cli.cli.render import write_json
+from minipaged_cli.cli.render_dataplane import verify_table
 from minipaged_cli.dataplane.kv_scales import DEFAULT_SCALE_MODE, check_scale_mode
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE

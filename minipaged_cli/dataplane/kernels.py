@@ -74,7 +74,7 @@ def unsupported_reason(head_dim: int, group: int, kv_cache_dtype: str = "auto",
     """Why the kernels cannot run that shape (they are compiled for head_dim 64 and 128, GQA groups up to 8) or
     that ``--kv-cache-dtype`` on a GPU of that compute ``capability`` (fp8 needs sm_89 or later)."""
     if kv_cache_dtype != "auto" and capability is not None and capability < FP8_MIN_ARCH:
-        return (f"--kv-cache-dtype {kv_cache_dtype} needs sm_{FP8_MIN_ARCH[0]}{FP8_MIN_ARCH[1]} or later (hardware "
+        return (f"{{kv_cache_dtype={kv_cache_dtype}}} needs sm_{FP8_MIN_ARCH[0]}{FP8_MIN_ARCH[1]} or later (hardware "
                 f"fp8 conversion); this GPU is sm_{capability[0]}{capability[1]}")
     if head_dim not in HEAD_DIMS:
         return f"the CUDA kernels cover head_dim {' and '.join(map(str, HEAD_DIMS))}, not {head_dim}"

@@ -18,7 +18,7 @@ SCALE_MODES = ("tensor", "head", "one")
 DEFAULT_SCALE_MODE = "tensor"
 
 
-def check_scale_mode(mode: str, field: str = "--kv-scales") -> str:
+def check_scale_mode(mode: str, field: str = "{kv_scales}") -> str:
     if mode not in SCALE_MODES:
         raise InputError(f"expected one of {', '.join(SCALE_MODES)}", field=field, value=mode, has_value=True)
     return mode

@@ -21,7 +21,7 @@ def select_backend(device: str) -> Backend:
     why when a GPU is there); ``cpu`` (the PyTorch reference); ``cuda`` (one clear error when it cannot run);
     ``emulated`` (the CUDA kernels on the CPU)."""
     if device not in DEVICES:
-        raise InputError(f"expected one of {', '.join(DEVICES)}", field="--device", value=device, has_value=True)
+        raise InputError(f"expected one of {', '.join(DEVICES)}", field="{device}", value=device, has_value=True)
     if device == "emulated":
         from minipaged_cli.dataplane.emulation import EmulatedBackend
 
@@ -35,8 +35,8 @@ def select_backend(device: str) -> Backend:
         return CudaBackend()
     if device == "auto":
         if torch.cuda.is_available():  # the user has a GPU and would expect it used: say why it is not
-            warnings.warn(FallbackWarning(f"--device auto runs on the CPU: a GPU is here but {reason}"),
+            warnings.warn(FallbackWarning(f"{{device=auto}} runs on the CPU: a GPU is here but {reason}"),
                           stacklevel=2)
         return TorchBackend("cpu")
-    raise InputError(f"the CUDA backend cannot run: {reason}; use --device cpu or emulated", field="--device",
+    raise InputError(f"the CUDA backend cannot run: {reason}; use {{device=cpu}} or emulated", field="{device}",
                      value=device, has_value=True)

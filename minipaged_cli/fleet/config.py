@@ -68,7 +68,7 @@ class RouterConfig:
         return document
 
 
-def parse_weights(text: str, *, field: str = "--router-weights", source: str | None = None
+def parse_weights(text: str, *, field: str = "{router_weights}", source: str | None = None
                   ) -> tuple[tuple[str, float], ...]:
     """``"prefix:2,queue:1,kv:1"`` -> (("prefix", 2.0), ("queue", 1.0), ("kv", 1.0))."""
     weights = []
@@ -151,15 +151,16 @@ class FleetConfig:
         if disaggregated and self.kv_link is None:
             raise InputError("a prefill and a decode pool need a KV link between them (bandwidth, latency)",
                              source=self.source, field="kv_link")
-        if disaggregated and any(pool.config.scheduler != "v1" or pool.config.has_tiers for pool in self.pools):
+        if disaggregated and any(pool.config.engine.scheduler != "v1" or pool.config.tiers.has_tiers
+                                 for pool in self.pools):
             raise InputError("P/D disaggregation runs vLLM v1's scheduler without tiers below the GPU",
                              source=self.source, field="pools")
         whole_number(self.prefill_threshold, field="prefill_threshold", source=self.source, minimum=0)
         if len({pool.config.clients for pool in self.pools}) > 1:
             raise InputError("the fleet's clients send to every pool: give its pools the same clients",
                              source=self.source, field="pools")
-        if self.shared_kv_store and not all(pool.config.has_tiers for pool in self.pools):
-            raise InputError("a shared KV store is the tiers below the GPU: give --cpu-kv-memory",
+        if self.shared_kv_store and not all(pool.config.tiers.has_tiers for pool in self.pools):
+            raise InputError("a shared KV store is the tiers below the GPU: give {cpu_kv_memory}",
                              source=self.source, field="shared_kv_store")
 
     @property
@@ -179,7 +180,7 @@ class FleetConfig:
 _DURATIONS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}  # units per second
 
 
-def parse_bandwidth(text: str, *, field: str = "--kv-link-bandwidth", source: str | None = None) -> float:
+def parse_bandwidth(text: str, *, field: str = "{kv_link_bandwidth}", source: str | None = None) -> float:
     """``"50GB/s"`` -> 5e10 bytes per second (a size as ``--kv-memory`` takes it, per second); refused unless
     finite and positive."""
     size = str(text).strip()
@@ -194,7 +195,7 @@ def parse_bandwidth(text: str, *, field: str = "--kv-link-bandwidth", source: st
     return value
 
 
-def parse_duration(text: str, *, field: str = "--kv-link-latency", source: str | None = None) -> float:
+def parse_duration(text: str, *, field: str = "{kv_link_latency}", source: str | None = None) -> float:
     """``"20us"`` -> 2e-05 seconds (s, ms, us, ns; a bare number is seconds)."""
     written = str(text).strip()
     unit = next((u for u in sorted(_DURATIONS, key=len, reverse=True) if written.endswith(u)), "")

@@ -83,14 +83,14 @@ def _pool(pool: Any, index: int, base: SimConfig, source: str) -> ReplicaPool:
     if {"model", "gpu", "kv_memory", "num_blocks"} & pool.keys():
         try:
             num_blocks, _, _ = resolve_num_blocks(model, gpu, base.block_size, pool.get("num_blocks"),
-                                                  pool.get("kv_memory"), None, hybrid=bool(base.hybrid_kv),
-                                                  vllm_version=base.vllm_version,
-                                                  max_num_batched_tokens=base.max_batched_tokens,
-                                                  max_num_seqs=base.max_num_seqs)
+                                                  pool.get("kv_memory"), None, hybrid=bool(base.cache.hybrid_kv),
+                                                  vllm_version=base.engine.vllm_version,
+                                                  max_num_batched_tokens=base.engine.max_batched_tokens,
+                                                  max_num_seqs=base.engine.max_num_seqs)
         except InputError as error:
             raise InputError(error.message, source=source, field=f"pools.{name}.kv_memory",
                              value=pool.get("kv_memory", pool.get("num_blocks")), has_value=True) from None
-        config = replace(base, model=model, gpu=gpu, num_blocks=num_blocks)
+        config = replace(base, model=model, gpu=gpu, cache=replace(base.cache, num_blocks=num_blocks))
     return ReplicaPool(name, pool.get("replicas", 1), config, pool.get("role", "mixed"), source)
 
 

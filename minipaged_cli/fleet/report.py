@@ -101,7 +101,7 @@ def fleet_figures(replicas: list[Replica], records: list[RequestRecord],
         latencies = replica.replay.accounting.latencies  # (from each request's arrival at the replica)
         ttfts, tpots = latencies.ttft_s, latencies.tpot_s
         rows.append({"replica": replica.index, "role": replica.role, "model": replica.config.model.name,
-                     "gpu": replica.config.gpu.name, "num_blocks": replica.config.num_blocks,
+                     "gpu": replica.config.gpu.name, "num_blocks": replica.config.cache.num_blocks,
                      "num_requests": len(replica.requests),
                      **m.to_dict(), **rounded(latency_figures(ttfts, tpots))})
     return FleetFigures(rows, _totals(replicas, metrics, records, transfers))

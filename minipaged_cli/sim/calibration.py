@@ -115,7 +115,7 @@ class Calibration:
 
     def check_gpu(self, gpu_name: str) -> None:
         if gpu_name != self.gpu:
-            raise InputError(f"measured on {self.gpu!r}, not on --gpu {gpu_name!r}: pass --gpu {self.gpu} or a "
+            raise InputError(f"measured on {self.gpu!r}, not on {{gpu}} {gpu_name!r}: pass {{gpu={self.gpu}}} or a "
                              "calibration of that GPU", source=self.path or None, field="gpu", value=self.gpu,
                              has_value=True)
 
@@ -139,7 +139,7 @@ class Calibration:
 
 def load_calibration(path: str | Path) -> Calibration:
     source = str(path)
-    data = read_mapping(Path(path), "with gpu, model, source and tables", field="--calibration")
+    data = read_mapping(Path(path), "with gpu, model, source and tables", field="{calibration}")
     known = {"gpu", "model", "source", *TABLES}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -39,9 +39,9 @@ class Clients:
 
     def __post_init__(self) -> None:
         if self.concurrency is not None and self.max_concurrency is not None:
-            raise InputError("give --concurrency (closed loop) or --max-concurrency (open loop, capped), not both",
-                             field="--max-concurrency", value=self.max_concurrency, has_value=True)
-        for option, value in (("--concurrency", self.concurrency), ("--max-concurrency", self.max_concurrency)):
+            raise InputError("give {concurrency} (closed loop) or {max_concurrency} (open loop, capped), not both",
+                             field="{max_concurrency}", value=self.max_concurrency, has_value=True)
+        for option, value in (("{concurrency}", self.concurrency), ("{max_concurrency}", self.max_concurrency)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise InputError("must be a whole number >= 1", field=option, value=value, has_value=True)
 

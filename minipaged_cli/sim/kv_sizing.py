@@ -143,22 +143,23 @@ def resolve_num_blocks(model: ModelSpec, gpu: GpuSpec, block_size: int, num_bloc
                        max_num_seqs: int | None = None) -> tuple[int, str, KvSizing | None]:
     """The KV capacity in blocks, a phrase saying where it came from, and vLLM's sizing when it came from there
     (``sim/kv_sizing.py``, under ``vllm_version``'s rule; the batch limits its profiling step runs at default to
-    the release's for the GPU). ``--num-blocks`` and ``--kv-memory`` are exact: no sizing."""
+    the release's for the GPU), the phrase naming its settings as ``{setting}`` (``cli/flags.py`` shows flags).
+    ``num_blocks`` and ``kv_memory`` are exact: no sizing."""
     if block_size < 1:
-        raise InputError("must be >= 1", field="--block-size", value=block_size, has_value=True)
+        raise InputError("must be >= 1", field="{block_size}", value=block_size, has_value=True)
     if num_blocks is not None and kv_memory is not None:
-        raise InputError("give either --num-blocks or --kv-memory, not both", field="--num-blocks")
+        raise InputError("give either {num_blocks} or {kv_memory}, not both", field="{num_blocks}")
     if num_blocks is not None:
         if num_blocks < 1:
-            raise InputError("must be >= 1", field="--num-blocks", value=num_blocks, has_value=True)
-        return num_blocks, "--num-blocks", None
+            raise InputError("must be >= 1", field="{num_blocks}", value=num_blocks, has_value=True)
+        return num_blocks, "{num_blocks}", None
     sizing = None
     if kv_memory is not None:
         memory = parse_bytes(kv_memory)
-        origin = f"--kv-memory {kv_memory}"
+        origin = f"{{kv_memory={kv_memory}}}"
     else:
         if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-            raise InputError("must be in (0, 1]", field="--gpu-memory-utilization", value=gpu_memory_utilization,
+            raise InputError("must be in (0, 1]", field="{gpu_memory_utilization}", value=gpu_memory_utilization,
                              has_value=True)
         release = vllm_release(vllm_version)
         batched_tokens, num_seqs = release.batch_defaults(gpu)
@@ -167,26 +168,26 @@ def resolve_num_blocks(model: ModelSpec, gpu: GpuSpec, block_size: int, num_bloc
                                max_num_seqs=max_num_seqs or num_seqs)
         memory, origin = sizing.kv_memory_bytes, sizing.phrase
         if memory <= 0:
-            raise InputError(f"leaves no KV memory on this GPU ({origin}); pass --kv-memory", field="--gpu",
+            raise InputError(f"leaves no KV memory on this GPU ({origin}); pass {{kv_memory}}", field="{gpu}",
                              value=gpu.name, has_value=True)
     blocks = num_blocks_for_memory(memory, model, block_size, hybrid=hybrid)
     if blocks < 1:
         one_block = format_bytes(block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
-        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field="--kv-memory",
+        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field="{kv_memory}",
                          value=kv_memory if kv_memory is not None else format_bytes(memory), has_value=True)
     return blocks, origin, sizing
 
 
-def tier_blocks(size: str | None, model: ModelSpec, block_size: int, option: str, *, hybrid: bool) -> int:
+def tier_blocks(size: str | None, model: ModelSpec, block_size: int, setting: str, *, hybrid: bool) -> int:
     """A tier's capacity written as a size (``64GiB``; ``0`` or None: no tier) in blocks of the GPU pool's size:
     ``block_size`` tokens of ``model``'s KV in one KV cache group's layers under the hybrid manager (``hybrid``),
     in every layer without it."""
     if size is None:
         return 0
-    memory = parse_bytes(size, field=option, allow_zero=True)
+    memory = parse_bytes(size, field=setting, allow_zero=True)
     blocks = num_blocks_for_memory(memory, model, block_size, hybrid=hybrid)
     if memory and not blocks:
         one_block = format_bytes(block_bytes(model, kv_cache_groups(model, hybrid=hybrid), block_size))
-        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field=option, value=size,
+        raise InputError(f"holds no block of {block_size} tokens ({one_block})", field=setting, value=size,
                          has_value=True)
     return blocks

@@ -58,14 +58,16 @@ class Replay:
         self.on_step = on_step
         self.max_steps = max_steps
         self.accounting = Accounting(allocator.capacity_tokens, config.model.kv_bytes_per_token,
-                                     config.record_timeline)
-        self.scheduler = SCHEDULER_CLASSES[config.scheduler](trace, config, allocator, self.accounting)
+                                     config.outputs.record_timeline)
+        self.scheduler = SCHEDULER_CLASSES[config.engine.scheduler](
+            trace, config.engine, config.cache, allocator, self.accounting, model_len=config.model_len,
+            clients=config.clients, swap_blocks=config.swap_blocks)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
         self.now = 0.0
         self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
-                                     / 400 or 0.01) if config.record_layout else None
+                                     / 400 or 0.01) if config.outputs.record_layout else None
 
     @property
     def first_arrival_s(self) -> float:
@@ -92,7 +94,7 @@ class Replay:
             return
         if not (self.bulk and self._bulk_step()):
             self._single_step()
-        if self.config.check_invariants:
+        if self.config.outputs.check_invariants:
             accounting.invariant_violations += bool(self.allocator.invariant_violations()
                                                     or (self.tiers is not None and self.tiers.violations()))
         if self.layout is not None:
@@ -200,7 +202,7 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
     if not fitting:
         shortest = min(r.total_tokens for r in trace.requests)
         raise InputError(f"every request is longer (the shortest holds {shortest} tokens); raise it",
-                         field="--max-model-len", value=config.model_len, has_value=True)
+                         field="{max_model_len}", value=config.model_len, has_value=True)
     for name in strategies:
         allocator = config.allocator(name)
         # The first request the strategy can place ends its check (holdings built for a whole trace, per strategy,
@@ -213,13 +215,13 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
             needs.append(allocator.largest_need(holding))
         else:
             smallest = min(needs)
-            hint = " or lower --max-model-len" if name == "max-reserve" else ""
+            hint = " or lower {max_model_len}" if name == "max-reserve" else ""
             # (v1 holds the watermark only while something runs: a request alone may use the whole pool)
-            watermark = f" above the {config.watermark:g} watermark" \
-                if config.watermark and name == "paged" and config.scheduler == "v0" else ""
+            watermark = f" above the {config.engine.watermark:g} watermark" \
+                if config.engine.watermark and name == "paged" and config.engine.scheduler == "v0" else ""
             raise InputError(f"the KV capacity of {allocator.capacity_tokens} tokens{watermark} is too small for any "
-                             f"request under {name} (the smallest needs {smallest}); raise --kv-memory or "
-                             f"--num-blocks{hint}", field="--kv-memory")
+                             f"request under {name} (the smallest needs {smallest}); raise {{kv_memory}} or "
+                             f"{{num_blocks}}{hint}", field="{kv_memory}")
 
 
 @dataclass
@@ -235,29 +237,29 @@ class SimulationResult:
     all_full_attention: tuple[SimConfig, StrategyMetrics] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        config = self.config
+        config, engine = self.config, self.config.engine
         document = {
             "trace": {"name": self.trace.name, "num_requests": self.trace.num_requests,
                       "prompt_tokens": self.trace.prompt_tokens, "output_tokens": self.trace.output_tokens},
             "config": {"model": config.model.name, "gpu": config.gpu.name, "block_size": config.block_size,
-                       "num_blocks": config.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
+                       "num_blocks": config.cache.num_blocks, "kv_capacity_tokens": config.kv_capacity_tokens,
                        "kv_cache_dtype": config.model.kv_cache_dtype,
                        "kv_bytes_per_token": config.model.kv_bytes_per_token, "max_model_len": config.model_len,
-                       "scheduler": config.scheduler, "max_num_seqs": config.max_num_seqs,
-                       "max_batched_tokens": config.max_batched_tokens,
-                       "long_prefill_token_threshold": config.long_prefill_token_threshold,
-                       "prefix_caching": config.prefix_caching, "preemption": config.preemption,
-                       "cpu_blocks": config.cpu_blocks, "watermark": config.watermark,
+                       "scheduler": engine.scheduler, "max_num_seqs": engine.max_num_seqs,
+                       "max_batched_tokens": engine.max_batched_tokens,
+                       "long_prefill_token_threshold": engine.long_prefill_token_threshold,
+                       "prefix_caching": config.cache.prefix_caching, "preemption": engine.preemption,
+                       "cpu_blocks": config.cache.cpu_blocks, "watermark": engine.watermark,
                        "calibration": config.calibration.path if config.calibration else None,
-                       **(config.tier_settings if config.has_tiers else {})},
+                       **(config.tiers.to_dict() if config.tiers.has_tiers else {})},
             "strategies": {name: metrics.to_dict() for name, metrics in self.strategies.items()},
         }
         if config.model.is_hybrid:  # (--no-hybrid-kv: every layer as full attention, one group)
-            document["config"]["hybrid_kv"] = config.hybrid_kv
+            document["config"]["hybrid_kv"] = config.cache.hybrid_kv
         if self.all_full_attention is not None:
             full_config, full = self.all_full_attention
             document["config"].update(kv_cache_groups=len(config.kv_cache_groups), kv_size_tokens=config.kv_size_tokens)
-            document["paged_all_full_attention"] = {"num_blocks": full_config.num_blocks,
+            document["paged_all_full_attention"] = {"num_blocks": full_config.cache.num_blocks,
                                                     "kv_size_tokens": full_config.kv_size_tokens, **full.to_dict()}
         if self.without_tiers:  # (the documents of replays without tiers keep their keys)
             document["without_tiers"] = {name: metrics.to_dict() for name, metrics in self.without_tiers.items()}
@@ -281,7 +283,7 @@ def simulate(
         results[name] = replay(trace, config, name, progress=report)
     without = {name: replay(trace, config.without_tiers(), name) for name, metrics in results.items() if metrics.tiers}
     all_full = None
-    if "paged" in strategies and config.hybrid_kv and config.model.is_hybrid:
+    if "paged" in strategies and config.cache.hybrid_kv and config.model.is_hybrid:
         full_config = config.all_full_attention()
         all_full = (full_config, replay(trace, full_config, "paged"))
     return SimulationResult(trace, config, results, without, all_full)
@@ -311,4 +313,4 @@ def replay(
 def _check_strategy(name: str) -> None:
     if name not in STRATEGIES:
         raise InputError(f"unknown strategy{did_you_mean(name, STRATEGIES)}; expected some of "
-                         f"{', '.join(STRATEGIES)}", field="--strategies", value=name, has_value=True)
+                         f"{', '.join(STRATEGIES)}", field="{strategies}", value=name, has_value=True)

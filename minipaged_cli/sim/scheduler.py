@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
-from minipaged_cli.sim.clients import Arrivals
-from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.clients import OPEN_LOOP, Arrivals, Clients
 from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.settings import CacheSettings, EngineSettings
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.trace import Request, Trace
 
@@ -81,19 +81,22 @@ class Scheduler:
 
     samples_at_arrival = True  # v1 splits parallel sampling into n requests (its ParentRequest)
 
-    def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
-        self.config = config
+    def __init__(self, trace: Trace, engine: EngineSettings, cache: CacheSettings, allocator: Allocator,
+                 accounting: Accounting, *, model_len: int, clients: Clients = OPEN_LOOP, swap_blocks: int = 0) -> None:
+        self.engine, self.cache, self.model_len = engine, cache, model_len  # as SimConfig resolved them
+        self.prefill_token_limit = engine.prefill_token_limit(model_len)
+        self.swap_blocks = swap_blocks  # v0's swap space (SimConfig.swap_blocks)
         self.allocator = allocator
         self.accounting = accounting
-        self.arrivals = Arrivals(trace, config.clients)  # who sends what when (sim/clients.py)
+        self.arrivals = Arrivals(trace, clients)  # who sends what when (sim/clients.py)
         self.segments = trace.segments
         self.next_sequence_id = len(trace.requests)  # forked samples are numbered after the requests
         self.waiting: deque[LiveRequest] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[LiveRequest] = []
-        self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
+        self.keyed = bool(cache.prefix_caching) and allocator.supports_prefix_caching  # blocks get content keys
         # vLLM 0.34.0 reorders only with a prefix cache to consult
-        self.cache_aware_window = config.cache_aware_admission_window if self.keyed else 0
+        self.cache_aware_window = engine.cache_aware_admission_window if self.keyed else 0
         self.prefill_cap = 0  # this step's long-prefill threshold
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
@@ -127,7 +130,7 @@ class Scheduler:
     def can_bulk(self) -> bool:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
         runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
-        return bool(self.running) and len(self.running) < self.config.max_batched_tokens \
+        return bool(self.running) and len(self.running) < self.engine.max_batched_tokens \
             and all(r.prefill_done for r in self.running) and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
@@ -163,7 +166,7 @@ class Scheduler:
                                    forked=self.samples_at_arrival)
                 # Checked against the model's length and the pool before anything (its blocks' keys) is built
                 # for it: a count of 2**62 tokens is one rejection, not a list of 2**58 keys.
-                if request.total_tokens > self.config.model_len:
+                if request.total_tokens > self.model_len:
                     self._reject(live, "longer than --max-model-len")
                 elif (reason := self.allocator.rejection_reason(live)) is not None:
                     self._reject(live, reason)
@@ -175,9 +178,9 @@ class Scheduler:
     def schedule(self) -> StepDecision | None:
         """The next step, or None when nothing can run in it (a request that preempted itself runs next step;
         a head that can never fit again is rejected)."""
-        budget = self.config.max_batched_tokens
+        budget = self.engine.max_batched_tokens
         # The long-prefill threshold keeps one prompt from starving the others; alone, a request takes the budget.
-        self.prefill_cap = self.config.long_prefill_token_threshold \
+        self.prefill_cap = self.engine.long_prefill_token_threshold \
             if len(self.running) + len(self.waiting) > 1 else 0
         scheduled: list[tuple[LiveRequest, int]] = []
         copied, preempted = 0, False
@@ -228,7 +231,7 @@ class Scheduler:
         if self.cache_aware_window:
             self._reorder_waiting_by_cached_prefix()
         accounting = self.accounting
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             head = self.waiting[0]
             if not self.allocator.can_admit(head, head.num_prefill_tokens):
                 break
@@ -261,8 +264,8 @@ class Scheduler:
         of at least the threshold, the requests among the first ``cache_aware_window`` waiting ones that were never
         admitted (a preempted one keeps its place, and nothing moves past it) take those same places deepest cached
         prefix first, arrival order breaking ties. The cache is only probed: no hit is counted."""
-        usage = self.allocator.used_slots / self.config.kv_capacity_tokens
-        if len(self.waiting) < 2 or usage < self.config.cache_aware_admission_threshold:
+        usage = self.allocator.used_slots / self.cache.kv_capacity_tokens
+        if len(self.waiting) < 2 or usage < self.engine.cache_aware_admission_threshold:
             return
         head = list(itertools.islice(self.waiting, self.cache_aware_window))
         slots = [i for i, live in enumerate(head) if not live.queried]
@@ -283,7 +286,7 @@ class Scheduler:
         issued in this step: vLLM's worker starts its copy in the step the scheduler issues it)."""
         if self.allocator.windowed:  # (no data plane runs KV cache groups: a table per group)
             return
-        first, stop = first // self.config.block_size, stop // self.config.block_size
+        first, stop = first // self.cache.block_size, stop // self.cache.block_size
         self.loads.extend(zip(live.block_hashes[first:stop], self.allocator.block_table(live.sequence_id)[first:stop],
                               strict=True))
 
@@ -307,9 +310,9 @@ class Scheduler:
     def _head_admissible(self) -> bool:
         """Whether the first waiting request would be admitted now (ignoring this step's decode growth), asked
         when every running request decodes: the decodes alone may take the whole budget."""
-        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+        if not self.waiting or len(self.running) >= self.engine.max_num_seqs:
             return False
-        if self.config.max_batched_tokens is not None and len(self.running) >= self.config.max_batched_tokens:
+        if self.engine.max_batched_tokens is not None and len(self.running) >= self.engine.max_batched_tokens:
             return False
         head = self.waiting[0]
         return self.allocator.can_admit(head, head.num_prefill_tokens)
@@ -371,7 +374,7 @@ class Scheduler:
         when it runs on a fleet's replica."""
         if self.fleet_indices is not None:
             request_index = self.fleet_indices[request_index]
-        return content_keys(request, request_index, sample, self.segments, self.config.block_size)
+        return content_keys(request, request_index, sample, self.segments, self.cache.block_size)
 
 
 def content_keys(request: Request, request_index: int, sample: int, segments: dict[str, int],

@@ -22,12 +22,10 @@ when that is faster than recomputing them.
 
 from __future__ import annotations
 
-from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.sim.accounting import Accounting
-from minipaged_cli.sim.config import SimConfig
+from typing import Any
+
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
-from minipaged_cli.workloads.trace import Trace
 
 
 class V0Scheduler(Scheduler):
@@ -35,9 +33,9 @@ class V0Scheduler(Scheduler):
 
     samples_at_arrival = False
 
-    def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, accounting: Accounting) -> None:
-        super().__init__(trace, config, allocator, accounting)
-        self.cpu_capacity = config.swap_blocks * config.block_size  # swap space, slots
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cpu_capacity = self.swap_blocks * self.cache.block_size  # swap space, slots
         self.cpu_used = 0
         self.forward_start = 0.0  # when this step's forward may start: after its copies over the host tier's link
         self.swapped_tokens = 0  # moved over the host link since the last step was scheduled
@@ -49,19 +47,19 @@ class V0Scheduler(Scheduler):
     def can_bulk(self) -> bool:
         """Decode-only until some event: as v1's, and no fork awaits its copy-on-write, no swap its time."""
         # Without chunking every prompt is prefilled whole in the step that admits it.
-        chunked = self.config.max_batched_tokens is not None
+        chunked = self.engine.max_batched_tokens is not None
         return bool(self.running) and not (chunked and any(not r.prefill_done for r in self.running)) \
             and not self.forked and not self.swapped_tokens and not self._head_admissible()
 
     def schedule(self) -> StepDecision | None:
         self.forward_start = self.now
         copied, self.fork_copy_tokens = self.fork_copy_tokens, 0
-        chunked = self.config.max_batched_tokens is not None
+        chunked = self.engine.max_batched_tokens is not None
         if not chunked and not (self.waiting and self.waiting[0].swapped_slots):
             # v0's default (``_schedule_default``): prompts first, unless a swapped-out request comes back first;
             # "don't schedule decodes if prefills are scheduled": every running request stalls for that step.
             saturated = self.waiting_for_memory()
-            if self._admit_prompts(self.config.prefill_token_limit, swapped_only=False):
+            if self._admit_prompts(self.prefill_token_limit, swapped_only=False):
                 return self._decision([], copied, saturated)
         decoders, preempted, moved = self._grow_decoders()
         copied += moved
@@ -69,7 +67,7 @@ class V0Scheduler(Scheduler):
         if not preempted:
             # Chunked, what is left of the budget goes to waiting prompts after the decodes (v0 mixes them);
             # unchunked, only swapped-out requests come back in a decode step.
-            budget = self.config.prefill_token_limit - (len(decoders) if chunked else 0)
+            budget = self.prefill_token_limit - (len(decoders) if chunked else 0)
             self._admit_prompts(budget, swapped_only=not chunked)
         if not self.running:
             if not preempted:
@@ -102,14 +100,14 @@ class V0Scheduler(Scheduler):
         """The step: ``decoders``, and the prefill of every running prompt, whole (admitted this step) or in
         chunks of what the decodes leave of the budget, in admission order."""
         copies = self.allocator.take_copies()
-        copied += len(copies) * self.config.block_size
-        budget = self.config.prefill_token_limit - len(decoders)
+        copied += len(copies) * self.cache.block_size
+        budget = self.prefill_token_limit - len(decoders)
         chunks: list[tuple[LiveRequest, int]] = []
         for live in self.running:
             if live.prefill_done:
                 continue
             chunk = live.num_prefill_tokens - live.num_computed
-            if self.config.max_batched_tokens is not None:
+            if self.engine.max_batched_tokens is not None:
                 chunk = min(chunk, budget)
                 if chunk <= 0:
                     break
@@ -140,7 +138,7 @@ class V0Scheduler(Scheduler):
                 self._sample_done(child, now)
                 continue
             copied = None
-            if len(self.running) < self.config.max_num_seqs:
+            if len(self.running) < self.engine.max_num_seqs:
                 copied = self.allocator.fork(leader, child, leader.num_computed)
             if copied is None:
                 child.num_computed = 0
@@ -157,20 +155,20 @@ class V0Scheduler(Scheduler):
         allows (``swapped_only``: up to the first that is not swapped out); returns how many."""
         admitted, admitted_tokens = 0, 0
         accounting = self.accounting
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and len(self.running) < self.engine.max_num_seqs:
             head = self.waiting[0]
             if swapped_only and not head.swapped_slots:
                 break
             if not self.allocator.can_admit(head, head.num_prefill_tokens):
                 break
-            if self.config.max_batched_tokens is not None:
+            if self.engine.max_batched_tokens is not None:
                 if budget - admitted_tokens <= 0:
                     break
             elif admitted_tokens and admitted_tokens + head.num_prefill_tokens > budget:
                 break
             # Unchunked, the admitting step computes the whole prompt; chunked, only what swaps back in, and each
             # chunk is reported as it is scheduled.
-            computed = None if self.config.max_batched_tokens is None else \
+            computed = None if self.engine.max_batched_tokens is None else \
                 head.num_computed if head.swapped_slots else 0
             loaded = 0
             if self.tiers is not None and self.keyed and not head.swapped_slots:
@@ -208,7 +206,7 @@ class V0Scheduler(Scheduler):
         recompute."""
         slots = self.allocator.swap_slots(victim, victim.num_computed)
         room = self.cpu_used + slots <= self.cpu_capacity if self.tiers is None else self.tiers.can_swap_out(slots)
-        if self.config.preemption != "swap" or not room:
+        if self.engine.preemption != "swap" or not room:
             super()._preempt(victim)
             return
         self._drop(victim)

@@ -88,14 +88,14 @@ class TieredCache(TierStores, TierLoads):
     def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
         """The tiers ``config`` asks for under ``allocator``'s pool; None without them, or without blocks unless
         v0 swaps into the host tier."""
-        if not config.has_tiers:
+        if not config.tiers.has_tiers:
             return None
         if isinstance(allocator, PagedAllocator):
             return cls(config, allocator.manager.pool, step_time)
-        return cls(config, None, step_time) if config.preemption == "swap" else None
+        return cls(config, None, step_time) if config.engine.preemption == "swap" else None
 
     def __init__(self, config: SimConfig, pool: BlockPool | None, step_time: StepTimeModel) -> None:
-        gpu, store = config.gpu, TIER_STORES[config.tier_eviction]
+        gpu, tiers, store = config.gpu, config.tiers, TIER_STORES[config.tiers.tier_eviction]
         self.block_size = config.block_size
         self.kv_bytes_per_token = config.model.kv_bytes_per_token
         self.bytes_per_block = config.block_size * config.model.kv_bytes_per_token
@@ -109,16 +109,16 @@ class TieredCache(TierStores, TierLoads):
         # vLLM's sliding_window_size_in_chunks: the blocks a sliding group's hit needs
         self.window_blocks = max((num_blocks_for(group.sliding_window or 0, config.block_size) for group in groups),
                                  default=0)
-        self.write_through = config.offload_policy == "write-through"
-        self.exclusive = config.tier_inclusion == "exclusive"
-        self.layerwise = config.layerwise_loads
+        self.write_through = tiers.offload_policy == "write-through"
+        self.exclusive = tiers.tier_inclusion == "exclusive"
+        self.layerwise = tiers.layerwise_loads
         self.num_layers = config.model.num_layers
         self.step_time = step_time
         self.pool = pool
         host = gpu.host_link_bytes_per_s
-        self.tiers = [Tier("cpu", store(config.cpu_kv_blocks), Link(host), Link(host))]
-        if config.disk_kv_blocks:
-            self.tiers.append(Tier("disk", store(config.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
+        self.tiers = [Tier("cpu", store(tiers.cpu_kv_blocks), Link(host), Link(host))]
+        if tiers.disk_kv_blocks:
+            self.tiers.append(Tier("disk", store(tiers.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
                                    Link(gpu.disk_read_bytes_per_s)))
         # (hash, GPU block) to store at the step's end, as two lists: a replay names millions, and a pair each
         # is an allocation each

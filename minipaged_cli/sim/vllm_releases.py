@@ -115,4 +115,4 @@ def vllm_release(version: str) -> VllmRelease:
         if version in (release.version, release.wheel):
             return release
     raise InputError(f"expected one of {', '.join(VLLM_RELEASES)}{did_you_mean(str(version), list(VLLM_RELEASES))}",
-                     field="--vllm-version", value=version, has_value=True)
+                     field="{vllm_version}", value=version, has_value=True)

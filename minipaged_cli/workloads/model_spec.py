@@ -317,7 +317,7 @@ def check_experts(fields: dict[str, Any], *, source: str) -> None:
                  maximum=fields["num_layers"] - 1)
 
 
-def check_kv_cache_dtype(kv_cache_dtype: str, *, field: str = "--kv-cache-dtype") -> str:
+def check_kv_cache_dtype(kv_cache_dtype: str, *, field: str = "{kv_cache_dtype}") -> str:
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         hint = did_you_mean(str(kv_cache_dtype), KV_CACHE_DTYPES)
         raise InputError(f"expected one of {', '.join(KV_CACHE_DTYPES)}{hint}", field=field,

@@ -144,7 +144,7 @@ def preset_names(kind: str) -> list[str]:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (``qwen3-8b``) or a path to a Hugging Face ``config.json`` (or a YAML with its keys)."""
-    source, config = _load_config("models", name_or_path, "--model")
+    source, config = _load_config("models", name_or_path, "{model}")
     path = Path(name_or_path)
     if not path.is_file():
         name = name_or_path
@@ -154,7 +154,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def load_gpu(name_or_path: str) -> GpuSpec:
-    source, config = _load_config("gpus", name_or_path, "--gpu")
+    source, config = _load_config("gpus", name_or_path, "{gpu}")
     optional = {*LINK_FIELDS, "host_bandwidth_efficiency", *DEFAULT_EFFICIENCIES, *SIZING_FIELDS, "compute_capability"}
     fields = {"name", "memory_bytes", "hbm_bandwidth_bytes_per_s", "peak_flops", "step_overhead_s"}
     unknown = sorted(set(config) - fields - optional)

@@ -62,9 +62,9 @@ def detect_format(path: Path) -> str:
             return "azure"
         if _length_columns(header) is not None:
             return "lengths-csv"
-        raise InputError(f"unrecognised CSV header {','.join(header)}; pass --format", source=str(path))
-    raise InputError("cannot tell the format from the extension (.yaml, .json, .jsonl, .csv, .txt); pass --format",
-                     source=str(path))
+        raise InputError(f"unrecognised CSV header {','.join(header)}; pass {{trace_format}}", source=str(path))
+    raise InputError("cannot tell the format from the extension (.yaml, .json, .jsonl, .csv, .txt); pass "
+                     "{trace_format}", source=str(path))
 
 
 # A benchmark tool's config, told by its keys (or its command line's options) in its first 64 KB, comments left
@@ -86,7 +86,7 @@ def _config_format(path: Path) -> str:
         return "sharegpt"
     detected = next((name for name, sign in _CONFIG_SIGNS if sign.search(head)), None)
     if detected is None and path.suffix.lower() in (".json", ".txt"):
-        raise InputError("cannot tell which format this is; pass --format", source=str(path))
+        raise InputError("cannot tell which format this is; pass {trace_format}", source=str(path))
     return detected or "yaml"
 
 
@@ -260,15 +260,15 @@ def load_trace(
     """
     path = Path(path)
     if trace_format not in TRACE_FORMATS:
-        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="--trace-format", value=trace_format,
+        raise InputError(f"expected one of {', '.join(TRACE_FORMATS)}", field="{trace_format}", value=trace_format,
                          has_value=True)
     # The options first: a mistake in one is reported before a large trace is read.
     if limit is not None:
-        limit = whole_number(limit, field="--limit", minimum=1)
+        limit = whole_number(limit, field="{limit}", minimum=1)
     if rate is not None:
-        rate = positive_number(rate, field="--rate")
-    seed = whole_number(seed, field="--seed", minimum=0)  # numpy's generators take no negative seed
-    time_scale = positive_number(time_scale, field="--time-scale")
+        rate = positive_number(rate, field="{rate}")
+    seed = whole_number(seed, field="{seed}", minimum=0)  # numpy's generators take no negative seed
+    time_scale = positive_number(time_scale, field="{time_scale}")
     if path.is_dir():
         raise InputError("is a directory; expected a trace file", source=str(path))
     if not path.is_file():
@@ -287,14 +287,14 @@ def load_trace(
     }
     trace = readers[trace_format](path).limited(limit)
     if rate is not None:
-        trace = _finite_arrivals(trace.with_poisson_arrivals(rate, seed), "--rate", rate)
-    return _finite_arrivals(trace.time_scaled(time_scale), "--time-scale", time_scale)
+        trace = _finite_arrivals(trace.with_poisson_arrivals(rate, seed), "{rate}", rate)
+    return _finite_arrivals(trace.time_scaled(time_scale), "{time_scale}", time_scale)
 
 
 def _finite_arrivals(trace: Trace, option: str, value: float) -> Trace:
     """An option that re-times the trace can push arrival times past a float's range (``--rate 1e-310`` makes
     gaps of 1e310 s): a replay at an infinite time has no makespan or latency, so such a value is refused."""
     if not math.isfinite(trace.requests[-1].arrival_s):
-        hint = "a larger rate" if option == "--rate" else "a smaller scale"
+        hint = "a larger rate" if option == "{rate}" else "a smaller scale"
         raise InputError(f"arrival times overflow to infinity; use {hint}", field=option, value=value, has_value=True)
     return trace

@@ -25,17 +25,17 @@ class TextTokens:
         if tokenizer_dir is None:
             return
         if not Path(tokenizer_dir).is_dir():
-            raise InputError("no such directory; expected a local tokenizer's", field="--tokenizer",
+            raise InputError("no such directory; expected a local tokenizer's", field="{tokenizer}",
                              value=str(tokenizer_dir), has_value=True)
         try:
             from transformers import AutoTokenizer
         except ModuleNotFoundError:
-            raise InputError(needs("transformers"), field="--tokenizer") from None
+            raise InputError(needs("transformers"), field="{tokenizer}") from None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         except (OSError, ValueError) as error:
             first = (str(error).splitlines() or [type(error).__name__])[0]
-            raise InputError(f"cannot load a tokenizer from it: {first}", field="--tokenizer",
+            raise InputError(f"cannot load a tokenizer from it: {first}", field="{tokenizer}",
                              value=str(tokenizer_dir), has_value=True) from None
 
     def count(self, text: str) -> int:

@@ -54,11 +54,11 @@ def content(cache: PagedKVCache, block: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("policy", ["write-through", "on-eviction"])
 def test_a_hit_loads_what_the_block_held_when_it_was_stored(policy: str) -> None:
-    config = SimConfig(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8,
-                       offload_policy=policy)
+    config = SimConfig.of(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8,
+                          offload_policy=policy)
     backend = TorchBackend("cpu")
-    cache = PagedKVCache(2, config.num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
-    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), policy == "write-through")
+    cache = PagedKVCache(2, config.cache.num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
+    offload = StepOffload(HostKVPool(cache, backend, config.tiers.cpu_kv_blocks), policy == "write-through")
     executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
     stored: dict[object, torch.Tensor] = {}
     loads: list[tuple[object, int]] = []
@@ -82,7 +82,7 @@ def test_a_hit_loads_what_the_block_held_when_it_was_stored(policy: str) -> None
 
 
 def test_run_trace_reports_the_host_tiers_copies() -> None:
-    config = SimConfig(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8)
+    config = SimConfig.of(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8)
     report = run_trace(returning_prompt(), config, TorchBackend("cpu"), num_layers=1, dtype=torch.bfloat16)
     block_bytes = BLOCK * MODEL.num_kv_heads * MODEL.head_dim * 2 * 2  # K and V, one layer, bf16
     assert report.offload is not None
@@ -115,11 +115,11 @@ def test_exclusive_tiers_store_a_block_again_each_time_the_gpu_evicts_it(inclusi
     requests = [Request(str(i), 10.0 * i, 65, 1, prefix=(name,)) for i, name in enumerate(
         ["sys", "other", "sys", "other", "sys"])]
     trace = make_trace("alternating", requests, source="test", segments={"sys": 64, "other": 64})
-    config = SimConfig(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8,
-                       offload_policy="on-eviction", tier_inclusion=inclusion)
+    config = SimConfig.of(MODEL, load_gpu("h200"), num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8,
+                          offload_policy="on-eviction", tier_inclusion=inclusion)
     backend = TorchBackend("cpu")
-    cache = PagedKVCache(1, config.num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
-    offload = StepOffload(HostKVPool(cache, backend, config.cpu_kv_blocks), False)
+    cache = PagedKVCache(1, config.cache.num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
+    offload = StepOffload(HostKVPool(cache, backend, config.tiers.cpu_kv_blocks), False)
     executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
     stored: dict[object, torch.Tensor] = {}
     loads: list[tuple[object, int]] = []

@@ -33,7 +33,7 @@ AMPLE = 1 << 30  # KV bytes: no memory pressure at any block size
 
 
 def config() -> SimConfig:
-    return SimConfig(MODEL, GPU, num_blocks=1024, block_size=16, max_model_len=4096)
+    return SimConfig.of(MODEL, GPU, num_blocks=1024, block_size=16, max_model_len=4096)
 
 
 def test_lengths_10_17_32_by_hand() -> None:

@@ -56,8 +56,8 @@ def checked_replay(requests: list[tuple], num_blocks: int, block_size: int,
                    max_batched_tokens: int | None, scheduler: str) -> tuple[int, int, int]:
     """(decodes checked, preemptions, copy-on-writes); a request is (arrival, prompt, output[, prefix, n])."""
     trace = make_trace("t", [Request(f"r{i}", *r) for i, r in enumerate(requests)], source="test")
-    config = SimConfig(MODEL, GPU, num_blocks=num_blocks, block_size=block_size, max_model_len=512,
-                       max_batched_tokens=max_batched_tokens, scheduler=scheduler)
+    config = SimConfig.of(MODEL, GPU, num_blocks=num_blocks, block_size=block_size, max_model_len=512,
+                          max_batched_tokens=max_batched_tokens, scheduler=scheduler)
     cache = PagedKVCache(2, num_blocks, MODEL.num_kv_heads, block_size, MODEL.head_dim, torch.float32)
     for tensor in (*cache.key_cache, *cache.value_cache):
         tensor.fill_(float("nan"))  # anything read before it is written poisons the output
@@ -128,7 +128,7 @@ def test_forked_samples_read_their_own_tokens_after_copy_on_write(block_size: in
 def test_report_counts_tokens_and_bytes() -> None:
     requests = [(0.0, 20, 5), (0.0, 10, 3)]
     trace = make_trace("t", [Request(f"r{i}", *r) for i, r in enumerate(requests)], source="test")
-    config = SimConfig(MODEL, GPU, num_blocks=64, block_size=4, max_model_len=512)
+    config = SimConfig.of(MODEL, GPU, num_blocks=64, block_size=4, max_model_len=512)
     report = run_trace(trace, config, TorchBackend("cpu"), num_layers=2, dtype=torch.float32)
     assert report.prompt_tokens == 30
     assert report.decode_tokens == (5 - 1) + (3 - 1)  # the first output token comes from the prefill
@@ -182,7 +182,7 @@ def test_forked_samples_count_their_shared_tokens_once() -> None:
     # 64, 4 * 65 - 3 * 64 = 68, 4 * 66 - 3 * 64 = 72; distinct slots in use: 64, then 4 shared + 4 own blocks = 128.
     # (v0's forks: v1 runs the samples as requests sharing the prompt through the prefix cache.)
     trace = make_trace("fork", [Request("a", 0.0, 64, 3, n=4)], source="test")
-    config = SimConfig(MODEL, GPU, num_blocks=24, block_size=16, max_model_len=512, scheduler="v0")
+    config = SimConfig.of(MODEL, GPU, num_blocks=24, block_size=16, max_model_len=512, scheduler="v0")
     report = run_trace(trace, config, TorchBackend("cpu"), num_layers=1, dtype=torch.float32)
     assert report.token_state_pct == pytest.approx(100 * (64 + 68 + 72) / 3 / 384)
     assert report.kv_cache_usage_perc == pytest.approx(100 * (64 + 128 + 128) / 3 / 384)

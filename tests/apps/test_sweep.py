@@ -29,7 +29,7 @@ from minipaged_cli.cli.main import app
 from minipaged_cli.cli.sweep import capacity_notes, capacity_table
 from minipaged_cli.memory.contiguous import OracleReserveAllocator
 from minipaged_cli.memory.paged import PagedAllocator
-from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig
+from minipaged_cli.sim.config import CONCERNS, DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig
 from minipaged_cli.sim.replay import replay
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
@@ -45,7 +45,7 @@ def test_normalized_latency_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -
     # Every step lasts 1 ms. A (10 + 5 tokens) arrives at 0: prefill in step 1, decodes in steps 2-5, done at
     # 5 ms. B (4 + 2) arrives at 2.5 ms, is admitted at the step starting at 3 ms (prefill: first token at 4 ms)
     # and decodes its second token in step 5, done at 5 ms. Normalized: A 5 ms / 5 = 1 ms, B 2.5 ms / 2 = 1.25 ms.
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
     metrics = replay(trace_of((0.0, 10, 5), (0.0025, 4, 2)), config, "paged")
     assert metrics.mean_normalized_latency_s == pytest.approx(0.001125)
     assert metrics.p99_normalized_latency_s == pytest.approx(0.001 + 0.99 * 0.00025)
@@ -205,10 +205,12 @@ def test_settings_leave_the_engine_defaults_to_simconfig() -> None:
     config = prepare(trace, Settings(engine={"max_num_seqs": 8}), points).configs[points[0].curve]
     # The point's own fields (capacity, block size, prefix caching) and the one given; every other field as
     # SimConfig's constructor defaults it.
-    reference = SimConfig(config.model, config.gpu, num_blocks=config.num_blocks, block_size=points[0].block_size,
-                          prefix_caching=points[0].prefix_caching, max_num_seqs=8)
+    reference = SimConfig.of(config.model, config.gpu, num_blocks=config.cache.num_blocks,
+                             block_size=points[0].block_size,
+                             prefix_caching=points[0].prefix_caching, max_num_seqs=8)
     assert config == reference
-    shared = {f.name for f in fields(Settings)} & {f.name for f in fields(SimConfig)}
+    settings = {f.name for kind in (SimConfig, *CONCERNS.values()) for f in fields(kind)} - set(CONCERNS)
+    shared = {f.name for f in fields(Settings)} & settings
     assert shared == {"calibration"}  # a path here, the loaded table there: no engine field written twice
 
 
@@ -223,14 +225,15 @@ def test_a_points_configuration_is_the_one_simconfig_builds_for_its_engine(sched
     # The reference: SimConfig built directly for that engine, everything it resolves (limits, prefix caching,
     # watermark) left to it; 2 GiB of Qwen3-8B's 144 KiB per token in blocks of 16.
     model, gpu = load_model("qwen3-8b"), load_gpu("h200")
-    reference = SimConfig(model, gpu, num_blocks=2 * 2**30 // (16 * model.kv_bytes_per_token), block_size=16,
-                          max_model_len=8192, scheduler=scheduler)
+    reference = SimConfig.of(model, gpu, num_blocks=2 * 2**30 // (16 * model.kv_bytes_per_token), block_size=16,
+                             max_model_len=8192, scheduler=scheduler)
     assert config == reference
     # By hand, from vLLM: v1 is `vllm serve` on an H200 (8192 tokens a step, 1024 sequences, prefix caching, no
     # watermark); v0 the paper's engine (whole prompts, 256 sequences, no prefix caching, 1 % watermark).
     expected = {"v1": ("v1", 8192, 1024, True, 0.0), "v0": ("v0", None, 256, False, 0.01)}[scheduler]
-    assert (config.scheduler, config.max_batched_tokens, config.max_num_seqs, config.prefix_caching,
-            config.watermark) == expected
+    engine = config.engine
+    assert (engine.scheduler, engine.max_batched_tokens, engine.max_num_seqs, config.cache.prefix_caching,
+            engine.watermark) == expected
 
 
 @pytest.mark.parametrize("scheduler", [None, "v1", "v0"])

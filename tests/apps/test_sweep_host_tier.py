@@ -51,9 +51,9 @@ def test_host_sizes_are_points_each_with_its_tier(tmp_path: Path) -> None:
     assert sorted((p.cpu_kv_memory, p.tier_eviction) for p in points) == \
         [("0", "arc"), ("0", "lru"), ("1GiB", "arc"), ("1GiB", "lru")]
     work = prepare(load_trace(alternating_trace(tmp_path)), Settings(engine={"max_model_len": 4096}), points)
-    blocks = {p.cpu_kv_memory: work.configs[p.curve].cpu_kv_blocks for p in points}
+    blocks = {p.cpu_kv_memory: work.configs[p.curve].tiers.cpu_kv_blocks for p in points}
     assert blocks == {"0": 0, "1GiB": 2**30 // (BLOCK * QWEN3_8B_BYTES_PER_TOKEN)}  # 455 blocks of 2.25 MiB
-    assert {work.configs[p.curve].tier_eviction for p in points} == {"lru", "arc"}
+    assert {work.configs[p.curve].tiers.tier_eviction for p in points} == {"lru", "arc"}
 
 
 def test_a_host_tier_turns_the_evicted_turns_into_hits(tmp_path: Path) -> None:

@@ -65,9 +65,10 @@ def test_the_kv_size_of_each_curve_is_vllms_worked_by_hand(model: str, gib: int,
     hybrid = Point(model, "h200", f"{gib}GiB", 16, True, "paged", 1.0)
     full = Point(model, "h200", f"{gib}GiB", 16, True, "paged-all-full", 1.0)
     configs = prepare(trace, settings, [hybrid, full]).configs
-    assert (configs[hybrid.curve].num_blocks, configs[hybrid.curve].kv_size_tokens) == (hybrid_blocks, hybrid_tokens)
+    assert (configs[hybrid.curve].cache.num_blocks, configs[hybrid.curve].kv_size_tokens) == \
+        (hybrid_blocks, hybrid_tokens)
     # The all-full curve holds the hybrid pool's bytes (as simulate's paged_all_full_attention) in pages of every layer.
-    assert (configs[full.curve].num_blocks, configs[full.curve].kv_size_tokens) == (full_blocks, full_tokens)
+    assert (configs[full.curve].cache.num_blocks, configs[full.curve].kv_size_tokens) == (full_blocks, full_tokens)
 
 
 def _sweep_json(*args: str) -> dict:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from minipaged_cli.cli.flags import error_line
 from minipaged_cli.cli.main import app
 from minipaged_cli.errors import InputError
 from tests.conftest import ROOT
@@ -75,6 +76,6 @@ def test_weights_too_big_for_the_free_memory_are_refused(monkeypatch: pytest.Mon
     monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4)  # 4 B a parameter: over 80 %
     with pytest.raises(InputError, match=f"{num_params / 1e9:.2f} B parameters need .* on cpu") as error:
         qwen3.build_random_qwen3(SMALL, 0, getattr(torch, dtype), torch.device("cpu"))
-    assert error.value.field == "--model-config"
+    assert error_line(error.value).startswith("--model-config: ")  # (the setting, as the CLI names it)
     monkeypatch.setattr(qwen3, "free_memory_bytes", lambda device: num_params * 4 * 2)
     qwen3.build_random_qwen3(SMALL, 0, getattr(torch, dtype), torch.device("cpu"))  # fits: within 80 %

@@ -21,7 +21,7 @@ def test_a_repeated_prompt_finds_its_partial_last_block(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n'
                     '{"timestamp": 60000, "input_length": 1100, "output_length": 4, "hash_ids": [0, 1, 2]}\n')
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=1000, block_size=16, prefix_caching=True)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=1000, block_size=16, prefix_caching=True)
     metrics = replay(load_trace(path), config, "paged")
     assert (metrics.prefix_cache_queries, metrics.prefix_cache_hits) == (2200, 1088)
 

@@ -72,6 +72,6 @@ def test_replay_refuses_a_step_time_that_is_not_finite_and_positive(
     model_seconds = StepTimeModel.step_seconds
     monkeypatch.setattr(StepTimeModel, "step_seconds", lambda self, **shape: model_seconds(self, **shape) * factor)
     trace = make_trace("t", [Request("a", 0.0, 10, 50), Request("b", 1.0, 10, 5)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=20, block_size=4, max_model_len=100)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=20, block_size=4, max_model_len=100)
     with pytest.raises(InputError, match=r"step time \(s\)"):
         replay(trace, config, "paged", bulk=bulk)

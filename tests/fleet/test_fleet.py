@@ -24,7 +24,7 @@ TRACES = sorted(Path(__file__).parents[2].joinpath("traces").glob("*.yaml"))
 def config(num_blocks: int = 4000, **kwargs: object) -> SimConfig:
     """Qwen3-8B on an H200 in blocks of 16 tokens (the hand counts below are in them)."""
     kwargs.setdefault("block_size", 16)
-    return SimConfig(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=num_blocks, **kwargs)
+    return SimConfig.of(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=num_blocks, **kwargs)
 
 
 def fleet(num_replicas: int, sim: SimConfig, router: str = "round-robin", **kwargs: object) -> FleetConfig:
@@ -47,7 +47,7 @@ def test_one_replica_is_simulate(path: Path, num_blocks: int) -> None:
 def test_one_replica_is_simulate_hybrid_and_latent(model: str) -> None:
     """Sliding windows (the hybrid manager's groups, KV events named (group, key)) and latent attention."""
     trace = load_trace(Path("traces/mixed.yaml"), "auto")
-    sim = SimConfig(model=load_model(model), gpu=load_gpu("h200"), num_blocks=3000)
+    sim = SimConfig.of(model=load_model(model), gpu=load_gpu("h200"), num_blocks=3000)
     expected = simulate(trace, sim, ("paged",)).strategies["paged"].to_dict()
     replica = run_fleet(trace, fleet(1, sim, "prefix-aware")).to_dict()["replicas"][0]
     assert {key: replica[key] for key in expected} == expected
@@ -235,11 +235,11 @@ def test_transfer_bytes_follow_the_kv_layout() -> None:
     from minipaged_cli.workloads.presets import with_kv_cache_dtype
 
     assert transfer_bytes(config(), 1000) == 147_456_000
-    fp8 = SimConfig(model=with_kv_cache_dtype(load_model("qwen3-8b"), "fp8_e4m3"), gpu=load_gpu("h200"),
-                    num_blocks=4000)
+    fp8 = SimConfig.of(model=with_kv_cache_dtype(load_model("qwen3-8b"), "fp8_e4m3"), gpu=load_gpu("h200"),
+                       num_blocks=4000)
     assert transfer_bytes(fp8, 1000) == 73_728_000
-    gemma = SimConfig(model=load_model("gemma-3-27b"), gpu=load_gpu("h200"), num_blocks=4000)
+    gemma = SimConfig.of(model=load_model("gemma-3-27b"), gpu=load_gpu("h200"), num_blocks=4000)
     assert transfer_bytes(gemma, 100_000) < 100_000 * gemma.model.kv_bytes_per_token
     assert transfer_bytes(gemma, 100) == 100 * gemma.model.kv_bytes_per_token  # (inside every window)
-    latent = SimConfig(model=load_model("deepseek-v3"), gpu=load_gpu("h200"), num_blocks=4000)
+    latent = SimConfig.of(model=load_model("deepseek-v3"), gpu=load_gpu("h200"), num_blocks=4000)
     assert transfer_bytes(latent, 1000) == 1000 * latent.model.kv_bytes_per_token

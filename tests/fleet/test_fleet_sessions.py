@@ -24,8 +24,9 @@ from tests.workloads.test_sessions import generated
 def engine(clients: Clients = OPEN_LOOP, **options: object) -> SimConfig:
     """The 1-ms-a-step engine of the session tests, in blocks of 16 tokens, invariants checked."""
     options.setdefault("block_size", 16)
-    options.setdefault("num_blocks", 1000)
-    return SimConfig(MODEL, CLOCK_GPU, check_invariants=True, clients=clients, **options)  # type: ignore[arg-type]
+    num_blocks = options.pop("num_blocks", 1000)
+    return SimConfig.of(MODEL, CLOCK_GPU, num_blocks, check_invariants=True, clients=clients,  # type: ignore[arg-type]
+                        **options)
 
 
 def replay(trace: Trace, num_replicas: int, router: str = "round-robin", clients: Clients = OPEN_LOOP,

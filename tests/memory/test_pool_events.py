@@ -96,7 +96,7 @@ def test_a_replica_with_tiers_tells_the_tiers_first_and_its_index_counts_the_poo
     # Four requests sharing a 64-token prefix on a pool of 12 blocks of 16 with a host tier of 8: the pool caches
     # and evicts, the tiers store, and after the last step the published index counts what the pool holds cached
     # (fleet/kv_events.py's invariant), counted here from the pool's own map.
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=12, block_size=16, cpu_kv_blocks=8,
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=12, block_size=16, cpu_kv_blocks=8,
                        max_model_len=512)
     replica = Replica(0, config, {"sys": 64}, 4, kv_events=True)
     pool = replica.replay.allocator.manager.pool

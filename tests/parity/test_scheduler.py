@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(**options: object) -> SimConfig:
-    return SimConfig(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=100, block_size=16,
-                     watermark=0.0, **options)
+    return SimConfig.of(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=100, block_size=16,
+                        watermark=0.0, **options)
 
 
 def test_records_one_request_chunk_by_chunk() -> None:
@@ -49,8 +49,8 @@ def test_records_a_preemption_and_the_recompute() -> None:
     # its prefill and three decoding). Step 4: b recomputes its prompt and its one generated token (16), then
     # decodes twice, the first into a new block.
     trace = Trace("two", (Request("a", 0.0, 16, 4), Request("b", 0.0, 15, 4)))
-    config = SimConfig(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=2, block_size=16,
-                       watermark=0.0, max_batched_tokens=64, max_model_len=32)
+    config = SimConfig.of(model=load_model("qwen3-8b"), gpu=load_gpu("h200"), num_blocks=2, block_size=16,
+                          watermark=0.0, max_batched_tokens=64, max_model_len=32)
     record = minipaged_steps(trace, config)
     assert [s.scheduled for s in record.steps] == [{"0": 16, "1": 15}, {"0": 1}, {"0": 1}, {"0": 1}, {"1": 16},
                                                    {"1": 1}, {"1": 1}]

@@ -80,7 +80,7 @@ def test_concurrency_counts_sessions_not_turns() -> None:
 def test_both_caps_at_once_are_refused() -> None:
     with pytest.raises(InputError, match="not both"):
         Clients(concurrency=2, max_concurrency=3)
-    with pytest.raises(InputError, match="--concurrency: 0: must be a whole number >= 1"):
+    with pytest.raises(InputError, match="concurrency: 0: must be a whole number >= 1"):
         Clients(concurrency=0)
 
 

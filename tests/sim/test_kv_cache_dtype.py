@@ -62,7 +62,7 @@ def test_sweep_points_use_the_kv_dtype(tmp_path) -> None:
 
     trace = load_trace(ROOT / "traces" / "burst.yaml", "auto")
     point = Point("llama-3.1-8b", "h200", "8GiB", 16, True, "paged", 1.0)
-    blocks = {dtype: prepare(trace, Settings(kv_cache_dtype=dtype), [point]).configs[point.curve].num_blocks
+    blocks = {dtype: prepare(trace, Settings(kv_cache_dtype=dtype), [point]).configs[point.curve].cache.num_blocks
               for dtype in ("auto", "fp8_e4m3")}
     # 8 GiB in blocks of 16 tokens of 128 KiB (bf16) or 64 KiB (fp8).
     assert blocks == {"auto": 8 * 2**30 // (16 * 2**17), "fp8_e4m3": 8 * 2**30 // (16 * 2**16)}

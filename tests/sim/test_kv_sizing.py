@@ -12,6 +12,7 @@ import re
 
 import pytest
 
+from minipaged_cli.errors import name_settings
 from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory, resolve_block_size
 from minipaged_cli.sim.kv_sizing import activation_peak_bytes, resolve_num_blocks, size_kv_cache
 from minipaged_cli.sim.vllm_releases import vllm_release
@@ -89,9 +90,9 @@ def test_tokens_and_concurrency_as_the_log_reports_them() -> None:
     l40s = GpuSpec(name="l40s", memory_bytes=48e9, hbm_bandwidth_bytes_per_s=0.864e12, peak_flops=362e12,
                    step_overhead_s=0.0005)
     blocks, origin, sizing = resolve_num_blocks(QWEN3_14B, l40s, 16, None, "11.57GiB", None)
-    assert sizing is None and origin == "--kv-memory 11.57GiB"  # an exact override: no sizing
+    assert sizing is None and name_settings(origin) == "kv_memory=11.57GiB"  # an exact override: no sizing
     assert abs(blocks - 75_824 // 16) <= 2
-    config = SimConfig(QWEN3_14B, l40s, num_blocks=75_824 // 16, block_size=16)
+    config = SimConfig.of(QWEN3_14B, l40s, num_blocks=75_824 // 16, block_size=16)
     assert config.kv_size_tokens == 75_824
     assert round(config.max_concurrency, 2) == 1.85
 
@@ -122,7 +123,8 @@ def test_each_release_sizes_its_own_way_and_options_win() -> None:
     assert older[2] is not None and not older[2].extensible and older[2].gpu_memory_utilization == 0.92
     # 0.34 gives the KV cache what 0.33's 8 % headroom kept back, less its margin and the CUDA context
     assert newest[2].kv_memory_bytes > older[2].kv_memory_bytes
-    assert resolve_num_blocks(model, gpu, 16, 1234, None, None)[:2] == (1234, "--num-blocks")
+    blocks, origin, _ = resolve_num_blocks(model, gpu, 16, 1234, None, None)
+    assert (blocks, name_settings(origin)) == (1234, "num_blocks")
 
 
 def test_bad_input_names_the_option_or_field(tmp_path) -> None:
@@ -153,7 +155,7 @@ def _default_pool(model_name: str, gpu_name: str, version: str) -> tuple[int, in
     block_size = resolve_block_size(None, model, gpu, "v1", version)
     blocks, _, sizing = resolve_num_blocks(model, gpu, block_size, None, None, None, vllm_version=version)
     assert sizing is not None
-    config = SimConfig(model=model, gpu=gpu, num_blocks=blocks, block_size=block_size, vllm_version=version)
+    config = SimConfig.of(model=model, gpu=gpu, num_blocks=blocks, block_size=block_size, vllm_version=version)
     return block_size, blocks, config.kv_size_tokens, sizing.kv_memory_bytes / 2**30, config.max_concurrency
 
 

@@ -31,7 +31,7 @@ def test_one_request_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # step 1 prefills 10 tokens (3 blocks = 12 slots); steps 2-5 decode: L = 11, 12, 13, 14 (final = 10 + 5 - 1).
     # paged A = 12, 12, 12, 16, 16 -> tokens 60/5 = 12 (30 %), reserved min(A,14)-L = 2,1,0,1,0 (2 %),
     # internal max(A-14, 0) = 0,0,0,2,2 (2 %), usage 68/5 = 13.6 (34 %).
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
     trace = trace_of((0.0, 10, 5))
     paged = replay(trace, config, "paged")
     assert paged.averaged_over == "busy"
@@ -58,7 +58,7 @@ def test_external_fragmentation_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpe
     # C (10+5 -> 15 at [25,40)). B finishes with step 1 and leaves the hole [15,25). D (11+1 -> needs 12)
     # arrives at 1.5 ms and waits through steps 3-5, when A and C hold L = 12, 13, 14 each:
     # tokens 26 (65 %), reserved 14-L summed = 2 (5 %), internal 1+1 (5 %), external: the 10-slot hole (25 %).
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=40, block_size=1, max_model_len=40)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=40, block_size=1, max_model_len=40)
     trace = trace_of((0.0, 10, 5), (0.0, 9, 1), (0.0, 10, 5), (0.0015, 11, 1))
     oracle = replay(trace, config, "oracle-reserve")
     assert oracle.averaged_over == "saturated"
@@ -73,7 +73,7 @@ def test_external_fragmentation_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpe
 def test_recompute_preemption_of_the_latest_admitted(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     # 4 blocks of 2: A (prompt 2) and B (prompt 2) start with one block each; each decode crosses into a new
     # block every two tokens, so the pool runs dry and B, admitted last, is preempted and recomputed.
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16)
     result = replay(trace_of((0.0, 2, 6), (0.0, 2, 6)), config, "paged", bulk=False)
     assert result.num_preemptions >= 1
     assert result.completed_requests == 2 and result.rejected_requests == 0
@@ -81,7 +81,7 @@ def test_recompute_preemption_of_the_latest_admitted(tiny_model: ModelSpec, cloc
 
 def test_requests_that_can_never_fit_are_rejected_and_the_replay_ends(tiny_model: ModelSpec,
                                                                       clock_gpu: GpuSpec) -> None:
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=8, block_size=2, max_model_len=64)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=8, block_size=2, max_model_len=64)
     # 40 tokens > the 16-slot pool; 70 tokens > max_model_len; the others fit
     trace = trace_of((0.0, 4, 3), (0.0, 30, 10), (0.1, 60, 10), (0.2, 5, 5))
     for strategy in ("paged", "oracle-reserve", "dynamic"):
@@ -90,10 +90,10 @@ def test_requests_that_can_never_fit_are_rejected_and_the_replay_ends(tiny_model
 
 
 def test_capacity_too_small_for_any_request_is_bad_input(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=2, block_size=2, max_model_len=64)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=2, block_size=2, max_model_len=64)
     with pytest.raises(InputError, match="too small for any request under paged"):
         simulate(trace_of((0.0, 30, 10)), config, ("paged",))
-    with pytest.raises(InputError, match="--max-model-len"):
+    with pytest.raises(InputError, match="max_model_len"):
         simulate(trace_of((0.0, 60, 10)), config, ("paged",))
     with pytest.raises(InputError, match="did you mean 'paged'"):
         simulate(trace_of((0.0, 1, 1)), config, ("pagd",))
@@ -160,17 +160,17 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
         requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 150)), prefix, n))
     swap = swap and scheduler == "v0"
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=num_blocks * 16 // block_size,
-                       block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
-                       prefix_caching=sharing, preemption="swap" if swap else "recompute",
-                       cpu_blocks=8 * 16 // block_size, watermark=watermark, scheduler=scheduler,
-                       max_num_seqs=max_num_seqs,
-                       long_prefill_token_threshold=long_prefill if scheduler == "v1" else 0)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=num_blocks * 16 // block_size,
+                          block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
+                          prefix_caching=sharing, preemption="swap" if swap else "recompute",
+                          cpu_blocks=8 * 16 // block_size, watermark=watermark, scheduler=scheduler,
+                          max_num_seqs=max_num_seqs,
+                          long_prefill_token_threshold=long_prefill if scheduler == "v1" else 0)
     trace = make_trace("t", requests, source="test", segments=SEGMENTS)
     for strategy in STRATEGIES:
         fast = unrounded(replay(trace, config, strategy))
         # every request ends, completed or rejected; those that can never run are rejected as such
-        allocator = make_allocator(strategy, num_blocks=config.num_blocks, block_size=block_size,
+        allocator = make_allocator(strategy, num_blocks=config.cache.num_blocks, block_size=block_size,
                                    max_model_len=1024, watermark_blocks=config.watermark_blocks, scheduler=scheduler)
         never = sum(r.total_tokens > 1024 or allocator.rejection_reason(Holding(0, r.prompt_tokens, r.output_tokens))
                     is not None for r in trace.requests)
@@ -187,8 +187,8 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
 
 @pytest.mark.slow
 def test_mixed_trace_orders_the_strategies() -> None:
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=46_844, block_size=16,
-                       check_invariants=True)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=46_844, block_size=16,
+                          check_invariants=True)
     result = simulate(load_trace(ROOT / "traces" / "mixed.yaml"), config)
     token = {name: m.token_state_pct for name, m in result.strategies.items()}
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
@@ -206,8 +206,8 @@ def test_sharegpt_reproduces_the_vllm_paper_fig2_picture() -> None:
     # ShareGPT lengths with arrivals fast enough to keep the memory full. In v0's scheduling, the paper's (it
     # predates v1): whole prompts reserved at admission, the 1 % watermark, no prefix caching.
     trace = load_trace(shared_trace("sharegpt_lengths_llama2_tokenizer.csv"), rate=20.0, limit=1500)
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
-                       max_model_len=8192, scheduler="v0")
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
+                          max_model_len=8192, scheduler="v0")
     result = simulate(trace, config)
     token = {name: m.token_state_pct for name, m in result.strategies.items()}
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
@@ -221,8 +221,8 @@ def test_committed_azure_sample_shows_the_same_picture() -> None:
     # engines' scheduling (v1 allocates chunk by chunk: the order and the bounds hold there too).
     trace = load_trace(ROOT / "traces" / "azure_conv_1k.yaml", rate=40.0)
     for scheduler in ("v0", "v1"):
-        config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
-                           max_model_len=8192, scheduler=scheduler)
+        config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7281, block_size=16,
+                              max_model_len=8192, scheduler=scheduler)
         token = {name: m.token_state_pct for name, m in simulate(trace, config).strategies.items()}
         assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"], scheduler
         assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0, scheduler
@@ -239,8 +239,8 @@ def test_fast_path_decides_saturation_per_step(tiny_model: ModelSpec, clock_gpu:
     # saturated. Step by step sees that each step; the fast path, advancing A's decodes at once, must too (it
     # decided once, at the start of the run, and reported "busy").
     trace = trace_of((0.0, 10, 20), (0.0, 16, 1))
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, max_num_seqs=1,
-                       watermark=0.0, prefix_caching=False, scheduler=scheduler)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=10, block_size=4, max_model_len=64, max_num_seqs=1,
+                          watermark=0.0, prefix_caching=False, scheduler=scheduler)
     fast, slow = replay(trace, config, "paged"), replay(trace, config, "paged", bulk=False)
     assert slow.averaged_over == fast.averaged_over == "saturated"
     assert [fast.token_state_pct, fast.reserved_future_pct, fast.free_pct] == pytest.approx(

@@ -25,9 +25,9 @@ def test_check_capacity_stops_at_the_first_request_a_strategy_places(
 
     monkeypatch.setattr(replay_module, "Holding", CountedHolding)
     trace = Trace("many", tuple(Request(str(i), float(i), 10, 5) for i in range(5000)))
-    replay_module.check_capacity(trace, SimConfig(tiny_model, clock_gpu, num_blocks=64, block_size=16), STRATEGIES)
+    replay_module.check_capacity(trace, SimConfig.of(tiny_model, clock_gpu, num_blocks=64, block_size=16), STRATEGIES)
     assert len(built) == len(STRATEGIES)  # every strategy places the first request: one holding each
     # The refusal still names the smallest need when none fits: 1,024 slots for max-reserve's max_model_len.
     with pytest.raises(InputError, match="max-reserve \\(the smallest needs 1024\\)"):
-        replay_module.check_capacity(trace, SimConfig(tiny_model, clock_gpu, num_blocks=32, block_size=16),
+        replay_module.check_capacity(trace, SimConfig.of(tiny_model, clock_gpu, num_blocks=32, block_size=16),
                                      ("max-reserve",))

@@ -40,7 +40,7 @@ def test_one_request_by_hand(clock_gpu: GpuSpec) -> None:
     #   4     13  2        4 + 2                  24         13 + 5 = 18                 4
     #   5     14  2        4 + 2                  24         14 + 6 = 20                 4
     # means over 5 ms, % of 40: tokens 92/5 -> 46 %, usage 108/5 -> 54 %, internal 8/5 -> 4 %, reserved 4 %.
-    config = SimConfig(windowed_model(), clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
+    config = SimConfig.of(windowed_model(), clock_gpu, num_blocks=10, block_size=4, max_model_len=20)
     trace = make_trace("t", [Request("r0", 0.0, 10, 5)], source="test")
     for bulk in (True, False):
         paged = replay(trace, config, "paged", bulk=bulk)
@@ -57,7 +57,7 @@ def test_one_request_by_hand(clock_gpu: GpuSpec) -> None:
     # every layer as full attention: the same 40 slots of one layer = 20 blocks of 2 layers' pages... of block 4
     # -> 5 blocks; the request holds 3, then 4 blocks: 12, 12, 12, 16, 16 -> 68/5 = 13.6 of 20 (68 %)
     full_config = config.all_full_attention()
-    assert full_config.num_blocks == 5
+    assert full_config.cache.num_blocks == 5
     assert replay(trace, full_config, "paged").kv_cache_usage_perc == pytest.approx(68.0)
 
 
@@ -70,7 +70,7 @@ def test_blocks_from_memory_as_vllm_sizes_them() -> None:
     assert num_blocks_for_memory(2**30, model, 16, hybrid=False) == 1365
     # vLLM's "KV cache size": max_model_len 131,072 takes 8,192 blocks in the full group and, in the sliding one,
     # ceil((128 - 1 + 8,192) / 16) + 1 = 521 (a window plus a step of 8,192 tokens): 2,730 / 8,713 x 131,072
-    config = SimConfig(model, load_gpu("h200"), num_blocks=2730, block_size=16, max_model_len=131072)
+    config = SimConfig.of(model, load_gpu("h200"), num_blocks=2730, block_size=16, max_model_len=131072)
     assert config.kv_size_tokens == int(2730 / (8192 + 521) * 131072)
     assert config.all_full_attention().kv_size_tokens == 1365 * 16
     assert config.kv_memory_bytes == config.all_full_attention().kv_memory_bytes == 2730 * 12 * 32 * 1024
@@ -80,25 +80,25 @@ def test_simulate_compares_with_every_layer_full(clock_gpu: GpuSpec) -> None:
     # Long decodes past a 4-token window: the hybrid pool holds twice the blocks, and its sliding group keeps at
     # most 2-3 of them per request, so more requests run at once than with every layer full on the same memory.
     requests = [Request(f"r{i}", 0.0, 8, 60) for i in range(12)]
-    config = SimConfig(windowed_model(), clock_gpu, num_blocks=80, block_size=4, max_model_len=128)
+    config = SimConfig.of(windowed_model(), clock_gpu, num_blocks=80, block_size=4, max_model_len=128)
     result = simulate(make_trace("t", requests, source="test"), config, ("paged", "oracle-reserve"))
     full_config, full = result.all_full_attention
-    assert full_config.num_blocks == 40 and not full_config.hybrid_kv
+    assert full_config.cache.num_blocks == 40 and not full_config.cache.hybrid_kv
     hybrid = result.strategies["paged"]
     assert hybrid.mean_batch_size > full.mean_batch_size
     assert hybrid.throughput_tokens_per_s > full.throughput_tokens_per_s
     document = result.to_dict()
     assert document["paged_all_full_attention"]["num_blocks"] == 40
     assert document["config"]["kv_cache_groups"] == 2
-    no_hybrid = SimConfig(windowed_model(), clock_gpu, num_blocks=40, block_size=4, max_model_len=128,
-                          hybrid_kv=False)
+    no_hybrid = SimConfig.of(windowed_model(), clock_gpu, num_blocks=40, block_size=4, max_model_len=128,
+                             hybrid_kv=False)
     assert simulate(make_trace("t", requests, source="test"), no_hybrid, ("paged",)).all_full_attention is None
 
 
 def test_v0_has_no_hybrid_manager(clock_gpu: GpuSpec) -> None:
-    with pytest.raises(InputError, match="--no-hybrid-kv"):
-        SimConfig(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0", hybrid_kv=True)
-    assert not SimConfig(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0").hybrid_kv
+    with pytest.raises(InputError, match="hybrid_kv=False"):
+        SimConfig.of(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0", hybrid_kv=True)
+    assert not SimConfig.of(windowed_model(), clock_gpu, num_blocks=10, scheduler="v0").cache.hybrid_kv
 
 
 @pytest.mark.slow
@@ -119,9 +119,10 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, window: int, 
         prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, 300))
         requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 200)), prefix))
     model = windowed_model(layers, window)
-    config = SimConfig(model, load_gpu("h200"), num_blocks=num_blocks * 16 // block_size * len(kv_cache_groups(model)),
-                       block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
-                       prefix_caching=sharing)
+    pool_blocks = num_blocks * 16 // block_size * len(kv_cache_groups(model))
+    config = SimConfig.of(model, load_gpu("h200"), num_blocks=pool_blocks,
+                          block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
+                          prefix_caching=sharing)
     trace = make_trace("t", requests, source="test", segments=SEGMENTS)
     for strategy in STRATEGIES:
         assert_same_replay(unrounded(replay(trace, config, strategy)),

@@ -39,8 +39,8 @@ def sampled_trace(seed: int, num_requests: int = 60) -> Trace:
 
 def engine_config(model: ModelSpec, gpu: GpuSpec, scheduler: str, prefix_caching: bool) -> SimConfig:
     """Little memory: preemptions, recomputed samples, and rejections of what can never fit."""
-    return SimConfig(model, gpu, num_blocks=24, block_size=4, max_model_len=64, scheduler=scheduler,
-                     prefix_caching=prefix_caching)
+    return SimConfig.of(model, gpu, num_blocks=24, block_size=4, max_model_len=64, scheduler=scheduler,
+                        prefix_caching=prefix_caching)
 
 
 class TrackedLiveRequest(LiveRequest):

@@ -18,7 +18,7 @@ from tests.conftest import ROOT, shared_trace
 def v0_config(*args: object, **options: object) -> SimConfig:
     """The cases below that are worked by hand for vLLM v0's scheduling (whole prompts reserved at admission,
     samples forked, swap); v1's are in test_scheduler.py."""
-    return SimConfig(*args, scheduler="v0", **options)  # type: ignore[arg-type]
+    return SimConfig.of(*args, scheduler="v0", **options)  # type: ignore[arg-type]
 
 
 def test_prefix_cache_by_hand(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
@@ -132,7 +132,7 @@ def test_swap_moves_the_victims_kv_out_and_back(tiny_model: ModelSpec, clock_gpu
     recompute = replay(trace, v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, max_model_len=16),
                        "paged", bulk=False)
     assert recompute.num_swaps == 0 and recompute.swap_out_bytes == 0 and recompute.num_preemptions >= 1
-    with pytest.raises(InputError, match="--cpu-blocks"):
+    with pytest.raises(InputError, match="cpu_blocks"):
         v0_config(tiny_model, clock_gpu, num_blocks=4, block_size=2, preemption="swap")
 
 
@@ -177,15 +177,15 @@ def test_mooncake_hit_rate_reaches_the_ceiling_and_evicts_in_a_small_pool() -> N
     ceiling = 100 * mooncake_ceiling(trace.requests, trace.segments)
     model, gpu = load_model("qwen3-8b"), load_gpu("h200")
     unbounded = -(-(trace.prompt_tokens + trace.output_tokens) // 16)
-    config = SimConfig(model, gpu, num_blocks=unbounded, block_size=16, max_model_len=131072, prefix_caching=True)
+    config = SimConfig.of(model, gpu, num_blocks=unbounded, block_size=16, max_model_len=131072, prefix_caching=True)
     full = replay(trace, config, "paged")
     assert full.prefix_cache_hit_pct <= ceiling + 1e-9
     assert full.prefix_cache_hit_pct == pytest.approx(ceiling, abs=1.0)
     assert full.num_evictions == 0 and full.completed_requests == 1500
     # A tenth of the distinct prefix blocks: cached blocks are evicted before the next turn of their conversation.
     distinct = len({s for r in trace.requests for s in r.prefix}) * 512 // 16
-    small = replay(trace, SimConfig(model, gpu, num_blocks=distinct // 10, block_size=16, max_model_len=131072,
-                                    prefix_caching=True), "paged")
+    small = replay(trace, SimConfig.of(model, gpu, num_blocks=distinct // 10, block_size=16, max_model_len=131072,
+                                       prefix_caching=True), "paged")
     assert small.prefix_cache_hit_pct < full.prefix_cache_hit_pct
     assert small.num_evictions > 0 and small.completed_requests == 1500
 
@@ -228,8 +228,8 @@ def test_a_request_preempted_mid_prefill_leaves_no_uncomputed_block_in_the_cache
     # cached every block of the reserved prompt, so a re-admitted request skipped ~600 tokens no step had computed.
     # Its first 300 requests preempt 96 times (all 1,000: 82,000 steps, each checked, 25 s).
     trace = load_trace(ROOT / "traces" / "azure_conv_1k.yaml").limited(300)
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h100"), num_blocks=250, block_size=16,
-                       max_batched_tokens=512, prefix_caching=True, check_invariants=True)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h100"), num_blocks=250, block_size=16,
+                          max_batched_tokens=512, prefix_caching=True, check_invariants=True)
     model = ComputedContent(config.block_size)
     result = replay(trace, config, "paged", on_step=model)
     assert result.num_preemptions > 0 and model.checked_tokens > 0

@@ -41,8 +41,8 @@ def test_running_first_then_waiting_from_what_is_left(tiny_model: ModelSpec, clo
     # (3 tokens: steps 16, 17, 18); step 19 B decodes its second token. B never holds blocks it does not compute
     # (v0 admitted it at step 1 and let it wait there for 15 steps).
     trace = make_trace("t", [Request("a", 0.0, 1000, 3), Request("b", 0.0, 100, 2)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=200, block_size=16, max_model_len=2048,
-                       max_batched_tokens=64, prefix_caching=False)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=200, block_size=16, max_model_len=2048,
+                          max_batched_tokens=64, prefix_caching=False)
     steps, metrics = scheduled_tokens(trace, config)
     assert steps == [{0: 64}] * 15 + [{0: 40, 1: 24}, {0: 1, 1: 63}, {0: 1, 1: 13}, {1: 1}]
     assert metrics.num_preemptions == 0
@@ -59,8 +59,8 @@ def test_a_later_chunk_preempts_the_last_running_request(tiny_model: ModelSpec, 
     # running request, is preempted (recompute) and the step admits nobody. A finishes (2 tokens) and frees all.
     # Step 5: B again from scratch, 32 tokens, samples; steps 6-9 decode its other 4 tokens.
     trace = make_trace("t", [Request("a", 0.0, 128, 2), Request("b", 0.0, 32, 5)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=10, block_size=16, max_model_len=256,
-                       max_batched_tokens=48, prefix_caching=False)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=10, block_size=16, max_model_len=256,
+                          max_batched_tokens=48, prefix_caching=False)
     steps, metrics = scheduled_tokens(trace, config)
     assert steps == [{0: 48}, {0: 48}, {0: 32, 1: 16}, {0: 1}, {1: 32}, {1: 1}, {1: 1}, {1: 1}, {1: 1}]
     assert metrics.num_preemptions == 1
@@ -76,8 +76,8 @@ def test_blocks_cached_at_allocation_serve_a_request_admitted_later_in_the_same_
     # step, finds the 4 shared blocks (its hit is capped at 79 tokens: 4 blocks) and computes only its last 16.
     requests = [Request("a", 0.0, 80, 1, ("sys",)), Request("b", 0.0, 80, 1, ("sys",))]
     trace = make_trace("t", requests, source="test", segments={"sys": 64})
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256,
-                       max_batched_tokens=8192, prefix_caching=True)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256,
+                          max_batched_tokens=8192, prefix_caching=True)
     steps, metrics = scheduled_tokens(trace, config)
     assert steps == [{0: 80, 1: 16}]
     assert (metrics.prefix_cache_queries, metrics.prefix_cache_hits) == (160, 64)
@@ -88,7 +88,7 @@ def test_parallel_samples_are_requests_sharing_the_prompt(tiny_model: ModelSpec,
     # The first computes 48; the others hit the 2 blocks below the prompt's last token (32) and compute 16 each.
     # Step 2 decodes all three.
     trace = make_trace("t", [Request("a", 0.0, 48, 2, (), 3)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256)
     steps, metrics = scheduled_tokens(trace, config)
     assert [sorted(step.values()) for step in steps] == [[16, 16, 48], [1, 1, 1]]
     assert (metrics.prefix_cache_queries, metrics.prefix_cache_hits) == (144, 64)
@@ -101,8 +101,8 @@ def test_long_prefill_threshold_caps_a_request_per_step(tiny_model: ModelSpec, c
     # waits; B (30) is admitted into the 70 left in step 1 and prefills whole. Step 2: A 30, B decodes its second
     # and last token. Step 3: A is alone, so the threshold is off (num_eligible_reqs == 1): its last 60 at once.
     trace = make_trace("t", [Request("a", 0.0, 120, 1), Request("b", 0.0, 30, 2)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256,
-                       max_batched_tokens=100, long_prefill_token_threshold=30)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=40, block_size=16, max_model_len=256,
+                          max_batched_tokens=100, long_prefill_token_threshold=30)
     steps, _ = scheduled_tokens(trace, config)
     assert steps == [{0: 30, 1: 30}, {0: 30, 1: 1}, {0: 60}]
 
@@ -111,10 +111,10 @@ def test_watermark_holds_only_while_something_runs(tiny_model: ModelSpec, clock_
     # 20 blocks, watermark 0.1 (2 blocks); a 19-block prompt. v0 keeps the watermark always and rejects it; v1
     # applies it only while something runs, so alone it is admitted (and completes).
     trace = make_trace("t", [Request("a", 0.0, 19 * 16, 1)], source="test")
-    v1 = SimConfig(tiny_model, clock_gpu, num_blocks=20, block_size=16, max_model_len=512, watermark=0.1)
+    v1 = SimConfig.of(tiny_model, clock_gpu, num_blocks=20, block_size=16, max_model_len=512, watermark=0.1)
     assert replay(trace, v1, "paged").completed_requests == 1
-    v0 = SimConfig(tiny_model, clock_gpu, num_blocks=20, block_size=16, max_model_len=512, watermark=0.1,
-                   scheduler="v0")
+    v0 = SimConfig.of(tiny_model, clock_gpu, num_blocks=20, block_size=16, max_model_len=512, watermark=0.1,
+                      scheduler="v0")
     assert replay(trace, v0, "paged").rejected_requests == 1
 
 
@@ -123,17 +123,19 @@ def test_defaults_are_vllm_serves(tiny_model: ModelSpec) -> None:
     # a GPU of >= 70 GiB that is not an A100, else 2048 / 256; v1 turns prefix caching on; the watermark is 0.
     assert vllm_serve_batch_defaults(load_gpu("h200")) == (8192, 1024)
     assert vllm_serve_batch_defaults(load_gpu("a100-80gb")) == (2048, 256)
-    config = SimConfig(tiny_model, load_gpu("h100"), num_blocks=10)
-    assert (config.max_batched_tokens, config.max_num_seqs, config.prefix_caching, config.watermark) == \
+    config = SimConfig.of(tiny_model, load_gpu("h100"), num_blocks=10)
+    engine = config.engine
+    assert (engine.max_batched_tokens, engine.max_num_seqs, config.cache.prefix_caching, engine.watermark) == \
         (8192, 1024, True, 0.0)
-    v0 = SimConfig(tiny_model, load_gpu("h100"), num_blocks=10, scheduler="v0")
-    assert (v0.max_batched_tokens, v0.max_num_seqs, v0.prefix_caching, v0.watermark) == (None, 256, False, 0.01)
+    v0 = SimConfig.of(tiny_model, load_gpu("h100"), num_blocks=10, scheduler="v0")
+    assert (v0.engine.max_batched_tokens, v0.engine.max_num_seqs, v0.cache.prefix_caching, v0.engine.watermark) == \
+        (None, 256, False, 0.01)
 
 
 def test_swap_is_v0_only(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
-    with pytest.raises(InputError, match=r"--preemption.*recompute only"):
-        SimConfig(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10)
-    SimConfig(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10, scheduler="v0")
+    with pytest.raises(InputError, match=r"preemption.*recompute only"):
+        SimConfig.of(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10)
+    SimConfig.of(tiny_model, clock_gpu, num_blocks=10, preemption="swap", cpu_blocks=10, scheduler="v0")
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -21,9 +21,9 @@ def _admission_order(model: ModelSpec, gpu: GpuSpec, window: int, threshold: flo
     trace = make_trace("t", [Request("doc", 0.0, 12, 1, prefix=("d",)), Request("hog", 0.0, 20, 6),
                              Request("cold-1", 0.0, 8, 2), Request("warm", 0.0, 12, 2, prefix=("d",)),
                              Request("cold-2", 0.0, 8, 2)], source="test", segments={"d": 8})
-    config = SimConfig(model, gpu, num_blocks=10, block_size=4, max_model_len=64, max_batched_tokens=8,
-                       max_num_seqs=1, prefix_caching=True, cache_aware_admission_window=window,
-                       cache_aware_admission_threshold=threshold)
+    config = SimConfig.of(model, gpu, num_blocks=10, block_size=4, max_model_len=64, max_batched_tokens=8,
+                          max_num_seqs=1, prefix_caching=True, cache_aware_admission_window=window,
+                          cache_aware_admission_threshold=threshold)
     steps, _ = scheduled_tokens(trace, config)
     order: list[int] = []
     for step in steps:
@@ -45,9 +45,9 @@ def test_a_cached_prefix_is_admitted_first_above_the_threshold(tiny_model: Model
 def test_it_is_vllm_034s_option(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
     base = {"num_blocks": 10, "block_size": 4, "prefix_caching": True}
     with pytest.raises(InputError, match=r"0\.34\.0"):
-        SimConfig(tiny_model, clock_gpu, vllm_version="0.33", cache_aware_admission_window=4, **base)
+        SimConfig.of(tiny_model, clock_gpu, vllm_version="0.33", cache_aware_admission_window=4, **base)
     with pytest.raises(InputError, match=r"\[0, 1\]"):
-        SimConfig(tiny_model, clock_gpu, cache_aware_admission_window=4, cache_aware_admission_threshold=1.5, **base)
+        SimConfig.of(tiny_model, clock_gpu, cache_aware_admission_window=4, cache_aware_admission_threshold=1.5, **base)
     # the release's defaults: off, above half the cache once on
-    config = SimConfig(tiny_model, clock_gpu, **base)
-    assert (config.cache_aware_admission_window, config.cache_aware_admission_threshold) == (0, 0.5)
+    config = SimConfig.of(tiny_model, clock_gpu, **base)
+    assert (config.engine.cache_aware_admission_window, config.engine.cache_aware_admission_threshold) == (0, 0.5)

@@ -36,7 +36,7 @@ def ten_ms_gpu(clock_gpu: GpuSpec) -> GpuSpec:
 @pytest.mark.parametrize("bulk", [True, False])
 def test_an_unchunked_v0_step_that_admits_a_prompt_runs_no_decode(tiny_model: ModelSpec, ten_ms_gpu: GpuSpec,
                                                                    bulk: bool) -> None:
-    config = SimConfig(tiny_model, ten_ms_gpu, num_blocks=64, block_size=16, scheduler="v0", check_invariants=True)
+    config = SimConfig.of(tiny_model, ten_ms_gpu, num_blocks=64, block_size=16, scheduler="v0", check_invariants=True)
     steps: list[StepWork] = []
     result = replay(TWO_REQUESTS, config, "paged", bulk=bulk, on_step=lambda work, _: steps.append(work))
     assert result.completed_requests == 2 and result.invariant_violations == 0
@@ -52,7 +52,7 @@ def test_an_unchunked_v0_step_that_admits_a_prompt_runs_no_decode(tiny_model: Mo
 def test_chunked_v0_mixes_decodes_and_prefills(tiny_model: ModelSpec, ten_ms_gpu: GpuSpec) -> None:
     # --max-batched-tokens under v0 is its chunked prefill: a budget of 200 takes each prompt whole and a decodes
     # beside b's prefill in step 3, so a ends at 0.05 (the numbers after the trace above).
-    config = SimConfig(tiny_model, ten_ms_gpu, num_blocks=64, block_size=16, scheduler="v0", max_batched_tokens=200)
+    config = SimConfig.of(tiny_model, ten_ms_gpu, num_blocks=64, block_size=16, scheduler="v0", max_batched_tokens=200)
     result = replay(TWO_REQUESTS, config, "paged", bulk=False)
     assert result.mean_tpot_s == pytest.approx(0.01)
     assert result.mean_e2e_s == pytest.approx(0.0425)
@@ -70,9 +70,9 @@ def test_no_unchunked_v0_step_mixes_prefills_and_decodes(tiny_model: ModelSpec, 
     # Whatever arrives, preempts (by recompute or swap) or forks: a step prefills or decodes, never both.
     trace = make_trace("t", [Request(str(i), arrival, prompt, output, n=n)
                              for i, (arrival, prompt, output, n) in enumerate(requests)], source="test")
-    config = SimConfig(tiny_model, clock_gpu, num_blocks=num_blocks, block_size=4, max_model_len=128,
-                       scheduler="v0", preemption="swap" if swap else "recompute", cpu_blocks=8 if swap else 0,
-                       check_invariants=True)
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=num_blocks, block_size=4, max_model_len=128,
+                          scheduler="v0", preemption="swap" if swap else "recompute", cpu_blocks=8 if swap else 0,
+                          check_invariants=True)
     steps: list[StepWork] = []
     result = replay(trace, config, "paged", bulk=False, on_step=lambda work, _: steps.append(work))
     assert result.invariant_violations == 0

@@ -303,7 +303,7 @@ def test_calibrate_measures_on_the_cpu_and_simulate_reads_what_it_wrote(tmp_path
     comparison = json.loads((tmp_path / "c.json").read_text())["comparison"]
     first_linear = next(row for row in comparison if row["table"] == "linear")
     assert first_linear["measured_us"] == pytest.approx(calibration.linear.seconds[0] * 1e6, rel=1e-4)
-    config = SimConfig(model=load_model("qwen3-0.6b"), gpu=load_gpu("h200"), num_blocks=64, calibration=calibration)
+    config = SimConfig.of(model=load_model("qwen3-0.6b"), gpu=load_gpu("h200"), num_blocks=64, calibration=calibration)
     step = StepTimeModel(config.model, config.gpu, config.calibration)
     assert float(step.linear_seconds(64)) == pytest.approx(28 * float(calibration.linear(64)))
     simulated = runner.invoke(app, ["simulate", MIXED, "--model", "qwen3-0.6b", "--gpu", "h200", "--calibration",

@@ -38,7 +38,7 @@ def three_requests() -> tuple:
 
 
 def config(**tiers: object) -> SimConfig:
-    return SimConfig(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, **tiers)
+    return SimConfig.of(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, **tiers)
 
 
 def prefill_seconds(model: StepTimeModel, tokens: int, context: int) -> float:
@@ -95,7 +95,7 @@ def test_a_full_host_tier_evicts_least_recently_stored() -> None:
 def test_recompute_beats_a_slow_link() -> None:
     # At 1 MB/s the 9.4 MB load takes 9.4 s, far longer than prefilling 64 tokens: C recomputes them.
     slow = dataclasses.replace(H200, host_bandwidth_bytes_per_s=1e6, host_bandwidth_efficiency=1.0)
-    metrics = replay(three_requests(), SimConfig(QWEN3_8B, slow, num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8),
+    metrics = replay(three_requests(), SimConfig.of(QWEN3_8B, slow, num_blocks=5, block_size=BLOCK, cpu_kv_blocks=8),
                      "paged")
     cpu = metrics.tiers["cpu"]
     assert (cpu.hit_tokens, cpu.recomputed_tokens, cpu.loaded_bytes) == (0, 64, 0)
@@ -119,7 +119,7 @@ def test_disk_loads_cross_both_links() -> None:
         - prefill_seconds(model, 1, 64) < 4 * BLOCK_BYTES / 7.45e9 + 4 * BLOCK_BYTES / HOST_LINK
 
     fast = dataclasses.replace(H200, disk_read_bytes_per_s=4 * 7.45e9)
-    cfg = SimConfig(QWEN3_8B, fast, num_blocks=5, block_size=BLOCK, cpu_kv_blocks=4, disk_kv_blocks=8)
+    cfg = SimConfig.of(QWEN3_8B, fast, num_blocks=5, block_size=BLOCK, cpu_kv_blocks=4, disk_kv_blocks=8)
     steps: list[StepWork] = []
     metrics = Replay(three_requests(), cfg, cfg.allocator("paged"), False, None,
                      lambda work, _: steps.append(work)).run()
@@ -257,9 +257,9 @@ def random_trace(seed: int, num_requests: int, spacing_s: float):
 def test_replays_keep_the_tiers_invariants(seed: int, num_blocks: int, cpu: int, disk: int, policy: str,
                                            eviction: str, layerwise: bool) -> None:
     trace = random_trace(seed, 25, 0.01)
-    cfg = SimConfig(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=cpu,
-                    disk_kv_blocks=disk, offload_policy=policy, tier_eviction=eviction, layerwise_loads=layerwise,
-                    check_invariants=True, max_model_len=512)
+    cfg = SimConfig.of(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=cpu,
+                       disk_kv_blocks=disk, offload_policy=policy, tier_eviction=eviction, layerwise_loads=layerwise,
+                       check_invariants=True, max_model_len=512)
     run = Replay(trace, cfg, cfg.allocator("paged"), True, None)
     metrics = run.run()
     assert metrics.invariant_violations == 0 and not run.tiers.violations()
@@ -304,7 +304,7 @@ def test_a_tiny_gpu_pool_over_a_host_tier_is_a_plain_lru(capacity: int) -> None:
     trace = random_trace(7, 300, 1.0)
     trace = make_trace("one-token", [dataclasses.replace(r, output_tokens=1) for r in trace.requests],
                        source="test", segments=trace.segments)
-    cfg = SimConfig(QWEN3_8B, H200, num_blocks=12, block_size=BLOCK, cpu_kv_blocks=capacity, max_model_len=512)
+    cfg = SimConfig.of(QWEN3_8B, H200, num_blocks=12, block_size=BLOCK, cpu_kv_blocks=capacity, max_model_len=512)
     metrics = replay(trace, cfg, "paged")
     queries = metrics.prefix_cache_queries
     found = (metrics.prefix_cache_hits + metrics.tiers["cpu"].hit_tokens) / queries

@@ -56,5 +56,5 @@ def test_link_fields_in_a_gpu_yaml(tmp_path) -> None:
 
 
 def test_negative_tier_blocks_in_the_library() -> None:
-    with pytest.raises(InputError, match="--cpu-kv-memory"):
-        SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=10, cpu_kv_blocks=-1)
+    with pytest.raises(InputError, match="cpu_kv_blocks"):
+        SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=10, cpu_kv_blocks=-1)

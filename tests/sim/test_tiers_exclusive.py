@@ -31,8 +31,8 @@ def three_segments_twice():
 
 
 def tiers_config(inclusion: str, **fields: object) -> SimConfig:
-    return SimConfig(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, offload_policy="on-eviction",
-                     tier_inclusion=inclusion, check_invariants=True, **fields)
+    return SimConfig.of(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, offload_policy="on-eviction",
+                        tier_inclusion=inclusion, check_invariants=True, **fields)
 
 
 @pytest.mark.parametrize(("inclusion", "hit_blocks", "stored_blocks", "evictions"),
@@ -78,8 +78,8 @@ def test_a_block_loaded_from_disk_leaves_it() -> None:
     # Each block is in one tier throughout (the invariant check, every step): the disk delivers 4 + 1 + 4 blocks,
     # is written 4 + 1 + 4 + 1 blocks and drops 2 x 3; the host tier is written 5 x 4 (X, Y, Z, X, Y).
     fast = H200.__class__(**{**H200.__dict__, "disk_read_bytes_per_s": 4 * 7.45e9})
-    cfg = SimConfig(QWEN3_8B, fast, num_blocks=5, block_size=BLOCK, offload_policy="on-eviction",
-                    tier_inclusion="exclusive", cpu_kv_blocks=4, disk_kv_blocks=4, check_invariants=True)
+    cfg = SimConfig.of(QWEN3_8B, fast, num_blocks=5, block_size=BLOCK, offload_policy="on-eviction",
+                       tier_inclusion="exclusive", cpu_kv_blocks=4, disk_kv_blocks=4, check_invariants=True)
     run = Replay(three_segments_twice(), cfg, cfg.allocator("paged"), True, None)
     metrics = run.run()
     disk, cpu = metrics.tiers["disk"], metrics.tiers["cpu"]
@@ -97,8 +97,8 @@ def test_a_declined_load_leaves_the_tier_when_the_gpu_caches_the_recomputed_bloc
     # X the rule declines the load (64 tokens counted recomputed) and the GPU caches the computed X: the tier
     # gives it up, so the host tier ends holding the two segments the GPU does not.
     slow = H200.__class__(**{**H200.__dict__, "host_bandwidth_bytes_per_s": 1e6, "host_bandwidth_efficiency": 1.0})
-    cfg = SimConfig(QWEN3_8B, slow, num_blocks=5, block_size=BLOCK, offload_policy="on-eviction",
-                    tier_inclusion="exclusive", cpu_kv_blocks=8, check_invariants=True)
+    cfg = SimConfig.of(QWEN3_8B, slow, num_blocks=5, block_size=BLOCK, offload_policy="on-eviction",
+                       tier_inclusion="exclusive", cpu_kv_blocks=8, check_invariants=True)
     run = Replay(three_segments_twice(), cfg, cfg.allocator("paged"), True, None)
     metrics = run.run()
     cpu = metrics.tiers["cpu"]
@@ -117,9 +117,9 @@ def test_exclusive_replays_hold_each_block_once(seed: int, num_blocks: int, cpu:
     # the GPU's prefix cache and in a tier, nor in both tiers (``TieredCache.violations``, checked every step);
     # independently here at the end: the tiers' hashes against the GPU pool's cache map.
     trace = random_trace(seed, 25, 0.01)
-    cfg = SimConfig(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=cpu,
-                    disk_kv_blocks=disk, offload_policy="on-eviction", tier_eviction=eviction,
-                    tier_inclusion="exclusive", layerwise_loads=layerwise, check_invariants=True, max_model_len=512)
+    cfg = SimConfig.of(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=cpu,
+                       disk_kv_blocks=disk, offload_policy="on-eviction", tier_eviction=eviction,
+                       tier_inclusion="exclusive", layerwise_loads=layerwise, check_invariants=True, max_model_len=512)
     run = Replay(trace, cfg, cfg.allocator("paged"), True, None)
     metrics = run.run()
     assert metrics.invariant_violations == 0 and not run.tiers.violations()
@@ -136,9 +136,9 @@ def test_exclusive_v0_replays_hold_each_block_once(seed: int, num_blocks: int, c
     # v0 with prefix caching: the host tier is also the swap space; swapped-out slots are reserved, not cached
     # content, and all given back.
     trace = random_trace(seed, 25, 0.002)
-    cfg = SimConfig(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, scheduler="v0", prefix_caching=True,
-                    preemption="swap" if swap else "recompute", cpu_kv_blocks=cpu, offload_policy="on-eviction",
-                    tier_inclusion="exclusive", check_invariants=True, max_model_len=512)
+    cfg = SimConfig.of(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, scheduler="v0", prefix_caching=True,
+                       preemption="swap" if swap else "recompute", cpu_kv_blocks=cpu, offload_policy="on-eviction",
+                       tier_inclusion="exclusive", check_invariants=True, max_model_len=512)
     run = Replay(trace, cfg, cfg.allocator("paged"), True, None)
     metrics = run.run()
     assert metrics.invariant_violations == 0 and not run.tiers.violations()

@@ -69,6 +69,6 @@ def test_sweep_refuses_an_unknown_inclusion() -> None:
 
 
 def test_library_refuses_exclusive_write_through() -> None:
-    with pytest.raises(InputError, match="needs --offload-policy on-eviction"):
-        SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, cpu_kv_blocks=10,
-                  tier_inclusion="exclusive")
+    with pytest.raises(InputError, match="needs offload_policy=on-eviction"):
+        SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, cpu_kv_blocks=10,
+                     tier_inclusion="exclusive")

@@ -62,7 +62,7 @@ def test_a_hybrid_hit_loads_the_full_group_and_the_sliding_window() -> None:
     # C finds A's 16 blocks of the full group and, within them, the sliding group's last 8: it loads 16 + 8 = 24
     # pages (9,437,184 B, 189.0 us at 49.92 GB/s), not the sliding group's first 8, which its window never reads.
     trace = three_long_requests()
-    config = SimConfig(GPT_OSS, H200, num_blocks=34, block_size=16, cpu_kv_blocks=64, check_invariants=True)
+    config = SimConfig.of(GPT_OSS, H200, num_blocks=34, block_size=16, cpu_kv_blocks=64, check_invariants=True)
     metrics = replay(trace, config, "paged")
     model = StepTimeModel(GPT_OSS, H200)
     whole, rest = prefill_seconds(model, 257, 0), prefill_seconds(model, 1, 256)
@@ -78,7 +78,7 @@ def test_a_hybrid_hit_loads_the_full_group_and_the_sliding_window() -> None:
 
 
 def host_tier_holding(keys: list[object]) -> TieredCache:
-    config = SimConfig(GPT_OSS, H200, num_blocks=34, block_size=16, cpu_kv_blocks=100)
+    config = SimConfig.of(GPT_OSS, H200, num_blocks=34, block_size=16, cpu_kv_blocks=100)
     tiers = TieredCache(config, BlockPool(34, enable_caching=True), StepTimeModel(GPT_OSS, H200))
     tiers.tiers[0].store.insert(keys)
     return tiers
@@ -131,8 +131,8 @@ def test_the_sliding_run_agrees_with_vllm() -> None:
                                                                                           "on-eviction"]))
 def test_hybrid_replays_keep_the_invariants(seed: int, num_blocks: int, cpu: int, policy: str) -> None:
     trace = random_trace(seed, 25, 0.01)
-    config = SimConfig(GPT_OSS, H200, num_blocks=num_blocks, block_size=16, cpu_kv_blocks=cpu,
-                       offload_policy=policy, check_invariants=True, max_model_len=512)
+    config = SimConfig.of(GPT_OSS, H200, num_blocks=num_blocks, block_size=16, cpu_kv_blocks=cpu,
+                          offload_policy=policy, check_invariants=True, max_model_len=512)
     run = Replay(trace, config, config.allocator("paged"), True, None)
     metrics = run.run()
     assert metrics.invariant_violations == 0 and not run.tiers.violations()

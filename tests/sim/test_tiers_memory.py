@@ -22,7 +22,7 @@ BLOCK = 16
 
 
 def replayed(trace, model: str = "qwen3-8b", **settings_: object) -> Replay:
-    config = SimConfig(load_model(model), load_gpu("h200"), block_size=BLOCK, **settings_)
+    config = SimConfig.of(load_model(model), load_gpu("h200"), block_size=BLOCK, **settings_)
     run = Replay(trace, config, config.allocator("paged"), True, None)
     run.run()
     return run

@@ -254,11 +254,11 @@ def test_every_load_copies_what_was_stored_under_its_hash(policy: str, inclusion
     # The reference: each stored block's content recorded when the store copies it (on-eviction: before the step
     # overwrites it; write-through: after the step computed it); every load must copy exactly that, and the data
     # plane must run every load the simulator's host tier counted.
-    config_ = SimConfig(MODEL, H200, num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=tier_blocks,
-                        offload_policy=policy, tier_inclusion=inclusion, max_model_len=512, check_invariants=True)
+    config_ = SimConfig.of(MODEL, H200, num_blocks=num_blocks, block_size=BLOCK, cpu_kv_blocks=tier_blocks,
+                           offload_policy=policy, tier_inclusion=inclusion, max_model_len=512, check_invariants=True)
     cache = PagedKVCache(1, num_blocks, MODEL.num_kv_heads, BLOCK, MODEL.head_dim, torch.float32)
     backend = TorchBackend("cpu")
-    offload = StepOffload.under(cache, backend, config_)
+    offload = StepOffload.under(cache, backend, config_.tiers)
     executor = _Executor(cache, backend, MODEL.num_q_heads, seed=0, offload=offload)
     stored: dict[object, torch.Tensor] = {}
     loads: list[tuple[object, int]] = []
@@ -288,8 +288,8 @@ def test_a_block_leaving_the_disk_that_comes_back_down_stays_there() -> None:
     # whose next store (Y1-Y4) evicts them down again: the disk, which still holds them, keeps them, and no copy
     # is needed. Before, they were taken out of the disk when the load ended: in no tier at all.
     fast = H200.__class__(**{**H200.__dict__, "disk_read_bytes_per_s": 4 * 7.45e9})
-    cfg = SimConfig(QWEN3_8B, fast, num_blocks=10, block_size=BLOCK, cpu_kv_blocks=4, disk_kv_blocks=4,
-                    offload_policy="on-eviction", tier_inclusion="exclusive")
+    cfg = SimConfig.of(QWEN3_8B, fast, num_blocks=10, block_size=BLOCK, cpu_kv_blocks=4, disk_kv_blocks=4,
+                       offload_policy="on-eviction", tier_inclusion="exclusive")
     tiers = TieredCache(cfg, BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, fast))
     host, disk = tiers.tiers[0].store, tiers.tiers[1]
     xs, ys = ["X1", "X2", "X3", "X4"], ["Y1", "Y2", "Y3", "Y4"]

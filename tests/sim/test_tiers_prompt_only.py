@@ -28,8 +28,8 @@ def two_requests():
     ("on-eviction", 4),  # of A's 6 blocks B's allocation evicts, the 4 prompt ones
 ])
 def test_output_blocks_stay_on_the_gpu(policy: str, stored_blocks: int) -> None:
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7, block_size=BLOCK, cpu_kv_blocks=16,
-                       offload_policy=policy)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=7, block_size=BLOCK, cpu_kv_blocks=16,
+                          offload_policy=policy)
     metrics = replay(two_requests(), config, "paged")
     assert metrics.num_evictions == 6  # the GPU cached A's output blocks too
     assert metrics.tiers["cpu"].stored_bytes == stored_blocks * BLOCK_BYTES
@@ -43,8 +43,8 @@ def test_output_blocks_stay_on_the_gpu_in_every_kv_cache_group(policy: str, stor
     # gpt-oss-20b under the hybrid manager: a sliding group (window 128, longer than A's 103 tokens, so it frees
     # nothing) and a full group, each page 16 tokens of 12 layers at 2,048 B. A holds 7 pages a group; B's 7 a
     # group on a pool of 14 evict A's 12 cached ones. The tiers key a page by (group, hash): output pages too.
-    config = SimConfig(load_model("gpt-oss-20b"), load_gpu("h200"), num_blocks=14, block_size=BLOCK,
-                       cpu_kv_blocks=32, offload_policy=policy)
+    config = SimConfig.of(load_model("gpt-oss-20b"), load_gpu("h200"), num_blocks=14, block_size=BLOCK,
+                          cpu_kv_blocks=32, offload_policy=policy)
     metrics = replay(two_requests(), config, "paged")
     assert metrics.num_evictions == 12
     assert metrics.tiers["cpu"].stored_bytes == stored_pages * BLOCK * 12 * 2048

@@ -39,8 +39,8 @@ def swap_trace():
 
 
 def v0_config(**fields: object) -> SimConfig:
-    return SimConfig(QWEN3_8B, H200, num_blocks=3, block_size=BLOCK, scheduler="v0", prefix_caching=True,
-                     preemption="swap", watermark=0.0, **fields)
+    return SimConfig.of(QWEN3_8B, H200, num_blocks=3, block_size=BLOCK, scheduler="v0", prefix_caching=True,
+                        preemption="swap", watermark=0.0, **fields)
 
 
 def test_a_swap_queues_behind_a_store_on_the_host_link() -> None:
@@ -105,8 +105,8 @@ def test_a_v0_prompt_loads_from_the_host_tier_before_the_forward() -> None:
     requests = [Request("a", 0.0, 65, 1, prefix=("sys",)), Request("b", 10.0, 65, 1, prefix=("other",)),
                 Request("c", 20.0, 65, 1, prefix=("sys",))]
     trace = make_trace("three", requests, source="test", segments={"sys": 64, "other": 64})
-    cfg = SimConfig(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, scheduler="v0", prefix_caching=True,
-                    cpu_kv_blocks=8)
+    cfg = SimConfig.of(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, scheduler="v0", prefix_caching=True,
+                       cpu_kv_blocks=8)
     run = RecordedReplay(cfg, trace)
     metrics = run.run()
     model = StepTimeModel(QWEN3_8B, H200)
@@ -125,9 +125,9 @@ def test_v0_replays_keep_the_tiers_invariants(seed: int, num_blocks: int, cpu: i
     # Whatever swaps, stores and loads interleave: the host tier never holds more than its capacity, cached and
     # swapped together; the swapped slots are all given back; every byte written is a store or a swap-out.
     trace = random_trace(seed, 25, 0.002)
-    cfg = SimConfig(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, scheduler="v0",
-                    prefix_caching=prefix_caching, preemption="swap", cpu_kv_blocks=cpu, offload_policy=policy,
-                    tier_eviction=eviction, check_invariants=True, max_model_len=512)
+    cfg = SimConfig.of(QWEN3_8B, H200, num_blocks=num_blocks, block_size=BLOCK, scheduler="v0",
+                       prefix_caching=prefix_caching, preemption="swap", cpu_kv_blocks=cpu, offload_policy=policy,
+                       tier_eviction=eviction, check_invariants=True, max_model_len=512)
     run = Replay(trace, cfg, cfg.allocator("paged"), True, None)
     metrics = run.run()
     assert metrics.invariant_violations == 0 and not run.tiers.violations()

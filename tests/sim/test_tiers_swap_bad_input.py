@@ -43,14 +43,14 @@ def test_sweep_refuses_two_swap_spaces() -> None:
 
 
 def test_the_same_swap_space_twice_is_one() -> None:
-    config = SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, scheduler="v0",
-                       preemption="swap", cpu_blocks=455, cpu_kv_blocks=455)
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, scheduler="v0",
+                          preemption="swap", cpu_blocks=455, cpu_kv_blocks=455)
     assert config.swap_blocks == 455
 
 
 def test_library_refuses_swap_without_room() -> None:
     with pytest.raises(InputError, match="swap needs a CPU pool"):
-        SimConfig(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, scheduler="v0", preemption="swap")
+        SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=100, scheduler="v0", preemption="swap")
 
 
 def test_run_names_only_options_run_has() -> None:

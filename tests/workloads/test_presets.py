@@ -104,7 +104,7 @@ def test_model_spec_refuses_bad_shapes_built_in_code(field: str, value: object, 
 
 
 def test_a_directory_is_named_as_one(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match=f"--model: '{re.escape(str(tmp_path))}': is a directory"):
+    with pytest.raises(InputError, match=f"model: '{re.escape(str(tmp_path))}': is a directory"):
         load_model(str(tmp_path))
 
 

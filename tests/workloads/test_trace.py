@@ -234,7 +234,7 @@ def test_lengths_csv_arrive_together_unless_rated(tmp_path: Path) -> None:
 
 
 def test_unknown_csv_header_asks_for_format(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="pass --format"):
+    with pytest.raises(InputError, match="pass trace_format"):
         load_trace(write(tmp_path, "a,b\n1,2\n", "x.csv"))
 
 
