@@ -309,7 +309,6 @@ class SimConfig:
         """A fresh allocator of ``strategy`` on this capacity."""
         return make_allocator(strategy, num_blocks=self.num_blocks, block_size=self.block_size,
                               max_model_len=self.model_len, prefix_caching=self.prefix_caching,
-                              watermark_blocks=self.watermark_blocks, scheduler=self.scheduler,
                               groups=self.kv_cache_groups, max_batched_tokens=self.max_batched_tokens)
 
 

@@ -34,6 +34,7 @@ from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, Holding
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
+from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
@@ -333,6 +334,7 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
         shortest = min(r.total_tokens for r in trace.requests)
         raise InputError(f"every request is longer (the shortest holds {shortest} tokens); raise it",
                          field="--max-model-len", value=config.model_len, has_value=True)
+    admission = AdmissionPolicy.for_engine(config.scheduler, config.watermark_blocks)
     for name in strategies:
         allocator = config.allocator(name)
         # The first request the strategy can place ends its check (holdings built for a whole trace, per strategy,
@@ -340,7 +342,7 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
         needs = []
         for request in fitting:
             holding = Holding(0, request.prompt_tokens, request.output_tokens)
-            if allocator.rejection_reason(holding) is None:
+            if admission.rejection_reason(allocator, holding) is None:
                 break
             needs.append(allocator.largest_need(holding))
         else:

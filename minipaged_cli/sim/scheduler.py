@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.clients import Arrivals
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
@@ -91,6 +92,7 @@ class Scheduler:
         self.waiting: deque[LiveRequest] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[LiveRequest] = []
+        self.admission = AdmissionPolicy.for_engine(config.scheduler, config.watermark_blocks)
         self.keyed = config.prefix_caching and allocator.supports_prefix_caching  # blocks get content keys
         # vLLM 0.34.0 reorders only with a prefix cache to consult
         self.cache_aware_window = config.cache_aware_admission_window if self.keyed else 0
@@ -140,7 +142,7 @@ class Scheduler:
         if not self.waiting:
             return self.allocator.capacity_tokens
         head = self.waiting[0]
-        return self.allocator.admission_headroom(head, head.num_prefill_tokens)
+        return self.admission.headroom(self.allocator, head, head.num_prefill_tokens)
 
     def external_fragmentation(self) -> int:
         """Free slots in holes too small for the smallest waiting request's need."""
@@ -165,7 +167,7 @@ class Scheduler:
                 # for it: a count of 2**62 tokens is one rejection, not a list of 2**58 keys.
                 if request.total_tokens > self.config.model_len:
                     self._reject(live, "longer than --max-model-len")
-                elif (reason := self.allocator.rejection_reason(live)) is not None:
+                elif (reason := self.admission.rejection_reason(self.allocator, live)) is not None:
                     self._reject(live, reason)
                 else:
                     if self.keyed:
@@ -230,7 +232,7 @@ class Scheduler:
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
-            if not self.allocator.can_admit(head, head.num_prefill_tokens):
+            if not self.admission.can_admit(self.allocator, head, head.num_prefill_tokens):
                 break
             cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
             loaded = 0
@@ -243,7 +245,7 @@ class Scheduler:
                 self._note_loads(head, cached, cached + loaded)  # (the copy starts in this step, as vLLM's)
             else:
                 tokens = self._chunk(head.num_prefill_tokens - cached, budget)
-                self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
+                self.admission.admit(self.allocator, head, head.num_prefill_tokens, cached + tokens)
             self.running.append(self._dequeue())
             head.num_computed = cached
             if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
@@ -312,7 +314,7 @@ class Scheduler:
         if self.config.max_batched_tokens is not None and len(self.running) >= self.config.max_batched_tokens:
             return False
         head = self.waiting[0]
-        return self.allocator.can_admit(head, head.num_prefill_tokens)
+        return self.admission.can_admit(self.allocator, head, head.num_prefill_tokens)
 
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
         if front:
