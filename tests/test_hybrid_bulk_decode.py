@@ -150,7 +150,7 @@ def test_bulk_profile_against_a_count_per_request_and_step(seed: int) -> None:
               for i, kind in enumerate(kinds)]
     num_groups, num_sliding = len(groups), kinds.count(SLIDING_ATTENTION)
     allocator = PagedAllocator(rng.randint(40, 400), block_size, groups, prefix_caching=False,
-                                     max_in_flight_tokens=64, max_model_len=4096)
+                               max_in_flight_tokens=64, max_model_len=4096)
     holdings, lengths, finals = [], [], []
     for sid in range(rng.randint(1, 8)):
         prompt = rng.randint(1, 5 * block_size + window)

@@ -17,7 +17,7 @@ entries long; a single-group model is one full-attention group. Blocks can be sh
 gives a child its parent's blocks, copied on the first write into a shared partly filled block; with prefix
 caching a full block whose content is known (``hash_blocks``) joins its group's cache once its K/V is computed,
 and a new prompt shares the cached blocks the single-type managers find (at most ``(prompt - 1) // block_size``:
-the last prompt token is always computed). Freed blocks return to the one free queue in vLLM v1's order: tail
+the last prompt token is always computed). Freed blocks return to the one free queue in vLLM's order: tail
 first, uncached to the front, cached to the back (evicted least recently freed first; a hit revives them).
 
 vLLM: v1/core/kv_cache_coordinator.py::HybridKVCacheCoordinator

@@ -1,4 +1,4 @@
-"""The block pool: the mechanism under the block manager (vLLM v1's ``BlockPool``).
+"""The block pool: the mechanism under the block manager (vLLM's ``BlockPool``).
 
 It owns the physical blocks: their reference counts, the one free queue, and a prefix cache per KV cache group
 (a map from content hash to the blocks holding that content). It decides nothing about sequences; the

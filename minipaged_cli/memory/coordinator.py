@@ -23,7 +23,7 @@ SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
 class HitsMemo:
     """``KVBlockManager.search_hits``'s answers for one prompt, valid while the pool's ``cache_version`` stays: the
-    scheduler asks about the same waiting prompt several times a step (its gate, its first chunk), and the answer
+    admission asks about the same waiting prompt several times a step (its gate, its first chunk), and the answer
     changes only with the cache. (The hashes are compared by value, in C: far cheaper than the search.)"""
 
     def __init__(self) -> None:
@@ -91,7 +91,7 @@ class KVCacheCoordinator:
         return self.find_hits(block_hashes, num_tokens)[1]
 
     def find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
-        """``search_hits`` through its fast path: most prompts miss on their first block, and the scheduler asks
+        """``search_hits`` through its fast path: most prompts miss on their first block, and admission asks
         about the same waiting prompt several times a step (``HitsMemo``; the lists returned are shared:
         callers only read them)."""
         if (not self.enable_prefix_caching or num_tokens <= self.block_size or not block_hashes or

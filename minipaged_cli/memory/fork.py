@@ -1,5 +1,6 @@
 """Forked sequences and copy-on-write: the block manager's part that lets two block tables share a partly filled
-block (parallel sampling and beam search in vLLM's v0 engine; v1 shares prompts through prefix caching instead)."""
+block (parallel sampling and beam search in vLLM's first engine; its block manager over KV cache groups forks
+nothing: parallel samples are separate requests sharing prompts through prefix caching)."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ class CopyOnWrite:
         not reservations."""
         parent = self.sequence(parent_id)
         if len(self.groups) > 1:
-            raise ValueError("a model with several KV cache groups runs under vLLM v1, which forks no sequence "
-                             "(parallel samples are separate requests)")
+            raise ValueError("a model with several KV cache groups forks no sequence (vLLM runs its parallel samples "
+                             "as separate requests)")
         if child_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {child_id!r} already exists")
         if parent.num_computed_tokens < parent.sequence_length:

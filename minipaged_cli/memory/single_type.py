@@ -1,5 +1,5 @@
 """The single-type managers: what one attention type's KV cache groups hold, and which cached blocks a prompt
-can share (vLLM v1's ``SingleTypeKVCacheManager``s). The ``KVBlockManager`` coordinates one per attention type.
+can share (vLLM's ``SingleTypeKVCacheManager``s). The ``KVBlockManager`` coordinates one per attention type.
 
 A full-attention group holds every block until the sequence ends, and a prompt shares the longest run of cached
 blocks from its start. Latent attention (MLA) is full attention whose page holds the latent vector: the same
