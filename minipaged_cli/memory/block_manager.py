@@ -220,8 +220,9 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
                 >= (state.num_null[self.sliding_ids[0]] + 1) * self.block_size - 1):
             self.slide_window(sequence_id)
         new_length = state.sequence_length + num_tokens
-        if new_length > len(state.block_tables[0]) * self.block_size or self._needs_copy(state, num_tokens):
-            self._take(state, new_length)
+        copy = self._needs_copy(state, num_tokens)
+        if copy or new_length > len(state.block_tables[0]) * self.block_size:
+            self._take(state, new_length, copy)
         state.sequence_length = new_length
         if computed:
             if self.enable_prefix_caching:
@@ -285,10 +286,9 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _take(self, state: SequenceState, new_length: int) -> None:
+    def _take(self, state: SequenceState, new_length: int, copy: int = 0) -> None:
         """Extend every table to ``new_length`` tokens, group by group from the free queue, after copying a
-        shared last block the next token writes into; all or nothing."""
-        copy = self._needs_copy(state, new_length - state.sequence_length)
+        shared last block the next token writes into (``copy``: ``_needs_copy``'s answer); all or nothing."""
         per_group = num_blocks_for(new_length, self.block_size) - len(state.block_tables[0])
         needed = per_group * len(self.groups) + copy
         if needed > self.num_free_blocks:
@@ -315,5 +315,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
             state.num_loading_tokens = max(0, state.num_computed_tokens + state.num_loading_tokens
                                            - num_computed_tokens)
         state.num_computed_tokens = num_computed_tokens
-        if self.enable_prefix_caching:
+        # (most decode steps fill no block: the call only when one may join the cache)
+        if self.enable_prefix_caching and self.cached_group_ids and \
+                num_computed_tokens // self.block_size > state.num_cached_blocks[self.cached_group_ids[0]]:
             self.cache_full_blocks(state)

@@ -247,16 +247,16 @@ class BlockPool:
                 drop_entry(maps[group], self.duplicate_blocks[group], hashes[block], block)
                 hashes[block] = None
             return len(cached_blocks)
-        evicted = 0  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
-        if self.num_groups == 1:
+        if self.num_groups == 1:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
             cached = maps[0]
+            num_entries = len(cached)
             for block in blocks:
                 block_hash = hashes[block]
                 if block_hash is not None:
                     del cached[block_hash]
                     hashes[block] = None
-                    evicted += 1
-            return evicted
+            return num_entries - len(cached)
+        evicted = 0
         for block in blocks:
             block_hash = hashes[block]
             if block_hash is not None:

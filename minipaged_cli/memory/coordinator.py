@@ -130,6 +130,8 @@ class KVCacheCoordinator:
         """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes, a sliding group counting at most
         ``cap``: the single-type managers' counts over their groups."""
         required = num_blocks_for(num_tokens, self.block_size)
+        if not hit_tokens and self.sliding is None:  # (the usual answer, asked at every admission check)
+            return len(self.groups) * required
         total = 0
         for manager in self.managers:
             group_required = manager.admission_blocks(required, cap)
