@@ -200,6 +200,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         self.sequences[sequence_id] = state
         self._released.pop(sequence_id, None)
         self._take(state, num_prompt_tokens)
+        state.sequence_length = num_prompt_tokens
         self._computed(state, num_computed_tokens)
         return state
 
@@ -288,24 +289,26 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
 
     def _take(self, state: SequenceState, new_length: int, copy: int = 0) -> None:
         """Extend every table to ``new_length`` tokens, group by group from the free queue, after copying a
-        shared last block the next token writes into (``copy``: ``_needs_copy``'s answer); all or nothing."""
-        per_group = num_blocks_for(new_length, self.block_size) - len(state.block_tables[0])
-        needed = per_group * len(self.groups) + copy
-        if needed > self.num_free_blocks:
+        shared last block the next token writes into (``copy``: ``_needs_copy``'s answer); all or nothing. (The
+        caller sets the sequence's length.)"""
+        tables = state.block_tables
+        per_group = num_blocks_for(new_length, self.block_size) - len(tables[0])
+        needed = per_group * len(tables) + copy
+        if needed > self.pool.free_blocks.num_free:
             raise OutOfBlocksError(f"{new_length - state.sequence_length} tokens for sequence "
                                    f"{state.sequence_id!r} need {needed} new blocks, {self.num_free_blocks} free")
         if copy:
             self._copy_last_block(state)
-        if per_group > 0:
-            if len(self.groups) == 1:
-                self.pool.take(per_group, state.block_tables[0])
-            else:
-                taken: list[int] = []
-                self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group)
-                for g, table in enumerate(state.block_tables):
-                    table += taken[g * per_group:(g + 1) * per_group]
-            state.num_held_blocks += per_group * len(self.groups)
-        state.sequence_length = max(state.sequence_length, new_length)
+        if per_group <= 0:
+            return
+        if len(tables) == 1:
+            self.pool.take(per_group, tables[0])
+        else:
+            taken: list[int] = []
+            self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group)
+            for g, table in enumerate(tables):
+                table += taken[g * per_group:(g + 1) * per_group]
+        state.num_held_blocks += per_group * len(tables)
 
     def _computed(self, state: SequenceState, num_computed_tokens: int) -> None:
         """Advance the computed tokens; blocks that became full and computed join their group's cache."""

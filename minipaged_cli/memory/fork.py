@@ -65,7 +65,7 @@ class CopyOnWrite:
         """1 when the next token would be written into a partly filled block another sequence holds."""
         if num_tokens == 0 or state.sequence_length % self.block_size == 0:
             return 0
-        return int(self.pool.ref_counts[state.block_table[-1]] > 1)
+        return int(self.pool.ref_counts[state.block_tables[0][-1]] > 1)
 
     def _copy_last_block(self, state: SequenceState) -> None:
         """Give the sequence its own copy of its shared last block (the caller has checked one block is free)."""
