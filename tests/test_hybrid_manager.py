@@ -192,3 +192,14 @@ def test_content_keys_that_repeat_in_a_prompt_cache_the_first_block_and_keep_the
         assert pool.cached_blocks[g] == {7: table[0], 8: table[2]}
         assert pool.duplicate_blocks[g] == {7: [table[1]]}
     assert manager.invariant_violations() == []
+
+
+def test_a_model_with_several_groups_forks_no_sequence() -> None:
+    # vLLM runs parallel samples under KV cache groups as separate requests: a fork would share blocks that a
+    # window frees, so the manager refuses it and changes nothing.
+    groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(FULL_ATTENTION, (1,), 1, None)]
+    manager = KVBlockManager(20, 4, groups)
+    manager.create_sequence(0, 10)
+    with pytest.raises(ValueError, match="forks no sequence"):
+        manager.fork(0, 1)
+    assert list(manager.sequences) == [0] and manager.invariant_violations() == []

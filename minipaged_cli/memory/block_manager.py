@@ -57,7 +57,9 @@ def tail_waste(num_tokens: int, block_size: int) -> int:
 
 
 class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
-    """Allocates fixed-size KV blocks to sequences from one pool, a block table per KV cache group.
+    """Allocates fixed-size KV blocks to sequences from one pool, a block table per KV cache group. The rules
+    over groups (prefix hits, the blocks a new sequence takes, caching group by group) are the coordinator's
+    (``KVCacheCoordinator``); forks and copy-on-write ``CopyOnWrite``'s.
 
     Invariants (``invariant_violations`` checks them all; property tests check them after every operation):
 

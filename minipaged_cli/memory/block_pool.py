@@ -139,26 +139,32 @@ class BlockPool:
         than swap in the older copy), and hits keep going to the older block. (One call for a run: a long prompt
         has hundreds.)"""
         self._tell(group, block_hashes, blocks)
-        groups = self.block_group
-        for block in blocks:  # (a block already cached is this group's: a table holds one group's blocks)
-            groups[block] = group
+        if self.num_groups > 1:  # (a block already cached is this group's: a table holds one group's blocks)
+            groups = self.block_group
+            for block in blocks:
+                groups[block] = group
         self._entered(enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash, block_hashes,
                             blocks))
 
     def cache_fresh(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
         """``cache`` where the caller knows that no block carries a key (a table's blocks past those it offered to
-        the cache, where no fork shares them): no test per block for one."""
-        self._tell(group, block_hashes, blocks)
-        cached, duplicates, hashes, groups = (self.cached_blocks[group], self.duplicate_blocks[group],
-                                              self.block_hash, self.block_group)
+        the cache, where no fork shares them): no test per block for one. (A replay with prefix caching runs this
+        for every block that fills: one pass, each block's entry and key.)"""
+        if self.listener is not None:
+            self._tell(group, block_hashes, blocks)
+        if self.num_groups > 1:
+            groups = self.block_group
+            for block in blocks:
+                groups[block] = group
+        cached, duplicates, hashes = self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash
         num_entries = len(cached)
         add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
         for key, block in zip(block_hashes, blocks, strict=True):
             hashes[block] = key
-            groups[block] = group
             if add(key, block) != block:  # (cached in the group already)
                 duplicates.setdefault(key, []).append(block)
-        self._entered(len(cached) - num_entries)
+        if len(cached) != num_entries:
+            self.cache_version += len(cached) - num_entries
 
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free

@@ -151,8 +151,6 @@ class KVCacheCoordinator:
         """
         cached = state.num_cached_blocks
         stop = min(state.num_computed_tokens // self.block_size, len(state.block_hashes))
-        if not self.cached_group_ids or stop <= cached[self.cached_group_ids[0]]:
-            return  # (most decode steps fill no block)
         # A fork shares blocks past a table's offered ones, which the other holder may cache first: after one,
         # each block is tested for a key (``cache``); before, none carries one (``cache_fresh``).
         cache = self.pool.cache if self.num_forks else self.pool.cache_fresh
@@ -161,4 +159,5 @@ class KVCacheCoordinator:
             first = max(cached[g], nulls[g])  # (null entries, a prefix, are never cached)
             if stop > first:
                 cache(hashes[first:stop], tables[g][first:stop], g)
-            cached[g] = max(cached[g], stop)
+            if stop > cached[g]:
+                cached[g] = stop
