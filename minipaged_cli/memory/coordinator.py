@@ -22,9 +22,10 @@ SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
 
 class HitsMemo:
-    """``KVBlockManager.search_hits``'s answers for one prompt, valid while the pool's ``cache_version`` stays: the
-    admission asks about the same waiting prompt several times a step (its gate, its first chunk), and the answer
-    changes only with the cache. (The hashes are compared by value, in C: far cheaper than the search.)"""
+    """The fast path of ``find_hits``: ``search_hits``' answers for one prompt, valid while the pool's ``cache_version``
+    stays (``tests/test_bulk.py`` checks it against the search). The admission asks about the same waiting prompt
+    several times a step (its gate, its first chunk), and the answer changes only with the cache. (The hashes are
+    compared by value, in C: far cheaper than the search.)"""
 
     def __init__(self) -> None:
         self.version = -1
@@ -42,7 +43,8 @@ class HitsMemo:
 
 
 class KVCacheCoordinator:
-    """The single-type managers of ``groups`` (``full``, ``sliding``; None where the model has no such group).
+    """The single-type managers of ``groups`` (``full``, ``sliding``; None where the model has no such group). The
+    ``KVBlockManager`` extends it: ``groups``, ``block_size`` and ``pool`` are the manager's.
 
     Every sliding group of a sequence has as many null entries, and every cached group as many blocks offered to
     the cache (all slide and cache together): one group's count stands for all. ``admission_cap``: the most blocks
