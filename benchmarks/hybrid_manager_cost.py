@@ -1,5 +1,6 @@
 """What KV cache groups cost the block manager alone: vLLM 0.33.0's own ``KVCacheManager`` and minipaged's
-``HybridBlockManager`` driven through the same operations (admit a prompt, decode a token at a time, free), once
+``KVBlockManager`` under KV cache groups driven through the same operations (admit a prompt, decode a token at a
+time, free), once
 with the model's KV cache groups and once with every layer as full attention (one group), on the same KV memory.
 The ratio of the two says what the groups cost vLLM's code itself: the yardstick for ``hybrid_bench.py``'s replay
 ratio, since the replay must make the same per-group block decisions.
@@ -30,7 +31,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.request import Request as VllmRequest
 
-from minipaged_cli.memory.hybrid import HybridBlockManager
+from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.prefix import hash_blocks
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE, SimConfig
 from minipaged_cli.sim.kv_sizing import resolve_num_blocks
@@ -121,7 +122,7 @@ def time_vllm(config: SimConfig, requests: list[tuple[list[int], list[int]]], ru
 
 
 def time_minipaged(config: SimConfig, requests: list[tuple[list[int], list[int]]], running: int) -> float:
-    manager = HybridBlockManager(config.cache.num_blocks, config.block_size, config.kv_cache_groups,
+    manager = KVBlockManager(config.cache.num_blocks, config.block_size, config.kv_cache_groups,
                                  enable_prefix_caching=True, max_in_flight_tokens=IN_FLIGHT_TOKENS,
                                  max_model_len=MAX_MODEL_LEN)
     block_size = config.block_size

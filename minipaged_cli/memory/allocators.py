@@ -88,12 +88,13 @@ class Allocator(ABC):
         """Slots that must be free (in one piece, for contiguous strategies) to admit with that prompt."""
 
     @abstractmethod
-    def can_admit(self, holding: Holding, prompt_length: int) -> bool: ...
+    def can_admit(self, holding: Holding, prompt_length: int, keep_free_blocks: int = 0) -> bool:
+        """Whether the request fits now, leaving ``keep_free_blocks`` blocks free (a watermark: ``paged`` only)."""
 
-    def admission_headroom(self, holding: Holding, prompt_length: int) -> int:
+    def admission_headroom(self, holding: Holding, prompt_length: int, keep_free_blocks: int = 0) -> int:
         """Slots the running requests may still take before the request no longer fits (negative: it does not
         fit now). Only ``paged`` allocates as requests decode; a contiguous extent is taken at admission."""
-        return 0 if self.can_admit(holding, prompt_length) else -1
+        return 0 if self.can_admit(holding, prompt_length, keep_free_blocks) else -1
 
     @property
     def supports_prefix_caching(self) -> bool:
@@ -105,18 +106,20 @@ class Allocator(ABC):
         return 0
 
     @abstractmethod
-    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
+    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None, *,
+              first_chunk_only: bool = False) -> int:
         """Allocate for a prompt of ``prompt_length`` tokens, of which the step admitting it computes (or swaps
         back) the first ``num_computed`` (None: all); returns the tokens found already computed (prefix cache
-        hits). Precondition: ``can_admit``. A strategy may allocate only up to ``num_computed`` (paged under
-        vLLM v1: the rest comes chunk by chunk through ``try_grow``)."""
+        hits). Precondition: ``can_admit``. ``first_chunk_only``: allocate only up to ``num_computed``, the rest
+        chunk by chunk through ``try_grow`` (``paged``; a contiguous extent is sized by the prompt)."""
 
     @abstractmethod
     def fork(self, parent: Holding, child: Holding, length: int) -> int | None:
         """Give ``child`` the parent's ``length`` tokens. Returns the tokens copied, or None (nothing changed)."""
 
-    def rejection_reason(self, holding: Holding) -> str | None:
-        """Why the request can never run under this strategy, or None."""
+    def rejection_reason(self, holding: Holding, watermark_blocks: int | None = None) -> str | None:
+        """Why the request can never run under this strategy, or None. ``watermark_blocks``: the prompt must also
+        fit in the blocks above that watermark (``paged``; None: no such rule)."""
         if self.largest_need(holding) > self.capacity_tokens:
             return "needs more KV than the whole pool"
         return None

@@ -1,7 +1,7 @@
 """The CPU metadata plane: which physical KV block holds which token of which sequence.
 
 A sequence owns logically contiguous token positions; physically its K/V live in fixed-size blocks anywhere in
-a pool of ``num_physical_blocks``. For token position ``pos`` of a sequence::
+a pool of ``num_physical_blocks``. For token position ``pos`` of a sequence (in each KV cache group)::
 
     logical_block  = pos // block_size
     block_offset   = pos %  block_size
@@ -11,19 +11,16 @@ a pool of ``num_physical_blocks``. For token position ``pos`` of a sequence::
 Worked example (block_size 4, block_table [5, 2, 9, 1]): token 6 -> logical 1, offset 2, physical 2, slot 10.
 (``dataplane/block_tables.py`` turns block tables into the slot mappings and tensors the kernels read.)
 
-Blocks can be shared. Every block has a reference count, the number of block tables holding it:
+The manager coordinates one single-type manager per attention type (``single_type.py``) over one pool: each
+sequence keeps one block table per KV cache group (``kv_groups.py``), all ``ceil(sequence_length / block_size)``
+entries long; a single-group model is one full-attention group. Blocks can be shared: ``fork`` (``fork.py``)
+gives a child its parent's blocks, copied on the first write into a shared partly filled block; with prefix
+caching a full block whose content is known (``hash_blocks``) joins its group's cache once its K/V is computed,
+and a new prompt shares the cached blocks the single-type managers find (at most ``(prompt - 1) // block_size``:
+the last prompt token is always computed). Freed blocks return to the one free queue in vLLM's order: tail
+first, uncached to the front, cached to the back (evicted least recently freed first; a hit revives them).
 
-- ``fork(parent, child)`` gives the child the parent's blocks; the first write into a shared, partly filled
-  last block copies it first (copy-on-write, ``fork.py``).
-- With ``enable_prefix_caching``, a full block whose content is known gets a chained content hash
-  (``hash_blocks``). A sequence created with a prompt shares the longest run of cached full blocks instead of
-  allocating them; the last prompt token is always computed, so at most ``(prompt - 1) // block_size`` blocks are
-  hits. A block joins the cache only once its K/V is computed (``num_computed_tokens``): a prompt reserved whole
-  but prefilled in chunks publishes each block as the step that fills it runs (``mark_computed``).
-
-Freed blocks return to the free queue in vLLM v1's order (``FreeBlockQueue``): a sequence frees its blocks tail
-first; those without cached content go to the front (reused next), cached ones to the back (evicted least
-recently freed first, and a hit can revive them until then).
+vLLM: v1/core/kv_cache_coordinator.py::HybridKVCacheCoordinator
 """
 
 from __future__ import annotations
@@ -32,15 +29,20 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.coordinator import KVCacheCoordinator
 from minipaged_cli.memory.fork import CopyOnWrite
 from minipaged_cli.memory.invariants import block_manager_violations
+from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.sequence import (
+    NULL_BLOCK,
     DoubleReleaseError,
     DuplicateSequenceError,
     OutOfBlocksError,
     SequenceState,
     UnknownSequenceError,
 )
+from minipaged_cli.memory.single_type import tail_first
+from minipaged_cli.workloads.presets import FULL_ATTENTION
 
 SequenceId = Hashable
 
@@ -54,36 +56,48 @@ def tail_waste(num_tokens: int, block_size: int) -> int:
     return num_blocks_for(num_tokens, block_size) * block_size - num_tokens
 
 
-class KVBlockManager(CopyOnWrite):
-    """Allocates fixed-size KV blocks to sequences from one pool.
+class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
+    """Allocates fixed-size KV blocks to sequences from one pool, a block table per KV cache group. The rules
+    over groups (prefix hits, the blocks a new sequence takes, caching group by group) are the coordinator's
+    (``KVCacheCoordinator``); forks and copy-on-write ``CopyOnWrite``'s.
 
     Invariants (``invariant_violations`` checks them all; property tests check them after every operation):
 
-    - allocated blocks = union of all block tables; a block's reference count equals the number of tables
-      holding it (1 unless shared by a fork or a prefix-cache hit), and no table holds a block twice;
+    - allocated blocks = union of all tables' entries; a block's reference count equals the entries holding it
+      (1 unless shared by a fork or a prefix-cache hit), and no sequence holds a block twice;
     - allocated ∩ free = ∅ and |allocated| + |free| = num_physical_blocks; free blocks have reference count 0;
-    - no block appears twice in the free queue, every block id is in [0, num_physical_blocks), and a cached free
-      block waits in the queue's back part;
-    - every sequence holds ceil(sequence_length / block_size) blocks: a block is taken only when a token needs it;
+      a cached free block waits in the free queue's back part;
+    - every table holds ceil(sequence_length / block_size) entries: a block is taken only when a token needs it;
+      null entries only in sliding groups, only as a prefix the window no longer reaches, as many in each;
     - the prefix cache maps a hash to blocks exactly when they carry the hash, and a held hashed block sits where
-      its sequence's content has that hash, inside its computed tokens: no entry points at a block whose content
-      changed or was never written.
+      its group's content has that hash, inside its computed tokens and the blocks offered to the cache.
 
     Every public method either succeeds or raises a ``BlockManagerError`` with the state exactly as before: calls
-    count the blocks they need first.
+    count the blocks they need first. (``grow`` first slides the windows, as vLLM does even when the allocation
+    then fails: that makes room for the retry after a preemption.)
+
+    ``max_in_flight_tokens`` (vLLM's ``max_num_batched_tokens``) and ``max_model_len`` cap what the admission gate
+    counts for a sliding group (``admission_cap``); None: no cap.
     """
 
-    def __init__(self, num_physical_blocks: int, block_size: int, *, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_physical_blocks: int, block_size: int, groups: Sequence[KVCacheGroup] | None = None, *,
+                 enable_prefix_caching: bool = False, max_in_flight_tokens: int | None = None,
+                 max_model_len: int | None = None) -> None:
         if num_physical_blocks < 1:
             raise ValueError(f"num_physical_blocks must be >= 1, got {num_physical_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         super().__init__()
+        self.groups = tuple(groups) if groups is not None else (KVCacheGroup(FULL_ATTENTION, (), 1),)
+        if not self.groups:
+            raise ValueError("at least one KV cache group")
         self.num_physical_blocks = num_physical_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.pool = BlockPool(num_physical_blocks, enable_caching=enable_prefix_caching)
+        self.pool = BlockPool(num_physical_blocks, num_groups=len(self.groups), enable_caching=enable_prefix_caching,
+                              keys_by_group=len(self.groups) > 1 or self.groups[0].is_sliding)
         self.sequences: dict[SequenceId, SequenceState] = {}
+        KVCacheCoordinator.__init__(self, max_in_flight_tokens, max_model_len)
         self._released: OrderedDict[SequenceId, None] = OrderedDict()  # the last _RELEASED_IDS_KEPT, oldest first
 
     # -- queries -------------------------------------------------------------------------------------------
@@ -99,17 +113,16 @@ class KVBlockManager(CopyOnWrite):
 
     @property
     def num_shared_references(self) -> int:
-        """Σ (ref_count - 1) over held blocks: table entries that cost no memory (the pool's other counters are
-        read from ``pool``)."""
+        """Σ (ref_count - 1) over held blocks: table entries that cost no memory."""
         return self.pool.num_shared_references
 
     @property
     def num_unfilled_slots(self) -> int:
         """Slots allocated to live sequences but not written yet: the tails of their last blocks, a last block
-        shared by forked sequences counted once. (Not internal fragmentation, which counts only the slots a
-        request will never fill: Σ max(allocated - final length, 0), ``sim/categories.py``.)"""
-        tails = {s.block_table[-1]: len(s.block_table) * self.block_size - s.sequence_length
-                 for s in self.sequences.values() if s.block_table}
+        shared by forked sequences counted once, each group's. (Not internal fragmentation, which counts only the
+        slots a request will never fill: ``sim/categories.py``.)"""
+        tails = {table[-1]: len(table) * self.block_size - s.sequence_length
+                 for s in self.sequences.values() for table in s.block_tables if table}
         return sum(tails.values())
 
     def sequence(self, sequence_id: SequenceId) -> SequenceState:
@@ -121,38 +134,46 @@ class KVBlockManager(CopyOnWrite):
                 raise UnknownSequenceError(f"sequence {sequence_id!r} was released") from None
             raise UnknownSequenceError(f"unknown sequence {sequence_id!r}") from None
 
+    def num_held_blocks(self, sequence_id: SequenceId) -> int:
+        """Blocks the sequence holds over all groups (null entries cost nothing)."""
+        return self.sequences[sequence_id].num_held_blocks
+
+    def num_held_tokens(self, sequence_id: SequenceId, num_tokens: int) -> int:
+        """Of the sequence's first ``num_tokens``, the K/V entries its groups hold: a token counts once per
+        group whose table still has its block."""
+        if not self.sliding_ids:
+            return len(self.groups) * num_tokens
+        num_null = self.sequences[sequence_id].num_null[self.sliding_ids[0]]  # (the same in every sliding group)
+        return len(self.full_ids) * num_tokens + \
+            len(self.sliding_ids) * max(0, num_tokens - num_null * self.block_size)
+
     def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int,
                       block_hashes: Sequence[Hashable] = ()) -> int:
-        """Blocks the free queue must give to append ``num_tokens`` to the sequence, or (None) to create one
-        with a prompt of ``num_tokens`` whose full blocks have ``block_hashes`` (cache hits on held blocks
-        take nothing; hits on free cached blocks take those)."""
+        """Blocks the free queue must give to append ``num_tokens`` to the sequence (after its windows slide),
+        or (None) the admission gate's count for a prompt of ``num_tokens`` whose full blocks have
+        ``block_hashes`` (vLLM's ``full_sequence_must_fit``: hits on held blocks take nothing, hits on free
+        cached blocks take those, a sliding group counts at most ``admission_cap``)."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         if sequence_id is None:
-            hits = self._lookup(block_hashes, num_tokens)
-            revived = sum(1 for block in hits if self.pool.ref_counts[block] == 0)
-            return num_blocks_for(num_tokens, self.block_size) - len(hits) + revived
+            hits, hit_tokens = self.find_hits(block_hashes, num_tokens)
+            return self.blocks_to_allocate(hits, hit_tokens, num_tokens, self.admission_cap)
         state = self.sequence(sequence_id)
-        return num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_table) + \
-            self._needs_copy(state, num_tokens)
-
-    def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
-        """Prompt tokens a sequence created now would find in the prefix cache."""
-        return len(self._lookup(block_hashes, num_tokens)) * self.block_size
+        per_group = num_blocks_for(state.sequence_length + num_tokens, self.block_size) - len(state.block_tables[0])
+        return per_group * len(self.groups) + self._needs_copy(state, num_tokens)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def create_sequence(self, sequence_id: SequenceId, num_prompt_tokens: int = 0, *,
                         block_hashes: Sequence[Hashable] = (),
                         num_computed_tokens: int | None = None) -> SequenceState:
-        """Start a sequence, empty or holding a prompt of ``num_prompt_tokens`` (all of its blocks or none).
+        """Start a sequence, empty or holding a prompt of ``num_prompt_tokens`` (all of its blocks in every group,
+        or none), sharing its prefix-cache hit (``state.num_cached_tokens``).
 
-        With prefix caching the longest run of the prompt's leading full blocks found by ``block_hashes`` is
-        shared rather than allocated (``state.num_cached_tokens``); ``block_hashes`` may run past the prompt
-        (the content of tokens still to come; ``add_block_hashes`` adds more later), and blocks register under
-        their hash once full and computed. ``num_computed_tokens``: the prompt tokens the step that runs now
-        writes (default: all of them); a chunked prefill reserves the whole prompt and reports each chunk with
-        ``mark_computed`` as it runs. Cache hits count as computed.
+        ``block_hashes`` may run past the prompt (the content of tokens still to come; ``add_block_hashes`` adds
+        more later), and blocks register under their hash once full and computed. ``num_computed_tokens``: the
+        prompt tokens the step that runs now writes (default: all of them); a chunked prefill reserves the whole
+        prompt and reports each chunk with ``mark_computed`` as it runs. Cache hits count as computed.
         """
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
@@ -162,24 +183,33 @@ class KVBlockManager(CopyOnWrite):
             num_computed_tokens = num_prompt_tokens
         elif not 0 <= num_computed_tokens <= num_prompt_tokens:
             raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
-        hits = self._lookup(block_hashes, num_prompt_tokens)
-        needed = self.blocks_needed(None, num_prompt_tokens, block_hashes)
+        hits, hit_tokens = self.find_hits(block_hashes, num_prompt_tokens)
+        needed = self.blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
                                    f"{needed} new blocks, {self.num_free_blocks} free")
-        for block in hits:
-            self.pool.reference(block)
-        cached = len(hits) * self.block_size
-        state = SequenceState(sequence_id, cached, list(hits), list(block_hashes), cached, cached)
+        skipped = self.skipped_blocks(hit_tokens)
+        tables, nulls = [], []
+        for group, group_hits in zip(self.groups, hits, strict=True):
+            num_null = skipped if group.is_sliding else 0
+            kept = group_hits[num_null:]
+            for block in kept:
+                self.pool.reference(block)
+            tables.append([NULL_BLOCK] * num_null + kept)
+            nulls.append(num_null)
+        state = SequenceState(sequence_id, hit_tokens, tables, list(block_hashes), hit_tokens, hit_tokens, nulls,
+                              [len(t) for t in tables], num_held_blocks=sum(map(len, tables)) - sum(nulls))
         self.sequences[sequence_id] = state
         self._released.pop(sequence_id, None)
-        self.grow(sequence_id, num_prompt_tokens - cached, computed=False)
+        self._take(state, num_prompt_tokens)
+        state.sequence_length = num_prompt_tokens
         self._computed(state, num_computed_tokens)
         return state
 
     def grow(self, sequence_id: SequenceId, num_tokens: int, *, computed: bool = True) -> SequenceState:
-        """Give the sequence's next ``num_tokens`` tokens their slots (a prefill, a decode token), taking a block
-        at each block boundary and copying a shared last block before the first write into it; all or nothing.
+        """Slide the windows, then give the sequence's next ``num_tokens`` tokens their slots in every group (a
+        prefill, a decode token), taking a block at each block boundary and copying a shared last block before
+        the first write into it; all or nothing.
 
         ``computed``: every token the sequence holds is written by the step that runs now (a decode, a whole
         prefill); False only reserves the slots, and ``mark_computed`` reports them later.
@@ -187,16 +217,15 @@ class KVBlockManager(CopyOnWrite):
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         state = self.sequence(sequence_id)
+        # (The calls only where something happens: most decode steps slide no window and take no block. The
+        # window slides once (C - W + 1) // B, the skipped blocks, passes the null entries.)
+        if (self.window is not None and state.num_computed_tokens - self.window
+                >= (state.num_null[self.sliding_ids[0]] + 1) * self.block_size - 1):
+            self.slide_window(sequence_id)
         new_length = state.sequence_length + num_tokens
         copy = self._needs_copy(state, num_tokens)
-        needed = num_blocks_for(new_length, self.block_size) - len(state.block_table) + copy
-        if needed and needed > self.num_free_blocks:  # (most decode steps need no block: skip the count)
-            raise OutOfBlocksError(f"{num_tokens} tokens for sequence {sequence_id!r} need {needed} new blocks, "
-                                   f"{self.num_free_blocks} free")
-        if copy:
-            self._copy_last_block(state)
-        if needed > copy:
-            self.pool.take(needed - copy, state.block_table)
+        if copy or new_length > len(state.block_tables[0]) * self.block_size:
+            self._take(state, new_length, copy)
         state.sequence_length = new_length
         if computed:
             if self.enable_prefix_caching:
@@ -204,6 +233,14 @@ class KVBlockManager(CopyOnWrite):
             else:  # nothing to publish: the count alone (this runs for every decode token)
                 state.num_computed_tokens = new_length
         return state
+
+    def slide_window(self, sequence_id: SequenceId, num_computed_tokens: int | None = None) -> None:
+        """Free the sliding groups' blocks that the window no longer reaches with ``num_computed_tokens``
+        (default: the sequence's) computed."""
+        state = self.sequences[sequence_id]
+        if self.sliding is not None:
+            self.sliding.remove_skipped_blocks(self.pool, state, state.num_computed_tokens if num_computed_tokens
+                                               is None else num_computed_tokens)
 
     def mark_computed(self, sequence_id: SequenceId, num_computed_tokens: int) -> None:
         """The sequence's first ``num_computed_tokens`` tokens have their K/V written (the step that wrote them
@@ -218,18 +255,18 @@ class KVBlockManager(CopyOnWrite):
         """Append the content hashes of the sequence's next full blocks, as a decode learns its tokens (instead
         of passing them all to ``create_sequence``); blocks already full and computed register at once."""
         state = self.sequence(sequence_id)
-        known = len(state.block_hashes)
         state.block_hashes.extend(block_hashes)
         if self.enable_prefix_caching:
-            self._register(state, known, state.num_computed_tokens // self.block_size)
+            self.cache_full_blocks(state)
 
     def release_sequence(self, sequence_id: SequenceId) -> None:
-        """Drop the sequence's reference to each of its blocks, tail first (vLLM's ``free``, so a chain is evicted
-        from its end); a block no one else holds returns to the free queue."""
+        """Drop the sequence's reference to each of its blocks, group by group, each table tail first (vLLM's
+        ``free``, so a chain is evicted from its end); a block no one else holds returns to the free queue."""
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self.sequence(sequence_id)
-        self.pool.release(state.block_table[::-1])
+        self.pool.release(*[tail_first(table, nulls, len(table))
+                            for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
         del self.sequences[sequence_id]
         self._released[sequence_id] = None
         self._released.move_to_end(sequence_id)  # a forked child may reuse an id released before
@@ -252,26 +289,38 @@ class KVBlockManager(CopyOnWrite):
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _lookup(self, block_hashes: Sequence[Hashable], num_tokens: int) -> list[int]:
-        """Blocks holding the longest cached run of the prompt's full blocks, leaving the last token to compute."""
-        if not self.enable_prefix_caching or num_tokens == 0 or not block_hashes:
-            return []
-        candidates = block_hashes[: (num_tokens - 1) // self.block_size]
-        if not isinstance(candidates, list):  # a list's slice is a copy: the caller's later edits cannot reach it;
-            candidates = list(candidates)  # other sequences' slices may be views
-        return self.pool.lookup(candidates)
+    def _take(self, state: SequenceState, new_length: int, copy: int = 0) -> None:
+        """Extend every table to ``new_length`` tokens, group by group from the free queue, after copying a
+        shared last block the next token writes into (``copy``: ``_needs_copy``'s answer); all or nothing. (The
+        caller sets the sequence's length.)"""
+        tables = state.block_tables
+        per_group = num_blocks_for(new_length, self.block_size) - len(tables[0])
+        needed = per_group * len(tables) + copy
+        if needed > self.pool.free_blocks.num_free:
+            raise OutOfBlocksError(f"{new_length - state.sequence_length} tokens for sequence "
+                                   f"{state.sequence_id!r} need {needed} new blocks, {self.num_free_blocks} free")
+        if copy:
+            self._copy_last_block(state)
+        if per_group <= 0:
+            return
+        if len(tables) == 1:
+            self.pool.take(per_group, tables[0])
+        else:
+            taken: list[int] = []
+            self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group)
+            for g, table in enumerate(tables):
+                table += taken[g * per_group:(g + 1) * per_group]
+        state.num_held_blocks += per_group * len(tables)
 
     def _computed(self, state: SequenceState, num_computed_tokens: int) -> None:
-        """Advance the sequence's computed tokens; blocks that became full and computed join the cache."""
-        first = state.num_computed_tokens // self.block_size
+        """Advance the computed tokens; blocks that became full and computed join their group's cache."""
         if num_computed_tokens <= state.num_computed_tokens:
             return
+        if state.num_loading_tokens:  # (a load's end computes them)
+            state.num_loading_tokens = max(0, state.num_computed_tokens + state.num_loading_tokens
+                                           - num_computed_tokens)
         state.num_computed_tokens = num_computed_tokens
-        stop = num_computed_tokens // self.block_size
-        if self.enable_prefix_caching and stop > first and len(state.block_hashes) > first:
-            self._register(state, first, stop)
-
-    def _register(self, state: SequenceState, first: int, stop: int) -> None:
-        """Cache the sequence's blocks ``first`` to ``stop`` (full and computed) under their hashes."""
-        stop = min(stop, len(state.block_hashes))
-        self.pool.cache(state.block_hashes[first:stop], state.block_table[first:stop])
+        # (most decode steps fill no block: the call only when one may join the cache)
+        if self.enable_prefix_caching and self.cached_group_ids and \
+                num_computed_tokens // self.block_size > state.num_cached_blocks[self.cached_group_ids[0]]:
+            self.cache_full_blocks(state)

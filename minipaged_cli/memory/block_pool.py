@@ -1,8 +1,14 @@
-"""The block pool: the mechanism under the block manager (vLLM v1's ``BlockPool``).
+"""The block pool: the mechanism under the block manager (vLLM's ``BlockPool``).
 
-It owns the physical blocks: their reference counts, the free queue, and the prefix cache's map from content hash
-to the blocks holding that content. It decides nothing about sequences; the ``KVBlockManager`` (policy) asks it for
-blocks, hands them back, and says which blocks now hold which content.
+It owns the physical blocks: their reference counts, the one free queue, and a prefix cache per KV cache group
+(a map from content hash to the blocks holding that content). It decides nothing about sequences; the
+``KVBlockManager`` (policy) asks it for blocks, hands them back, and says which blocks now hold which content.
+
+Under several groups vLLM keys the cache by ``BlockHashWithGroupId``: each group caches its own copy of a prefix.
+Here each group has its own map, and a cached block records its group beside its key, so that caching, a lookup
+and an eviction build no (group, key) object per block (on a pool of tens of thousands of blocks, allocating and
+freeing those was most of the cache's cost). The pool's events, the tiers and ``keyed_cache`` name an entry (group,
+key) under several groups (or a lone sliding one) and by its key alone under one full-attention group.
 
 Ids are vLLM's shifted by one: vLLM's pool of N + 1 blocks reserves block 0 (its null block) and hands out 1..N in
 the order this pool hands out 0..N-1.
@@ -26,27 +32,32 @@ class BlockPool:
     """``num_blocks`` physical blocks; per-block state exists only for the ``num_touched`` ever handed out.
 
     Invariants (the block manager's checker verifies them against the block tables): a block is free exactly when
-    its reference count is 0 (untouched blocks count 0), and then sits once in ``free_blocks``; ``cached_blocks``
-    maps a hash to the block a hit gets, the oldest of those carrying it (``block_hash[block]``), and
-    ``duplicate_blocks`` lists the younger ones (two sequences that computed the same content, as vLLM keeps
-    them); ``num_shared_references`` is Σ (ref_count - 1) over held blocks.
+    its reference count is 0 (untouched blocks count 0), and then sits once in ``free_blocks``;
+    ``cached_blocks[g]`` maps a hash to the block a hit of group g gets, the oldest of those carrying it
+    (``block_hash[block]``, ``block_group[block]``), and ``duplicate_blocks[g]`` lists the younger ones (two
+    sequences that computed the same content, as vLLM keeps them); ``num_shared_references`` is
+    Σ (ref_count - 1) over held blocks.
     """
 
-    def __init__(self, num_blocks: int, *, enable_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, *, num_groups: int = 1, keys_by_group: bool | None = None,
+                 enable_caching: bool = False) -> None:
         self.num_blocks = num_blocks
+        self.num_groups = num_groups
+        # Whether the pool's events and ``keyed_cache`` name an entry (group, key): by default under several groups
+        self.keys_by_group = num_groups > 1 if keys_by_group is None else keys_by_group
         self.enable_caching = enable_caching
         self.free_blocks = FreeBlockQueue(num_blocks)
         self.ref_counts: list[int] = []  # per touched block
         self.block_hash: list[Hashable | None] = []  # per touched block: the content it is cached under
-        self.cached_blocks: dict[Hashable, int] = {}  # hash -> the block a hit gets
-        self.duplicate_blocks: dict[Hashable, list[int]] = {}  # hash -> later blocks with that content, oldest first
+        self.block_group: list[int] = []  # per touched block: the group whose map caches it (where it has a hash)
+        self.cached_blocks: list[dict[Hashable, int]] = [{} for _ in range(num_groups)]  # hash -> a hit's block
+        # hash -> later blocks with that content, oldest first
+        self.duplicate_blocks: list[dict[Hashable, list[int]]] = [{} for _ in range(num_groups)]
         self.num_allocations = 0  # blocks taken from the free queue, ever
         self.num_frees = 0  # blocks returned to it, ever
         self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
         self.num_shared_references = 0  # table entries that cost no memory
-        # (the looked-up hashes, hits) of the last lookup; None once the cache map changes
-        self._lookup_memo: tuple[list[Hashable], list[int]] | None = None
-        self.cache_version = 0  # moves whenever the cache map changes (what a memo of hits is valid for)
+        self.cache_version = 0  # moves whenever a cache map changes (what a memo of hits is valid for)
         # Who is told what is cached and evicted (memory/pool_events.py): the tiers below the GPU, a replica's KV
         # events.
         self.events = PoolEvents()
@@ -85,7 +96,7 @@ class BlockPool:
         holds return to the free queue as vLLM's ``free_blocks`` returns them: with cached content to the back
         (their order kept), without to the front (their order kept, ahead of the blocks already there)."""
         refs, hashes = self.ref_counts, self.block_hash
-        freed = self._unreference(tables)
+        freed = self.unreference(tables)
         to_back = [block for block in freed if hashes[block] is not None] if self.enable_caching else []
         if len(to_back) < len(freed):  # (a window's blocks and a finished sequence's full ones all carry a hash)
             if len(tables) == 1:
@@ -96,24 +107,9 @@ class BlockPool:
         self.free_blocks.append(to_back)
         self.num_frees += len(freed)
 
-    def release_split(self, keyed: Sequence[Sequence[int]], keyless: Sequence[Sequence[int]]) -> None:
-        """``release`` of tables that the caller has split into their blocks carrying a key (``keyed``, a part
-        per table) and those carrying none (``keyless``: a sequence's blocks past those it offered to the cache,
-        which no other table holds), each part in eviction order: the same queue as ``release``, with no test per
-        block for a key. Freed keyed blocks go to the back in order; each keyless part to the front, ahead of the
-        parts before it."""
-        to_back = self._unreference(keyed)
-        refs, num_freed = self.ref_counts, len(to_back)
-        for part in keyless:
-            for block in part:
-                refs[block] = 0
-            self.free_blocks.prepend(part)
-            num_freed += len(part)
-        self.free_blocks.append(to_back)
-        self.num_frees += num_freed
-
-    def _unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
-        """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order."""
+    def unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
+        """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order
+        (their reference counts 0, still to be queued: the caller's ``release``)."""
         blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
         refs = self.ref_counts
         if self.num_shared_references:
@@ -126,72 +122,102 @@ class BlockPool:
             refs[block] = 0
         return blocks
 
-    def lookup(self, block_hashes: list[Hashable]) -> list[int]:
-        """The blocks holding the longest cached run of ``block_hashes`` from its start."""
-        # The scheduler asks about the same waiting prompt several times a step; the answer only changes when the
-        # cache does. The memo is keyed on the hashes' values, compared in C: far cheaper than the dictionary walk.
-        memo = self._lookup_memo
-        if memo is not None and memo[0] == block_hashes:
-            return memo[1]
+    def lookup(self, block_hashes: Sequence[Hashable], group: int = 0) -> list[int]:
+        """The blocks holding the longest cached run of ``block_hashes`` from its start, in ``group``'s map."""
         hits = []
-        get = self.cached_blocks.get
+        get = self.cached_blocks[group].get
         for block_hash in block_hashes:
             block = get(block_hash)
             if block is None:
                 break
             hits.append(block)
-        self._lookup_memo = (block_hashes, hits)
         return hits
 
-    def cache(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
-        """``blocks[i]`` now holds the content ``block_hashes[i]`` names. A block already cached keeps its hash;
-        content already cached elsewhere is cached again (vLLM keeps block tables append-only rather than swap in
-        the older copy), and hits keep going to the older block. (One call for a run: a long prompt has hundreds.)"""
+    def cache(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
+        """``blocks[i]`` now holds the content ``block_hashes[i]`` names, in ``group``. A block already cached keeps
+        its hash; content already cached elsewhere is cached again (vLLM keeps block tables append-only rather
+        than swap in the older copy), and hits keep going to the older block. (One call for a run: a long prompt
+        has hundreds.)"""
+        self._tell(group, block_hashes, blocks)
+        if self.num_groups > 1:  # (a block already cached is this group's: a table holds one group's blocks)
+            groups = self.block_group
+            for block in blocks:
+                groups[block] = group
+        self._entered(enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash, block_hashes,
+                            blocks))
+
+    def cache_fresh(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
+        """``cache`` where the caller knows that no block carries a key (a table's blocks past those it offered to
+        the cache, where no fork shares them): no test per block for one. (A replay with prefix caching runs this
+        for every block that fills: one pass, each block's entry and key.)"""
         if self.events.has_subscribers:
-            self.events.cached(block_hashes, blocks)
-        self._entered(enter(self.cached_blocks, self.duplicate_blocks, self.block_hash, block_hashes, blocks))
+            self._tell(group, block_hashes, blocks)
+        if self.num_groups > 1:
+            groups = self.block_group
+            for block in blocks:
+                groups[block] = group
+        cached, duplicates, hashes = self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash
+        num_entries = len(cached)
+        add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
+        for key, block in zip(block_hashes, blocks, strict=True):
+            hashes[block] = key
+            if add(key, block) != block:  # (cached in the group already)
+                duplicates.setdefault(key, []).append(block)
+        if len(cached) != num_entries:
+            self.cache_version += len(cached) - num_entries
 
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
         blocks keep their place in the queue, as in vLLM."""
-        maps = self._cache_maps()
-        blocks = [block for cached, duplicates in maps for block in itertools.chain(
-            cached.values(), itertools.chain.from_iterable(duplicates.values()))]
+        blocks = [block for cached, duplicates in zip(self.cached_blocks, self.duplicate_blocks, strict=True)
+                  for block in itertools.chain(cached.values(), itertools.chain.from_iterable(duplicates.values()))]
         if any(self.ref_counts[block] for block in blocks):
             return False
         for block in blocks:
             self.block_hash[block] = None
-        for cached, duplicates in maps:
+        for cached, duplicates in zip(self.cached_blocks, self.duplicate_blocks, strict=True):
             cached.clear()
             duplicates.clear()
-        self._lookup_memo = None
         self.cache_version += 1
         return True
 
     @property
     def is_cached(self) -> Callable[[Hashable], bool]:
-        """Whether a key (as the pool's events name it) is cached: the dict's own test, for filters over a step's
-        keys (the tiers')."""
-        return self.cached_blocks.__contains__
+        """Whether a key (as the pool's events name it) is cached: the dict's own test under one group, for filters
+        over a step's keys (the tiers')."""
+        return self._is_cached if self.keys_by_group else self.cached_blocks[0].__contains__
+
+    def _is_cached(self, pair: Hashable) -> bool:
+        group, key = pair  # type: ignore[misc]
+        return key in self.cached_blocks[group]
 
     def keyed_cache(self) -> tuple[dict[Hashable, int], dict[Hashable, list[int]], list[Hashable | None]]:
         """The cache map, the duplicates map and each touched block's key, keys as the pool's events name them (for
-        the checker and tests: under KV cache groups a copy, built per call)."""
-        return self.cached_blocks, self.duplicate_blocks, self.block_hash
+        the checker and tests: under several groups a copy, built per call)."""
+        if not self.keys_by_group:
+            return self.cached_blocks[0], self.duplicate_blocks[0], self.block_hash
+        cached = {(g, key): block for g, blocks in enumerate(self.cached_blocks) for key, block in blocks.items()}
+        duplicates = {(g, key): list(copies) for g, blocks in enumerate(self.duplicate_blocks)
+                      for key, copies in blocks.items()}
+        return cached, duplicates, [None if key is None else (g, key)
+                                    for g, key in zip(self.block_group, self.block_hash, strict=True)]
+
+    def _tell(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """Tell the subscribers what ``group`` caches (under several groups each key named (group, key), as vLLM's
+        ``BlockHashWithGroupId``)."""
+        if self.events.has_subscribers:
+            keys = [(group, key) for key in block_hashes] if self.keys_by_group else block_hashes
+            self.events.cached(keys, blocks)
 
     def _touch(self, count: int) -> None:
         """State for ``count`` blocks handed out for the first time."""
         self.ref_counts.extend(itertools.repeat(0, count))
         self.block_hash.extend(itertools.repeat(None, count))
-
-    def _cache_maps(self) -> list[tuple[dict[Hashable, int], dict[Hashable, list[int]]]]:
-        """The (cached blocks, duplicate blocks) maps: one pair here."""
-        return [(self.cached_blocks, self.duplicate_blocks)]
+        self.block_group.extend(itertools.repeat(0, count))
 
     def _entered(self, num_entries: int) -> None:
         """``num_entries`` new cache entries (counted once: a long prompt caches hundreds of blocks in one call)."""
         if num_entries:
-            self._lookup_memo = None
             self.cache_version += num_entries
 
     def _evict(self, blocks: list[int]) -> None:
@@ -201,36 +227,49 @@ class BlockPool:
             self.events.evicted(*self._cached_keys(blocks))
         evicted = self._drop_entries(blocks)
         if evicted:
-            self._lookup_memo = None
             self.cache_version += 1
             self.num_evictions += evicted
 
     def _cached_keys(self, blocks: list[int]) -> tuple[list[Hashable], list[int]]:
         """The keys of those ``blocks`` that are cached, and those blocks, for the pool's events (two lists, no pair per
         block: a replay with tiers reports millions)."""
-        hashes = self.block_hash
+        hashes, groups = self.block_hash, self.block_group
+        if self.keys_by_group:
+            cached = [block for block in blocks if hashes[block] is not None]
+            return [(groups[block], hashes[block]) for block in cached], cached
         keys = [hashes[block] for block in blocks]
         if any(key is None for key in keys):  # (blocks freed uncached: rare in the queue's cached part)
-            cached = [key is not None for key in keys]
-            return list(itertools.compress(keys, cached)), list(itertools.compress(blocks, cached))
+            flags = [key is not None for key in keys]
+            return list(itertools.compress(keys, flags)), list(itertools.compress(blocks, flags))
         return keys, blocks
 
     def _drop_entries(self, blocks: list[int]) -> int:
         """``_evict``'s entries dropped; how many."""
-        cached, duplicates, hashes = self.cached_blocks, self.duplicate_blocks, self.block_hash
-        if duplicates:
+        maps, hashes, groups = self.cached_blocks, self.block_hash, self.block_group
+        if any(self.duplicate_blocks):
             cached_blocks = [block for block in blocks if hashes[block] is not None]
             for block in cached_blocks:
-                drop_entry(cached, duplicates, hashes[block], block)
+                group = groups[block]
+                drop_entry(maps[group], self.duplicate_blocks[group], hashes[block], block)
                 hashes[block] = None
             return len(cached_blocks)
-        num_entries = len(cached)  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
+        if self.num_groups == 1:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
+            cached = maps[0]
+            num_entries = len(cached)
+            for block in blocks:
+                block_hash = hashes[block]
+                if block_hash is not None:
+                    del cached[block_hash]
+                    hashes[block] = None
+            return num_entries - len(cached)
+        evicted = 0
         for block in blocks:
             block_hash = hashes[block]
             if block_hash is not None:
-                del cached[block_hash]
+                del maps[groups[block]][block_hash]
                 hashes[block] = None
-        return num_entries - len(cached)
+                evicted += 1
+        return evicted
 
 
 def enter(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], block_hash: list[Hashable | None],

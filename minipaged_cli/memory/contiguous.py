@@ -144,10 +144,11 @@ class ContiguousAllocator(Allocator):
     def admission_need(self, holding: Holding, prompt_length: int) -> int:
         return self.slots(self.extent_size(holding, prompt_length))
 
-    def can_admit(self, holding: Holding, prompt_length: int) -> bool:
+    def can_admit(self, holding: Holding, prompt_length: int, keep_free_blocks: int = 0) -> bool:
         return self.arena.first_fit(self.admission_need(holding, prompt_length)) is not None
 
-    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None) -> int:
+    def admit(self, holding: Holding, prompt_length: int, num_computed: int | None = None, *,
+              first_chunk_only: bool = False) -> int:
         if not self.arena.allocate(holding.sequence_id, self.admission_need(holding, prompt_length)):
             raise RuntimeError(f"{self.name}: admit without room; call can_admit first")
         return 0

@@ -1,5 +1,6 @@
 """Forked sequences and copy-on-write: the block manager's part that lets two block tables share a partly filled
-block (parallel sampling and beam search in vLLM's v0 engine; v1 shares prompts through prefix caching instead)."""
+block (parallel sampling and beam search in vLLM's first engine; its block manager over KV cache groups forks
+nothing: parallel samples are separate requests sharing prompts through prefix caching)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ class CopyOnWrite:
 
     pool: BlockPool
     block_size: int
+    groups: tuple[object, ...]
     sequences: dict[Hashable, SequenceState]
     sequence: Callable[[Hashable], SequenceState]  # the live sequence, or UnknownSequenceError
 
     def __init__(self) -> None:
         self.pending_copies: list[tuple[int, int]] = []  # decided, not yet taken by the data plane
         self.num_copy_on_writes = 0
+        self.num_forks = 0
 
     def fork(self, parent_id: Hashable, child_id: Hashable, *,
              block_hashes: Sequence[Hashable] | None = None) -> SequenceState:
@@ -32,6 +35,9 @@ class CopyOnWrite:
         blocks, since their continuations differ). The parent's tokens must all be computed: a fork shares K/V,
         not reservations."""
         parent = self.sequence(parent_id)
+        if len(self.groups) > 1:
+            raise ValueError("a model with several KV cache groups forks no sequence (vLLM runs its parallel samples "
+                             "as separate requests)")
         if child_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {child_id!r} already exists")
         if parent.num_computed_tokens < parent.sequence_length:
@@ -41,9 +47,12 @@ class CopyOnWrite:
             block_hashes = parent.block_hashes[: parent.sequence_length // self.block_size]
         for block in parent.block_table:
             self.pool.reference(block)
-        child = SequenceState(child_id, parent.sequence_length, list(parent.block_table), list(block_hashes),
-                              parent.num_cached_tokens, parent.num_computed_tokens)
+        offered = min(parent.num_computed_tokens // self.block_size, len(block_hashes))  # (as its parent's)
+        child = SequenceState(child_id, parent.sequence_length, [list(parent.block_table)], list(block_hashes),
+                              parent.num_cached_tokens, parent.num_computed_tokens, [0], [offered],
+                              num_held_blocks=len(parent.block_table))
         self.sequences[child_id] = child
+        self.num_forks += 1
         return child
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
@@ -56,13 +65,13 @@ class CopyOnWrite:
         """1 when the next token would be written into a partly filled block another sequence holds."""
         if num_tokens == 0 or state.sequence_length % self.block_size == 0:
             return 0
-        return int(self.pool.ref_counts[state.block_table[-1]] > 1)
+        return int(self.pool.ref_counts[state.block_tables[0][-1]] > 1)
 
     def _copy_last_block(self, state: SequenceState) -> None:
         """Give the sequence its own copy of its shared last block (the caller has checked one block is free)."""
         table = state.block_table
         shared = table.pop()
-        self.pool.take(1, table)
+        self.pool.take(1, table)  # (the held count is unchanged: one entry for another)
         self.pool.drop_shared(shared)
         self.pending_copies.append((shared, table[-1]))
         self.num_copy_on_writes += 1

@@ -1,4 +1,4 @@
-"""The free block queue: the order in which the block pool hands out its free blocks (vLLM v1's
+"""The free block queue: the order in which the block pool hands out its free blocks (vLLM's
 ``FreeKVCacheBlockQueue``), and so the prefix cache's eviction order. ``BlockPool`` (``block_pool.py``) owns one.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 
 
 class FreeBlockQueue:
-    """The free blocks, in the order the pool hands them out (vLLM v1's ``FreeKVCacheBlockQueue``).
+    """The free blocks, in the order the pool hands them out (vLLM's ``FreeKVCacheBlockQueue``).
 
     Allocation takes from the front. A freed block goes to the front when it holds no cached content (no hit can
     want it, and its memory was just used) and to the back when it does, so cached blocks are evicted least

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+NULL_BLOCK = -1  # vLLM's null block (its block 0) in our ids, which are vLLM's minus one
+
 
 class BlockManagerError(Exception):
     """Base class of every error the block manager raises; a failed call changes nothing."""
@@ -38,16 +40,32 @@ class SequenceState:
     """One live sequence: how many tokens it holds and where they are.
 
     ``sequence_length`` is the number of tokens with a slot, and so the position of the next append.
-    ``block_table[i]`` is the physical block holding logical block ``i``. ``block_hashes[i]`` is the chained
-    content hash of full block ``i`` where the caller knows its content (prefix caching registers a block under
-    it once it is full and computed); ``num_cached_tokens`` are the prompt tokens found in the prefix cache at
-    creation; ``num_computed_tokens`` (<= ``sequence_length``) those whose K/V is written: a prompt reserved
-    whole and prefilled in chunks holds slots ahead of its computed tokens.
+    ``block_tables[g][i]`` is the physical block holding logical block ``i`` in KV cache group ``g`` (``NULL_BLOCK``
+    where a sliding window let go of it); ``block_table`` is group 0's, a single-group model's only table.
+    ``block_hashes[i]`` is the chained content hash of full block ``i`` where the caller knows its content (prefix
+    caching registers a block under it once it is full and computed); ``num_cached_tokens`` are the prompt tokens
+    found in the prefix cache at creation; ``num_computed_tokens`` (<= ``sequence_length``) those whose K/V is
+    written: a prompt reserved whole and prefilled in chunks holds slots ahead of its computed tokens.
+
+    Per group: ``num_null[g]`` leading null entries, ``num_cached_blocks[g]`` entries offered to the prefix cache
+    (vLLM's ``num_cached_block``). ``num_loading_tokens``: tokens after the computed ones that a tier below the GPU
+    loads (vLLM's ``num_external_computed_tokens``); ``num_held_blocks``: entries that are not null, over all
+    tables (a count: the accounting asks for it per sequence and step).
     """
 
     sequence_id: Hashable
     sequence_length: int = 0
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     block_hashes: list[Hashable] = field(default_factory=list, repr=False)
     num_cached_tokens: int = 0
-    num_computed_tokens: int = field(default=0, compare=False)  # progress, not identity: equal states compare equal
+    # progress, not identity: equal states compare equal
+    num_computed_tokens: int = field(default=0, compare=False)
+    num_null: list[int] = field(default_factory=lambda: [0], compare=False)
+    num_cached_blocks: list[int] = field(default_factory=lambda: [0], compare=False)
+    num_loading_tokens: int = field(default=0, compare=False)
+    num_held_blocks: int = field(default=0, compare=False)
+
+    @property
+    def block_table(self) -> list[int]:
+        """Group 0's table (a single-group model's only one: what a data plane addresses)."""
+        return self.block_tables[0]

@@ -9,7 +9,6 @@ from minipaged_cli.memory.contiguous import (
     OracleReserveAllocator,
     Pow2ReserveAllocator,
 )
-from minipaged_cli.memory.hybrid_paged import HybridPagedAllocator
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.paged import PagedAllocator
 
@@ -17,23 +16,17 @@ STRATEGIES = ("paged", "max-reserve", "pow2-reserve", "oracle-reserve", "dynamic
 
 
 def make_allocator(name: str, *, num_blocks: int, block_size: int, max_model_len: int,
-                   prefix_caching: bool = False, watermark_blocks: int = 0, scheduler: str = "v1",
-                   groups: tuple[KVCacheGroup, ...] = (), max_batched_tokens: int | None = None) -> Allocator:
-    """``groups``: the model's KV cache groups (``kv_groups.py``); more than one, or a sliding one, pages through
-    the hybrid manager (vLLM v1 only: ``max_batched_tokens`` caps a window's admission count)."""
-    capacity = num_blocks * block_size
-    if name == "paged" and (len(groups) > 1 or any(g.is_sliding for g in groups)):
-        return HybridPagedAllocator(num_blocks, block_size, groups, prefix_caching=prefix_caching,
-                                    watermark_blocks=watermark_blocks,
-                                    max_in_flight_tokens=max_batched_tokens or max_model_len,
-                                    max_model_len=max_model_len)
+                   prefix_caching: bool = False, groups: tuple[KVCacheGroup, ...] = (),
+                   max_batched_tokens: int | None = None) -> Allocator:
+    """``groups``: the model's KV cache groups (``kv_groups.py``; none: one full-attention group);
+    ``max_batched_tokens`` caps a sliding window's admission count."""
     if name == "paged":
-        return PagedAllocator(num_blocks, block_size, prefix_caching=prefix_caching,
-                              watermark_blocks=watermark_blocks, scheduler=scheduler)
+        return PagedAllocator(num_blocks, block_size, groups or None, prefix_caching=prefix_caching,
+                              max_in_flight_tokens=max_batched_tokens or max_model_len, max_model_len=max_model_len)
     contiguous = {
         "max-reserve": MaxReserveAllocator,
         "pow2-reserve": Pow2ReserveAllocator,
         "oracle-reserve": OracleReserveAllocator,
         "dynamic": DynamicAllocator,
     }
-    return contiguous[name](capacity, max_model_len, groups)
+    return contiguous[name](num_blocks * block_size, max_model_len, groups)

@@ -11,7 +11,7 @@ blocks at once: a replay stores millions, and the dict operations on stores that
 tiers spends its time on, so ``hit`` answers which blocks it holds and ``insert_new`` takes blocks known to be new
 without asking again. ``remove`` takes out blocks that leave the tier without being evicted (an exclusive
 hierarchy's blocks moving up to the GPU, ``sim/tiers.py``). ``reserve`` gives slots to something that is not cached
-content (vLLM v0's swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved
+content (swapped-out blocks, ``sim/tiers.py``): stored hashes are evicted to make room, and a reserved
 slot is never evicted, only given back (``unreserve``). ``pin`` keeps stored hashes that a load in flight reads
 from eviction until ``unpin`` (vLLM's ``CPUOffloadingManager``: ``prepare_load`` raises a block's ``ref_cnt``,
 ``complete_load`` lowers it, and only blocks at 0 are evictable); a pin is counted, as two loads may read one

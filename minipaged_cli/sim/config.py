@@ -245,7 +245,6 @@ class SimConfig:
         """A fresh allocator of ``strategy`` on this capacity."""
         return make_allocator(strategy, num_blocks=self.cache.num_blocks, block_size=self.block_size,
                               max_model_len=self.model_len, prefix_caching=bool(self.cache.prefix_caching),
-                              watermark_blocks=self.watermark_blocks, scheduler=self.engine.scheduler,
                               groups=self.kv_cache_groups, max_batched_tokens=self.engine.max_batched_tokens)
 
 

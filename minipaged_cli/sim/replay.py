@@ -28,6 +28,7 @@ from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, Holding
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_categories
+from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.bulk_advance import BulkAdvance
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.layout import LayoutRecorder
@@ -61,7 +62,8 @@ class Replay:
                                      config.outputs.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.engine.scheduler](
             trace, config.engine, config.cache, allocator, self.accounting, model_len=config.model_len,
-            clients=config.clients, swap_blocks=config.swap_blocks)
+            clients=config.clients, swap_blocks=config.swap_blocks,
+            watermark_blocks=config.watermark_blocks)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
@@ -203,6 +205,7 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
         shortest = min(r.total_tokens for r in trace.requests)
         raise InputError(f"every request is longer (the shortest holds {shortest} tokens); raise it",
                          field="{max_model_len}", value=config.model_len, has_value=True)
+    admission = AdmissionPolicy.for_engine(config.engine.scheduler, config.watermark_blocks)
     for name in strategies:
         allocator = config.allocator(name)
         # The first request the strategy can place ends its check (holdings built for a whole trace, per strategy,
@@ -210,7 +213,7 @@ def check_capacity(trace: Trace, config: SimConfig, strategies: tuple[str, ...])
         needs = []
         for request in fitting:
             holding = Holding(0, request.prompt_tokens, request.output_tokens)
-            if allocator.rejection_reason(holding) is None:
+            if admission.rejection_reason(allocator, holding) is None:
                 break
             needs.append(allocator.largest_need(holding))
         else:

@@ -5,7 +5,7 @@ queues and the step's budget (vLLM keeps them in one ``schedule`` too), and this
 
 ``schedule`` returns what the step runs as a ``StepDecision`` (vLLM's ``SchedulerOutput``); the replay loop times
 the step, runs it, and reports back (``prefilled`` after a prefill, ``finish`` at the end). ``Scheduler`` here is
-vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``SimConfig.scheduler`` picks one.
+vLLM v1's policy; ``V0Scheduler`` (``scheduler_v0.py``) vLLM v0's; ``EngineSettings.scheduler`` picks one.
 
 ``v1`` (vLLM v1's ``Scheduler.schedule``, vllm/v1/core/sched/scheduler.py, as in vLLM 0.33.0 and 0.34.0): one budget
 of ``max_batched_tokens`` a step. Running requests first, in their order: each gets what it still has to compute
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.clients import OPEN_LOOP, Arrivals, Clients
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.settings import CacheSettings, EngineSettings
@@ -82,7 +83,8 @@ class Scheduler:
     samples_at_arrival = True  # v1 splits parallel sampling into n requests (its ParentRequest)
 
     def __init__(self, trace: Trace, engine: EngineSettings, cache: CacheSettings, allocator: Allocator,
-                 accounting: Accounting, *, model_len: int, clients: Clients = OPEN_LOOP, swap_blocks: int = 0) -> None:
+                 accounting: Accounting, *, model_len: int, clients: Clients = OPEN_LOOP, swap_blocks: int = 0,
+                 watermark_blocks: int = 0) -> None:
         self.engine, self.cache, self.model_len = engine, cache, model_len  # as SimConfig resolved them
         self.prefill_token_limit = engine.prefill_token_limit(model_len)
         self.swap_blocks = swap_blocks  # v0's swap space (SimConfig.swap_blocks)
@@ -94,6 +96,8 @@ class Scheduler:
         self.waiting: deque[LiveRequest] = deque()
         self.waiting_needs: list[int] = []  # sorted admission needs of the waiting requests
         self.running: list[LiveRequest] = []
+        # when admission leaves the watermark's blocks free (SimConfig.watermark_blocks): the engine's rule
+        self.admission = AdmissionPolicy.for_engine(engine.scheduler, watermark_blocks)
         self.keyed = bool(cache.prefix_caching) and allocator.supports_prefix_caching  # blocks get content keys
         # vLLM 0.34.0 reorders only with a prefix cache to consult
         self.cache_aware_window = engine.cache_aware_admission_window if self.keyed else 0
@@ -143,7 +147,7 @@ class Scheduler:
         if not self.waiting:
             return self.allocator.capacity_tokens
         head = self.waiting[0]
-        return self.allocator.admission_headroom(head, head.num_prefill_tokens)
+        return self.admission.headroom(self.allocator, head, head.num_prefill_tokens)
 
     def external_fragmentation(self) -> int:
         """Free slots in holes too small for the smallest waiting request's need."""
@@ -168,7 +172,7 @@ class Scheduler:
                 # for it: a count of 2**62 tokens is one rejection, not a list of 2**58 keys.
                 if request.total_tokens > self.model_len:
                     self._reject(live, "longer than --max-model-len")
-                elif (reason := self.allocator.rejection_reason(live)) is not None:
+                elif (reason := self.admission.rejection_reason(self.allocator, live)) is not None:
                     self._reject(live, reason)
                 else:
                     if self.keyed:
@@ -233,7 +237,7 @@ class Scheduler:
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             head = self.waiting[0]
-            if not self.allocator.can_admit(head, head.num_prefill_tokens):
+            if not self.admission.can_admit(self.allocator, head, head.num_prefill_tokens):
                 break
             cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
             loaded = 0
@@ -246,7 +250,7 @@ class Scheduler:
                 self._note_loads(head, cached, cached + loaded)  # (the copy starts in this step, as vLLM's)
             else:
                 tokens = self._chunk(head.num_prefill_tokens - cached, budget)
-                self.allocator.admit(head, head.num_prefill_tokens, cached + tokens)
+                self.admission.admit(self.allocator, head, head.num_prefill_tokens, cached + tokens)
             self.running.append(self._dequeue())
             head.num_computed = cached
             if self.keyed and not head.queried:  # a re-prefill is not a query (vLLM PR 25787)
@@ -315,7 +319,7 @@ class Scheduler:
         if self.engine.max_batched_tokens is not None and len(self.running) >= self.engine.max_batched_tokens:
             return False
         head = self.waiting[0]
-        return self.allocator.can_admit(head, head.num_prefill_tokens)
+        return self.admission.can_admit(self.allocator, head, head.num_prefill_tokens)
 
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
         if front:

@@ -159,7 +159,7 @@ class V0Scheduler(Scheduler):
             head = self.waiting[0]
             if swapped_only and not head.swapped_slots:
                 break
-            if not self.allocator.can_admit(head, head.num_prefill_tokens):
+            if not self.admission.can_admit(self.allocator, head, head.num_prefill_tokens):
                 break
             if self.engine.max_batched_tokens is not None:
                 if budget - admitted_tokens <= 0:
@@ -178,7 +178,7 @@ class V0Scheduler(Scheduler):
                 if loaded:  # the step's forward waits for it (v0 had no asynchronous connector)
                     self.forward_start = ready
                     computed = None if computed is None else hits + loaded
-            cached = self.allocator.admit(head, head.num_prefill_tokens, computed)
+            cached = self.admission.admit(self.allocator, head, head.num_prefill_tokens, computed)
             self.running.append(self._dequeue())
             if head.swapped_slots:  # swap in: its KV comes back, except blocks the prefix cache still holds
                 moved = max(head.swapped_slots - cached, 0)

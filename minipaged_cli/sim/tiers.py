@@ -100,8 +100,8 @@ class TieredCache(TierStores, TierLoads):
         self.kv_bytes_per_token = config.model.kv_bytes_per_token
         self.bytes_per_block = config.block_size * config.model.kv_bytes_per_token
         groups = config.kv_cache_groups
-        # The hybrid manager's pool (make_allocator's rule): its keys are (group, hash), its blocks one group's pages
-        self.grouped = len(groups) > 1 or any(group.is_sliding for group in groups)
+        # A pool that names its keys (group, hash) (``BlockPool.keys_by_group``): its blocks are one group's pages
+        self.grouped = pool is not None and pool.keys_by_group
         if self.grouped:
             self.bytes_per_block = block_bytes(config.model, groups, config.block_size)
         self.full_ids = [g for g, group in enumerate(groups) if not group.is_sliding]

@@ -44,7 +44,7 @@ def test_grow_takes_a_block_only_at_a_boundary() -> None:
     manager.create_sequence("s")
     slots = [slot for _ in range(5) for slot in append_slots(manager, "s", 1)]
     assert slots == [0, 1, 2, 3, 4]  # blocks 0 then 1, handed out in order
-    assert manager.sequences["s"] == SequenceState("s", 5, [0, 1])
+    assert manager.sequences["s"] == SequenceState("s", 5, [[0, 1]])
     assert manager.num_free_blocks == 2
 
 

@@ -1,6 +1,6 @@
 """The block pool's free queue as ``take`` reads it: the back part's blocks are handed out least recently freed
-first, their content evicted. (The caching fast paths are ``GroupedBlockPool``'s: ``tests/memory/test_grouped_pool.py``
-drives them against ``cache``.)"""
+first, their content evicted. (The caching fast path, ``BlockPool.cache_fresh``:
+``tests/memory/test_block_pool_groups.py`` drives it against ``cache``.)"""
 
 from __future__ import annotations
 
@@ -24,5 +24,5 @@ def test_take_from_the_back_evicts_least_recently_freed_first() -> None:
     # Released tail first, so block 5 was freed first and goes first; its hash ("a", 5) is no longer cached.
     assert table[-3:] == [5, 4, 3]
     assert pool.num_evictions == 3
-    assert sorted(pool.cached_blocks.items()) == [(("a", i), i) for i in range(3)]
+    assert sorted(pool.cached_blocks[0].items()) == [(("a", i), i) for i in range(3)]
     assert pool.free_blocks.touched() == ([], [2, 1, 0])

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.bulk import release_split
 
 NUM_BLOCKS = 24
 
@@ -82,8 +83,8 @@ def test_uncached_blocks_of_the_later_table_go_ahead_of_the_earlier_ones() -> No
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10**6))
 def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(seed: int, sharing: bool) -> None:
-    # ``release_split``: the caller names each table's keyed blocks (a sequence's cached prefix, possibly shared
-    # by a hit) and its keyless ones (the tail after, its own); the pool tests no block for a key.
+    # ``bulk.release_split``: the caller names each table's keyed blocks (a sequence's cached prefix, possibly
+    # shared by a hit) and its keyless ones (the tail after, its own); the pool tests no block for a key.
     rng = random.Random(seed)
     pool = BlockPool(NUM_BLOCKS, enable_caching=True)
     tables: list[list[int]] = [[], [], []]
@@ -97,7 +98,7 @@ def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(s
     for block in shared:
         pool.reference(block)
     refs, front, back = _naive_release([table[::-1] for table in tables], shared, set(keyed_blocks))
-    pool.release_split([table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
+    release_split(pool, [table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
                        [table[split:][::-1] for table, split in zip(tables, splits, strict=True)])
     assert pool.free_blocks.touched() == (front, back)
     assert [pool.ref_counts[block] for block in refs] == list(refs.values())

@@ -33,8 +33,9 @@ def prompt_hashes(tokens: list, block_size: int) -> list[int]:
 
 def snapshot(manager: KVBlockManager) -> tuple:
     pool = manager.pool
-    return (list(pool.free_blocks), copy.deepcopy(manager.sequences), list(pool.ref_counts), dict(pool.cached_blocks),
-            copy.deepcopy(pool.duplicate_blocks), list(pool.block_hash), list(manager.pending_copies))
+    return (list(pool.free_blocks), copy.deepcopy(manager.sequences), list(pool.ref_counts),
+            dict(pool.cached_blocks[0]), copy.deepcopy(pool.duplicate_blocks[0]), list(pool.block_hash),
+            list(manager.pending_copies))
 
 
 def fits(manager: KVBlockManager, sequence_id, num_tokens: int, block_hashes=()) -> bool:
@@ -212,7 +213,7 @@ def test_no_hit_on_a_block_whose_content_changed() -> None:
     other = prompt_hashes([100 + t for t in range(12)], 4)
     manager.create_sequence("b", 12, block_hashes=other)  # takes all three blocks, evicting a's two cached ones
     assert manager.pool.num_evictions == 2
-    assert all(h not in manager.pool.cached_blocks for h in hashes)
+    assert all(h not in manager.pool.cached_blocks[0] for h in hashes)
     assert manager.num_cached_tokens(9, hashes) == 0
     assert manager.invariants_ok()
 
@@ -279,7 +280,7 @@ def test_without_prefix_caching_nothing_is_shared_by_content() -> None:
     hashes = prompt_hashes(list(range(9)), 4)
     manager.create_sequence("a", 9, block_hashes=hashes)
     assert manager.create_sequence("b", 9, block_hashes=hashes).num_cached_tokens == 0
-    assert manager.pool.cached_blocks == {} and manager.num_used_blocks == 6
+    assert manager.pool.cached_blocks[0] == {} and manager.num_used_blocks == 6
 
 
 def test_a_decode_step_of_a_parent_and_its_fork_copies_their_shared_partial_block_once() -> None:
@@ -379,7 +380,7 @@ def test_reset_prefix_cache_refuses_while_a_cached_block_is_held() -> None:
     manager.release_sequence("a")
     order = list(manager.pool.free_blocks)
     assert manager.reset_prefix_cache() is True
-    assert manager.pool.cached_blocks == {} and manager.num_free_blocks == 4
+    assert manager.pool.cached_blocks[0] == {} and manager.num_free_blocks == 4
     assert list(manager.pool.free_blocks) == order  # vLLM leaves freed blocks where they wait
     assert manager.num_cached_tokens(9, hashes) == 0 and manager.invariants_ok()
 
@@ -429,7 +430,7 @@ def test_content_computed_twice_is_cached_twice_and_hits_go_to_the_older_block()
     hashes = prompt_hashes(list(range(8)), 4)
     assert manager.create_sequence("a", 8, block_hashes=hashes).block_table == [0, 1]
     assert manager.create_sequence("b", 8, block_hashes=hashes).block_table == [0, 2]
-    assert manager.pool.block_hash[2] == hashes[1] and manager.pool.cached_blocks[hashes[1]] == 1
+    assert manager.pool.block_hash[2] == hashes[1] and manager.pool.cached_blocks[0][hashes[1]] == 1
     manager.release_sequence("a")  # block 1 to the back; block 0 is still b's
     manager.release_sequence("b")  # then 2 and 0: the queue's back part reads [1, 2, 0]
     assert manager.pool.free_blocks.touched() == ([], [1, 2, 0])

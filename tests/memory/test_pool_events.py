@@ -11,7 +11,6 @@ import pytest
 
 from minipaged_cli.fleet.replica import Replica
 from minipaged_cli.memory.block_pool import BlockPool
-from minipaged_cli.memory.grouped_pool import GroupedBlockPool
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request
@@ -52,12 +51,12 @@ def test_two_subscribers_hear_every_event_in_subscription_order() -> None:
 
 def test_a_grouped_pool_names_each_key_with_its_group_to_every_subscriber() -> None:
     log: list[tuple] = []
-    pool = GroupedBlockPool(4, 2, enable_caching=True)
+    pool = BlockPool(4, num_groups=2, enable_caching=True)
     pool.events.subscribe(Logged("first", log))
     pool.events.subscribe(Logged("second", log))
     table: list[int] = []
     pool.take(2, table)
-    pool.cache_group(1, ["a", "b"], table)
+    pool.cache(["a", "b"], table, group=1)
     pool.release(table)
     pool.take(3, [])
     assert log == [("first", "cached", [(1, "a"), (1, "b")], [0, 1]),

@@ -1,5 +1,5 @@
-"""Run with the vLLM reference venv's python (``tests/parity/test_hybrid.py`` does): minipaged's
-``HybridBlockManager`` and vLLM 0.33.0's own ``KVCacheManager`` (its ``HybridKVCacheCoordinator`` over a
+"""Run with the vLLM reference venv's python (``tests/parity/test_hybrid.py`` does): minipaged's ``KVBlockManager``
+under KV cache groups and vLLM 0.33.0's own ``KVCacheManager`` (its ``HybridKVCacheCoordinator`` over a
 ``SlidingWindowManager`` and a ``FullAttentionManager`` per group, one ``BlockPool``) driven in lockstep through
 random workloads: prompts sharing documents (prefix hits from the left for full attention, from the right for the
 window), chunked prefills, decode tokens (windows sliding, null blocks), the admission gate with its
@@ -24,7 +24,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 
 from minipaged_cli.memory import OutOfBlocksError, hash_blocks
-from minipaged_cli.memory.hybrid import HybridBlockManager
+from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 
 LAYOUTS = (("sliding", "full"), ("full", "sliding"), ("sliding", "sliding", "full"))
@@ -56,7 +56,7 @@ def run(seed: int, caching: bool) -> tuple[int, int]:
     in_flight = rng.randint(1, 16)
     groups = [KVCacheGroup("sliding_attention" if kind == "sliding" else "full_attention", (i,), 1,
                            window if kind == "sliding" else None) for i, kind in enumerate(layout)]
-    ours = HybridBlockManager(num_blocks, block_size, groups, enable_prefix_caching=caching,
+    ours = KVBlockManager(num_blocks, block_size, groups, enable_prefix_caching=caching,
                               max_in_flight_tokens=in_flight, max_model_len=MAX_MODEL_LEN)
     theirs = vllm_manager(layout, num_blocks, block_size, window, caching, in_flight)
     hasher = get_request_block_hasher(block_size, sha256)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.strategies import STRATEGIES, make_allocator
+from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay, simulate
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
@@ -171,9 +172,10 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
         fast = unrounded(replay(trace, config, strategy))
         # every request ends, completed or rejected; those that can never run are rejected as such
         allocator = make_allocator(strategy, num_blocks=config.cache.num_blocks, block_size=block_size,
-                                   max_model_len=1024, watermark_blocks=config.watermark_blocks, scheduler=scheduler)
-        never = sum(r.total_tokens > 1024 or allocator.rejection_reason(Holding(0, r.prompt_tokens, r.output_tokens))
-                    is not None for r in trace.requests)
+                                   max_model_len=1024)
+        admission = AdmissionPolicy.for_engine(scheduler, config.watermark_blocks)
+        never = sum(r.total_tokens > 1024 or admission.rejection_reason(
+            allocator, Holding(0, r.prompt_tokens, r.output_tokens)) is not None for r in trace.requests)
         assert fast["completed_requests"] + fast["rejected_requests"] == len(requests), strategy
         assert sum(fast["rejection_reasons"].values()) == fast["rejected_requests"]
         # the rest were rejected at run time: preempted, their recompute prompt no longer fit

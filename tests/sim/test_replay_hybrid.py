@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory import hash_blocks
 from minipaged_cli.memory.allocators import Holding
-from minipaged_cli.memory.hybrid_paged import HybridPagedAllocator
 from minipaged_cli.memory.kv_groups import kv_cache_groups
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.strategies import STRATEGIES
+from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory
 from minipaged_cli.sim.replay import replay, simulate
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION, GpuSpec, ModelSpec, load_gpu
@@ -139,8 +140,8 @@ def test_admission_counts_the_first_chunk_where_the_window_cap_counts_less() -> 
     #   chunk (20 + 4 tokens): full 4 + 20; sliding 24 - 20 = 4 new + 4 revived: 32
     # 32 + 10 > 40 free: refused, although the gate alone (28 + 10) would pass.
     groups = kv_cache_groups(windowed_model(2, 5))
-    allocator = HybridPagedAllocator(42, 1, groups, prefix_caching=True, watermark_blocks=10, max_in_flight_tokens=4,
-                                     max_model_len=100)
+    allocator = PagedAllocator(42, 1, groups, prefix_caching=True, max_in_flight_tokens=4, max_model_len=100)
+    admission = AdmissionPolicy(watermark_blocks=10)  # v1's
     hashes = hash_blocks(("doc", i) for i in range(30))
     allocator.admit(Holding(0, 1, 1), 1)  # keeps a sequence running: v1's watermark holds
     allocator.admit(Holding(1, 20, 1, hashes[:20]), 20)
@@ -149,4 +150,4 @@ def test_admission_counts_the_first_chunk_where_the_window_cap_counts_less() -> 
     head = Holding(2, 24, 1, hashes[:20] + hash_blocks(("own", i) for i in range(4)))
     assert allocator.manager.blocks_needed(None, 24, head.block_hashes) == 28
     assert allocator.manager.blocks_to_create(24, head.block_hashes) == 32
-    assert allocator.admission_headroom(head, 24) == 40 - 32 - 10
+    assert admission.headroom(allocator, head, 24) == 40 - 32 - 10

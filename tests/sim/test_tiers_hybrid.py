@@ -1,4 +1,4 @@
-"""The prefix cache's tiers under a model with sliding-window layers (sim/tiers.py over memory/hybrid.py): tier
+"""The prefix cache's tiers under a model with sliding-window layers (sim/tiers.py over KV cache groups): tier
 sizes in the pool's blocks, and vLLM 0.33.0's OffloadingConnector, which supports the hybrid KV cache manager
 (``SupportsHMA``) and offloads per KV cache group: a full-attention group's blocks from the GPU's hit on, a
 sliding-window group's only within the window at the hit's end."""
@@ -79,7 +79,8 @@ def test_a_hybrid_hit_loads_the_full_group_and_the_sliding_window() -> None:
 
 def host_tier_holding(keys: list[object]) -> TieredCache:
     config = SimConfig.of(GPT_OSS, H200, num_blocks=34, block_size=16, cpu_kv_blocks=100)
-    tiers = TieredCache(config, BlockPool(34, enable_caching=True), StepTimeModel(GPT_OSS, H200))
+    pool = BlockPool(34, num_groups=len(config.kv_cache_groups), enable_caching=True)
+    tiers = TieredCache(config, pool, StepTimeModel(GPT_OSS, H200))
     tiers.tiers[0].store.insert(keys)
     return tiers
 

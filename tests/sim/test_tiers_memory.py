@@ -48,7 +48,7 @@ def test_output_names_are_within_the_gpu_cache_after_a_replay(seed: int, num_blo
     # holds are never cached again (their content is its own), so after the replay every name is a cached block.
     run = replayed(random_trace(seed, 25, 0.01), num_blocks=num_blocks, cpu_kv_blocks=12, offload_policy=policy,
                    max_model_len=512)
-    assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks.keys()
+    assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks[0].keys()
 
 
 def test_stores_count_the_hashes_they_keep() -> None:
@@ -78,4 +78,4 @@ def test_a_request_rejected_after_its_preemption_leaves_no_output_names() -> Non
     run = replayed(long_outputs(7), num_blocks=10, cpu_kv_blocks=12, max_model_len=512, scheduler="v0",
                    watermark=0.3, prefix_caching=True)
     assert any("preempted" in reason for reason in run.accounting.rejection_reasons)
-    assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks.keys()
+    assert run.tiers.output_hashes <= run.allocator.manager.pool.cached_blocks[0].keys()

@@ -1,4 +1,4 @@
-"""``HybridBlockManager.decode_in_bulk`` (the replay's fast path for decode steps under KV cache groups) against
+"""``bulk.decode_in_bulk`` (the replay's fast path for decode steps under KV cache groups) against
 the steps one at a time: every running sequence grows by one token a step, in the running order, as the
 single-step replay grows them. The pool must end exactly as they leave it: the same free queue in the same order,
 the same block tables, cache map, per-block hashes and reference counts, the same counters; where the fast path
@@ -14,16 +14,17 @@ import pytest
 
 from minipaged_cli.memory import hash_blocks
 from minipaged_cli.memory.allocators import Holding
-from minipaged_cli.memory.hybrid import HybridBlockManager
-from minipaged_cli.memory.hybrid_paged import HybridPagedAllocator
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.bulk import decode_in_bulk
 from minipaged_cli.memory.kv_groups import KVCacheGroup
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
 
 LAYOUTS = ((SLIDING_ATTENTION, FULL_ATTENTION), (SLIDING_ATTENTION, SLIDING_ATTENTION, FULL_ATTENTION),
            (FULL_ATTENTION, SLIDING_ATTENTION))
 
 
-def state(manager: HybridBlockManager) -> tuple:
+def state(manager: KVBlockManager) -> tuple:
     pool = manager.pool
     return (list(pool.free_blocks), pool.free_blocks.touched(), copy.deepcopy(manager.sequences),
             copy.deepcopy(pool.cached_blocks), copy.deepcopy(pool.duplicate_blocks), list(pool.block_hash),
@@ -32,14 +33,14 @@ def state(manager: HybridBlockManager) -> tuple:
             pool.num_shared_references)
 
 
-def scenario(seed: int) -> tuple[HybridBlockManager, list[int], int]:
+def scenario(seed: int) -> tuple[KVBlockManager, list[int], int]:
     """A manager with running sequences (some sharing a cached prefix), cached blocks freed by finished ones in
     its free queue, and a number of decode steps to take."""
     rng = random.Random(seed)
     block_size, window = rng.choice([1, 2, 4, 16]), rng.randint(1, 40)
     groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
               for i, kind in enumerate(rng.choice(LAYOUTS))]
-    manager = HybridBlockManager(rng.randint(60, 400), block_size, groups, enable_prefix_caching=True)
+    manager = KVBlockManager(rng.randint(60, 400), block_size, groups, enable_prefix_caching=True)
     shared = [("shared", i) for i in range(rng.randint(0, 12))]
     running = []
     for sid in range(rng.randint(2, 9)):
@@ -67,7 +68,7 @@ def test_decode_in_bulk_leaves_the_pool_as_single_steps(seed: int) -> None:
             if single.blocks_needed(sid, 1) > single.num_free_blocks:
                 pytest.skip("the pool runs out: the replay would stop before this step")
             single.grow(sid, 1)
-    if bulk.decode_in_bulk(running, num_steps):
+    if decode_in_bulk(bulk, running, num_steps):
         assert state(bulk) == state(single)
     else:
         assert state(bulk) == before
@@ -79,7 +80,7 @@ def test_the_scenarios_take_the_fast_path_and_free_blocks_in_it() -> None:
     for seed in range(60):
         manager, running, num_steps = scenario(seed)
         num_frees = manager.pool.num_frees
-        if manager.decode_in_bulk(running, num_steps):
+        if decode_in_bulk(manager, running, num_steps):
             taken += 1
             frees += manager.pool.num_frees > num_frees
     assert taken >= 40 and frees >= 20
@@ -89,11 +90,11 @@ def test_decode_in_bulk_declines_without_prefix_caching() -> None:
     """Without prefix caching a freed block goes to the front of the queue, where a later step of the same advance
     would take it: the fast path must decline and change nothing (the caller then steps in lockstep)."""
     groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(FULL_ATTENTION, (1,), 1, None)]
-    manager = HybridBlockManager(200, 4, groups)
+    manager = KVBlockManager(200, 4, groups)
     for sid in range(3):
         manager.create_sequence(sid, 10 + sid)
     before = state(manager)
-    assert not manager.decode_in_bulk([0, 1, 2], 12)
+    assert not decode_in_bulk(manager, [0, 1, 2], 12)
     assert state(manager) == before
 
 
@@ -103,7 +104,7 @@ def test_the_checker_names_groups_that_slid_or_cached_alone() -> None:
     moved alone)."""
     groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 8),
               KVCacheGroup(FULL_ATTENTION, (2,), 1, None)]
-    manager = HybridBlockManager(200, 4, groups, enable_prefix_caching=True)
+    manager = KVBlockManager(200, 4, groups, enable_prefix_caching=True)
     manager.create_sequence(0, 30, block_hashes=hash_blocks(("own", i) for i in range(10)))
     manager.grow(0, 1)
     assert manager.invariant_violations() == []
@@ -123,7 +124,7 @@ def test_the_checker_names_a_stale_held_count_and_a_key_past_the_cached_blocks()
     ones for keyless: the checker recounts both from the tables (planted: a count one off, a key one block too
     far)."""
     groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(FULL_ATTENTION, (1,), 1, None)]
-    manager = HybridBlockManager(200, 4, groups, enable_prefix_caching=True)
+    manager = KVBlockManager(200, 4, groups, enable_prefix_caching=True)
     manager.create_sequence(0, 30, block_hashes=hash_blocks(("own", i) for i in range(10)))
     manager.grow(0, 11)  # 41 tokens, 11 entries a group; slid with 30 computed: (30 - 8 + 1) // 4 = 5 null
     sequence = manager.sequences[0]
@@ -138,7 +139,7 @@ def test_the_checker_names_a_stale_held_count_and_a_key_past_the_cached_blocks()
 
 @pytest.mark.parametrize("seed", range(40))
 def test_bulk_profile_against_a_count_per_request_and_step(seed: int) -> None:
-    """``HybridPagedAllocator.bulk_profile`` (numpy over requests and steps) against the counts written per request
+    """``PagedAllocator.bulk_profile`` (numpy over requests and steps) against the counts written per request
     and step from the rules: during step j a request of length L + j holds ceil((L + j) / B) entries in each
     group, max(0, L + j - W) // B of them null in a sliding group; the advance is safe while each step's new
     entries fit on what the earlier steps left free."""
@@ -148,8 +149,8 @@ def test_bulk_profile_against_a_count_per_request_and_step(seed: int) -> None:
     groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
               for i, kind in enumerate(kinds)]
     num_groups, num_sliding = len(groups), kinds.count(SLIDING_ATTENTION)
-    allocator = HybridPagedAllocator(rng.randint(40, 400), block_size, groups, prefix_caching=False,
-                                     max_in_flight_tokens=64, max_model_len=4096)
+    allocator = PagedAllocator(rng.randint(40, 400), block_size, groups, prefix_caching=False,
+                               max_in_flight_tokens=64, max_model_len=4096)
     holdings, lengths, finals = [], [], []
     for sid in range(rng.randint(1, 8)):
         prompt = rng.randint(1, 5 * block_size + window)

@@ -1,4 +1,5 @@
-"""The KV cache groups' block manager (``memory/hybrid.py``) and the grouping (``memory/kv_groups.py``).
+"""The block manager under KV cache groups (``memory/block_manager.py`` over ``coordinator.py`` and
+``single_type.py``) and the grouping (``memory/kv_groups.py``).
 
 Random operation sequences run against a naive model that only counts: a sequence of L tokens, C of them computed
 when its windows last slid, holds ceil(L / B) blocks in a full-attention group and ceil(L / B) - max(0, C - W + 1)
@@ -18,8 +19,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minipaged_cli.memory import OutOfBlocksError, hash_blocks
-from minipaged_cli.memory.hybrid import NULL_BLOCK, HybridBlockManager
+from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes, kv_cache_groups
+from minipaged_cli.memory.sequence import NULL_BLOCK
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION, ModelSpec
 
 SEQUENCE_IDS = st.integers(min_value=0, max_value=5)
@@ -37,7 +39,7 @@ class HybridManagerMachine(RuleBasedStateMachine):
     def setup(self, num_blocks: int, block_size: int, window: int, layout: tuple[str, ...], caching: bool) -> None:
         groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
                   for i, kind in enumerate(layout)]
-        self.manager = HybridBlockManager(num_blocks, block_size, groups, enable_prefix_caching=caching)
+        self.manager = KVBlockManager(num_blocks, block_size, groups, enable_prefix_caching=caching)
         self.num_blocks, self.block_size, self.window, self.layout = num_blocks, block_size, window, layout
         self.caching = caching
         self.lengths: dict[int, int] = {}  # the model: every live sequence's length ...
@@ -111,7 +113,7 @@ def test_a_worked_window_frees_the_blocks_the_next_token_cannot_see() -> None:
     # block size 4, window 8: with 14 tokens computed the next token (14) sees tokens 7..14, so block 0 (tokens
     # 0..3) goes, block 1 (4..7) stays: max(0, 14 - 8 + 1) // 4 = 1 (the module docstring's diagram)
     groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 8)]
-    manager = HybridBlockManager(10, 4, groups)
+    manager = KVBlockManager(10, 4, groups)
     manager.create_sequence("s", 14)
     assert manager.sequences["s"].block_tables == [[0, 1, 2, 3], [4, 5, 6, 7]]
     manager.grow("s", 1)  # slides with 14 computed, then takes no block (15 tokens fit in 4)
@@ -125,7 +127,7 @@ def test_a_hit_keeps_the_window_and_nulls_the_rest() -> None:
     # block size 2, window 5: a hit needs the last ceil(4 / 2) = 2 cached blocks of the sliding group; the full
     # group hits from the left
     groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 5)]
-    manager = HybridBlockManager(40, 2, groups, enable_prefix_caching=True)
+    manager = KVBlockManager(40, 2, groups, enable_prefix_caching=True)
     hashes = hash_blocks(("doc", i) for i in range(10))
     manager.create_sequence("a", 20, block_hashes=hashes)  # 10 blocks per group, all cached
     assert manager.num_cached_tokens(13, hashes) == 12  # (13 - 1) // 2 = 6 blocks may hit
@@ -140,7 +142,7 @@ def test_a_hit_keeps_the_window_and_nulls_the_rest() -> None:
 def test_a_sliding_hit_ends_where_its_window_is_cached() -> None:
     # block size 2, window 5 (a hit needs 2 contiguous cached sliding blocks), a pool of exactly 21 blocks
     groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 5)]
-    manager = HybridBlockManager(21, 2, groups, enable_prefix_caching=True)
+    manager = KVBlockManager(21, 2, groups, enable_prefix_caching=True)
     hashes = hash_blocks(("doc", i) for i in range(11))
     manager.create_sequence("a", 20, block_hashes=hashes)  # 10 blocks a group, all cached; 1 block free
     # grow slides first: max(0, 20 - 5 + 1) // 2 = 8 sliding blocks freed, last first, to the back of the queue
@@ -184,10 +186,21 @@ def test_content_keys_that_repeat_in_a_prompt_cache_the_first_block_and_keep_the
     # keys that do repeat must still be cached as one at a time caches them: the first block holds the entry,
     # the later ones wait as duplicates, in every group.
     groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1), KVCacheGroup(SLIDING_ATTENTION, (1,), 1, 8)]
-    manager = HybridBlockManager(20, 4, groups, enable_prefix_caching=True)
+    manager = KVBlockManager(20, 4, groups, enable_prefix_caching=True)
     state = manager.create_sequence("s", 12, block_hashes=[7, 7, 8])
     pool = manager.pool
     for g, table in enumerate(state.block_tables):
         assert pool.cached_blocks[g] == {7: table[0], 8: table[2]}
         assert pool.duplicate_blocks[g] == {7: [table[1]]}
     assert manager.invariant_violations() == []
+
+
+def test_a_model_with_several_groups_forks_no_sequence() -> None:
+    # vLLM runs parallel samples under KV cache groups as separate requests: a fork would share blocks that a
+    # window frees, so the manager refuses it and changes nothing.
+    groups = [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 8), KVCacheGroup(FULL_ATTENTION, (1,), 1, None)]
+    manager = KVBlockManager(20, 4, groups)
+    manager.create_sequence(0, 10)
+    with pytest.raises(ValueError, match="forks no sequence"):
+        manager.fork(0, 1)
+    assert list(manager.sequences) == [0] and manager.invariant_violations() == []

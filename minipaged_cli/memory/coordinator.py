@@ -1,0 +1,165 @@
+"""The coordinator of a model's KV cache groups: one single-type manager per attention type (``single_type.py``)
+over the block manager's one pool, and what it answers for all groups together: which cached blocks a prompt
+shares, how many blocks a new sequence takes, which blocks join each group's cache.
+
+A hit is found as vLLM's hybrid coordinator finds it: full attention from the left (the longest run of cached
+blocks, every full group hit), then, within that length, sliding window from the right; the full groups are cut
+back to the sliding groups' length. A single-group model is a coordinator over one full-attention manager.
+
+vLLM: v1/core/kv_cache_coordinator.py::HybridKVCacheCoordinator
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
+from minipaged_cli.memory.sequence import SequenceState
+from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager
+
+SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
+
+
+class HitsMemo:
+    """The fast path of ``find_hits``: ``search_hits``' answers for one prompt, valid while the pool's ``cache_version``
+    stays (``tests/memory/test_bulk.py`` checks it against the search). The admission asks about the same waiting prompt
+    several times a step (its gate, its first chunk), and the answer changes only with the cache. (The hashes are
+    compared by value, in C: far cheaper than the search.)"""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.block_hashes: Sequence[Hashable] = ()
+        self.answers: dict[int, tuple[list[list[int]], int]] = {}  # num_tokens -> search_hits' answer
+
+    def get(self, version: int, block_hashes: Sequence[Hashable], num_tokens: int,
+            search: SearchHits) -> tuple[list[list[int]], int]:
+        if self.version != version or self.block_hashes != block_hashes:
+            self.version, self.block_hashes, self.answers = version, list(block_hashes), {}  # (a copy: lists grow)
+        found = self.answers.get(num_tokens)
+        if found is None:
+            found = self.answers[num_tokens] = search(block_hashes, num_tokens)
+        return found
+
+
+class KVCacheCoordinator:
+    """The single-type managers of ``groups`` (``full``, ``sliding``; None where the model has no such group). The
+    ``KVBlockManager`` extends it: ``groups``, ``block_size`` and ``pool`` are the manager's.
+
+    Every sliding group of a sequence has as many null entries, and every cached group as many blocks offered to
+    the cache (all slide and cache together): one group's count stands for all. ``admission_cap``: the most blocks
+    a sliding group counts at the admission gate (from vLLM's ``max_num_batched_tokens`` and ``max_model_len``;
+    None: no cap).
+    """
+
+    groups: tuple[KVCacheGroup, ...]
+    block_size: int
+    enable_prefix_caching: bool
+    pool: BlockPool
+    num_forks: int  # (``fork.py``: after a fork, caching tests each block for a key)
+
+    def __init__(self, max_in_flight_tokens: int | None = None, max_model_len: int | None = None) -> None:
+        self.full_ids = [g for g, group in enumerate(self.groups) if not group.is_sliding]
+        self.sliding_ids = [g for g, group in enumerate(self.groups) if group.is_sliding]
+        windows = {self.groups[g].sliding_window for g in self.sliding_ids}
+        if len(windows) > 1 or None in windows:
+            raise ValueError(f"sliding groups need one window, got {sorted(windows, key=str)}")
+        self.window: int | None = windows.pop() if windows else None
+        self.full = FullAttentionManager(self.full_ids, self.block_size) if self.full_ids else None
+        self.sliding = SlidingWindowManager(self.sliding_ids, self.block_size, self.window) \
+            if self.window is not None else None
+        self.managers = [manager for manager in (self.full, self.sliding) if manager is not None]
+        self.hit_run = self.sliding.hit_run if self.sliding else 0
+        self.cached_group_ids = [g for g in range(len(self.groups)) if g in self.full_ids or self.hit_run]
+        self.admission_cap = None  # most blocks a sliding group counts at the admission gate
+        if self.window is not None and max_in_flight_tokens is not None and max_model_len is not None:
+            self.admission_cap = sliding_admission_blocks(self.window, self.block_size, max_in_flight_tokens,
+                                                          max_model_len)
+        self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
+        self._hits_memo = HitsMemo()
+
+    def skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading blocks a sliding group no longer needs once ``num_computed_tokens`` are computed."""
+        return self.sliding.num_skipped_blocks(num_computed_tokens) if self.sliding else 0
+
+    def blocks_to_create(self, num_tokens: int, block_hashes: Sequence[Hashable] = ()) -> int:
+        """Blocks the free queue must give to create a sequence of ``num_tokens`` now (no cap: what
+        ``create_sequence`` takes)."""
+        hits, hit_tokens = self.find_hits(block_hashes, num_tokens)
+        return self.blocks_to_allocate(hits, hit_tokens, num_tokens, None)
+
+    def num_cached_tokens(self, num_tokens: int, block_hashes: Sequence[Hashable]) -> int:
+        """Prompt tokens a sequence created now would find in the prefix cache."""
+        return self.find_hits(block_hashes, num_tokens)[1]
+
+    def find_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
+        """``search_hits`` through its fast path: most prompts miss on their first block, and admission asks
+        about the same waiting prompt several times a step (``HitsMemo``; the lists returned are shared:
+        callers only read them)."""
+        if (not self.enable_prefix_caching or num_tokens <= self.block_size or not block_hashes or
+                (self.full_ids and block_hashes[0] not in self.pool.cached_blocks[self.full_ids[0]])):
+            return self._no_hits, 0
+        return self._hits_memo.get(self.pool.cache_version, block_hashes, num_tokens, self.search_hits)
+
+    def search_hits(self, block_hashes: Sequence[Hashable], num_tokens: int) -> tuple[list[list[int]], int]:
+        """Per group, the blocks a prompt of ``num_tokens`` would share (``NULL_BLOCK`` where a sliding group
+        needs none), and the hit's length in tokens: full attention from the left, then, within that length,
+        sliding window from the right; the full groups are cut back to the sliding groups' length. At most
+        ``(num_tokens - 1) // block_size`` blocks: the last token is always computed.
+
+        vLLM: v1/core/kv_cache_coordinator.py::HybridKVCacheCoordinator.find_longest_cache_hit
+        """
+        if not self.enable_prefix_caching:
+            return self._no_hits, 0
+        candidates = block_hashes[:max(num_tokens - 1, 0) // self.block_size]
+        hits: list[list[int]] = [[] for _ in self.groups]
+        num_hit = len(candidates)
+        if self.full is not None:
+            for g, group_hits in zip(self.full_ids, self.full.find_longest_cache_hit(self.pool, candidates),
+                                     strict=True):
+                hits[g] = group_hits
+                num_hit = len(group_hits)
+        if self.sliding is not None:
+            sliding_hits = self.sliding.find_longest_cache_hit(self.pool, candidates[:num_hit])
+            num_hit = len(sliding_hits[0])
+            for g, group_hits in zip(self.sliding_ids, sliding_hits, strict=True):
+                hits[g] = group_hits
+            for g in self.full_ids:
+                del hits[g][num_hit:]
+        return hits, num_hit * self.block_size
+
+    def blocks_to_allocate(self, hits: list[list[int]], hit_tokens: int, num_tokens: int, cap: int | None) -> int:
+        """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes, a sliding group counting at most
+        ``cap``: the single-type managers' counts over their groups."""
+        required = num_blocks_for(num_tokens, self.block_size)
+        if not hit_tokens and self.sliding is None:  # (the usual answer, asked at every admission check)
+            return len(self.groups) * required
+        total = 0
+        for manager in self.managers:
+            group_required = manager.admission_blocks(required, cap)
+            if not hit_tokens:  # (no hit in any group: each takes its blocks)
+                total += len(manager.group_ids) * group_required
+                continue
+            skipped = manager.num_skipped_blocks(hit_tokens)
+            total += sum(manager.num_blocks_to_allocate(hits[g], group_required, skipped, self.pool.ref_counts)
+                         for g in manager.group_ids)
+        return total
+
+    def cache_full_blocks(self, state: SequenceState) -> None:
+        """Each cached group offers its blocks that are full, computed and not yet offered to its own map,
+        skipping null entries, and counts them as offered.
+
+        vLLM: v1/core/block_pool.py::BlockPool.cache_full_blocks
+        """
+        cached = state.num_cached_blocks
+        stop = min(state.num_computed_tokens // self.block_size, len(state.block_hashes))
+        # A fork shares blocks past a table's offered ones, which the other holder may cache first: after one,
+        # each block is tested for a key (``cache``); before, none carries one (``cache_fresh``).
+        cache = self.pool.cache if self.num_forks else self.pool.cache_fresh
+        hashes, tables, nulls = state.block_hashes, state.block_tables, state.num_null
+        for g in self.cached_group_ids:
+            first = max(cached[g], nulls[g])  # (null entries, a prefix, are never cached)
+            if stop > first:
+                cache(hashes[first:stop], tables[g][first:stop], g)
+            if stop > cached[g]:
+                cached[g] = stop

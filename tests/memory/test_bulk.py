@@ -1,0 +1,110 @@
+"""The paged strategy's fast paths against the step-by-step model they stand in for, by property tests: the hit
+memo (``HitsMemo``) against ``search_hits``, ``BlockPool.cache_fresh`` against ``cache``, a bulk decode
+(``bulk.advance_windowed``, through ``decode_in_bulk`` or in lockstep) against one ``grow`` per request and step,
+and ``bulk.full_attention_profile`` against a count per request and step. (``bulk.release_split``:
+``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import numpy as np
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.bulk import advance_windowed, full_attention_profile
+from minipaged_cli.memory.kv_groups import KVCacheGroup
+from minipaged_cli.memory.prefix import hash_blocks
+from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
+from tests.memory.test_bulk_decode import scenario, state
+
+LAYOUTS = ((FULL_ATTENTION,), (SLIDING_ATTENTION, FULL_ATTENTION), (FULL_ATTENTION, FULL_ATTENTION),
+           (SLIDING_ATTENTION,))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), layout=st.sampled_from(LAYOUTS))
+def test_the_hit_memo_answers_as_the_search(seed: int, layout: tuple[str, ...]) -> None:
+    # Prompts share documents; after every create, decode and release (each may cache or evict blocks, moving the
+    # cache version) the memoised answer for every prompt and length is the search's, asked fresh.
+    rng = random.Random(seed)
+    block_size, window = rng.choice([1, 2, 4]), rng.randint(1, 12)
+    groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
+              for i, kind in enumerate(layout)]
+    manager = KVBlockManager(rng.randint(8, 60), block_size, groups, enable_prefix_caching=True)
+    prompts = [hash_blocks([("doc", d, i) for i in range(rng.randint(0, 6))] + [("own", p, i) for i in range(8)])
+               for p, d in enumerate(rng.choices(range(3), k=6))]
+    live: list[int] = []
+    for step in range(30):
+        sid = rng.randrange(len(prompts))
+        length = rng.randint(1, 10 * block_size)
+        if sid not in live and manager.blocks_to_create(length, prompts[sid]) <= manager.num_free_blocks:
+            manager.create_sequence(sid, length, block_hashes=prompts[sid])
+            live.append(sid)
+        elif sid in live and rng.random() < 0.5:
+            manager.release_sequence(sid)
+            live.remove(sid)
+        elif sid in live and manager.blocks_needed(sid, 1) <= manager.num_free_blocks:
+            manager.grow(sid, 1)
+        for hashes in rng.sample(prompts, 3):
+            for num_tokens in (rng.randint(0, 10 * block_size), len(hashes) * block_size):
+                assert manager.find_hits(hashes, num_tokens) == manager.search_hits(hashes, num_tokens), step
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_cache_fresh_enters_keyless_blocks_as_cache_does(seed: int) -> None:
+    # Keyless blocks under keys new, cached already (in the group or another), or repeated: both pools end alike.
+    rng = random.Random(seed)
+    fresh, reference = BlockPool(24, num_groups=2, enable_caching=True), BlockPool(24, num_groups=2,
+                                                                                  enable_caching=True)
+    table: list[int] = []
+    fresh.take(24, table)
+    reference.take(24, [])
+    rng.shuffle(table)
+    while table:
+        blocks, table = table[:rng.randint(1, 5)], table[5:]
+        keys, group = [rng.randrange(8) for _ in blocks], rng.randrange(2)
+        fresh.cache_fresh(keys, blocks, group)
+        reference.cache(keys, blocks, group)
+        assert (fresh.cached_blocks, fresh.duplicate_blocks, fresh.block_hash, fresh.block_group,
+                fresh.cache_version) == (reference.cached_blocks, reference.duplicate_blocks, reference.block_hash,
+                                         reference.block_group, reference.cache_version)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_a_bulk_decode_leaves_the_pool_as_single_steps(seed: int) -> None:
+    bulk, running, num_steps = scenario(seed)
+    single = copy.deepcopy(bulk)
+    for _ in range(num_steps):
+        for sid in running:
+            assume(single.blocks_needed(sid, 1) <= single.num_free_blocks)  # (else the replay stops before)
+            single.grow(sid, 1)
+    advance_windowed(bulk, running, num_steps)
+    assert state(bulk) == state(single)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_the_full_attention_profile_counts_each_request_and_step(seed: int) -> None:
+    # During step j a request of length L holds ceil((L + j) / B) blocks; the profile stops before the first step
+    # whose new blocks exceed the free ones; internal slots are those past each request's final length.
+    rng = random.Random(seed)
+    block_size, num_free = rng.choice([1, 4, 16]), rng.randint(0, 30)
+    lengths = [rng.randint(1, 100) for _ in range(rng.randint(1, 6))]
+    finals = [length + rng.randint(0, 40) for length in lengths]
+    num_steps = rng.randint(1, 40)
+    held = [sum(-(-(length + j) // block_size) for length in lengths) for j in range(num_steps + 1)]
+    num_ok = next((j - 1 for j in range(1, num_steps + 1) if held[j] - held[0] > num_free), num_steps)
+    allocated = np.array([-(-length // block_size) * block_size for length in lengths], dtype=np.int64)
+    profile = full_attention_profile(block_size, num_free, np.array(lengths, dtype=np.int64), allocated,
+                                     np.array(finals, dtype=np.int64), num_steps)
+    assert profile.num_steps == num_ok
+    assert list(profile.allocated) == [held[j] * block_size for j in range(1, num_ok + 1)]
+    assert list(profile.internal) == [sum(max(-(-(length + j) // block_size) * block_size - final, 0)
+                                          for length, final in zip(lengths, finals, strict=True))
+                                      for j in range(1, num_ok + 1)]
