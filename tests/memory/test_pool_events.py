@@ -104,6 +104,7 @@ def test_a_replica_with_tiers_tells_the_tiers_first_and_its_index_counts_the_poo
         replica.send(Request(str(index), 0.5 * index, 100 + 16 * index, 20, prefix=("sys",)), index, 0.5 * index)
     while replica.has_work:
         replica.iterate(None)
+        replica.take_done()  # (as the fleet does: what finished or was refused reaches its clients)
     replica.events.publish()
     cached, duplicates, _ = pool.keyed_cache()
     held = Counter(cached.keys()) + Counter({key: len(copies) for key, copies in duplicates.items()})
