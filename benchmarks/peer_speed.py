@@ -16,8 +16,10 @@ conversation trace at ten times its rate (converted to Mooncake JSONL, the one f
 its own for every 512 tokens of a prompt: nothing shared); and a 16-replica fleet of 3,640 blocks each on the
 Mooncake trace at sixteen times its rate (each replica about as loaded as the single one), routed round-robin and
 KV-aware (minipaged's ``--router prefix-aware``, Dynamo's ``router_mode="kv_router"``). Every row: 16-token blocks,
-an 8,192-token budget a step, at most 1,024 sequences, prefix caching on, prompts up to 131,072 tokens
-(``max_model_len``: the Mooncake trace's longest fit), recompute preemption of the latest admitted request.
+an 8,192-token budget a step, at most 1,024 sequences, prefix caching on, recompute preemption of the latest
+admitted request, and requests (prompt + output) up to 131,072 tokens (``max_model_len``: the Mooncake trace's
+longest fit) or the pool's size in tokens where that is smaller: a longer request can never finish, and given one the
+Rust core stops ("replay invariant violated: ... effect-free zero-duration pass").
 
 Each row runs ``--repeats`` pairs, the two commands alternating (which goes first alternates too), and reports the
 median CPU seconds (user + system, the child process's own ``os.wait4`` accounting) and peak resident memory of
@@ -53,7 +55,7 @@ INSTALL = "pip install ai-dynamo-runtime==1.6.1 && pip install --no-deps ai-dyna
 BLOCK_SIZE = 16
 MAX_BATCHED_TOKENS = 8192
 MAX_NUM_SEQS = 1024
-MAX_MODEL_LEN = 131072
+MAX_MODEL_LEN = 131072  # or the pool's tokens, where fewer (Row.max_model_len)
 TRACE_BLOCK_SIZE = 512  # tokens a Mooncake hash id stands for (the trace's own)
 
 # What the two cannot share: the page says so under its table.
@@ -77,6 +79,11 @@ class Row:
     rate: float = 1.0  # times the trace's request rate
     replicas: int = 1
     router: str | None = None  # minipaged's router (None: one replica)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest request served: what the pool of one replica can hold, at most ``MAX_MODEL_LEN``."""
+        return min(MAX_MODEL_LEN, self.num_blocks * BLOCK_SIZE)
 
 
 ROWS = [
@@ -120,7 +127,7 @@ def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
     """``minipaged simulate`` on ``row``, its results as JSON in ``json_path``."""
     argv = [sys.executable, "-m", "minipaged_cli", "simulate", str(trace), "--strategies", "paged",
             "--block-size", str(BLOCK_SIZE), "--num-blocks", str(row.num_blocks), "--max-batched-tokens",
-            str(MAX_BATCHED_TOKENS), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_MODEL_LEN),
+            str(MAX_BATCHED_TOKENS), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(row.max_model_len),
             "--prefix-caching", "--preemption", "recompute", "--json", str(json_path)]
     if row.rate != 1.0:
         argv += ["--time-scale", repr(1 / row.rate)]
@@ -144,7 +151,7 @@ def dynamo_settings(row: Row) -> dict[str, Any]:
     """The keyword arguments of ``dynamo.replay.run_trace_replay`` for ``row`` (the same settings as
     ``minipaged_argv``'s)."""
     engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": row.num_blocks, "max_num_seqs": MAX_NUM_SEQS,
-              "max_num_batched_tokens": MAX_BATCHED_TOKENS, "max_model_len": MAX_MODEL_LEN,
+              "max_num_batched_tokens": MAX_BATCHED_TOKENS, "max_model_len": row.max_model_len,
               "enable_prefix_caching": True, "enable_chunked_prefill": True, "preemption_mode": "lifo"}
     settings: dict[str, Any] = {"engine": engine, "trace_block_size": TRACE_BLOCK_SIZE,
                                 "arrival_speedup_ratio": row.rate, "num_workers": row.replicas}
@@ -262,8 +269,10 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     settings = (f"{BLOCK_SIZE}-token blocks, a {MAX_BATCHED_TOKENS:,}-token budget a step, at most "
-                f"{MAX_NUM_SEQS:,} sequences, prefix caching on, prompts up to {MAX_MODEL_LEN:,} tokens, "
-                "recompute preemption of the latest admitted request")
+                f"{MAX_NUM_SEQS:,} sequences, prefix caching on, recompute preemption of the latest admitted "
+                f"request, requests (prompt + output) up to {MAX_MODEL_LEN:,} tokens or the pool's size in tokens "
+                "where that is smaller (a longer request can never finish, and given one the Rust core stops with "
+                "\"replay invariant violated\")")
     text = ("# minipaged against Dynamo's Rust simulator core\n\n"
             "NVIDIA Dynamo's simulator core (`ai-dynamo-runtime` 1.6.1, driven through `ai-dynamo` 1.6.1's "
             "`dynamo.replay`) and `minipaged simulate` on the same traces and pools, with the same settings: "

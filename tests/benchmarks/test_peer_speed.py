@@ -35,12 +35,13 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     skip_lines = [line for line in done.stdout.splitlines() if "Dynamo column skipped" in line]
     assert len(skip_lines) == 1 and "pip install ai-dynamo-runtime==1.6.1" in skip_lines[0]
 
-    # The reference: the same settings written out here, one ordinary run of the CLI.
+    # The reference: the same settings written out here, one ordinary run of the CLI (the longest request the
+    # pool can hold: 3,640 blocks of 16 tokens).
     result = tmp_path / "reference.json"
     reference = subprocess.run(
         [sys.executable, "-m", "minipaged_cli", "simulate", str(trace), "--strategies", "paged", "--block-size", "16",
          "--num-blocks", "3640", "--max-batched-tokens", "8192", "--max-num-seqs", "1024", "--max-model-len",
-         "131072", "--prefix-caching", "--json", str(result)], env=env, capture_output=True, text=True, timeout=300)
+         "58240", "--prefix-caching", "--json", str(result)], env=env, capture_output=True, text=True, timeout=300)
     assert reference.returncode == 0, reference.stderr
     paged = json.loads(result.read_text())["strategies"]["paged"]
     assert paged["num_preemptions"] > 0 and paged["prefix_cache_hits"] > 0  # the figures under test are not zeros
