@@ -109,9 +109,9 @@ class Run:
     completed: int
 
 
-def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Run ``argv`` to its end: (CPU seconds, user + system, of the process and the children it waited for; its
-    peak resident memory, MiB; its stderr). Raises where it fails."""
+    peak resident memory, MiB). Raises, with its stderr, where it fails."""
     with tempfile.TemporaryFile() as err:
         process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=CHECKOUT)
         _, status, usage = os.wait4(process.pid, 0)
@@ -120,7 +120,7 @@ def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, float, s
         stderr = err.read().decode(errors="replace")
     if process.returncode:
         raise RuntimeError(f"{shlex.join(argv)} exited {process.returncode}:\n{stderr}")
-    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, stderr  # Linux: ru_maxrss in KiB
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # Linux: ru_maxrss in KiB
 
 
 def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
@@ -139,7 +139,7 @@ def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
 def run_minipaged(row: Row, trace: Path) -> Run:
     with tempfile.TemporaryDirectory() as scratch:
         json_path = Path(scratch) / "result.json"
-        cpu_s, peak_mb, _ = timed_process(minipaged_argv(row, trace, json_path),
+        cpu_s, peak_mb = timed_process(minipaged_argv(row, trace, json_path),
                                           {**os.environ, "PYTHONPATH": str(CHECKOUT)})
         result = json.loads(json_path.read_text())
     figures = result["fleet"] if row.replicas > 1 else result["strategies"]["paged"]
@@ -185,7 +185,7 @@ def run_dynamo(python: str, row: Row, trace: Path) -> Run:
         result_path = Path(scratch) / "result.json"
         argv = [python, str(Path(__file__).resolve()), "--dynamo-side", str(trace),
                 json.dumps(dynamo_settings(row)), str(result_path)]
-        cpu_s, peak_mb, _ = timed_process(argv, {**os.environ, "DYN_LOG": "error"})
+        cpu_s, peak_mb = timed_process(argv, {**os.environ, "DYN_LOG": "error"})
         result = json.loads(result_path.read_text())
     return Run(cpu_s, peak_mb, result["hit_pct"], result["preemptions"], result["completed"])
 
@@ -254,13 +254,13 @@ def table_row(measured: Measured) -> list[str]:
     if not core:
         return [measured.row.label, "-", f"{statistics.median(r.cpu_s for r in mine):.2f}", "-",
                 f"{statistics.median(r.peak_rss_mb for r in mine):.0f}", f"- / {last.hit_pct:.2f}",
-                f"- / {last.preemptions}", f"- / {last.completed}", "-"]
+                f"- / {last.preemptions}", f"- / {last.completed:,}", "-"]
     ratio = statistics.median(m.cpu_s / c.cpu_s for m, c in zip(mine, core, strict=True))
     verdict = "slower" if ratio > 1 else "faster"
     return [measured.row.label, f"{statistics.median(r.cpu_s for r in core):.2f}",
             f"{statistics.median(r.cpu_s for r in mine):.2f}", f"{statistics.median(r.peak_rss_mb for r in core):.0f}",
             f"{statistics.median(r.peak_rss_mb for r in mine):.0f}", f"{core[-1].hit_pct:.2f} / {last.hit_pct:.2f}",
-            f"{core[-1].preemptions} / {last.preemptions}", f"{core[-1].completed} / {last.completed}",
+            f"{core[-1].preemptions} / {last.preemptions}", f"{core[-1].completed:,} / {last.completed:,}",
             f"{ratio:.2f}x ({verdict})"]
 
 
@@ -268,7 +268,7 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
     """The docs page: what ran, the command that reproduces it, the table, and what could not be matched."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    settings = (f"{BLOCK_SIZE}-token blocks, a {MAX_BATCHED_TOKENS:,}-token budget a step, at most "
+    settings = (f"{BLOCK_SIZE}-token blocks, an {MAX_BATCHED_TOKENS:,}-token budget a step, at most "
                 f"{MAX_NUM_SEQS:,} sequences, prefix caching on, recompute preemption of the latest admitted "
                 f"request, requests (prompt + output) up to {MAX_MODEL_LEN:,} tokens or the pool's size in tokens "
                 "where that is smaller (a longer request can never finish, and given one the Rust core stops with "
@@ -279,8 +279,11 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
             f"{settings}. Each simulator runs as a whole process, start-up included; CPU seconds are user + "
             f"system time, medians of {repeats} paired runs (the two commands alternating), and the ratio is the "
             "median of the pairs' ratios minipaged / core. Hit % and preemptions are the last pair's. "
-            "The fleet rows replay the Mooncake trace at sixteen times its rate over 16 replicas of 3,640 blocks "
-            "each. Written by\n\n"
+            "The core's hit % is its `first_admission_prefix_cache_reused_ratio` (prompt tokens found cached at a "
+            "request's first admission, over all prompt tokens, as minipaged counts them), its preemptions the sum "
+            "over its replay telemetry. The Azure trace is converted to Mooncake JSONL, the one format both read, "
+            "with a hash id of its own for every 512 prompt tokens (nothing shared). The fleet rows replay the "
+            "Mooncake trace at sixteen times its rate over 16 replicas of 3,640 blocks each. Written by\n\n"
             f"    {command}\n\n"
             "with the Dynamo packages installed as `benchmarks/peer_speed.py`'s docstring says.\n\n")
     if skipped is not None:

@@ -57,7 +57,7 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     assert (core_cpu, core_peak, ratio) == ("-", "-", "-")
     assert hit == f"- / {paged['prefix_cache_hit_pct']:.2f}"
     assert preemptions == f"- / {paged['num_preemptions']}"
-    assert completed == f"- / {paged['completed_requests']}"
+    assert completed == f"- / {paged['completed_requests']:,}"
     assert float(cpu) > 0 and float(peak) > 0
     assert printed[0].split() == ["Mooncake", "conversation,", "3,640", "blocks", "-", cpu, "-", peak,
                                   *hit.split(), *preemptions.split(), *completed.split(), "-"]
