@@ -64,7 +64,9 @@ UNMATCHED = [
     "H200; simulated time, and so the step count, arrivals per step and the batches, differ.",
     "KV-aware routing: Dynamo's KV router (its default `KvRouterConfig`, router temperature 0) against "
     "minipaged's `prefix-aware` router (its default precise prefix index); the two score replicas differently, "
-    "so they route differently.",
+    "so they route differently. Dynamo's KV router picks at random among replicas of equal cost (its "
+    "`run_synthetic_trace_replay` docstring says so), so its hit % and preemptions on that row vary from run to "
+    "run; minipaged's do not.",
 ]
 
 
