@@ -1,0 +1,339 @@
+"""minipaged against NVIDIA Dynamo's Rust simulator core, side by side: the same traces, pools and settings, each
+simulator run as a whole process (start-up included).
+
+The Rust core (the engine behind AISimulate and Dynamo's mocker) ships in ``ai-dynamo-runtime`` and is driven
+through ``ai-dynamo``'s ``dynamo.replay.run_trace_replay``; it is an optional dependency of this benchmark only.
+Install it into an environment of its own and name that environment's Python with ``--dynamo-python``:
+
+    python -m venv /tmp/dynvenv
+    /tmp/dynvenv/bin/pip install ai-dynamo-runtime==1.6.1
+    /tmp/dynvenv/bin/pip install --no-deps ai-dynamo==1.6.1
+
+Where ``dynamo.replay`` does not import, the Dynamo column is skipped with one line saying why.
+
+Rows (``--rows``): the Mooncake conversation trace (12,031 requests) at 3,640 and at 58,240 blocks; the Azure
+conversation trace at ten times its rate (converted to Mooncake JSONL, the one format both read, with a hash id of
+its own for every 512 tokens of a prompt: nothing shared); and a 16-replica fleet of 3,640 blocks each on the
+Mooncake trace at sixteen times its rate (each replica about as loaded as the single one), routed round-robin and
+KV-aware (minipaged's ``--router prefix-aware``, Dynamo's ``router_mode="kv_router"``). Every row: 16-token blocks,
+an 8,192-token budget a step, at most 1,024 sequences, prefix caching on, recompute preemption of the latest
+admitted request, and requests (prompt + output) up to 131,072 tokens (``max_model_len``: the Mooncake trace's
+longest fit) or the pool's size in tokens where that is smaller: a longer request can never finish, and given one the
+Rust core stops ("replay invariant violated: ... effect-free zero-duration pass").
+
+Each row runs ``--repeats`` pairs, the two commands alternating (which goes first alternates too), and reports the
+median CPU seconds (user + system, the child process's own ``os.wait4`` accounting) and peak resident memory of
+each side, the prefix hit % and preemptions of the last pair, and the median of the pairs' ratios minipaged / core.
+Dynamo's hit % is its ``first_admission_prefix_cache_reused_ratio`` (prompt tokens found cached when a request is
+first admitted, over all prompt tokens: minipaged's ``prefix_cache_hits / prefix_cache_queries``), its preemptions
+the sum over its replay telemetry's intervals.
+
+    python benchmarks/peer_speed.py [--traces DIR] [--rows NAME,...] [--repeats N] [--dynamo-python PYTHON]
+        [--markdown PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+MOONCAKE = "mooncake_conversation_trace.jsonl"
+AZURE = "AzureLLMInferenceTrace_conv.csv"
+INSTALL = "pip install ai-dynamo-runtime==1.6.1 && pip install --no-deps ai-dynamo==1.6.1"
+
+# The settings both simulators get, on every row.
+BLOCK_SIZE = 16
+MAX_BATCHED_TOKENS = 8192
+MAX_NUM_SEQS = 1024
+MAX_MODEL_LEN = 131072  # or the pool's tokens, where fewer (Row.max_model_len)
+TRACE_BLOCK_SIZE = 512  # tokens a Mooncake hash id stands for (the trace's own)
+
+# What the two cannot share: the page says so under its table.
+UNMATCHED = [
+    "Step times: the Rust core's built-in polynomial step-time model against minipaged's model of Qwen3-8B on an "
+    "H200; simulated time, and so the step count, arrivals per step and the batches, differ.",
+    "KV-aware routing: Dynamo's KV router (its default `KvRouterConfig`, router temperature 0) against "
+    "minipaged's `prefix-aware` router (its default precise prefix index); the two score replicas differently, "
+    "so they route differently. Dynamo's KV router picks at random among replicas of equal cost (its "
+    "`run_synthetic_trace_replay` docstring says so), so its hit % and preemptions on that row vary from run to "
+    "run; minipaged's do not.",
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a trace, a pool per replica, a rate and a fleet."""
+
+    name: str
+    label: str
+    trace: str  # a file under --traces
+    num_blocks: int  # per replica
+    rate: float = 1.0  # times the trace's request rate
+    replicas: int = 1
+    router: str | None = None  # minipaged's router (None: one replica)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest request served: what the pool of one replica can hold, at most ``MAX_MODEL_LEN``."""
+        return min(MAX_MODEL_LEN, self.num_blocks * BLOCK_SIZE)
+
+
+ROWS = [
+    Row("mooncake-58240", "Mooncake conversation, 58,240 blocks", MOONCAKE, 58240),
+    Row("mooncake-3640", "Mooncake conversation, 3,640 blocks", MOONCAKE, 3640),
+    Row("azure-x10", "Azure conversation x10 rate, 3,640 blocks", AZURE, 3640, rate=10.0),
+    Row("fleet-round-robin", "Mooncake x16 rate, 16 replicas x 3,640 blocks, round-robin", MOONCAKE, 3640,
+        rate=16.0, replicas=16, router="round-robin"),
+    Row("fleet-kv-aware", "Mooncake x16 rate, 16 replicas x 3,640 blocks, KV-aware", MOONCAKE, 3640, rate=16.0,
+        replicas=16, router="prefix-aware"),
+]
+DYNAMO_ROUTERS = {"round-robin": "round_robin", "prefix-aware": "kv_router"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulator process: its CPU seconds and peak memory, and the figures it reported."""
+
+    cpu_s: float
+    peak_rss_mb: float
+    hit_pct: float
+    preemptions: int
+    completed: int
+
+
+def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Run ``argv`` to its end: (CPU seconds, user + system, of the process and the children it waited for; its
+    peak resident memory, MiB). Raises, with its stderr, where it fails."""
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, cwd=CHECKOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if process.returncode:
+        raise RuntimeError(f"{shlex.join(argv)} exited {process.returncode}:\n{stderr}")
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # Linux: ru_maxrss in KiB
+
+
+def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
+    """``minipaged simulate`` on ``row``, its results as JSON in ``json_path``."""
+    argv = [sys.executable, "-m", "minipaged_cli", "simulate", str(trace), "--strategies", "paged",
+            "--block-size", str(BLOCK_SIZE), "--num-blocks", str(row.num_blocks), "--max-batched-tokens",
+            str(MAX_BATCHED_TOKENS), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(row.max_model_len),
+            "--prefix-caching", "--preemption", "recompute", "--json", str(json_path)]
+    if row.rate != 1.0:
+        argv += ["--time-scale", repr(1 / row.rate)]
+    if row.replicas > 1:
+        argv += ["--replicas", str(row.replicas), "--router", str(row.router)]
+    return argv
+
+
+def run_minipaged(row: Row, trace: Path) -> Run:
+    with tempfile.TemporaryDirectory() as scratch:
+        json_path = Path(scratch) / "result.json"
+        cpu_s, peak_mb = timed_process(minipaged_argv(row, trace, json_path),
+                                          {**os.environ, "PYTHONPATH": str(CHECKOUT)})
+        result = json.loads(json_path.read_text())
+    figures = result["fleet"] if row.replicas > 1 else result["strategies"]["paged"]
+    return Run(cpu_s, peak_mb, figures["prefix_cache_hit_pct"], figures["num_preemptions"],
+               figures["completed_requests"])
+
+
+def dynamo_settings(row: Row) -> dict[str, Any]:
+    """The keyword arguments of ``dynamo.replay.run_trace_replay`` for ``row`` (the same settings as
+    ``minipaged_argv``'s)."""
+    engine = {"block_size": BLOCK_SIZE, "num_gpu_blocks": row.num_blocks, "max_num_seqs": MAX_NUM_SEQS,
+              "max_num_batched_tokens": MAX_BATCHED_TOKENS, "max_model_len": row.max_model_len,
+              "enable_prefix_caching": True, "enable_chunked_prefill": True, "preemption_mode": "lifo"}
+    settings: dict[str, Any] = {"engine": engine, "trace_block_size": TRACE_BLOCK_SIZE,
+                                "arrival_speedup_ratio": row.rate, "num_workers": row.replicas}
+    if row.router is not None:
+        settings["router_mode"] = DYNAMO_ROUTERS[row.router]
+    return settings
+
+
+def dynamo_side(trace: str, settings_json: str, result_path: str) -> None:
+    """Run in the Dynamo environment's Python (``--dynamo-side``): one replay, its figures as JSON."""
+    import dynamo.replay
+    from dynamo._core import _normalize_mocker_config  # what dynamo.mocker.config wraps, without its extra deps
+
+    settings = json.loads(settings_json)
+    engine_args = _normalize_mocker_config({"engine": settings.pop("engine")})
+    samples: list[dict[str, Any]] = []
+    # One sampling interval longer than any replay: a baseline and a final sample, whose intervals sum the whole.
+    telemetry = dynamo.replay.TelemetryOptions(sample_interval_ms=1e15, callback=samples.append)
+    report = dynamo.replay.run_trace_replay(trace, extra_engine_args=engine_args, telemetry_options=telemetry,
+                                            **settings)
+    preemptions = sum(sample[side]["preemptions"] for sample in samples
+                      for side in ("prefill_interval_metrics", "decode_interval_metrics"))
+    summary = report.summary
+    Path(result_path).write_text(json.dumps({
+        "hit_pct": 100 * summary["first_admission_prefix_cache_reused_ratio"], "preemptions": preemptions,
+        "completed": summary["completed_requests"]}))
+
+
+def run_dynamo(python: str, row: Row, trace: Path) -> Run:
+    with tempfile.TemporaryDirectory() as scratch:
+        result_path = Path(scratch) / "result.json"
+        argv = [python, str(Path(__file__).resolve()), "--dynamo-side", str(trace),
+                json.dumps(dynamo_settings(row)), str(result_path)]
+        cpu_s, peak_mb = timed_process(argv, {**os.environ, "DYN_LOG": "error"})
+        result = json.loads(result_path.read_text())
+    return Run(cpu_s, peak_mb, result["hit_pct"], result["preemptions"], result["completed"])
+
+
+def dynamo_missing(python: str) -> str | None:
+    """Why ``python`` cannot run the Dynamo column (None: it can)."""
+    done = subprocess.run([python, "-c", "import dynamo.replay, dynamo._core"], capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    last = (done.stderr.strip().splitlines() or ["it failed"])[-1]
+    return (f"Dynamo column skipped: {python} cannot import dynamo.replay ({last}); install it with "
+            f"`{INSTALL}` and pass that environment's Python as --dynamo-python.")
+
+
+def mooncake_jsonl(azure_csv: Path, out: Path) -> Path:
+    """``azure_csv`` as Mooncake JSONL (arrivals in whole ms from the first; a fresh hash id per 512 prompt tokens,
+    so no prefix is shared): the one format both simulators read."""
+    from minipaged_cli.workloads.readers import load_trace
+
+    requests = load_trace(azure_csv).requests
+    start = requests[0].arrival_s
+    next_hash = 0
+    with out.open("w") as lines:
+        for request in requests:
+            num_hashes = -(-request.prompt_tokens // TRACE_BLOCK_SIZE)
+            lines.write(json.dumps({"timestamp": round(1000 * (request.arrival_s - start)),
+                                    "input_length": request.prompt_tokens, "output_length": request.output_tokens,
+                                    "hash_ids": list(range(next_hash, next_hash + num_hashes))}) + "\n")
+            next_hash += num_hashes
+    return out
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A row's pairs: minipaged's runs and the core's (empty where it was skipped), in order."""
+
+    row: Row
+    minipaged: list[Run]
+    core: list[Run]
+
+
+def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None) -> Measured:
+    minipaged: list[Run] = []
+    core: list[Run] = []
+    for repeat in range(repeats):
+        # Alternate which goes first, so that neither always runs in the other's wake.
+        sides = ["minipaged", "core"] if repeat % 2 == 0 else ["core", "minipaged"]
+        for side in sides:
+            if side == "minipaged":
+                minipaged.append(run_minipaged(row, trace))
+            elif dynamo_python is not None:
+                core.append(run_dynamo(dynamo_python, row, trace))
+        print(f"  {row.name} pair {repeat + 1}/{repeats}: minipaged {minipaged[-1].cpu_s:.2f} s"
+              + (f", core {core[-1].cpu_s:.2f} s" if core else ""), file=sys.stderr, flush=True)
+    return Measured(row, minipaged, core)
+
+
+HEADER = ["row", "core CPU s", "minipaged CPU s", "core peak MiB", "minipaged peak MiB", "hit % (core / minipaged)",
+          "preemptions (core / minipaged)", "completed (core / minipaged)", "minipaged / core"]
+
+
+def table_row(measured: Measured) -> list[str]:
+    """Medians of CPU seconds and peak memory, the last pair's figures, and the median of the pairs' ratios."""
+    mine, core = measured.minipaged, measured.core
+    last = mine[-1]
+    if not core:
+        return [measured.row.label, "-", f"{statistics.median(r.cpu_s for r in mine):.2f}", "-",
+                f"{statistics.median(r.peak_rss_mb for r in mine):.0f}", f"- / {last.hit_pct:.2f}",
+                f"- / {last.preemptions}", f"- / {last.completed:,}", "-"]
+    ratio = statistics.median(m.cpu_s / c.cpu_s for m, c in zip(mine, core, strict=True))
+    verdict = "slower" if ratio > 1 else "faster"
+    return [measured.row.label, f"{statistics.median(r.cpu_s for r in core):.2f}",
+            f"{statistics.median(r.cpu_s for r in mine):.2f}", f"{statistics.median(r.peak_rss_mb for r in core):.0f}",
+            f"{statistics.median(r.peak_rss_mb for r in mine):.0f}", f"{core[-1].hit_pct:.2f} / {last.hit_pct:.2f}",
+            f"{core[-1].preemptions} / {last.preemptions}", f"{core[-1].completed:,} / {last.completed:,}",
+            f"{ratio:.2f}x ({verdict})"]
+
+
+def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | None) -> str:
+    """The docs page: what ran, the command that reproduces it, the table, and what could not be matched."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    settings = (f"{BLOCK_SIZE}-token blocks, an {MAX_BATCHED_TOKENS:,}-token budget a step, at most "
+                f"{MAX_NUM_SEQS:,} sequences, prefix caching on, recompute preemption of the latest admitted "
+                f"request, requests (prompt + output) up to {MAX_MODEL_LEN:,} tokens or the pool's size in tokens "
+                "where that is smaller (a longer request can never finish, and given one the Rust core stops with "
+                "\"replay invariant violated\")")
+    text = ("# minipaged against Dynamo's Rust simulator core\n\n"
+            "NVIDIA Dynamo's simulator core (`ai-dynamo-runtime` 1.6.1, driven through `ai-dynamo` 1.6.1's "
+            "`dynamo.replay`) and `minipaged simulate` on the same traces and pools, with the same settings: "
+            f"{settings}. Each simulator runs as a whole process, start-up included; CPU seconds are user + "
+            f"system time, medians of {repeats} paired runs (the two commands alternating), and the ratio is the "
+            "median of the pairs' ratios minipaged / core. Hit % and preemptions are the last pair's. "
+            "The core's hit % is its `first_admission_prefix_cache_reused_ratio` (prompt tokens found cached at a "
+            "request's first admission, over all prompt tokens, as minipaged counts them), its preemptions the sum "
+            "over its replay telemetry. The Azure trace is converted to Mooncake JSONL, the one format both read, "
+            "with a hash id of its own for every 512 prompt tokens (nothing shared). The fleet rows replay the "
+            "Mooncake trace at sixteen times its rate over 16 replicas of 3,640 blocks each. Written by\n\n"
+            f"    {command}\n\n"
+            "with the Dynamo packages installed as `benchmarks/peer_speed.py`'s docstring says.\n\n")
+    if skipped is not None:
+        text += skipped + "\n\n"
+    text += "\n".join(lines) + "\n\nWhat the two cannot share:\n\n" + "".join(f"- {line}\n" for line in UNMATCHED)
+    return text
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--dynamo-side"]:
+        dynamo_side(*sys.argv[2:5])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", type=Path, default=CHECKOUT.parent / "shared" / "traces")
+    parser.add_argument("--rows", default=",".join(row.name for row in ROWS), help="comma-separated row names")
+    parser.add_argument("--repeats", type=int, default=3, help="paired runs per row")
+    parser.add_argument("--dynamo-python", default=sys.executable,
+                        help="a Python that imports dynamo.replay (default: this one)")
+    parser.add_argument("--markdown", type=Path, help="write the table here, as the docs page")
+    args = parser.parse_args()
+    by_name = {row.name: row for row in ROWS}
+    unknown = [name for name in args.rows.split(",") if name not in by_name]
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)} (choose from {', '.join(by_name)})")
+    chosen = [by_name[name] for name in args.rows.split(",")]
+    skipped = dynamo_missing(args.dynamo_python)
+    if skipped is not None:
+        print(skipped)
+    with tempfile.TemporaryDirectory() as scratch:
+        measured = []
+        for row in chosen:
+            trace = args.traces / row.trace
+            if row.trace == AZURE:
+                trace = mooncake_jsonl(trace, Path(scratch) / "azure_conv.jsonl")
+            measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python))
+    rows = [table_row(m) for m in measured]
+    widths = [max(len(cell) for cell in column) for column in zip(HEADER, *rows, strict=True)]
+    for row in [HEADER, *rows]:
+        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                        for i, (cell, width) in enumerate(zip(row, widths, strict=True))))
+    if args.markdown is not None:
+        command = f"python benchmarks/peer_speed.py --repeats {args.repeats} --dynamo-python PYTHON"
+        if args.rows != parser.get_default("rows"):
+            command += f" --rows {args.rows}"
+        command += f" --markdown {args.markdown}"
+        args.markdown.write_text(markdown(rows, command, args.repeats, skipped))
+        print(f"markdown: {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""benchmarks/peer_speed.py on a tiny trace: its page holds the figures it measured, and they are the ones an
+independent ``minipaged simulate --json`` run reports; without the Dynamo packages its column is skipped with one
+line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_mooncake(path: Path) -> None:
+    """Six requests 10 ms apart, 12,000-token prompts sharing their first 4,096 tokens (8 Mooncake blocks of 512)
+    and 2,000 output tokens: 63,520 tokens at their longest, the shared prefix counted once, against the row's
+    58,240 (3,640 blocks of 16), so some are preempted."""
+    lines = [json.dumps({"timestamp": 10 * i, "input_length": 12000, "output_length": 2000,
+                         "hash_ids": list(range(8)) + [100 * (i + 1) + j for j in range(16)]}) for i in range(6)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path: Path) -> None:
+    trace = tmp_path / "mooncake_conversation_trace.jsonl"
+    tiny_mooncake(trace)
+    page = tmp_path / "peer-speed.md"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # This interpreter has no Dynamo packages (the test environment never installs them): the column is skipped.
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_speed.py"), "--traces", str(tmp_path),
+                           "--rows", "mooncake-3640", "--repeats", "1", "--dynamo-python", sys.executable,
+                           "--markdown", str(page)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    skip_lines = [line for line in done.stdout.splitlines() if "Dynamo column skipped" in line]
+    assert len(skip_lines) == 1 and "pip install ai-dynamo-runtime==1.6.1" in skip_lines[0]
+
+    # The reference: the same settings written out here, one ordinary run of the CLI (the longest request the
+    # pool can hold: 3,640 blocks of 16 tokens).
+    result = tmp_path / "reference.json"
+    reference = subprocess.run(
+        [sys.executable, "-m", "minipaged_cli", "simulate", str(trace), "--strategies", "paged", "--block-size", "16",
+         "--num-blocks", "3640", "--max-batched-tokens", "8192", "--max-num-seqs", "1024", "--max-model-len",
+         "58240", "--prefix-caching", "--json", str(result)], env=env, capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    paged = json.loads(result.read_text())["strategies"]["paged"]
+    assert paged["num_preemptions"] > 0 and paged["prefix_cache_hits"] > 0  # the figures under test are not zeros
+
+    printed = [line for line in done.stdout.splitlines() if line.startswith("Mooncake conversation, 3,640 blocks")]
+    assert len(printed) == 1
+    text = page.read_text()
+    assert skip_lines[0] in text and "python benchmarks/peer_speed.py --repeats 1" in text
+    rows = [line for line in text.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
+    assert len(rows) == 1
+    cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    core_cpu, cpu, core_peak, peak, hit, preemptions, completed, ratio = cells[1:]
+    assert (core_cpu, core_peak, ratio) == ("-", "-", "-")
+    assert hit == f"- / {paged['prefix_cache_hit_pct']:.2f}"
+    assert preemptions == f"- / {paged['num_preemptions']}"
+    assert completed == f"- / {paged['completed_requests']:,}"
+    assert float(cpu) > 0 and float(peak) > 0
+    assert printed[0].split() == ["Mooncake", "conversation,", "3,640", "blocks", "-", cpu, "-", peak,
+                                  *hit.split(), *preemptions.split(), *completed.split(), "-"]
