@@ -13,6 +13,15 @@ finish may send one: the earliest moment another one's next pass starts (``Repli
 a pass's end, a refusal at its start) plus ``reaction_s``, so no request is sent to a replica already past the
 moment it was sent. The steps are the same; bulk advances are cut shorter, the more so the shorter the reaction
 (a closed loop or a binding cap sends at once: the replicas then take turns, a few steps each).
+
+``landing_s`` (P/D: the KV link's latency, the shortest time from a prefill's end to its KV landing): a decode
+replica's bulk advance also stops at the earliest moment a prefill replica's next pass starts plus ``landing_s``,
+so it never runs past a landing it could receive (a prefill replica that ends its pass later than the decode
+replica's clock, as a chunked prompt's first chunk does, has not yet scheduled the landing). The request then
+joins the decode replica's first step that starts after it landed, as in vLLM's engine loop
+(``WAITING_FOR_REMOTE_KVS`` until the KV has arrived, then the next step schedules it).
+
+vLLM: vllm/v1/core/sched/scheduler.py::Scheduler._update_waiting_for_remote_kv
 """
 
 from __future__ import annotations
@@ -28,9 +37,11 @@ from minipaged_cli.fleet.replica import Replica
 class FleetClock:
     """Events at known times (arrivals, landings), and the replicas advanced between them."""
 
-    def __init__(self, replicas: Sequence[Replica], *, reaction_s: float = math.inf) -> None:
+    def __init__(self, replicas: Sequence[Replica], *, reaction_s: float = math.inf,
+                 landing_s: float = math.inf) -> None:
         self.replicas = list(replicas)
         self.reaction_s = reaction_s
+        self.landing_s = landing_s
         self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
 
@@ -45,7 +56,7 @@ class FleetClock:
     def advance(self, on_pass: Callable[[Replica], None]) -> None:
         """Run the earliest busy replica one pass at a time until every busy replica has reached the next event
         (which a pass may bring closer: ``on_pass`` may schedule one)."""
-        if self.reaction_s < math.inf:
+        if self.reaction_s < math.inf or self.landing_s < math.inf:
             self._advance_looking_ahead(on_pass)
             return
         while True:
@@ -59,14 +70,17 @@ class FleetClock:
 
     def _advance_looking_ahead(self, on_pass: Callable[[Replica], None]) -> None:
         """``advance``, the replica whose next pass starts earliest first, each up to the others' next start plus
-        the reaction time."""
+        the reaction time (a decode replica: a prefill replica's next start plus the landing time, if sooner)."""
         while True:
             until = self.next_event_s
             ready = sorted((r.ready_s, r.index, r) for r in self.replicas if r.has_work and r.ready_s < until)
             if not ready:
                 return
-            horizon = min(until, ready[1][0] + self.reaction_s) if len(ready) > 1 else until
             replica = ready[0][2]
+            horizon = until
+            for ready_s, _, other in ready[1:]:
+                landing_s = self.landing_s if replica.role == "decode" and other.role == "prefill" else math.inf
+                horizon = min(horizon, ready_s + min(self.reaction_s, landing_s))
             replica.iterate(None if horizon == math.inf else horizon)
             on_pass(replica)
 

@@ -1,0 +1,95 @@
+"""The fleet's clock (``fleet/clock.py``) against independent references: a P/D landing worked by hand, and the
+same fleet stepped one step at a time (bulk advances off: every replica's clock then moves a step at a time, so
+none can run past anything) on random open-loop P/D workloads, decision for decision."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.fleet.config import FleetConfig, KvLink, ReplicaPool
+from minipaged_cli.fleet.fleet import Fleet, FleetResult
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.trace import Request, Trace, make_trace
+from tests.fleet.test_fleet_sessions import engine
+from tests.session_helpers import CLOCK_GPU
+
+
+def replay(trace: Trace, spec: FleetConfig, *, bulk: bool) -> FleetResult:
+    """``run_fleet``; without ``bulk`` every replica steps one step a pass (the naive reference)."""
+    fleet = Fleet(trace, spec)
+    for replica in fleet.replicas:
+        replica.replay.bulk = bulk
+    result = fleet.run()
+    assert result.figures.totals["invariant_violations"] == 0
+    return result
+
+
+def one_prefill_one_decode(**options: object) -> FleetConfig:
+    sim = engine(**options)
+    return FleetConfig((ReplicaPool("p", 1, sim, "prefill"), ReplicaPool("d", 1, sim, "decode")),
+                       log_decisions=True, kv_link=KvLink(1e12, 0.0005))
+
+
+def test_a_landing_joins_the_decode_replicas_next_step() -> None:
+    # By hand (every step 1 ms; the tiny model's KV is 1 layer x 1 head x 8 x 2 (K, V) x 2 bytes = 32 B/token;
+    # the link 1 TB/s plus 0.5 ms). A (10 + 100 tokens) at 0: prefilled 0-1 ms, lands at 1 ms + 320 B / 1 TB/s
+    # + 0.5 ms = 1.50000032 ms; the idle decode replica then steps every 1 ms from 1.50000032 ms, to about 101.5.
+    # B (3,000 prompt tokens) reaches the prefill replica at 10.2 ms, prefilled in two chunks of at most 2,048
+    # (10.2-11.2, 11.2-12.2 ms): its first chunk's pass ends after the decode replica's clock and schedules no
+    # landing, which must not let the decode replica run ahead in bulk. B lands at 12.2 + 0.000096 + 0.5 =
+    # 12.700096 ms. The decode replica's first step that starts after that, at 13.50000032 ms, admits B and
+    # starts its KV connector's load (vLLM: WAITING_FOR_REMOTE_KVS); the next, at 14.50000032 ms, recomputes its
+    # last prompt token: first token at 15.50000032 ms, last (4 decodes more) at 19.50000032 ms. A bulk advance
+    # to A's end would give about 102.5 ms.
+    spec = one_prefill_one_decode(max_batched_tokens=2048)
+    assert spec.pools[0].config.model.kv_bytes_per_token == 32
+    trace = make_trace("t", [Request("A", 0.0, 10, 100), Request("B", 0.0102, 3000, 5)], source="test")
+    a, b = replay(trace, spec, bulk=True).records
+    assert a.landed_s == pytest.approx(0.00150000032, abs=1e-12)
+    assert b.landed_s == pytest.approx(0.012700096, abs=1e-12)
+    assert b.first_token_s == pytest.approx(0.01550000032, abs=1e-12)
+    assert b.finish_s == pytest.approx(0.01950000032, abs=1e-12)
+    assert a.finish_s == pytest.approx(0.00150000032 + 0.100, abs=1e-12)
+
+
+def odd_steps(sim: SimConfig) -> SimConfig:
+    """Steps of 0.937 ms: no step then ends exactly when a request arrives (the workloads' times are whole ms),
+    where a bulk advance's sum of step times and the single steps' running sum may round to either side."""
+    return replace(sim, gpu=replace(CLOCK_GPU, step_overhead_s=0.000937))
+
+
+def assert_same_replay(trace: Trace, spec: FleetConfig) -> None:
+    """The fleet in bulk against the naive reference: the same routes, the same sends, hits and finishes (times
+    to 1e-12 s: a bulk advance sums its steps' times in another order)."""
+    fast, naive = replay(trace, spec, bulk=True), replay(trace, spec, bulk=False)
+    assert [(d.request, d.replica) for d in fast.decisions] == [(d.request, d.replica) for d in naive.decisions]
+    assert fast.arrivals.cached_tokens == naive.arrivals.cached_tokens
+    assert fast.arrivals.completed == naive.arrivals.completed
+    for one, other in zip(fast.records, naive.records, strict=True):
+        for name in ("arrival_s", "prefilled_s", "landed_s", "first_token_s", "finish_s"):
+            fast_s, naive_s = getattr(one, name), getattr(other, name)
+            assert (fast_s is None) == (naive_s is None), name
+            assert fast_s is None or fast_s == pytest.approx(naive_s, abs=1e-12), name
+    for one, other in zip(fast.replicas, naive.replicas, strict=True):
+        assert [r.id for r in one.requests] == [r.id for r in other.requests]
+        assert one.metrics().prefix_cache_hits == other.metrics().prefix_cache_hits
+
+
+rows = st.lists(st.tuples(st.sampled_from([0.0, 0.004, 0.0102, 0.03]), st.integers(1, 3000), st.integers(1, 60)),
+                min_size=1, max_size=8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows, st.integers(1, 2), st.integers(1, 2), st.sampled_from([0.0, 0.0005, 0.003]))
+def test_prefill_decode_open_loop_is_the_naive_replay(requests: list, num_prefill: int, num_decode: int,
+                                                      latency: float) -> None:
+    requests.sort(key=lambda row: row[0])
+    trace = make_trace("r", [Request(f"r{i}", t, p, o) for i, (t, p, o) in enumerate(requests)], source="test")
+    sim = odd_steps(engine(max_batched_tokens=2048))
+    spec = FleetConfig((ReplicaPool("p", num_prefill, sim, "prefill"), ReplicaPool("d", num_decode, sim, "decode")),
+                       log_decisions=True, kv_link=KvLink(1e12, latency))
+    assert_same_replay(trace, spec)
