@@ -77,7 +77,7 @@ class TierWatch:
                 self.next_s = now + every_s
                 cache.end_loads(now)  # (as the flush does first: a block loaded by now has left an exclusive tier)
                 host = cache.tiers[0].store
-                gpu = cache.pool.cached_blocks
+                gpu, _, _ = cache.pool.keyed_cache()  # (keys as the tiers name them)
                 self.samples.append((len(gpu), len(host), sum(map(host.contains, gpu))))
             return flush(cache, now, **options)
 
