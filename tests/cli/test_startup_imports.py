@@ -1,0 +1,60 @@
+"""What ``minipaged simulate`` imports: its own modules and the options of the others, not their engines.
+
+Typer builds every command's options at start-up, so each command module loads; what they use only when they run
+(torch, Ray, matplotlib, transformers, the fleet engine, the sweep's runners, the data plane, the other commands'
+``apps/`` modules) loads inside them. Measured on a one-request trace: the fleet is ``fleet.config`` alone (its
+router names and defaults in simulate's and sweep's options), ``apps/`` is ``sweep`` and ``sweep_points`` (sweep's
+option defaults), the data plane ``kv_scales`` (run's and verify's ``--kv-scales``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+# Run simulate as the console script does, then list every module the process holds.
+_SIMULATE_THEN_LIST = """
+import json, sys
+from minipaged_cli.cli.main import main
+sys.argv = ["minipaged", "simulate", sys.argv[1], "--json", sys.argv[2]]
+try:
+    main()
+except SystemExit as done:
+    assert done.code in (0, None), done.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+# Third-party packages that only other commands or options use.
+NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures")
+
+# Inside the packages of other commands, the modules simulate's start-up may load (the options' names and defaults).
+ALLOWED_INSIDE = {
+    "minipaged_cli.apps.": {"minipaged_cli.apps.sweep", "minipaged_cli.apps.sweep_points"},
+    "minipaged_cli.fleet.": {"minipaged_cli.fleet.config"},
+    "minipaged_cli.dataplane.": {"minipaged_cli.dataplane.kv_scales"},
+}
+
+
+def _simulate_modules(tmp_path: Path) -> set[str]:
+    trace = tmp_path / "one.yaml"
+    trace.write_text("version: 1\nname: one\nrequests:\n"
+                     "  - {id: r0, arrival_s: 0.0, prompt_tokens: 100, output_tokens: 10}\n")
+    report = tmp_path / "one.json"
+    done = subprocess.run([sys.executable, "-c", _SIMULATE_THEN_LIST, str(trace), str(report)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(report.read_text())["strategies"]["paged"]["completed_requests"] == 1  # it did simulate
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_simulate_imports_no_other_commands_engines(tmp_path: Path) -> None:
+    modules = _simulate_modules(tmp_path)
+    assert "minipaged_cli.sim.replay" in modules  # the list is the simulating process's
+    assert sorted(name for name in NOT_IMPORTED if name in modules) == []
+    for package, allowed in ALLOWED_INSIDE.items():
+        extra = sorted(name for name in modules if name.startswith(package) and name not in allowed)
+        assert extra == [], f"simulate's start-up imports {extra}: import them where their command uses them"
