@@ -180,7 +180,6 @@ def sweep_command(
     points = axes.points()
     work = prepare(trace, settings, points)  # bad input ends here, before any progress bar
     from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner  # process pools and Ray: sweep's alone
-
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
     if isinstance(runner, RayRunner) and runner.started:
         stderr.print(f"No Ray cluster was running: {runner.describe()}.", markup=False, highlight=False)

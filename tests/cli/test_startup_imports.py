@@ -1,10 +1,9 @@
-"""What ``minipaged simulate`` imports: its own modules and the options of the others, not their engines.
+"""What ``minipaged simulate`` imports: its own command module and what it runs, none of the other commands'.
 
-Typer builds every command's options at start-up, so each command module loads; what they use only when they run
-(torch, Ray, matplotlib, transformers, the fleet engine, the sweep's runners, the data plane, the other commands'
-``apps/`` modules) loads inside them. Measured on a one-request trace: the fleet is ``fleet.config`` alone (its
-router names and defaults in simulate's and sweep's options), ``apps/`` is ``sweep`` and ``sweep_points`` (sweep's
-option defaults), the data plane ``kv_scales`` (run's and verify's ``--kv-scales``).
+The group builds a command when it is asked for (``cli/main.py``), and a command imports inside itself what only
+some of its options use. Measured on a one-request trace: of ``cli/``, simulate's module and the shared ones
+(``common``, ``render``, the option modules it reads); of the fleet, ``fleet.config`` alone (the router names and
+defaults of simulate's fleet options); nothing of ``apps/`` or the data plane.
 """
 
 from __future__ import annotations
@@ -31,11 +30,16 @@ print(json.dumps(sorted(sys.modules)))
 # Third-party packages that only other commands or options use.
 NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures")
 
-# Inside the packages of other commands, the modules simulate's start-up may load (the options' names and defaults).
+OTHER_COMMANDS = ("sweep", "run", "verify", "profile", "calibrate", "convert")
+
+# Inside the packages that other commands or options use, the modules simulate may load.
 ALLOWED_INSIDE = {
-    "minipaged_cli.apps.": {"minipaged_cli.apps.sweep", "minipaged_cli.apps.sweep_points"},
-    "minipaged_cli.fleet.": {"minipaged_cli.fleet.config"},
-    "minipaged_cli.dataplane.": {"minipaged_cli.dataplane.kv_scales"},
+    "minipaged_cli.apps": set(),
+    "minipaged_cli.dataplane": set(),
+    "minipaged_cli.fleet": {"minipaged_cli.fleet", "minipaged_cli.fleet.config"},
+    "minipaged_cli.cli.": {f"minipaged_cli.cli.{name}" for name in (
+        "common", "flags", "fleet_options", "grammar", "main", "outputs", "render", "settings", "simulate",
+        "tier_options", "workload_options")},
 }
 
 
@@ -55,6 +59,7 @@ def test_simulate_imports_no_other_commands_engines(tmp_path: Path) -> None:
     modules = _simulate_modules(tmp_path)
     assert "minipaged_cli.sim.replay" in modules  # the list is the simulating process's
     assert sorted(name for name in NOT_IMPORTED if name in modules) == []
+    assert sorted(name for name in OTHER_COMMANDS if f"minipaged_cli.cli.{name}" in modules) == []
     for package, allowed in ALLOWED_INSIDE.items():
         extra = sorted(name for name in modules if name.startswith(package) and name not in allowed)
         assert extra == [], f"simulate's start-up imports {extra}: import them where their command uses them"
