@@ -3,7 +3,8 @@
 The group builds a command when it is asked for (``cli/main.py``), and a command imports inside itself what only
 some of its options use. Measured on a one-request trace: of ``cli/``, simulate's module and the shared ones
 (``common``, ``render``, the option modules it reads); of the fleet, ``fleet.config`` alone (the router names and
-defaults of simulate's fleet options); nothing of ``apps/`` or the data plane.
+defaults of simulate's fleet options); nothing of ``apps/`` or the data plane; of the trace readers, none but
+the YAML one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ print(json.dumps(sorted(sys.modules)))
 NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures")
 
 OTHER_COMMANDS = ("sweep", "run", "verify", "profile", "calibrate", "convert")
+# The readers of the formats a YAML trace is not.
+OTHER_READERS = ("minipaged_cli.workloads.aiperf", "minipaged_cli.workloads.sharegpt",
+                 "minipaged_cli.workloads.bench_configs")
 
 # Inside the packages that other commands or options use, the modules simulate may load.
 ALLOWED_INSIDE = {
@@ -60,6 +64,7 @@ def test_simulate_imports_no_other_commands_engines(tmp_path: Path) -> None:
     assert "minipaged_cli.sim.replay" in modules  # the list is the simulating process's
     assert sorted(name for name in NOT_IMPORTED if name in modules) == []
     assert sorted(name for name in OTHER_COMMANDS if f"minipaged_cli.cli.{name}" in modules) == []
+    assert sorted(name for name in OTHER_READERS if name in modules) == []
     for package, allowed in ALLOWED_INSIDE.items():
         extra = sorted(name for name in modules if name.startswith(package) and name not in allowed)
         assert extra == [], f"simulate's start-up imports {extra}: import them where their command uses them"
