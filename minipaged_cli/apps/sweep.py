@@ -22,15 +22,17 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minipaged_cli.apps.sweep_points import ALL_FULL_ATTENTION, Point, Replay, Settings, Work, mean_row, prepare
-from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_BLOCK_SIZE
 from minipaged_cli.units import JSON_DECIMALS, rounded
 from minipaged_cli.validation import positive_number
 from minipaged_cli.workloads.trace import Trace
+
+if TYPE_CHECKING:  # the runners (process pools, Ray) load when sweep runs, not with the CLI
+    from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 
 # Each SLO's name on the command line -> the point's metric it bounds (seconds).
 SLO_METRICS = {

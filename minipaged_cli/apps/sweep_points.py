@@ -12,7 +12,6 @@ from typing import Any
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
-from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import (
@@ -196,6 +195,8 @@ def run_replay(work: Work, job: Replay) -> dict[str, float | int | None]:
     point = job.point
     trace, config = work.trace.with_poisson_arrivals(point.rate, job.seed), work.configs[point.curve]
     if point.replicas > 1:
+        from minipaged_cli.fleet.fleet import run_fleet  # the fleet loads with the first point that has replicas
+
         pool = ReplicaPool("replicas", point.replicas, config)
         figures = run_fleet(trace, FleetConfig((pool,), RouterConfig(point.router))).to_dict()
     else:

@@ -9,12 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from minipaged_cli.cli.fleet_render import fleet_tables
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet import config as fleets
-from minipaged_cli.fleet.fleet import run_fleet
-from minipaged_cli.fleet.fleet_file import load_fleet_file
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.workloads.trace import Trace
@@ -70,6 +67,8 @@ def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix
     """The fleet the options ask for, or None (one engine: ``simulate`` as ever)."""
     options = {"log_decisions": log_decisions, "record_timeline": record_timeline}
     if fleet_file is not None:
+        from minipaged_cli.fleet.fleet_file import load_fleet_file
+
         return load_fleet_file(fleet_file, config, **options)
     if replicas is None and prefill_replicas is None and decode_replicas is None and not shared_kv_store:
         return None
@@ -93,6 +92,9 @@ def run_fleet_command(trace: Trace, config: SimConfig, fleet: fleets.FleetConfig
                       json_path: str | None, plot: Path | None) -> None:
     """Replay, print the table, write the JSON (``fleet`` beside simulate's ``trace`` and ``config``) and plot;
     exit 1 on an invariant violation (``--check-invariants``: a bug in the allocator)."""
+    from minipaged_cli.cli.fleet_render import fleet_tables
+    from minipaged_cli.fleet.fleet import run_fleet  # the fleet engine: a one-engine simulate never loads it
+
     result = run_fleet(trace, fleet)
     for table in fleet_tables(result):
         console.print(table)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from minipaged_cli import __version__
-from minipaged_cli.cli import calibrate, convert, profile, run, simulate, sweep, verify
 from minipaged_cli.cli.common import stderr
 from minipaged_cli.cli.grammar import assign_panels, renamed
 from minipaged_cli.cli.settings import name_the_file, print_settings, settings_params
@@ -53,9 +54,73 @@ class _Command(TyperCommand):
         return super().invoke(ctx)
 
 
+# Each command, in the order help lists them: its line in the group's help. The command ``NAME`` is
+# ``NAME_command`` in the module ``cli/NAME.py``, with that module's ``EPILOG`` (its examples).
+COMMANDS = {
+    "simulate": "Paged vs contiguous KV allocation on a trace: where memory goes.",
+    "sweep": "Latency against request rate for every strategy; the rate each sustains.",
+    "run": "The paged replay on real K/V tensors: cache writes and decode attention.",
+    "verify": "Qwen3 attention through the paged cache against Hugging Face.",
+    "profile": "Which block size? The trade-off on a trace, measured.",
+    "calibrate": "Step times measured on your GPU, for simulate --calibration.",
+    "convert": "A public trace, or a slice of it, to the YAML trace format.",
+}
+
+
+def _command(name: str) -> Any:
+    """The command ``name``, built as Typer builds a group's commands (its module imported here, not before)."""
+    module = importlib.import_module(f"minipaged_cli.cli.{name}")
+    one = typer.Typer(rich_markup_mode="markdown", add_completion=False, pretty_exceptions_enable=False)
+    one.command(cls=_Command, name=name, epilog=module.EPILOG, short_help=COMMANDS[name])(
+        getattr(module, f"{name}_command"))
+    return typer.main.get_command(one)
+
+
+class _LazyCommands(MutableMapping[str, Any]):
+    """The group's commands by name, each built the first time it is asked for: Typer builds every option of
+    every command it holds, so a run of one command would otherwise import the modules of all (and their libraries).
+
+    Invariant: iterating yields every name, in ``COMMANDS``' order, without building any."""
+
+    def __init__(self, build: Callable[[str], Any], names: Iterable[str]) -> None:
+        self._build = build
+        self._names = list(names)
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in self._names:
+                raise KeyError(name)
+            self._built[name] = self._build(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        if name not in self._names:
+            self._names.append(name)
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        self._names.remove(name)
+        self._built.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 class _OneLineUsageErrors(TyperGroup):
     """Usage errors (a missing argument, a value of the wrong type) as one line on stderr and exit code 2,
-    like the errors the commands raise themselves, instead of Typer's usage-and-panel block."""
+    like the errors the commands raise themselves, instead of Typer's usage-and-panel block; the commands of
+    ``COMMANDS``, each built when asked for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(_command, COMMANDS)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)  # the names alone: Typer's lists its items, which would build every command
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _flags_untyped(super().get_params(ctx))
@@ -106,20 +171,6 @@ app = typer.Typer(
     rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command(cls=_Command, name="simulate", epilog=simulate.EPILOG,
-            short_help="Paged vs contiguous KV allocation on a trace: where memory goes.")(simulate.simulate_command)
-app.command(cls=_Command, name="sweep", epilog=sweep.EPILOG,
-            short_help="Latency against request rate for every strategy; the rate each sustains.")(sweep.sweep_command)
-app.command(cls=_Command, name="run", epilog=run.EPILOG,
-            short_help="The paged replay on real K/V tensors: cache writes and decode attention.")(run.run_command)
-app.command(cls=_Command, name="verify", epilog=verify.EPILOG,
-            short_help="Qwen3 attention through the paged cache against Hugging Face.")(verify.verify_command)
-app.command(cls=_Command, name="profile", epilog=profile.EPILOG,
-            short_help="Which block size? The trade-off on a trace, measured.")(profile.profile_command)
-app.command(cls=_Command, name="calibrate", epilog=calibrate.EPILOG,
-            short_help="Step times measured on your GPU, for simulate --calibration.")(calibrate.calibrate_command)
-app.command(cls=_Command, name="convert", epilog=convert.EPILOG,
-            short_help="A public trace, or a slice of it, to the YAML trace format.")(convert.convert_command)
 
 
 def _version(value: bool) -> None:

@@ -21,7 +21,6 @@ from minipaged_cli.apps.sweep_points import (
     all_full_attention_models,
     prepare,
 )
-from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner
 from minipaged_cli.cli import sweep_axes as axes
 from minipaged_cli.cli import tier_options as tiers
 from minipaged_cli.cli.common import (
@@ -180,6 +179,7 @@ def sweep_command(
                        time_scale=options["time_scale"], tokenizer=tokenizer)
     points = axes.points()
     work = prepare(trace, settings, points)  # bad input ends here, before any progress bar
+    from minipaged_cli.apps.sweep_runners import LocalRunner, RayRunner  # process pools and Ray: sweep's alone
     runner = RayRunner(ray) if ray is not None else LocalRunner(workers)
     if isinstance(runner, RayRunner) and runner.started:
         stderr.print(f"No Ray cluster was running: {runner.describe()}.", markup=False, highlight=False)

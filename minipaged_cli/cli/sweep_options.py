@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from minipaged_cli.apps.sweep import Slo, make_slo, parse_slo
 from minipaged_cli.errors import InputError
 from minipaged_cli.fleet.config import ROUTERS
 from minipaged_cli.input_files import read_mapping
@@ -18,6 +17,9 @@ from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
 from minipaged_cli.workloads.presets import KV_CACHE_DTYPES
 from minipaged_cli.workloads.readers import TRACE_FORMATS
+
+if TYPE_CHECKING:
+    from minipaged_cli.apps.sweep import Slo
 
 # Options a --config file may set, by their keys there: what the command line gives wins.
 FILE_KEYS = ("rates", "strategies", "models", "gpus", "kv_memory", "block_sizes", "prefix_caching", "slo",
@@ -133,6 +135,8 @@ def _on_off(item: Any, where: dict[str, Any]) -> bool:
 
 def _slos(value: Any, where: dict[str, Any]) -> tuple[Slo, ...]:
     """--slo NAME=SECONDS (repeated), or in --config a mapping {NAME: SECONDS}."""
+    from minipaged_cli.apps.sweep import make_slo, parse_slo  # the sweep's module: simulate and profile skip it
+
     if isinstance(value, dict):
         return tuple(make_slo(str(name), limit, source=where["source"], field=f"{where['field']}.{name}")
                      for name, limit in value.items())

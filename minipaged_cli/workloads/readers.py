@@ -30,10 +30,7 @@ from typing import Any, TextIO
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import parse_json, read_json_lines
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
-from minipaged_cli.workloads.aiperf import read_aiperf
-from minipaged_cli.workloads.bench_configs import BENCHMARK_CONFIGS
 from minipaged_cli.workloads.sessions import Turn, sessions_of
-from minipaged_cli.workloads.sharegpt import read_sharegpt
 from minipaged_cli.workloads.text_tokens import TextTokens
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
 
@@ -276,19 +273,34 @@ def load_trace(
     text_tokens = TextTokens(tokenizer)  # (a bad directory is reported before the trace is read)
     if trace_format == "auto":
         trace_format = detect_format(path)
+    trace = _reader(trace_format, text_tokens)(path).limited(limit)
+    if rate is not None:
+        trace = _finite_arrivals(trace.with_poisson_arrivals(rate, seed), "{rate}", rate)
+    return _finite_arrivals(trace.time_scaled(time_scale), "{time_scale}", time_scale)
+
+
+def _reader(trace_format: str, text_tokens: TextTokens) -> Callable[[Path], Trace]:
+    """The reader of one format: those of the text formats and of the benchmarks' configs are imported when their
+    format is asked for, so that reading a YAML trace loads none of them."""
     readers: dict[str, Callable[[Path], Trace]] = {
         "yaml": load_yaml_trace,
         "azure": read_azure,
         "mooncake": read_mooncake,
         "lengths-csv": read_lengths_csv,
-        "aiperf": functools.partial(read_aiperf, text_tokens=text_tokens),
-        "sharegpt": functools.partial(read_sharegpt, text_tokens=text_tokens),
-        **BENCHMARK_CONFIGS,
     }
-    trace = readers[trace_format](path).limited(limit)
-    if rate is not None:
-        trace = _finite_arrivals(trace.with_poisson_arrivals(rate, seed), "{rate}", rate)
-    return _finite_arrivals(trace.time_scaled(time_scale), "{time_scale}", time_scale)
+    if trace_format in readers:
+        return readers[trace_format]
+    if trace_format == "aiperf":
+        from minipaged_cli.workloads.aiperf import read_aiperf
+
+        return functools.partial(read_aiperf, text_tokens=text_tokens)
+    if trace_format == "sharegpt":
+        from minipaged_cli.workloads.sharegpt import read_sharegpt
+
+        return functools.partial(read_sharegpt, text_tokens=text_tokens)
+    from minipaged_cli.workloads.bench_configs import BENCHMARK_CONFIGS
+
+    return BENCHMARK_CONFIGS[trace_format]
 
 
 def _finite_arrivals(trace: Trace, option: str, value: float) -> Trace:

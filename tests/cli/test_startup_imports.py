@@ -1,0 +1,70 @@
+"""What ``minipaged simulate`` imports: its own command module and what it runs, none of the other commands'.
+
+The group builds a command when it is asked for (``cli/main.py``), and a command imports inside itself what only
+some of its options use. Measured on a one-request trace: of ``cli/``, simulate's module and the shared ones
+(``common``, ``render``, the option modules it reads); of the fleet, ``fleet.config`` alone (the router names and
+defaults of simulate's fleet options); nothing of ``apps/`` or the data plane; of the trace readers, none but
+the YAML one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+# Run simulate as the console script does, then list every module the process holds.
+_SIMULATE_THEN_LIST = """
+import json, sys
+from minipaged_cli.cli.main import main
+sys.argv = ["minipaged", "simulate", sys.argv[1], "--json", sys.argv[2]]
+try:
+    main()
+except SystemExit as done:
+    assert done.code in (0, None), done.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+# Third-party packages that only other commands or options use.
+NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures")
+
+OTHER_COMMANDS = ("sweep", "run", "verify", "profile", "calibrate", "convert")
+# The readers of the formats a YAML trace is not.
+OTHER_READERS = ("minipaged_cli.workloads.aiperf", "minipaged_cli.workloads.sharegpt",
+                 "minipaged_cli.workloads.bench_configs")
+
+# Inside the packages that other commands or options use, the modules simulate may load.
+ALLOWED_INSIDE = {
+    "minipaged_cli.apps": set(),
+    "minipaged_cli.dataplane": set(),
+    "minipaged_cli.fleet": {"minipaged_cli.fleet", "minipaged_cli.fleet.config"},
+    "minipaged_cli.cli.": {f"minipaged_cli.cli.{name}" for name in (
+        "common", "flags", "fleet_options", "grammar", "main", "outputs", "render", "settings", "simulate",
+        "tier_options", "workload_options")},
+}
+
+
+def _simulate_modules(tmp_path: Path) -> set[str]:
+    trace = tmp_path / "one.yaml"
+    trace.write_text("version: 1\nname: one\nrequests:\n"
+                     "  - {id: r0, arrival_s: 0.0, prompt_tokens: 100, output_tokens: 10}\n")
+    report = tmp_path / "one.json"
+    done = subprocess.run([sys.executable, "-c", _SIMULATE_THEN_LIST, str(trace), str(report)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(report.read_text())["strategies"]["paged"]["completed_requests"] == 1  # it did simulate
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_simulate_imports_no_other_commands_engines(tmp_path: Path) -> None:
+    modules = _simulate_modules(tmp_path)
+    assert "minipaged_cli.sim.replay" in modules  # the list is the simulating process's
+    assert sorted(name for name in NOT_IMPORTED if name in modules) == []
+    assert sorted(name for name in OTHER_COMMANDS if f"minipaged_cli.cli.{name}" in modules) == []
+    assert sorted(name for name in OTHER_READERS if name in modules) == []
+    for package, allowed in ALLOWED_INSIDE.items():
+        extra = sorted(name for name in modules if name.startswith(package) and name not in allowed)
+        assert extra == [], f"simulate's start-up imports {extra}: import them where their command uses them"
