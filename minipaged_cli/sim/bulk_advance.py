@@ -4,6 +4,11 @@ Stepping one decode step at a time costs Python work per token. Between events (
 admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes, so
 ``BulkAdvance`` advances all those steps at once and integrates the metrics over them. ``replay(bulk=False)`` steps
 one at a time: the reference this fast path is tested against (``tests/sim/test_replay*.py``).
+
+The clock moves by the same float additions the single steps make (``step_clock``: ``now + d1``, then ``+ d2``,
+...), not by ``now + (d1 + d2 + ...)``: the two round differently, and on a clock of whole-millisecond steps a
+step end and an arrival (a finish plus a think time) would tie on one path and not on the other
+(0.013999999999999999 against 0.014), and the two paths would send and admit in a different order.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ class BulkAdvance:
         self.accounting = accounting
 
     def advance(self, now: float) -> float | None:
-        """Run and record the decode-only steps from ``now`` up to the next event; their seconds, or None (nothing
-        changed) when the next step needs the single-step path."""
+        """Run and record the decode-only steps from ``now`` up to the next event; the clock at the last one's end,
+        or None (nothing changed) when the next step needs the single-step path."""
         scheduler = self.scheduler
         if not scheduler.can_bulk:
             return None  # (nothing running and a head that does not fit: the single step rejects it)
@@ -53,10 +58,10 @@ class BulkAdvance:
         contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
         checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
+        clock = step_clock(now, durations)
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
-            ends = now + durations.cumsum()
-            num_steps = 1 + int(ends[:-1].searchsorted(scheduler.next_arrival_s, side="left"))
+            num_steps = 1 + int(clock[1:-1].searchsorted(scheduler.next_arrival_s, side="left"))
         allocated = np.fromiter((self.allocator.allocated(r) for r in running), dtype=np.int64, count=n)
         finals = np.fromiter((r.final_length for r in running), dtype=np.int64, count=n)
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
@@ -82,11 +87,11 @@ class BulkAdvance:
                     held_back = held_back[:num_steps]
                 changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
                 for start, stop in itertools.pairwise([0, *changes, num_steps]):
-                    self._record(now, profile, durations, total_length, n, external, start, stop,
+                    self._record(clock, profile, durations, total_length, n, external, start, stop,
                                  bool(held_back[start]))
                 duration = float(durations[:num_steps].sum())
             else:  # nothing waits: nothing is held back
-                duration = self._record(now, profile, durations, total_length, n, external, 0, num_steps, False)
+                duration = self._record(clock, profile, durations, total_length, n, external, 0, num_steps, False)
             peak_used = self.allocator.used_slots + (int(grown[:num_steps].max()) if isinstance(grown, np.ndarray)
                                                      else grown)
         else:
@@ -95,11 +100,11 @@ class BulkAdvance:
                 grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
                 num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
             if 0 < num_free < num_steps:
-                self._record(now, profile, durations, total_length, n, external, 0, num_free, False)
-                self._record(now, profile, durations, total_length, n, external, num_free, num_steps, True)
+                self._record(clock, profile, durations, total_length, n, external, 0, num_free, False)
+                self._record(clock, profile, durations, total_length, n, external, num_free, num_steps, True)
                 duration = float(durations[:num_steps].sum())
             else:  # one run, all saturated or none: its duration is the advance's
-                duration = self._record(now, profile, durations, total_length, n, external, 0, num_steps,
+                duration = self._record(clock, profile, durations, total_length, n, external, 0, num_steps,
                                         num_free == 0)
         self.allocator.advance(running, num_steps)
         for live in running:
@@ -107,11 +112,13 @@ class BulkAdvance:
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
                                      total_length + n * num_steps)
-        return checked_seconds(duration)  # (an infinity anywhere shows in the sum)
+        checked_seconds(duration)  # (an infinity anywhere shows in the sum)
+        return float(clock[num_steps])
 
-    def _record(self, now: float, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
+    def _record(self, clock: np.ndarray, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
                 external: int, start: int, stop: int, saturated: bool) -> float:
-        """Record steps ``start`` to ``stop`` of an advance from ``now``: time integrals of the category inputs.
+        """Record steps ``start`` to ``stop`` of an advance whose steps start at ``clock``: time integrals of
+        the category inputs.
 
         The shared slots stay constant: no admission, fork or release until the last step. Returns the steps'
         duration."""
@@ -127,9 +134,18 @@ class BulkAdvance:
             self.allocator.capacity_tokens * duration,
             self.allocator.shared_slots * duration,
         )
-        began = now + float(durations[:start].sum()) if start else now
+        began = float(clock[start])
         self.accounting.record(began, duration, slots, saturated, stop - start, n)
         return duration
+
+
+def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
+    """The clock at each boundary of the steps lasting ``durations`` from ``now`` (``now``, then each step's end),
+    added one step at a time as the single-step path adds them (``np.add.accumulate`` adds in order; ``now`` plus
+    a ``cumsum`` of the durations alone rounds otherwise).
+
+    [k] durations -> [k + 1] times"""
+    return np.add.accumulate(np.concatenate(([now], durations)))
 
 
 def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:

@@ -170,10 +170,10 @@ class Replay:
     def _bulk_step(self) -> bool:
         """Advance several decode-only steps at once (``BulkAdvance``); False when this step needs the single-step
         path."""
-        duration = self.bulk_advance.advance(self.now)
-        if duration is None:
+        end = self.bulk_advance.advance(self.now)
+        if end is None:
             return False
-        self.now += duration
+        self.now = end
         if self.tiers is not None:
             self.tiers.flush(self.now, pairs=False)  # (bulk steps run only without a data plane)
         self.scheduler.finish(self.now)

@@ -1,21 +1,26 @@
 """The fleet's clock (``fleet/clock.py``) against independent references: a P/D landing worked by hand, and the
 same fleet stepped one step at a time (bulk advances off: every replica's clock then moves a step at a time, so
-none can run past anything) on random open-loop P/D workloads, decision for decision."""
+none can run past anything) on random open-loop P/D workloads and on random session workloads under every kind of
+client, decision for decision, with steps of a whole millisecond (step ends tie with arrivals and think times) and
+of an odd length."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minipaged_cli.fleet.config import FleetConfig, KvLink, ReplicaPool
+from minipaged_cli.fleet.config import FleetConfig, KvLink, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import Fleet, FleetResult
+from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
 from tests.fleet.test_fleet_sessions import engine
 from tests.session_helpers import CLOCK_GPU
+from tests.sim.test_clients import sessions_and_clients
 
 
 def replay(trace: Trace, spec: FleetConfig, *, bulk: bool) -> FleetResult:
@@ -57,14 +62,14 @@ def test_a_landing_joins_the_decode_replicas_next_step() -> None:
 
 
 def odd_steps(sim: SimConfig) -> SimConfig:
-    """Steps of 0.937 ms: no step then ends exactly when a request arrives (the workloads' times are whole ms),
-    where a bulk advance's sum of step times and the single steps' running sum may round to either side."""
+    """Steps of 0.937 ms: step ends fall between the workloads' whole-ms arrival times rather than on them."""
     return replace(sim, gpu=replace(CLOCK_GPU, step_overhead_s=0.000937))
 
 
 def assert_same_replay(trace: Trace, spec: FleetConfig) -> None:
     """The fleet in bulk against the naive reference: the same routes, the same sends, hits and finishes (times
-    to 1e-12 s: a bulk advance sums its steps' times in another order)."""
+    to 1e-9 s; a bulk advance's clock adds the same step times in the same order, but integrates its metrics in
+    another)."""
     fast, naive = replay(trace, spec, bulk=True), replay(trace, spec, bulk=False)
     assert [(d.request, d.replica) for d in fast.decisions] == [(d.request, d.replica) for d in naive.decisions]
     assert fast.arrivals.cached_tokens == naive.arrivals.cached_tokens
@@ -73,10 +78,11 @@ def assert_same_replay(trace: Trace, spec: FleetConfig) -> None:
         for name in ("arrival_s", "prefilled_s", "landed_s", "first_token_s", "finish_s"):
             fast_s, naive_s = getattr(one, name), getattr(other, name)
             assert (fast_s is None) == (naive_s is None), name
-            assert fast_s is None or fast_s == pytest.approx(naive_s, abs=1e-12), name
+            assert fast_s is None or fast_s == pytest.approx(naive_s, abs=1e-9), name
     for one, other in zip(fast.replicas, naive.replicas, strict=True):
         assert [r.id for r in one.requests] == [r.id for r in other.requests]
         assert one.metrics().prefix_cache_hits == other.metrics().prefix_cache_hits
+        assert one.metrics().num_preemptions == other.metrics().num_preemptions
 
 
 rows = st.lists(st.tuples(st.sampled_from([0.0, 0.004, 0.0102, 0.03]), st.integers(1, 3000), st.integers(1, 60)),
@@ -92,4 +98,22 @@ def test_prefill_decode_open_loop_is_the_naive_replay(requests: list, num_prefil
     sim = odd_steps(engine(max_batched_tokens=2048))
     spec = FleetConfig((ReplicaPool("p", num_prefill, sim, "prefill"), ReplicaPool("d", num_decode, sim, "decode")),
                        log_decisions=True, kv_link=KvLink(1e12, latency))
+    assert_same_replay(trace, spec)
+
+
+def whole_ms_steps(sim: SimConfig) -> SimConfig:
+    """Steps of exactly 1 ms: step ends tie with the whole-ms arrivals and think times of the session workloads."""
+    return sim
+
+
+@settings(max_examples=200, deadline=None)
+@given(sessions_and_clients(), st.integers(1, 3), st.sampled_from(["round-robin", "session-affinity"]),
+       st.sampled_from([12, 40, 400]), st.sampled_from([whole_ms_steps, odd_steps]))
+def test_sessions_and_clients_in_bulk_are_the_naive_replay(case: tuple[Trace, Clients], num_replicas: int,
+                                                           router: str, num_blocks: int,
+                                                           steps: Callable[[SimConfig], SimConfig]) -> None:
+    trace, clients = case
+    assume(min(r.total_tokens for r in trace.requests) <= 4 * num_blocks)
+    sim = steps(engine(clients, num_blocks=num_blocks, block_size=4))
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, sim),), RouterConfig(router), log_decisions=True)
     assert_same_replay(trace, spec)
