@@ -41,8 +41,8 @@ class PoolEvents:
 
     @property
     def has_subscribers(self) -> bool:
-        """Whether anyone is told the pool's events (the hybrid manager's bulk decode needs no one to be: it caches
-        a bulk's blocks in another order than single steps would)."""
+        """Whether anyone is told the pool's events (the windowed bulk decode, ``bulk.decode_in_bulk``, needs no one
+        to be: it caches a bulk's blocks in another order than single steps would)."""
         return bool(self.subscribers)
 
     def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
