@@ -65,10 +65,11 @@ from itertools import compress
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
-from minipaged_cli.memory.kv_groups import block_bytes
+from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.tier_store import TIER_STORES
 from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.settings import TierSettings
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tier_links import Link
 from minipaged_cli.sim.tier_loads import TierLoads, sliding_hit_end
@@ -87,38 +88,48 @@ class TieredCache(TierStores, TierLoads):
     @classmethod
     def under(cls, allocator: Allocator, config: SimConfig, step_time: StepTimeModel) -> TieredCache | None:
         """The tiers ``config`` asks for under ``allocator``'s pool; None without them, or without blocks unless
-        v0 swaps into the host tier."""
+        v0 swaps into the host tier. (The one place that reads a ``SimConfig``: it hands each concern out.)"""
         if not config.tiers.has_tiers:
             return None
         if isinstance(allocator, PagedAllocator):
-            return cls(config, allocator.manager.pool, step_time)
-        return cls(config, None, step_time) if config.engine.preemption == "swap" else None
+            pool: BlockPool | None = allocator.manager.pool
+        elif config.engine.preemption == "swap":
+            pool = None
+        else:
+            return None
+        return cls(config.tiers, config.block_size, config.kv_cache_groups, pool, step_time)
 
-    def __init__(self, config: SimConfig, pool: BlockPool | None, step_time: StepTimeModel) -> None:
-        gpu, tiers, store = config.gpu, config.tiers, TIER_STORES[config.tiers.tier_eviction]
-        self.block_size = config.block_size
-        self.kv_bytes_per_token = config.model.kv_bytes_per_token
-        self.bytes_per_block = config.block_size * config.model.kv_bytes_per_token
-        groups = config.kv_cache_groups
+    def __init__(self, settings: TierSettings, block_size: int, groups: tuple[KVCacheGroup, ...],
+                 pool: BlockPool | None, step_time: StepTimeModel) -> None:
+        """Tiers as ``settings`` asks, copying blocks of ``block_size`` tokens of the KV cache ``groups``, under
+        ``pool`` (None: the host tier is only v0's swap space).
+
+        ``step_time`` is the model on its GPU: its prefills are what a load races (the load-or-recompute rule,
+        layerwise loads); its model's KV sizes the copies and its GPU's links carry them, so the copies and the
+        steps they overlap price one model on one GPU."""
+        model, gpu, store = step_time.model, step_time.gpu, TIER_STORES[settings.tier_eviction]
+        self.block_size = block_size
+        self.kv_bytes_per_token = model.kv_bytes_per_token
+        self.bytes_per_block = block_size * model.kv_bytes_per_token
         # A pool that names its keys (group, hash) (``BlockPool.keys_by_group``): its blocks are one group's pages
         self.grouped = pool is not None and pool.keys_by_group
         if self.grouped:
-            self.bytes_per_block = block_bytes(config.model, groups, config.block_size)
+            self.bytes_per_block = block_bytes(model, groups, block_size)
         self.full_ids = [g for g, group in enumerate(groups) if not group.is_sliding]
         self.sliding_ids = [g for g, group in enumerate(groups) if group.is_sliding]
         # vLLM's sliding_window_size_in_chunks: the blocks a sliding group's hit needs
-        self.window_blocks = max((num_blocks_for(group.sliding_window or 0, config.block_size) for group in groups),
+        self.window_blocks = max((num_blocks_for(group.sliding_window or 0, block_size) for group in groups),
                                  default=0)
-        self.write_through = tiers.offload_policy == "write-through"
-        self.exclusive = tiers.tier_inclusion == "exclusive"
-        self.layerwise = tiers.layerwise_loads
-        self.num_layers = config.model.num_layers
+        self.write_through = settings.offload_policy == "write-through"
+        self.exclusive = settings.tier_inclusion == "exclusive"
+        self.layerwise = settings.layerwise_loads
+        self.num_layers = model.num_layers
         self.step_time = step_time
         self.pool = pool
         host = gpu.host_link_bytes_per_s
-        self.tiers = [Tier("cpu", store(tiers.cpu_kv_blocks), Link(host), Link(host))]
-        if tiers.disk_kv_blocks:
-            self.tiers.append(Tier("disk", store(tiers.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
+        self.tiers = [Tier("cpu", store(settings.cpu_kv_blocks), Link(host), Link(host))]
+        if settings.disk_kv_blocks:
+            self.tiers.append(Tier("disk", store(settings.disk_kv_blocks), Link(gpu.disk_write_bytes_per_s),
                                    Link(gpu.disk_read_bytes_per_s)))
         # (hash, GPU block) to store at the step's end, as two lists: a replay names millions, and a pair each
         # is an allocation each

@@ -13,10 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.kv_groups import kv_cache_groups
 from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.memory.tier_store import ARCStore, LRUStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import Replay, StepWork, replay, simulate
+from minipaged_cli.sim.settings import TierSettings
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.presets import load_gpu, load_model
@@ -39,6 +41,12 @@ def three_requests() -> tuple:
 
 def config(**tiers: object) -> SimConfig:
     return SimConfig.of(QWEN3_8B, H200, num_blocks=5, block_size=BLOCK, **tiers)
+
+
+def host_tier(cpu_kv_blocks: int) -> TieredCache:
+    """A host tier of ``cpu_kv_blocks`` blocks of BLOCK tokens under a 10-block pool: Qwen3-8B on the H200."""
+    return TieredCache(TierSettings(cpu_kv_blocks=cpu_kv_blocks), BLOCK, kv_cache_groups(QWEN3_8B),
+                       BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
 
 
 def prefill_seconds(model: StepTimeModel, tokens: int, context: int) -> float:
@@ -142,9 +150,7 @@ def test_stores_queue_on_the_link_and_drop_only_past_the_tiers_room() -> None:
     """A hand-worked timeline on a host tier of 6 blocks, times in one block's copy (47.3 us): stores queue behind
     the copies in flight; a store is dropped only when it and the blocks still being written exceed the 6 slots
     (vLLM's prepare_store: chunks being written are not evictable)."""
-    cfg = config(cpu_kv_blocks=6)
-    pool = BlockPool(10, enable_caching=True)
-    tiers = TieredCache(cfg, pool, StepTimeModel(QWEN3_8B, H200))
+    tiers = host_tier(6)
     one = BLOCK_BYTES / HOST_LINK
     host = tiers.tiers[0]
     tiers.cached(["a", "b", "c", "d"], [0, 1, 2, 3])
@@ -167,7 +173,7 @@ def test_stores_queue_on_the_link_and_drop_only_past_the_tiers_room() -> None:
 
 def test_a_store_larger_than_the_tier_is_dropped_on_an_idle_link() -> None:
     """Three blocks for a 2-block host tier: vLLM's prepare_store cannot free a third chunk and skips the store."""
-    tiers = TieredCache(config(cpu_kv_blocks=2), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers = host_tier(2)
     tiers.cached(["a", "b", "c"], [0, 1, 2])
     assert tiers.flush(0.0) == []
     host = tiers.tiers[0]

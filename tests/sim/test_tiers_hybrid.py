@@ -80,7 +80,8 @@ def test_a_hybrid_hit_loads_the_full_group_and_the_sliding_window() -> None:
 def host_tier_holding(keys: list[object]) -> TieredCache:
     config = SimConfig.of(GPT_OSS, H200, num_blocks=34, block_size=16, cpu_kv_blocks=100)
     pool = BlockPool(34, num_groups=len(config.kv_cache_groups), enable_caching=True)
-    tiers = TieredCache(config, pool, StepTimeModel(GPT_OSS, H200))
+    tiers = TieredCache(config.tiers, config.block_size, config.kv_cache_groups, pool,
+                        StepTimeModel(GPT_OSS, H200))
     tiers.tiers[0].store.insert(keys)
     return tiers
 

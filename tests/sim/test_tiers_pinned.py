@@ -19,14 +19,16 @@ from minipaged_cli.apps.run import _Executor
 from minipaged_cli.dataplane.backends import TorchBackend
 from minipaged_cli.dataplane.kv_cache import PagedKVCache
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.kv_groups import kv_cache_groups
 from minipaged_cli.memory.tier_store import ARCStore, LRUStore
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import StepWork, replay
+from minipaged_cli.sim.settings import TierSettings
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.tiers import TieredCache
 from tests.apps.test_offload_steps import MODEL, content
 from tests.memory.test_tier_store import NaiveLRU
-from tests.sim.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config, random_trace
+from tests.sim.test_tiers import BLOCK, BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, host_tier, random_trace
 from tests.sim.test_tiers_hybrid import FULL, SLIDING, host_tier_holding
 
 # -- the stores ------------------------------------------------------------------------------------------------
@@ -176,7 +178,7 @@ def test_a_block_being_loaded_stays_until_its_copy_ends() -> None:
     """A host tier of 6 holds a-f. At t = 1 s a request loads a (one block: it ends at 1 s + ONE), and b-f are
     stored again (write-through: reused, no copy): a is the least recently used. A store of g while a's copy runs
     evicts b; one of h after it evicts a."""
-    tiers = TieredCache(config(cpu_kv_blocks=6), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers = host_tier(6)
     store = tiers.tiers[0].store
     tiers.cached(list("abcdef"), list(range(6)))
     assert len(tiers.flush(0.0)) == 6
@@ -196,7 +198,7 @@ def test_a_block_both_written_and_read_counts_once_in_the_drop_rule() -> None:
     """A host tier of 4 stores a, b at 0 (copying until 2 x ONE); a request loads a at ONE / 2, before a's copy
     ends (the simulator lets it: the module docstring). At ONE, c and d fit beside a and b: 2 in flight, a read
     among them, 2 new: 4, not 5."""
-    tiers = TieredCache(config(cpu_kv_blocks=4), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers = host_tier(4)
     tiers.cached(["a", "b"], [0, 1])
     tiers.flush(0.0)
     assert tiers.load(["a", "x"], 0, 17, ONE / 2, True)[0] == 16
@@ -208,7 +210,7 @@ def test_a_block_both_written_and_read_counts_once_in_the_drop_rule() -> None:
 def test_a_store_that_would_need_a_pinned_block_is_dropped() -> None:
     """A host tier of 4 holds a-d; a request loads all four (4 x ONE). A store of two blocks meanwhile has no
     block to evict (vLLM's prepare_store returns None: the store is skipped); after the load it evicts two."""
-    tiers = TieredCache(config(cpu_kv_blocks=4), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers = host_tier(4)
     host = tiers.tiers[0]
     tiers.cached(list("abcd"), list(range(4)))
     tiers.flush(0.0)
@@ -288,9 +290,10 @@ def test_a_block_leaving_the_disk_that_comes_back_down_stays_there() -> None:
     # whose next store (Y1-Y4) evicts them down again: the disk, which still holds them, keeps them, and no copy
     # is needed. Before, they were taken out of the disk when the load ended: in no tier at all.
     fast = H200.__class__(**{**H200.__dict__, "disk_read_bytes_per_s": 4 * 7.45e9})
-    cfg = SimConfig.of(QWEN3_8B, fast, num_blocks=10, block_size=BLOCK, cpu_kv_blocks=4, disk_kv_blocks=4,
-                       offload_policy="on-eviction", tier_inclusion="exclusive")
-    tiers = TieredCache(cfg, BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, fast))
+    exclusive = TierSettings(cpu_kv_blocks=4, disk_kv_blocks=4, offload_policy="on-eviction",
+                             tier_inclusion="exclusive")
+    tiers = TieredCache(exclusive, BLOCK, kv_cache_groups(QWEN3_8B), BlockPool(10, enable_caching=True),
+                        StepTimeModel(QWEN3_8B, fast))
     host, disk = tiers.tiers[0].store, tiers.tiers[1]
     xs, ys = ["X1", "X2", "X3", "X4"], ["Y1", "Y2", "Y3", "Y4"]
     disk.store.insert_new(xs)

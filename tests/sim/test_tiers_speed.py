@@ -7,19 +7,15 @@ import random
 
 import pytest
 
-from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.tier_store import LRUStore
-from minipaged_cli.sim.step_time import StepTimeModel
-from minipaged_cli.sim.tiers import TieredCache
-from tests.sim.test_tiers import BLOCK_BYTES, H200, HOST_LINK, QWEN3_8B, config
+from tests.sim.test_tiers import BLOCK_BYTES, HOST_LINK, host_tier
 
 
 def test_a_flush_without_pairs_stores_what_one_with_them_does() -> None:
     """test_tiers' hand-worked timeline on a 6-block host tier (a-d, then e-f queued, g dropped, h evicting a),
     flushed without pairs: the same stores, drops and LRU order, and no pairs."""
     one = BLOCK_BYTES / HOST_LINK
-    caches = [TieredCache(config(cpu_kv_blocks=6), BlockPool(10, enable_caching=True),
-                          StepTimeModel(QWEN3_8B, H200)) for _ in range(2)]
+    caches = [host_tier(6) for _ in range(2)]
     returned = []
     for tiers, pairs in zip(caches, (True, False), strict=True):
         got = []
@@ -39,7 +35,7 @@ def test_a_flush_without_pairs_stores_what_one_with_them_does() -> None:
 
 def test_a_torn_report_is_refused() -> None:
     """The pool names a key per block: a report with fewer blocks than keys is a bug in the pool, not a store."""
-    tiers = TieredCache(config(cpu_kv_blocks=6), BlockPool(10, enable_caching=True), StepTimeModel(QWEN3_8B, H200))
+    tiers = host_tier(6)
     with pytest.raises(ValueError, match="torn"):
         tiers.cached(["a", "b"], [0])
 
