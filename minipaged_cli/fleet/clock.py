@@ -14,6 +14,14 @@ a pass's end, a refusal at its start) plus ``reaction_s``, so no request is sent
 moment it was sent. The steps are the same; bulk advances are cut shorter, the more so the shorter the reaction
 (a closed loop or a binding cap sends at once: the replicas then take turns, a few steps each).
 
+``bound_finishes``: when no router reads what a replica publishes (round-robin), the bound is another replica's
+next possible finish or refusal (``Replica.next_done_s``: its running sequence closest to its end, a token a step
+of the shortest step it could take, no later than its first step that might preempt) rather than its next pass,
+so the replicas take turns many steps at a time (a landing still bounds a decode replica by a prefill replica's
+next pass: a prefill's end is no finish). A
+router that reads load, KV usage or prefixes sees a replica as of its last pass's end (a bulk advance publishes
+at its end), so there the passes stay as short as the next pass allows, as the routers' decisions were measured.
+
 ``landing_s`` (P/D: the KV link's latency, the shortest time from a prefill's end to its KV landing): a decode
 replica's bulk advance also stops at the earliest moment a prefill replica's next pass starts plus ``landing_s``,
 so it never runs past a landing it could receive (a prefill replica that ends its pass later than the decode
@@ -38,10 +46,11 @@ class FleetClock:
     """Events at known times (arrivals, landings), and the replicas advanced between them."""
 
     def __init__(self, replicas: Sequence[Replica], *, reaction_s: float = math.inf,
-                 landing_s: float = math.inf) -> None:
+                 landing_s: float = math.inf, bound_finishes: bool = False) -> None:
         self.replicas = list(replicas)
         self.reaction_s = reaction_s
         self.landing_s = landing_s
+        self.bound_finishes = bound_finishes
         self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
 
@@ -79,8 +88,10 @@ class FleetClock:
             replica = ready[0][2]
             horizon = until
             for ready_s, _, other in ready[1:]:
-                landing_s = self.landing_s if replica.role == "decode" and other.role == "prefill" else math.inf
-                horizon = min(horizon, ready_s + min(self.reaction_s, landing_s))
+                if replica.role == "decode" and other.role == "prefill":
+                    horizon = min(horizon, ready_s + self.landing_s)
+                if self.reaction_s < math.inf:
+                    horizon = min(horizon, (other.next_done_s if self.bound_finishes else ready_s) + self.reaction_s)
             replica.iterate(None if horizon == math.inf else horizon)
             on_pass(replica)
 

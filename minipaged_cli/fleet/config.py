@@ -53,6 +53,12 @@ class RouterConfig:
         return self.name == "prefix-aware" or (self.name == "weighted" and dict(self.weights).get("prefix", 0) > 0)
 
     @property
+    def reads_replicas(self) -> bool:
+        """Whether a choice reads what the replicas published: load, KV usage or prefixes (every router but
+        round-robin; session affinity breaks its ties by load)."""
+        return self.name != "round-robin"
+
+    @property
     def reads_sessions(self) -> bool:
         return self.name == "session-affinity" or (self.name == "weighted"
                                                    and dict(self.weights).get("session", 0) > 0)

@@ -86,7 +86,8 @@ class Fleet:
         # A prefill's KV lands at its decode side no sooner than the link's latency after it: the clock must not
         # let a decode replica run past a landing either
         landing_s = self.transfers.latency_s if self.transfers is not None else math.inf
-        self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s, landing_s=landing_s)
+        self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s, landing_s=landing_s,
+                                bound_finishes=not fleet.router.reads_replicas)
         self.arrivals_at = math.inf  # when the clock's pending "send" event is
 
     def run(self) -> FleetResult:

@@ -16,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from minipaged_cli.fleet.kv_events import KvEvents
 from minipaged_cli.sim.accounting import StrategyMetrics
+from minipaged_cli.sim.bulk_advance import MAX_BULK_CELLS, MAX_BULK_STEPS
 from minipaged_cli.sim.clients import OPEN_LOOP
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
@@ -107,6 +110,12 @@ class Replica:
         self._state = self._before = self._read_state()
         self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
         scheduler.on_sample_done = self._sample_done  # (its latencies: its replay's accounting keeps them)
+        # A lower bound on any step's time (``next_done_s``), less a relative 1e-6 for the float rounding of the
+        # real steps' sums and of the clock's additions
+        step_time = self.replay.step_time
+        self.min_step_s = (step_time.overhead_s + step_time.lm_head_weights + step_time.lm_head_per_sequence) \
+            * (1 - 1e-6)
+        self._done_bound: tuple[tuple[float, int, int, int, int, int], float] | None = None  # (state it was for, bound)
         # (time, requests waiting or running, KV usage %) after each pass, for the fleet's plot
         self.timeline: list[tuple[float, int, float]] | None = [] if record_timeline else None
 
@@ -127,6 +136,49 @@ class Replica:
         if scheduler.running or scheduler.waiting or own is None:
             return self.now
         return max(self.now, own)
+
+    @property
+    def next_done_s(self) -> float:
+        """A lower bound on when the replica's next finish or refusal comes (what may make a client send),
+        until it is sent another request.
+
+        While anything waits or is on its way to it, or its next steps are not decode-only (``Scheduler.can_bulk``:
+        a prefill, a load, a fork), its next pass (``ready_s``): a refusal comes at a pass's start, a request of
+        one output token finishes in its first step. Else the first finish needs the running sequence closest to
+        its end to generate its last tokens, one a step at most, each step no shorter than ``min_step_s``: every
+        step runs at least one sequence and pays the step's overhead, the LM head's weights and that sequence's
+        logits; its other terms (tokens, attention, cache writes, copies, a tier's transfer) are sums of
+        non-negative times (a calibration's are positive), so they only add
+        (``sim.step_time.StepTimeModel.step_seconds``, ``sim.replay.Replay._duration``). A refusal needs a
+        preemption first: a running request that cannot grow preempts the last running ones, itself included,
+        and once none runs a head that no longer fits is refused in a pass at the same moment. So the bound also
+        stops at the first step whose growth the pool might not give: the steps the bulk advance's own profile
+        (``Allocator.bulk_profile``, tested against single steps) grows without fail come first.
+
+        vLLM: vllm/v1/core/sched/scheduler.py::Scheduler.schedule
+        """
+        scheduler = self.replay.scheduler
+        # (what a pass changes: its clock, its steps, what it was sent and queued, what it runs)
+        key = (self.now, len(self.requests), self.arrivals.num_sent, self.replay.accounting.num_steps,
+               len(scheduler.running), len(scheduler.waiting))
+        if self._done_bound is None or self._done_bound[0] != key:
+            self._done_bound = key, self._next_done_s()
+        return self._done_bound[1]
+
+    def _next_done_s(self) -> float:
+        scheduler, allocator = self.replay.scheduler, self.replay.allocator
+        if scheduler.waiting or self.arrivals.has_pending or not scheduler.can_bulk \
+                or (allocator.windowed and allocator.shared_slots):
+            return self.ready_s
+        running = scheduler.running
+        n = len(running)
+        remaining = min(live.output_tokens - live.num_generated for live in running)
+        lengths = np.fromiter((live.num_computed for live in running), dtype=np.int64, count=n)
+        allocated = np.fromiter((allocator.allocated(live) for live in running), dtype=np.int64, count=n)
+        finals = np.fromiter((live.final_length for live in running), dtype=np.int64, count=n)
+        num_steps = min(remaining, MAX_BULK_STEPS, max(1, MAX_BULK_CELLS // n))
+        grown = allocator.bulk_profile(lengths, allocated, finals, num_steps).num_steps
+        return self.now + min(remaining, grown) * self.min_step_s
 
     def send(self, request: Request, fleet_index: int, at: float) -> None:
         """Hand the replica a request that reaches it at ``at`` (mid-step, it waits for the step's end)."""

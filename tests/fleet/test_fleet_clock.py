@@ -117,3 +117,31 @@ def test_sessions_and_clients_in_bulk_are_the_naive_replay(case: tuple[Trace, Cl
     sim = steps(engine(clients, num_blocks=num_blocks, block_size=4))
     spec = FleetConfig((ReplicaPool("replicas", num_replicas, sim),), RouterConfig(router), log_decisions=True)
     assert_same_replay(trace, spec)
+
+
+@st.composite
+def closed_loop_clients(draw: st.DrawFn) -> tuple[Trace, Clients]:
+    """Many short requests behind many closed-loop clients (or a cap): the replicas' bulk advances under
+    round-robin are bounded by the others' next possible finish (``Replica.next_done_s``)."""
+    requests = [Request(f"r{i}", draw(st.sampled_from([0.0, 0.001, 0.0102])), draw(st.integers(1, 60)),
+                        draw(st.integers(1, 40))) for i in range(draw(st.integers(2, 30)))]
+    requests.sort(key=lambda r: r.arrival_s)
+    limit = draw(st.integers(2, 16))
+    clients = draw(st.sampled_from([Clients(concurrency=limit), Clients(max_concurrency=limit)]))
+    return make_trace("c", requests, source="test"), clients
+
+
+@settings(max_examples=100, deadline=None)
+@given(closed_loop_clients(), st.integers(2, 4), st.sampled_from([12, 40, 400]),
+       st.sampled_from([whole_ms_steps, odd_steps]))
+def test_round_robin_closed_loops_in_bulk_are_the_naive_replay(case: tuple[Trace, Clients], num_replicas: int,
+                                                               num_blocks: int,
+                                                               steps: Callable[[SimConfig], SimConfig]) -> None:
+    # A pool of 12 blocks of 4 tokens preempts (and refuses a preempted request that no longer fits): the bound
+    # must stop at the first step that might preempt, not at the first finish.
+    trace, clients = case
+    assume(min(r.total_tokens for r in trace.requests) <= 4 * num_blocks)
+    sim = steps(engine(clients, num_blocks=num_blocks, block_size=4))
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, sim),), RouterConfig("round-robin"),
+                       log_decisions=True)
+    assert_same_replay(trace, spec)
