@@ -89,9 +89,8 @@ class BulkAdvance:
                 for start, stop in itertools.pairwise([0, *changes, num_steps]):
                     self._record(clock, profile, durations, total_length, n, external, start, stop,
                                  bool(held_back[start]))
-                duration = float(durations[:num_steps].sum())
             else:  # nothing waits: nothing is held back
-                duration = self._record(clock, profile, durations, total_length, n, external, 0, num_steps, False)
+                self._record(clock, profile, durations, total_length, n, external, 0, num_steps, False)
             peak_used = self.allocator.used_slots + (int(grown[:num_steps].max()) if isinstance(grown, np.ndarray)
                                                      else grown)
         else:
@@ -102,26 +101,23 @@ class BulkAdvance:
             if 0 < num_free < num_steps:
                 self._record(clock, profile, durations, total_length, n, external, 0, num_free, False)
                 self._record(clock, profile, durations, total_length, n, external, num_free, num_steps, True)
-                duration = float(durations[:num_steps].sum())
-            else:  # one run, all saturated or none: its duration is the advance's
-                duration = self._record(clock, profile, durations, total_length, n, external, 0, num_steps,
-                                        num_free == 0)
+            else:  # one run, all saturated or none
+                self._record(clock, profile, durations, total_length, n, external, 0, num_steps, num_free == 0)
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
                                      total_length + n * num_steps)
-        checked_seconds(duration)  # (an infinity anywhere shows in the sum)
+        checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
         return float(clock[num_steps])
 
     def _record(self, clock: np.ndarray, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
-                external: int, start: int, stop: int, saturated: bool) -> float:
+                external: int, start: int, stop: int, saturated: bool) -> None:
         """Record steps ``start`` to ``stop`` of an advance whose steps start at ``clock``: time integrals of
         the category inputs.
 
-        The shared slots stay constant: no admission, fork or release until the last step. Returns the steps'
-        duration."""
+        The shared slots stay constant: no admission, fork or release until the last step."""
         part = durations[start:stop]
         duration = float(part.sum())
         tokens = total_length * duration + n * float(part @ _STEPS[start:stop]) if profile.tokens is None \
@@ -136,7 +132,6 @@ class BulkAdvance:
         )
         began = float(clock[start])
         self.accounting.record(began, duration, slots, saturated, stop - start, n)
-        return duration
 
 
 def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
