@@ -16,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from minipaged_cli.fleet.kv_events import KvEvents
 from minipaged_cli.sim.accounting import StrategyMetrics
-from minipaged_cli.sim.bulk_advance import MAX_BULK_CELLS, MAX_BULK_STEPS
+from minipaged_cli.sim.bulk_advance import decode_state, max_bulk_steps
 from minipaged_cli.sim.clients import OPEN_LOOP
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
@@ -171,13 +169,8 @@ class Replica:
                 or (allocator.windowed and allocator.shared_slots):
             return self.ready_s
         running = scheduler.running
-        n = len(running)
         remaining = min(live.output_tokens - live.num_generated for live in running)
-        lengths = np.fromiter((live.num_computed for live in running), dtype=np.int64, count=n)
-        allocated = np.fromiter((allocator.allocated(live) for live in running), dtype=np.int64, count=n)
-        finals = np.fromiter((live.final_length for live in running), dtype=np.int64, count=n)
-        num_steps = min(remaining, MAX_BULK_STEPS, max(1, MAX_BULK_CELLS // n))
-        grown = allocator.bulk_profile(lengths, allocated, finals, num_steps).num_steps
+        grown = allocator.bulk_profile(*decode_state(allocator, running), max_bulk_steps(running)).num_steps
         return self.now + min(remaining, grown) * self.min_step_s
 
     def send(self, request: Request, fleet_index: int, at: float) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from minipaged_cli.memory.allocators import Allocator, BulkProfile
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.categories import category_slots
+from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.scheduler import Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.step_work import checked_seconds
@@ -50,9 +51,8 @@ class BulkAdvance:
             return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
         running = scheduler.running
         n = len(running)
-        lengths = np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n)
-        num_steps = min(min(r.output_tokens - r.num_generated for r in running), MAX_BULK_STEPS,
-                        max(1, MAX_BULK_CELLS // n))
+        lengths, allocated, finals = decode_state(self.allocator, running)
+        num_steps = max_bulk_steps(running)
         total_length = int(lengths.sum())
         # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
         contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
@@ -62,8 +62,6 @@ class BulkAdvance:
         if scheduler.next_arrival_s is not None:
             # Stop before the step that starts at or after the next arrival: it may admit that request.
             num_steps = 1 + int(clock[1:-1].searchsorted(scheduler.next_arrival_s, side="left"))
-        allocated = np.fromiter((self.allocator.allocated(r) for r in running), dtype=np.int64, count=n)
-        finals = np.fromiter((r.final_length for r in running), dtype=np.int64, count=n)
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
         num_steps = profile.num_steps
         if num_steps == 0:
@@ -132,6 +130,21 @@ class BulkAdvance:
         )
         began = float(clock[start])
         self.accounting.record(began, duration, slots, saturated, stop - start, n)
+
+
+def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The running requests' computed lengths, allocated slots and final lengths: what ``Allocator.bulk_profile``
+    reads."""
+    n = len(running)
+    return (np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n),
+            np.fromiter((allocator.allocated(r) for r in running), dtype=np.int64, count=n),
+            np.fromiter((r.final_length for r in running), dtype=np.int64, count=n))
+
+
+def max_bulk_steps(running: list[LiveRequest]) -> int:
+    """The most decode steps one bulk may take: none past the first finish, and a bounded profile."""
+    return min(min(r.output_tokens - r.num_generated for r in running), MAX_BULK_STEPS,
+               max(1, MAX_BULK_CELLS // len(running)))
 
 
 def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
