@@ -69,7 +69,10 @@ class FreeBlockQueue:
         assert count <= self.num_free, (f"took {count} of {self.num_free} free blocks: the caller's can_allocate "
                                         "check is broken")
         front = self._front
-        # (with prefix caching every freed block is cached, the front stays empty, and most blocks come from the back)
+        if not front and self.num_touched == self.num_blocks:
+            # (the steady state with prefix caching: every freed block is cached, the front stays empty)
+            self.num_free -= count
+            return self._take_back(count), count
         taken = [front.popleft() for _ in range(min(count, len(front)))] if front else []
         if len(taken) < count:
             start = self.num_touched
@@ -110,6 +113,16 @@ class FreeBlockQueue:
     def _take_back(self, count: int) -> list[int]:
         """The first ``count`` live entries of the back list, passed."""
         back, head, stale = self._back, self._head, self._stale
+        taken = back[head:head + count]
+        if stale and not stale.keys().isdisjoint(taken):  # (a hit took a block out: skip its stale entries)
+            taken = self._take_back_skipping(count)
+        else:
+            self._passed(head + count)
+        return taken
+
+    def _take_back_skipping(self, count: int) -> list[int]:
+        """``_take_back`` where stale entries lie among the next ones: chunk by chunk, each stale entry skipped."""
+        back, head, stale = self._back, self._head, self._stale
         taken: list[int] = []
         while len(taken) < count:
             chunk = back[head:head + count - len(taken)]
@@ -127,11 +140,16 @@ class FreeBlockQueue:
                     del stale[block]
                 else:
                     stale[block] = skips - 1
-        self._head = head
-        if head > len(back) - head:  # (the passed entries cost a memmove of the live ones: amortized O(1))
-            del back[:head]
-            self._head = 0
+        self._passed(head)
         return taken
+
+    def _passed(self, head: int) -> None:
+        """The back list's entries before ``head`` are passed; dropped once they outnumber the rest (their
+        memmove of the live ones is then amortized O(1))."""
+        self._head = head
+        if head > len(self._back) - head:
+            del self._back[:head]
+            self._head = 0
 
     def _live_back(self) -> list[int]:
         """The back part's live entries, least recently freed first."""
