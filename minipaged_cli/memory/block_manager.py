@@ -193,8 +193,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         for group, group_hits in zip(self.groups, hits, strict=True):
             num_null = skipped if group.is_sliding else 0
             kept = group_hits[num_null:]
-            for block in kept:
-                self.pool.reference(block)
+            self.pool.reference(*kept)
             tables.append([NULL_BLOCK] * num_null + kept)
             nulls.append(num_null)
         state = SequenceState(sequence_id, hit_tokens, tables, list(block_hashes), hit_tokens, hit_tokens, nulls,
@@ -265,9 +264,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         state = self.sequence(sequence_id)
-        if len(self.groups) == 1 and self.window is None and not self.num_forks:
-            # One full-attention table: its blocks offered to the cache carry a key and the rest none (no fork
-            # shares a block past those; the checker's "cached past the blocks offered"), so the pool tests none.
+        if self.only_offered_blocks_keyed():  # (the pool then tests no block for a key)
             table, num_keyed = state.block_tables[0], state.num_cached_blocks[0]
             self.pool.release_split(tail_first(table, 0, num_keyed), tail_first(table, num_keyed, len(table)))
         else:

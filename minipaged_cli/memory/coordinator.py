@@ -145,6 +145,13 @@ class KVCacheCoordinator:
                          for g in manager.group_ids)
         return total
 
+    def only_offered_blocks_keyed(self) -> bool:
+        """Whether a sequence's blocks that carry a key are exactly those it offered to the cache (the first
+        ``num_cached_blocks``), so that a release need test none: with one full-attention group and no fork (a
+        fork shares blocks past those, which the other holder may cache; the checker's "cached past the blocks
+        offered")."""
+        return len(self.groups) == 1 and self.window is None and not self.num_forks
+
     def cache_full_blocks(self, state: SequenceState) -> None:
         """Each cached group offers its blocks that are full, computed and not yet offered to its own map,
         skipping null entries, and counts them as offered.

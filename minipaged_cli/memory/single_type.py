@@ -51,7 +51,7 @@ class SingleTypeManager:
 
         vLLM: v1/core/single_type_kv_cache_manager.py::SingleTypeKVCacheManager.get_num_blocks_to_allocate
         """
-        revived = sum(1 for block in hits[num_skipped:] if block != NULL_BLOCK and not ref_counts[block])
+        revived = [ref_counts[block] for block in hits[num_skipped:] if block != NULL_BLOCK].count(0)
         return max(num_required - max(num_skipped, len(hits)), 0) + revived
 
 

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.bulk import release_split
+from minipaged_cli.memory.prefix import hash_blocks
 
 NUM_BLOCKS = 24
 
@@ -104,3 +106,81 @@ def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(s
     assert [pool.ref_counts[block] for block in refs] == list(refs.values())
     assert pool.num_shared_references == sum(count - 1 for count in refs.values() if count > 1)
     assert pool.num_frees == len(front) + len(back)
+
+
+@pytest.mark.parametrize("sharing", [False, True])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_a_tables_release_split_at_its_keyed_blocks_frees_as_release(seed: int, sharing: bool) -> None:
+    # ``BlockPool.release_split``: one table whose first blocks carry a key (those it offered to the cache, some
+    # shared by a hit) and the rest none; the same queue, counts and references as ``release`` testing each block.
+    pools = [BlockPool(NUM_BLOCKS, enable_caching=True) for _ in range(2)]
+    table: list[int] = []
+    split = 0
+    for pool in pools:  # (the same pool twice)
+        rng = random.Random(seed)
+        other: list[int] = []
+        table = []
+        pool.take(rng.randint(0, 6), other)  # (a table released before: blocks in the queue's two parts)
+        pool.take(rng.randint(0, 12), table)
+        split = rng.randint(0, len(table))
+        keyed = table[:split]
+        pool.cache([("content", block) for block in other[::2] + keyed], other[::2] + keyed)
+        pool.release(other[::-1])
+        for block in rng.sample(keyed, rng.randint(0, len(keyed))) if sharing else []:
+            pool.reference(block)
+    pools[0].release(table[::-1])
+    pools[1].release_split(table[:split][::-1], table[split:][::-1])
+    assert pools[1].free_blocks.touched() == pools[0].free_blocks.touched()
+    assert pools[1].ref_counts == pools[0].ref_counts
+    assert pools[1].num_shared_references == pools[0].num_shared_references
+    assert pools[1].num_frees == pools[0].num_frees
+    assert len(pools[1].free_blocks) == len(pools[0].free_blocks)
+
+
+class _TestingEveryBlock(KVBlockManager):
+    """The manager whose releases test each block for a key (``BlockPool.release``): the reference."""
+
+    def only_offered_blocks_keyed(self) -> bool:
+        return False
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), block_size=st.sampled_from([1, 2, 4]))
+def test_a_sequence_released_without_a_test_per_block_frees_as_one_testing_each(seed: int, block_size: int) -> None:
+    # Prompts share documents (hits, shared blocks), are prefilled in chunks (blocks held but not yet offered to
+    # the cache), decode and are released at any point; after every operation both managers hold the same
+    # blocks, queue and cache. (The split applies where ``only_offered_blocks_keyed``: one full-attention group.)
+    rng = random.Random(seed)
+    num_blocks = rng.randint(8, 60)
+    managers = [KVBlockManager(num_blocks, block_size, enable_prefix_caching=True),
+                _TestingEveryBlock(num_blocks, block_size, enable_prefix_caching=True)]
+    assert managers[0].only_offered_blocks_keyed()
+    prompts = [hash_blocks([("doc", d, i) for i in range(rng.randint(0, 6))] + [("own", p, i) for i in range(8)])
+               for p, d in enumerate(rng.choices(range(3), k=6))]
+    live: list[int] = []
+    for step in range(40):
+        sid = rng.randrange(len(prompts))
+        length = rng.randint(1, 10 * block_size)
+        computed = rng.randint(0, length)
+        grow = rng.random() < 0.5
+        for manager in managers:
+            if sid not in live and manager.blocks_to_create(length, prompts[sid]) <= manager.num_free_blocks:
+                manager.create_sequence(sid, length, block_hashes=prompts[sid], num_computed_tokens=computed)
+            elif sid in live and grow and manager.sequences[sid].num_computed_tokens < \
+                    manager.sequences[sid].sequence_length:
+                manager.mark_computed(sid, manager.sequences[sid].sequence_length)
+            elif sid in live and grow and manager.blocks_needed(sid, 1) <= manager.num_free_blocks:
+                manager.grow(sid, 1)
+            elif sid in live:
+                manager.release_sequence(sid)
+        if sid not in live and sid in managers[0].sequences:
+            live.append(sid)
+        elif sid in live and sid not in managers[0].sequences:
+            live.remove(sid)
+        fast, reference = (manager.pool for manager in managers)
+        assert fast.free_blocks.touched() == reference.free_blocks.touched(), step
+        assert fast.ref_counts == reference.ref_counts, step
+        assert fast.keyed_cache() == reference.keyed_cache(), step
+        assert (fast.num_frees, fast.num_shared_references) == (reference.num_frees, reference.num_shared_references)
+        assert managers[0].invariant_violations() == [], step
