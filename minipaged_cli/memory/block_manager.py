@@ -266,7 +266,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         state = self.sequence(sequence_id)
         if self.only_offered_blocks_keyed():  # (the pool then tests no block for a key)
             table, num_keyed = state.block_tables[0], state.num_cached_blocks[0]
-            self.pool.release_split(tail_first(table, 0, num_keyed), tail_first(table, num_keyed, len(table)))
+            self.pool.release_split([tail_first(table, 0, num_keyed)], [tail_first(table, num_keyed, len(table))])
         else:
             self.pool.release(*[tail_first(table, nulls, len(table))
                                 for table, nulls in zip(state.block_tables, state.num_null, strict=True)])

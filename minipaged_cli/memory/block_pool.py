@@ -110,18 +110,21 @@ class BlockPool:
         self.free_blocks.append(to_back)
         self.num_frees += len(freed)
 
-    def release_split(self, keyed: Sequence[int], keyless: Sequence[int]) -> None:
-        """``release`` of one table that the caller has split into its blocks carrying a key (``keyed``) and those
-        carrying none (``keyless``: no other table holds them), each in eviction order: the same queue, with no
-        test per block for a key. (A replay releases hundreds of blocks a sequence, every one tested twice by
-        ``release``.)"""
-        freed = self.unreference((keyed,))
-        refs = self.ref_counts
-        for block in keyless:
-            refs[block] = 0
-        self.free_blocks.prepend(keyless)
-        self.free_blocks.append(freed)
-        self.num_frees += len(freed) + len(keyless)
+    def release_split(self, keyed: Sequence[Sequence[int]], keyless: Sequence[Sequence[int]]) -> None:
+        """``release`` of tables that the caller has split into their blocks carrying a key (``keyed``, a part per
+        table) and those carrying none (``keyless``: a sequence's blocks past those it offered to the cache, which
+        no other table holds), each part in eviction order: the same queue, with no test per block for a key.
+        Freed keyed blocks go to the back in order; each keyless part to the front, ahead of the parts before it.
+        (A replay releases hundreds of blocks a sequence, each tested twice by ``release``.)"""
+        to_back = self.unreference(keyed)
+        refs, num_freed = self.ref_counts, len(to_back)
+        for part in keyless:
+            for block in part:
+                refs[block] = 0
+            self.free_blocks.prepend(part)
+            num_freed += len(part)
+        self.free_blocks.append(to_back)
+        self.num_frees += num_freed
 
     def unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
         """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order

@@ -34,8 +34,10 @@ class HitsMemo:
 
     def get(self, version: int, block_hashes: Sequence[Hashable], num_tokens: int,
             search: SearchHits) -> tuple[list[list[int]], int]:
-        if self.version != version or self.block_hashes != block_hashes:
+        if self.block_hashes != block_hashes:  # (by value; the same prompt's keys compare as pointers, in C)
             self.version, self.block_hashes, self.answers = version, list(block_hashes), {}  # (a copy: lists grow)
+        elif self.version != version:  # (the prompt asked again after the cache changed: its keys not copied again)
+            self.version, self.answers = version, {}
         found = self.answers.get(num_tokens)
         if found is None:
             found = self.answers[num_tokens] = search(block_hashes, num_tokens)

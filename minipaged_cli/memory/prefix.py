@@ -45,9 +45,11 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
     Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
     the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Block i
     inside one run is keyed run key + i without a Python step per block, which matters for traces like Mooncake's
-    (hundreds of blocks per prompt). Every key is an int: the block pool's dictionaries hash it without following
-    a tuple's pointers to scattered objects, the replay's hottest memory traffic. (Two keys meet only where two
-    128-bit digests land within a run's length of each other: as likely as a digest collision.)
+    (hundreds of blocks per prompt), and the content up to the run's end is named run key + its blocks, the next
+    key past them (one digest a run: a request's prompt is dozens of runs). Every key is an int: the block pool's
+    dictionaries hash it without following a tuple's pointers to scattered objects, the replay's hottest memory
+    traffic. (Two keys, or two contents' names, meet only where two 128-bit digests land within a run's length of
+    each other: as likely as a digest collision.)
     """
     keys: list[int] = []
     chain: Hashable = None  # the hash of all content before ``pieces``
@@ -69,8 +71,8 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
         whole = (length - start) // block_size
         if whole:
             run_key = content_hash(chain, (label, start))
-            keys.extend(range(run_key, run_key + whole))
-            chain = content_hash(run_key, whole)
+            chain = run_key + whole
+            keys.extend(range(run_key, chain))
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]

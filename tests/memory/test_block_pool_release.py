@@ -6,6 +6,7 @@ and without shared blocks (without, the pool takes its path that tests no block)
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -81,12 +82,16 @@ def test_uncached_blocks_of_the_later_table_go_ahead_of_the_earlier_ones() -> No
     assert pool.free_blocks.touched() == ([3, 2, 1, 0], [])
 
 
+@pytest.mark.parametrize("split_release", [release_split, BlockPool.release_split], ids=["bulk", "pool"])
 @pytest.mark.parametrize("sharing", [False, True])
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10**6))
-def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(seed: int, sharing: bool) -> None:
-    # ``bulk.release_split``: the caller names each table's keyed blocks (a sequence's cached prefix, possibly
-    # shared by a hit) and its keyless ones (the tail after, its own); the pool tests no block for a key.
+def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(
+        seed: int, sharing: bool,
+        split_release: Callable[[BlockPool, list[list[int]], list[list[int]]], None]) -> None:
+    # ``bulk.release_split`` and ``BlockPool.release_split`` (a bulk decode's windows, a sequence's release): the
+    # caller names each table's keyed blocks (a sequence's cached prefix, possibly shared by a hit) and its keyless
+    # ones (the tail after, its own); the pool tests no block for a key.
     rng = random.Random(seed)
     pool = BlockPool(NUM_BLOCKS, enable_caching=True)
     tables: list[list[int]] = [[], [], []]
@@ -100,8 +105,8 @@ def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(s
     for block in shared:
         pool.reference(block)
     refs, front, back = _naive_release([table[::-1] for table in tables], shared, set(keyed_blocks))
-    release_split(pool, [table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
-                       [table[split:][::-1] for table, split in zip(tables, splits, strict=True)])
+    split_release(pool, [table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
+                  [table[split:][::-1] for table, split in zip(tables, splits, strict=True)])
     assert pool.free_blocks.touched() == (front, back)
     assert [pool.ref_counts[block] for block in refs] == list(refs.values())
     assert pool.num_shared_references == sum(count - 1 for count in refs.values() if count > 1)
@@ -130,7 +135,7 @@ def test_a_tables_release_split_at_its_keyed_blocks_frees_as_release(seed: int, 
         for block in rng.sample(keyed, rng.randint(0, len(keyed))) if sharing else []:
             pool.reference(block)
     pools[0].release(table[::-1])
-    pools[1].release_split(table[:split][::-1], table[split:][::-1])
+    pools[1].release_split([table[:split][::-1]], [table[split:][::-1]])
     assert pools[1].free_blocks.touched() == pools[0].free_blocks.touched()
     assert pools[1].ref_counts == pools[0].ref_counts
     assert pools[1].num_shared_references == pools[0].num_shared_references
