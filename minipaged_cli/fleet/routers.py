@@ -75,7 +75,7 @@ class Router:
             self.next_index += 1
             scores = tuple(float(i == chosen) for i in range(len(replicas)))
         else:
-            loads = [(r.queue_depth(at), r.state_at(at).kv_usage, r.state_at(at).num_running) for r in replicas]
+            loads = [r.load(at) for r in replicas]
             scores = tuple(self._scores(block_hashes, loads, at, self.last_served.get(session, -1)))
             best = max(scores)
             # (a tie within rounding counts as a tie: weighted sums of floats)
