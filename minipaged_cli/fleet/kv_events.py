@@ -17,6 +17,7 @@ vLLM: vllm/v1/core/block_pool.py::BlockPool.take_events
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable, Sequence
 
 from minipaged_cli.memory.block_pool import BlockPool
@@ -84,12 +85,15 @@ class KvEvents:
 
     def matched_blocks(self, block_hashes: Sequence[Hashable]) -> int:
         """How many of ``block_hashes``, from the first, the published index holds (a prefix hit stops at the
-        first miss)."""
-        ones, others = self.ones, self.others
-        for matched, key in enumerate(block_hashes):
-            if key not in ones and key not in others:
-                return matched
-        return len(block_hashes)
+        first miss). The keys counted once are tested in C (``takewhile``) until the first that is not."""
+        matched = len(list(itertools.takewhile(self.ones.__contains__, block_hashes)))
+        others = self.others
+        if others:
+            for key in itertools.islice(block_hashes, matched, None):
+                if key not in self.ones and key not in others:
+                    break
+                matched += 1
+        return matched
 
 
 class CountedKvEvents(KvEvents):
