@@ -5,7 +5,8 @@ replica mid-step waits for the step's end, as in vLLM's engine loop.
 
 The replica whose clock is earliest always runs next, so no replica runs past a moment another one's event
 (a prefill finishing, a transfer landing) could change what it is sent. Cost: a pass per step of each replica,
-as many steps as the requests need, whatever the number of replicas (bulk decode advances included).
+as many steps as the requests need, whatever the number of replicas (bulk decode advances included); the earliest
+replica is a heap's head, not a scan of every replica each pass.
 
 ``reaction_s``: when a finish may send a request (a session's next turn, a closed-loop client's next request, a
 capped client's queue), at least this long after it, a replica's bulk advance also stops where another replica's
@@ -53,6 +54,7 @@ class FleetClock:
         self.bound_finishes = bound_finishes
         self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
+        self.scan = False  # choose each pass by scanning every replica (``_advance_scanning``: the reference)
 
     def schedule(self, at: float, payload: Any) -> None:
         heapq.heappush(self.events, (at, self._order, payload))
@@ -68,6 +70,29 @@ class FleetClock:
         if self.reaction_s < math.inf or self.landing_s < math.inf:
             self._advance_looking_ahead(on_pass)
             return
+        if self.scan:
+            self._advance_scanning(on_pass)
+            return
+        # The busy replicas by (clock, index): a pass changes only its own replica's clock and work (a request
+        # reaches a replica between two ``advance`` calls, never during one), and the next event only comes
+        # closer, so the heap's head is the scan's choice.
+        busy = [(r.now, r.index, r) for r in self.replicas if r.has_work]
+        heapq.heapify(busy)
+        while busy:
+            now, _, replica = busy[0]
+            until = self.next_event_s
+            if now >= until:
+                return
+            replica.iterate(None if until == math.inf else until)
+            on_pass(replica)
+            if replica.has_work:
+                heapq.heapreplace(busy, (replica.now, replica.index, replica))
+            else:
+                heapq.heappop(busy)
+
+    def _advance_scanning(self, on_pass: Callable[[Replica], None]) -> None:
+        """``advance`` as the rule reads: each pass, the earliest busy replica short of the next event (the
+        reference the heap is tested against)."""
         while True:
             until = self.next_event_s
             replica = min((r for r in self.replicas if r.has_work and r.now < until), default=None,

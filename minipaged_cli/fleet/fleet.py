@@ -12,13 +12,13 @@ from typing import Any
 from minipaged_cli.fleet.clock import FleetClock
 from minipaged_cli.fleet.config import FleetConfig
 from minipaged_cli.fleet.disaggregation import KvTransfers, RemoteKv, transfer_bytes
+from minipaged_cli.fleet.prompt_keys import PromptKeys
 from minipaged_cli.fleet.replica import Replica
 from minipaged_cli.fleet.report import FleetFigures, RequestRecord, fleet_figures, makespan_s
 from minipaged_cli.fleet.routers import Decision, Router
 from minipaged_cli.fleet.shared_store import share_tiers
 from minipaged_cli.sim.clients import Arrivals
 from minipaged_cli.sim.replay import check_capacity
-from minipaged_cli.sim.scheduler import content_keys
 from minipaged_cli.sim.session_report import session_metrics
 from minipaged_cli.workloads.trace import Request, Trace
 
@@ -89,6 +89,7 @@ class Fleet:
         self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s, landing_s=landing_s,
                                 bound_finishes=not fleet.router.reads_replicas)
         self.arrivals_at = math.inf  # when the clock's pending "send" event is
+        self.lazy_keys = True  # a router builds a prompt's keys as far as its lookups reach (``prompt_keys.py``)
 
     def run(self) -> FleetResult:
         """At each moment on the clock: the clients hear what finished then, send what is due (each routed at
@@ -141,11 +142,10 @@ class Fleet:
         replica.send(request, fleet_index, at)
 
     def _choose(self, router: Router, fleet_index: int, at: float) -> Replica:
-        request = self.trace.requests[fleet_index]
-        block_size = router.replicas[0].config.block_size
-        hashes = content_keys(request, fleet_index, 0, self.trace.segments, block_size)[
-            :request.prompt_tokens // block_size] if router.needs_block_hashes else []
-        replica, decision = router.choose(fleet_index, hashes, at, self.sessions[fleet_index])
+        keys = PromptKeys(self.trace.requests[fleet_index], fleet_index, self.trace.segments,
+                          router.replicas[0].config.block_size, lazy=self.lazy_keys) \
+            if router.needs_block_hashes else None
+        replica, decision = router.choose(fleet_index, keys, at, self.sessions[fleet_index])
         self.routed[fleet_index].append((router, replica))
         if self.config.log_decisions:
             self.decisions.append(decision)

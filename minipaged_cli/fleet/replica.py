@@ -203,10 +203,11 @@ class Replica:
             return self._state
         return self._before
 
-    def queue_depth(self, at: float) -> int:
-        """Requests waiting at its last published step, plus those the router sent since."""
+    def load(self, at: float) -> tuple[int, float, int]:
+        """What a router weighs as of ``at``: the queue (requests waiting at its last published step, plus those
+        the router sent since), the KV usage, the requests running."""
         state = self.state_at(at)
-        return state.num_waiting + len(self.requests) - state.num_arrived
+        return state.num_waiting + len(self.requests) - state.num_arrived, state.kv_usage, state.num_running
 
     def matched_blocks(self, block_hashes: Sequence[Hashable], at: float) -> int:
         """Leading ``block_hashes`` cached on the replica as of its last step ended by ``at`` (0 without KV

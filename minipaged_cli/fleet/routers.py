@@ -18,11 +18,12 @@ llm-d: llm-d-router, package sessionaffinity::SessionAffinity.Score
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from minipaged_cli.fleet.config import RouterConfig
 from minipaged_cli.fleet.prefix_index import ApproximateIndex
+from minipaged_cli.fleet.prompt_keys import PromptKeys
 from minipaged_cli.fleet.replica import Replica
 
 
@@ -65,35 +66,37 @@ class Router:
         """A turn of ``session`` was answered by ``replica`` (the cookie its response sets)."""
         self.last_served[session] = self.replicas.index(replica)
 
-    def choose(self, fleet_index: int, block_hashes: Sequence[Hashable], at: float,
+    def choose(self, fleet_index: int, keys: PromptKeys | None, at: float,
                session: str | None = None) -> tuple[Replica, Decision]:
-        """The replica that takes request ``fleet_index`` (its prompt's full blocks ``block_hashes``; the session
-        it is a turn of, if any) at ``at``."""
+        """The replica that takes request ``fleet_index`` (its prompt's full blocks' ``keys`` where the router
+        reads prefixes; the session it is a turn of, if any) at ``at``."""
         replicas, name = self.replicas, self.config.name
         if name == "round-robin":
             chosen = self.next_index % len(replicas)
             self.next_index += 1
             scores = tuple(float(i == chosen) for i in range(len(replicas)))
         else:
-            loads = [(r.queue_depth(at), r.state_at(at).kv_usage, r.state_at(at).num_running) for r in replicas]
-            scores = tuple(self._scores(block_hashes, loads, at, self.last_served.get(session, -1)))
+            loads = [r.load(at) for r in replicas]
+            scores = tuple(self._scores(keys, loads, at, self.last_served.get(session, -1)))
             best = max(scores)
             # (a tie within rounding counts as a tie: weighted sums of floats)
             tied = [i for i, score in enumerate(scores) if score >= best - 1e-12]
             chosen = min(tied, key=lambda i: (loads[i], i))
         replica = replicas[chosen]
-        if self.index is not None:
-            self.index.sent(replica.index, block_hashes)
+        if self.index is not None and keys is not None:
+            self.index.sent(replica.index, keys.all())
         return replica, Decision(at, fleet_index, replica.index, scores)
 
-    def _scores(self, block_hashes: Sequence[Hashable], loads: list[tuple[int, float, int]], at: float,
+    def _scores(self, keys: PromptKeys | None, loads: list[tuple[int, float, int]], at: float,
                 last_served: int) -> list[float]:
         if self.config.name == "least-loaded":
             return [0.0] * len(loads)  # every replica ties: the least loaded wins
         sessions = [float(i == last_served) for i in range(len(loads))]
         if self.config.name == "session-affinity":
             return sessions
-        prefix = [self._matched(r, block_hashes, at) for r in self.replicas]
+        # (a weighted router without a prefix weight is handed no keys: no prefix scores)
+        prefix = [0 if keys is None else self._matched(r, keys, at) for r in self.replicas]
+        num_blocks = 0 if keys is None else keys.num_blocks
         if self.config.name == "prefix-aware":
             # A replica with requests waiting has no room (vLLM admits whatever fits): the prefix goes elsewhere
             # while another has room, as SGLang's cache-aware router balances (pure affinity would send every
@@ -103,13 +106,13 @@ class Router:
         weights = dict(self.config.weights)
         queues = [q for q, _, _ in loads]
         low, high = min(queues), max(queues)
-        return [weights.get("prefix", 0.0) * (p / len(block_hashes) if block_hashes else 0.0)
+        return [weights.get("prefix", 0.0) * (p / num_blocks if num_blocks else 0.0)
                 + weights.get("queue", 0.0) * ((high - q) / (high - low) if high > low else 1.0)
                 + weights.get("kv", 0.0) * (1.0 - usage)
                 + weights.get("session", 0.0) * session
                 for p, (q, usage, _), session in zip(prefix, loads, sessions, strict=True)]
 
-    def _matched(self, replica: Replica, block_hashes: Sequence[Hashable], at: float) -> int:
+    def _matched(self, replica: Replica, keys: PromptKeys, at: float) -> int:
         if self.index is not None:
-            return self.index.matched_blocks(replica.index, block_hashes)
-        return replica.matched_blocks(block_hashes, at)
+            return self.index.matched_blocks(replica.index, keys.all())
+        return keys.matched(lambda block_hashes: replica.matched_blocks(block_hashes, at))

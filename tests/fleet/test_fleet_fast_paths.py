@@ -1,0 +1,105 @@
+"""The fleet's fast paths against their readable references: KV events folded as set operations against one count
+per key folded key by key (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
+reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap,
+those events and those keys against the clock's scan of every replica, the counted events and every key, on random
+workloads under every router, decision for decision and figure for figure."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
+from minipaged_cli.fleet.fleet import Fleet, FleetResult
+from minipaged_cli.fleet.kv_events import CountedKvEvents, KvEvents
+from minipaged_cli.fleet.prompt_keys import PromptKeys
+from minipaged_cli.workloads.trace import Request, Trace
+from tests.fleet.test_fleet import config
+
+# A few keys, so that events repeat a key, store a key already held, remove one held twice or never stored
+keys = st.lists(st.integers(0, 7), max_size=6)
+operations = st.lists(st.one_of(st.tuples(st.just("cached"), keys), st.tuples(st.just("evicted"), keys),
+                                st.tuples(st.just("publish"), st.just([])), st.tuples(st.just("query"), keys)),
+                      max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_set_folded_events_are_the_key_by_key_counts(stream: list[tuple[str, list[int]]]) -> None:
+    fast, counted = KvEvents(), CountedKvEvents()
+    for name, block_hashes in stream:
+        if name == "publish":
+            fast.publish()
+            counted.publish()
+            assert fast.counts == counted.counts
+            assert not fast.ones & fast.others.keys() and 0 not in fast.others.values()
+        elif name == "query":
+            assert fast.matched_blocks(block_hashes) == counted.matched_blocks(block_hashes)
+        else:
+            for events in (fast, counted):
+                getattr(events, name)(block_hashes, list(range(len(block_hashes))))
+
+
+@st.composite
+def prompts_and_caches(draw: st.DrawFn) -> tuple[Request, dict[str, int], int, set[int]]:
+    """A prompt of shared segments (some shorter than a block, some not a whole number of blocks), maybe its own
+    tokens after them, and a cache holding a random subset of its keys (from the reference's full list)."""
+    lengths = draw(st.lists(st.integers(1, 40), max_size=12))
+    segments = {f"s{i}": length for i, length in enumerate(lengths)}
+    prompt = sum(lengths) + draw(st.integers(0 if lengths else 1, 30))
+    request = Request("r", 0.0, prompt, draw(st.integers(1, 20)), prefix=tuple(segments))
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    full = PromptKeys(request, 3, segments, block_size, lazy=False).all()
+    return request, segments, block_size, set(draw(st.lists(st.sampled_from(full), unique=True)) if full else [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompts_and_caches())
+def test_keys_built_as_far_as_a_lookup_reaches_are_all_the_keys(case: tuple) -> None:
+    request, segments, block_size, cached = case
+
+    def lookup(keys: list) -> int:
+        return next((i for i, key in enumerate(keys) if key not in cached), len(keys))
+
+    lazy, full = PromptKeys(request, 3, segments, block_size), PromptKeys(request, 3, segments, block_size, lazy=False)
+    assert lazy.matched(lookup) == full.matched(lookup)
+    assert lazy.keys == full.keys[:len(lazy.keys)]  # (built so far: the first keys)
+    assert lazy.all() == full.all() and len(full.keys) == full.num_blocks
+
+
+def replay(trace: Trace, spec: FleetConfig, *, reference: bool) -> FleetResult:
+    """``run_fleet``; the ``reference``: the clock scans every replica each pass, the KV events count key by key."""
+    fleet = Fleet(trace, spec)
+    if reference:
+        fleet.clock.scan = True
+        fleet.lazy_keys = False
+        for replica in fleet.replicas:
+            if replica.events is not None:
+                subscribers = replica.replay.allocator.manager.pool.events.subscribers  # type: ignore[attr-defined]
+                counted = CountedKvEvents()
+                subscribers[subscribers.index(replica.events)] = counted
+                replica.events = counted
+    return fleet.run()
+
+
+requests = st.lists(st.tuples(st.sampled_from([0.0, 0.001, 0.0102, 0.05, 0.3]), st.integers(100, 300),
+                              st.integers(1, 40), st.sampled_from([(), ("a",), ("b",), ("a", "b", "c"),
+                                                                   ("a", "c", "b", "a")])),
+                    min_size=1, max_size=14)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, st.integers(1, 4), st.sampled_from(["round-robin", "least-loaded", "prefix-aware", "weighted"]),
+       st.sampled_from([40, 400]))
+def test_the_fleets_fast_paths_are_its_references(rows: list, num_replicas: int, router: str,
+                                                               num_blocks: int) -> None:
+    # Shared prefixes on small pools: the replicas cache, evict and preempt, and the prefix router reads it all
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
+                  {"a": 32, "b": 48, "c": 16})
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, config(num_blocks, max_model_len=400)),),
+                       RouterConfig(router), log_decisions=True)
+    fast, reference = replay(trace, spec, reference=False), replay(trace, spec, reference=True)
+    assert fast.decisions == reference.decisions
+    assert fast.to_dict() == reference.to_dict()
+    assert fast.records == reference.records
