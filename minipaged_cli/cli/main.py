@@ -15,6 +15,13 @@ from minipaged_cli.cli.common import stderr
 from minipaged_cli.cli.grammar import assign_panels, renamed
 from minipaged_cli.cli.settings import name_the_file, print_settings, settings_params
 
+try:
+    from minipaged_cli.cli.option_values import convert_plainly
+except ImportError:  # a Typer before 0.29 converts with click's types, which need no pydantic
+
+    def convert_plainly(params: list[Any]) -> list[Any]:
+        return params
+
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
@@ -38,7 +45,7 @@ class _Command(TyperCommand):
         self.params += [param for param in settings_params() if param.name not in own]  # sweep reads its own file
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return assign_panels(_flags_untyped(super().get_params(ctx)))
+        return assign_panels(convert_plainly(_flags_untyped(super().get_params(ctx))))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
@@ -123,7 +130,7 @@ class _OneLineUsageErrors(TyperGroup):
         return list(self.commands)  # the names alone: Typer's lists its items, which would build every command
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_untyped(super().get_params(ctx))
+        return convert_plainly(_flags_untyped(super().get_params(ctx)))
 
     def main(self, args: list[str] | None = None, *rest: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         args = renamed(_optional_values(list(sys.argv[1:] if args is None else args)))

@@ -28,8 +28,10 @@ except SystemExit as done:
 print(json.dumps(sorted(sys.modules)))
 """
 
-# Third-party packages that only other commands or options use.
-NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures")
+# Third-party packages that only other commands or options use; pydantic, which Typer 0.29 converts option values
+# with, converts only values that are not plain (cli/option_values.py).
+NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures",
+                "pydantic")
 
 OTHER_COMMANDS = ("sweep", "run", "verify", "profile", "calibrate", "convert")
 # The readers of the formats a YAML trace is not.
@@ -42,8 +44,8 @@ ALLOWED_INSIDE = {
     "minipaged_cli.dataplane": set(),
     "minipaged_cli.fleet": {"minipaged_cli.fleet", "minipaged_cli.fleet.config"},
     "minipaged_cli.cli.": {f"minipaged_cli.cli.{name}" for name in (
-        "common", "flags", "fleet_options", "grammar", "main", "outputs", "render", "settings", "simulate",
-        "tier_options", "workload_options")},
+        "common", "flags", "fleet_options", "grammar", "main", "option_values", "outputs", "render", "settings",
+        "simulate", "tier_options", "workload_options")},
 }
 
 
