@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import typer
@@ -113,6 +113,12 @@ class _LazyCommands(MutableMapping[str, Any]):
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._names))
 
+    def listing(self, short_help: Mapping[str, str]) -> dict[str, Any]:
+        """Every command by name, in order, as the group's help lists it: one not built yet is a stand-in that holds
+        its name and its line of ``short_help`` alone."""
+        return {name: self._built.get(name) or TyperCommand(name=name, callback=None, short_help=short_help[name])
+                for name in self._names}
+
     def __len__(self) -> int:
         return len(self._names)
 
@@ -131,6 +137,16 @@ class _OneLineUsageErrors(TyperGroup):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return convert_plainly(_flags_untyped(super().get_params(ctx)))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The group's help, which lists the commands by their lines of ``COMMANDS`` without building them (that
+        would import every command's module, NumPy and the data plane's libraries with them)."""
+        commands = self.commands
+        self.commands = commands.listing(COMMANDS)
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.commands = commands
 
     def main(self, args: list[str] | None = None, *rest: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         args = renamed(_optional_values(list(sys.argv[1:] if args is None else args)))
