@@ -35,6 +35,11 @@ print(json.dumps(sorted(sys.modules)))
 NOT_IMPORTED = ("torch", "ray", "matplotlib", "transformers", "safetensors", "huggingface_hub", "concurrent.futures",
                 "pydantic")
 
+# Of the simulator, what only some options use: a calibration (--calibration), the layout (--plot-layout), the
+# sessions' report (a trace of sessions, --clients); and Rich's progress bar (a long replay on a terminal).
+OPTION_MODULES = ("minipaged_cli.sim.calibration", "minipaged_cli.sim.layout", "minipaged_cli.sim.session_report",
+                  "rich.progress")
+
 OTHER_COMMANDS = ("sweep", "run", "verify", "profile", "calibrate", "convert")
 # The readers of the formats a YAML trace is not.
 OTHER_READERS = ("minipaged_cli.workloads.aiperf", "minipaged_cli.workloads.sharegpt",
@@ -71,6 +76,7 @@ def test_simulate_imports_no_other_commands_engines(tmp_path: Path) -> None:
     modules = _simulate_modules(tmp_path)
     assert "minipaged_cli.sim.replay" in modules  # the list is the simulating process's
     assert sorted(name for name in NOT_IMPORTED if name in modules) == []
+    assert sorted(name for name in OPTION_MODULES if name in modules) == []
     assert sorted(name for name in OTHER_COMMANDS if f"minipaged_cli.cli.{name}" in modules) == []
     assert sorted(name for name in OTHER_READERS if name in modules) == []
     for package, allowed in ALLOWED_INSIDE.items():
