@@ -23,9 +23,16 @@ if TYPE_CHECKING:
     from minipaged_cli.sim.calibration import Calibration
     from minipaged_cli.workloads.presets import ModelSpec
 
-# Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
-stdout = Console(width=None if Console().is_terminal else 150)
-stderr = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 150)
+def _console(to_stderr: bool) -> Console:
+    """A console on stdout or stderr. Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
+    Without colours (piped), the highlighter's styles would print nothing: it is off then (compiling its regular
+    expressions costs a few milliseconds at the first print)."""
+    probe = Console(stderr=to_stderr)
+    return Console(stderr=to_stderr, width=None if probe.is_terminal else 150, highlight=probe.color_system is not None)
+
+
+stdout = _console(to_stderr=False)
+stderr = _console(to_stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
