@@ -52,7 +52,7 @@ ALLOWED_INSIDE = {
     "minipaged_cli.fleet": {"minipaged_cli.fleet", "minipaged_cli.fleet.config"},
     "minipaged_cli.cli.": {f"minipaged_cli.cli.{name}" for name in (
         "common", "flags", "fleet_options", "grammar", "main", "option_values", "outputs", "render", "settings",
-        "simulate", "tier_options", "workload_options")},
+        "simulate", "startup", "tier_options", "workload_options")},
 }
 
 
