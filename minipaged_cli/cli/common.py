@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from minipaged_cli.sim.calibration import Calibration
     from minipaged_cli.workloads.presets import ModelSpec
 
+
 def _console(to_stderr: bool) -> Console:
     """A console on stdout or stderr. Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
     Without colours (piped), the highlighter's styles would print nothing: it is off then (compiling its regular

@@ -115,14 +115,14 @@ class _LazyCommands(MutableMapping[str, Any]):
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._names))
 
+    def __len__(self) -> int:
+        return len(self._names)
+
     def listing(self, short_help: Mapping[str, str]) -> dict[str, Any]:
         """Every command by name, in order, as the group's help lists it: one not built yet is a stand-in that holds
         its name and its line of ``short_help`` alone."""
         return {name: self._built.get(name) or TyperCommand(name=name, callback=None, short_help=short_help[name])
                 for name in self._names}
-
-    def __len__(self) -> int:
-        return len(self._names)
 
 
 class _OneLineUsageErrors(TyperGroup):
