@@ -1,11 +1,13 @@
 """Start-up cost: the CPU seconds of ``minipaged simulate`` on a one-request trace, whole process, against the
-interpreter's own start-up (``python -c pass``, the same run's floor) and NumPy's import (which the simulator needs).
+interpreter's own start-up (``python -c pass``, the same run's floor), NumPy's import (which the simulator needs)
+and the import of every library simulate needs (NumPy, Typer, Rich, PyYAML: what no change of ours can remove);
+and of ``minipaged --version`` and ``minipaged --help``, which need none of the simulator.
 
     python benchmarks/startup.py [--runs N] [--baseline-path CHECKOUT]
 
 Each figure is the best of N fresh processes (user + system CPU of the child, ``os.wait4``): the machine is shared,
 and the least a process took is the figure least disturbed by what else runs. The commands alternate, so a slow
-stretch of the machine slows them alike. ``--baseline-path`` times the same command under another checkout (before
+stretch of the machine slows them alike. ``--baseline-path`` times the same commands under another checkout (before
 and after a change). Every process loads compiled byte code as an installed package does: the runs share a
 ``PYTHONPYCACHEPREFIX`` that one untimed run per command fills first, whatever ``PYTHONDONTWRITEBYTECODE`` says.
 """
@@ -22,7 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ONE_REQUEST = ("version: 1\nname: one\ndescription: one request, for start-up\nrequests:\n"
                "  - {id: r0, arrival_s: 0.0, prompt_tokens: 100, output_tokens: 10}\n")
-MARK_S = 0.25  # issue 42's mark for simulate on a one-request trace
+MARK_S = 0.25  # the mark for simulate on a one-request trace
+# What simulate imports of other projects: the floor under its start-up that only those projects can lower.
+LIBRARIES = "import numpy, typer, rich.console, rich.table, yaml"
 
 
 def cpu_seconds(argv: list[str], env: dict[str, str], cwd: Path) -> float:
@@ -46,13 +50,17 @@ def main() -> None:
         trace.write_text(ONE_REQUEST)
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(Path(scratch) / "pycache")
-        simulate = [sys.executable, "-m", "minipaged_cli", "simulate", str(trace)]
+        cli = [sys.executable, "-m", "minipaged_cli"]
+        runs = {"simulate": [*cli, "simulate", str(trace)], "--version": [*cli, "--version"],
+                "--help": [*cli, "--help"]}
         # (label, argv, checkout): the checkout is the working directory and PYTHONPATH, which -m imports from.
         commands = [("python -c pass", [sys.executable, "-c", "pass"], ROOT),
                     ("python -c 'import numpy'", [sys.executable, "-c", "import numpy"], ROOT),
-                    ("simulate, this checkout", simulate, ROOT)]
-        if args.baseline_path is not None:
-            commands.append(("simulate, baseline", simulate, args.baseline_path.resolve()))
+                    ("the libraries' imports", [sys.executable, "-c", LIBRARIES], ROOT)]
+        for name, argv in runs.items():
+            commands.append((f"{name}, this checkout", argv, ROOT))
+            if args.baseline_path is not None:
+                commands.append((f"{name}, baseline", argv, args.baseline_path.resolve()))
         best = {label: float("inf") for label, _, _ in commands}
         for run in range(args.runs + 1):
             for label, argv, checkout in commands:
@@ -61,15 +69,18 @@ def main() -> None:
                     best[label] = min(best[label], seconds)
     print(f"CPU seconds, best of {args.runs} fresh processes")
     for label, _, checkout in commands:
-        print(f"  {label:<28} {best[label]:7.3f}" + (f"   ({checkout})" if label.startswith("simulate") else ""))
+        print(f"  {label:<28} {best[label]:7.3f}" + (f"   ({checkout})" if "," in label else ""))
     floor, numpy_s, this_s = best["python -c pass"], best["python -c 'import numpy'"], best["simulate, this checkout"]
+    libraries_s = best["the libraries' imports"]
     print(f"simulate / python -c pass: {this_s / floor:.1f}x · simulate / import numpy: {this_s / numpy_s:.2f}x · "
-          f"simulate above the interpreter: {this_s - floor:.3f} s")
+          f"simulate above the interpreter: {this_s - floor:.3f} s · above the libraries' imports: "
+          f"{this_s - libraries_s:.3f} s")
     print(f"simulate against the {MARK_S} s mark: {this_s / MARK_S:.2f}x")
     if args.baseline_path is not None:
-        before = best["simulate, baseline"]
-        print(f"simulate, baseline / this checkout: {before / this_s:.2f}x ({before:.3f} s -> {this_s:.3f} s); "
-              f"above the interpreter: {before - floor:.3f} s -> {this_s - floor:.3f} s")
+        for name in runs:
+            before, after = best[f"{name}, baseline"], best[f"{name}, this checkout"]
+            print(f"{name}, baseline / this checkout: {before / after:.2f}x ({before:.3f} s -> {after:.3f} s); "
+                  f"above the interpreter: {before - floor:.3f} s -> {after - floor:.3f} s")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,14 +16,24 @@ from rich.console import Console
 from minipaged_cli.cli.flags import error_line, note_line
 from minipaged_cli.errors import InputError
 from minipaged_cli.extras import FallbackWarning, missing_extra, needs
-from minipaged_cli.sim.calibration import Calibration, load_calibration
 from minipaged_cli.sim.vllm_releases import VLLM_RELEASES
-from minipaged_cli.workloads.presets import ModelSpec
-from minipaged_cli.workloads.readers import TRACE_FORMATS
+from minipaged_cli.workloads.formats import TRACE_FORMATS
 
-# Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
-stdout = Console(width=None if Console().is_terminal else 150)
-stderr = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 150)
+if TYPE_CHECKING:
+    from minipaged_cli.sim.calibration import Calibration
+    from minipaged_cli.workloads.presets import ModelSpec
+
+
+def _console(to_stderr: bool) -> Console:
+    """A console on stdout or stderr. Piped output is not cut to 80 columns: tables stay whole in files and CI logs.
+    Without colours (piped), the highlighter's styles would print nothing: it is off then (compiling its regular
+    expressions costs a few milliseconds at the first print)."""
+    probe = Console(stderr=to_stderr)
+    return Console(stderr=to_stderr, width=None if probe.is_terminal else 150, highlight=probe.color_system is not None)
+
+
+stdout = _console(to_stderr=False)
+stderr = _console(to_stderr=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -235,7 +245,11 @@ def refuse_options(given: dict[str, object], why: str) -> None:
 
 
 def load_calibration_option(path: Path | None) -> Calibration | None:
-    return None if path is None else load_calibration(path)
+    if path is None:
+        return None
+    from minipaged_cli.sim.calibration import load_calibration  # (NumPy: --help and --version need neither)
+
+    return load_calibration(path)
 
 
 def tables_console(json_path: str | None) -> Console:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import typer
@@ -14,6 +14,14 @@ from minipaged_cli import __version__
 from minipaged_cli.cli.common import stderr
 from minipaged_cli.cli.grammar import assign_panels, renamed
 from minipaged_cli.cli.settings import name_the_file, print_settings, settings_params
+from minipaged_cli.cli.startup import importing
+
+try:
+    from minipaged_cli.cli.option_values import convert_plainly
+except ImportError:  # a Typer before 0.29 converts with click's types, which need no pydantic
+
+    def convert_plainly(params: list[Any]) -> list[Any]:
+        return params
 
 # Click's UsageError, whether Typer vendors click (0.2x) or imports it: the base of the BadParameter it exports.
 _UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -38,7 +46,7 @@ class _Command(TyperCommand):
         self.params += [param for param in settings_params() if param.name not in own]  # sweep reads its own file
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return assign_panels(_flags_untyped(super().get_params(ctx)))
+        return assign_panels(convert_plainly(_flags_untyped(super().get_params(ctx))))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
@@ -69,7 +77,8 @@ COMMANDS = {
 
 def _command(name: str) -> Any:
     """The command ``name``, built as Typer builds a group's commands (its module imported here, not before)."""
-    module = importlib.import_module(f"minipaged_cli.cli.{name}")
+    with importing():
+        module = importlib.import_module(f"minipaged_cli.cli.{name}")
     one = typer.Typer(rich_markup_mode="markdown", add_completion=False, pretty_exceptions_enable=False)
     one.command(cls=_Command, name=name, epilog=module.EPILOG, short_help=COMMANDS[name])(
         getattr(module, f"{name}_command"))
@@ -109,6 +118,12 @@ class _LazyCommands(MutableMapping[str, Any]):
     def __len__(self) -> int:
         return len(self._names)
 
+    def listing(self, short_help: Mapping[str, str]) -> dict[str, Any]:
+        """Every command by name, in order, as the group's help lists it: one not built yet is a stand-in that holds
+        its name and its line of ``short_help`` alone."""
+        return {name: self._built.get(name) or TyperCommand(name=name, callback=None, short_help=short_help[name])
+                for name in self._names}
+
 
 class _OneLineUsageErrors(TyperGroup):
     """Usage errors (a missing argument, a value of the wrong type) as one line on stderr and exit code 2,
@@ -123,7 +138,17 @@ class _OneLineUsageErrors(TyperGroup):
         return list(self.commands)  # the names alone: Typer's lists its items, which would build every command
 
     def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_untyped(super().get_params(ctx))
+        return convert_plainly(_flags_untyped(super().get_params(ctx)))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """The group's help, which lists the commands by their lines of ``COMMANDS`` without building them (that
+        would import every command's module, NumPy and the data plane's libraries with them)."""
+        commands = self.commands
+        self.commands = commands.listing(COMMANDS)
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.commands = commands
 
     def main(self, args: list[str] | None = None, *rest: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         args = renamed(_optional_values(list(sys.argv[1:] if args is None else args)))

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from minipaged_cli.cli.flags import note_line
@@ -23,9 +22,13 @@ from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import CATEGORIES, LABELS
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
-from minipaged_cli.sim.session_report import SessionMetrics
 from minipaged_cli.units import format_bytes
 from minipaged_cli.workloads.presets import ModelSpec
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from minipaged_cli.sim.session_report import SessionMetrics
 
 
 def write_json(document: dict[str, Any], destination: str, stdout: Console) -> None:
@@ -268,7 +271,9 @@ class ReplayProgress:
         if now < self.next_update or not self.console.is_terminal:
             return
         self.next_update = now + 0.1
-        if self.bar is None:
+        if self.bar is None:  # (Rich's progress module is imported by the replays that show a bar alone)
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self.bar = Progress(TextColumn("replaying {task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("requests"), TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()

@@ -15,8 +15,8 @@ from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.settings import OFFLOAD_POLICIES, PREEMPTION_MODES, SCHEDULERS, TIER_EVICTIONS, TIER_INCLUSIONS
 from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, whole_number
+from minipaged_cli.workloads.formats import TRACE_FORMATS
 from minipaged_cli.workloads.presets import KV_CACHE_DTYPES
-from minipaged_cli.workloads.readers import TRACE_FORMATS
 
 if TYPE_CHECKING:
     from minipaged_cli.apps.sweep import Slo

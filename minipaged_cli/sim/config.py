@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.memory.allocators import Allocator
@@ -16,11 +16,13 @@ from minipaged_cli.memory.kv_groups import (
     max_concurrency,
 )
 from minipaged_cli.memory.strategies import make_allocator
-from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.sim.clients import OPEN_LOOP, Clients
 from minipaged_cli.sim.settings import CacheSettings, EngineSettings, OutputSettings, TierSettings
 from minipaged_cli.sim.vllm_releases import LATEST_VLLM, vllm_release
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:  # (a calibration is loaded where one is given: cli/common.py)
+    from minipaged_cli.sim.calibration import Calibration
 
 # Defaults every command shares, written once. Those that follow vLLM are its release's (sim/vllm_releases.py):
 # the newest supported release's here, for the commands that take no vllm_version.

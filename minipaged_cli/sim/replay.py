@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minipaged_cli.errors import InputError, did_you_mean
 from minipaged_cli.memory.allocators import Allocator, Holding
@@ -31,14 +31,15 @@ from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_ca
 from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.bulk_advance import BulkAdvance
 from minipaged_cli.sim.config import SimConfig
-from minipaged_cli.sim.layout import LayoutRecorder
 from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
-from minipaged_cli.sim.session_report import session_metrics
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.step_work import StepWork, checked_seconds
 from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.trace import Trace
+
+if TYPE_CHECKING:
+    from minipaged_cli.sim.layout import LayoutRecorder
 
 SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {"v1": Scheduler, "v0": V0Scheduler}
 
@@ -68,8 +69,12 @@ class Replay:
         self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
         self.now = 0.0
-        self.layout = LayoutRecorder(allocator.capacity_tokens, (trace.requests[-1].arrival_s - self.first_arrival_s)
-                                     / 400 or 0.01) if config.outputs.record_layout else None
+        self.layout: LayoutRecorder | None = None
+        if config.outputs.record_layout:  # (layout.py and session_report.py: imported by the replays that use them)
+            from minipaged_cli.sim.layout import LayoutRecorder
+
+            self.layout = LayoutRecorder(allocator.capacity_tokens,
+                                         (trace.requests[-1].arrival_s - self.first_arrival_s) / 400 or 0.01)
 
     @property
     def first_arrival_s(self) -> float:
@@ -112,6 +117,8 @@ class Replay:
         if self.layout is not None:
             metrics.layout = self.layout.result()
         if self.trace.sessions or self.config.clients.kind != "open":
+            from minipaged_cli.sim.session_report import session_metrics
+
             metrics.sessions = session_metrics(self.trace, self.scheduler.arrivals, self.config.clients,
                                                metrics.makespan_s)
         return metrics

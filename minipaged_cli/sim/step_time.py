@@ -30,12 +30,14 @@ multi-head latent attention, the latent vector, whose FLOPs are ``ModelSpec.atte
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minipaged_cli.sim.calibration import Calibration
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:  # (a calibration is loaded where one is given: cli/common.py)
+    from minipaged_cli.sim.calibration import Calibration
 
 
 def elementwise_bytes_per_token(model: ModelSpec) -> int:

@@ -30,12 +30,10 @@ from typing import Any, TextIO
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import parse_json, read_json_lines
 from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
+from minipaged_cli.workloads.formats import TRACE_FORMATS
 from minipaged_cli.workloads.sessions import Turn, sessions_of
 from minipaged_cli.workloads.text_tokens import TextTokens
 from minipaged_cli.workloads.trace import Request, Trace, load_yaml_trace, make_trace
-
-TRACE_FORMATS = ("auto", "yaml", "azure", "mooncake", "lengths-csv", "aiperf", "sharegpt", "genai-perf",
-                 "inference-perf", "vllm-multi-turn", "prefix-repetition")
 
 MOONCAKE_BLOCK_TOKENS = 512
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -1,5 +1,5 @@
-"""benchmarks/startup.py, which times simulate's start-up against the interpreter's and a baseline checkout's: it
-runs and prints every figure and ratio."""
+"""benchmarks/startup.py, which times simulate's start-up (and --version's, --help's) against the interpreter's, the
+libraries' imports and a baseline checkout's: it runs and prints every figure and ratio."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ def test_startup_bench_prints_the_figures_and_ratios() -> None:
                              "--baseline-path", str(ROOT)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     seconds = dict(re.findall(r"^  (.+?) +(\d+\.\d{3})\b", result.stdout, re.MULTILINE))
-    assert set(seconds) == {"python -c pass", "python -c 'import numpy'", "simulate, this checkout",
-                            "simulate, baseline"}
+    runs = {f"{name}, {checkout}" for name in ("simulate", "--version", "--help")
+            for checkout in ("this checkout", "baseline")}
+    assert set(seconds) == {"python -c pass", "python -c 'import numpy'", "the libraries' imports", *runs}
     assert all(float(value) > 0 for value in seconds.values())
     assert re.search(r"simulate / python -c pass: [\d.]+x · simulate / import numpy: [\d.]+x", result.stdout)
-    assert re.search(r"simulate, baseline / this checkout: [\d.]+x", result.stdout)
+    for name in ("simulate", "--version", "--help"):
+        assert re.search(rf"^{name}, baseline / this checkout: [\d.]+x", result.stdout, re.MULTILINE)

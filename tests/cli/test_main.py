@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from minipaged_cli.cli.main import app
+from minipaged_cli.cli.main import COMMANDS, app
 from tests.conftest import ROOT
 
 runner = CliRunner()
@@ -256,3 +257,18 @@ def test_simulate_reads_a_mooncake_slice_with_an_explicit_format(tmp_path: Path)
 def test_convert_refuses_a_non_yaml_output(tmp_path: Path) -> None:
     result = runner.invoke(app, ["convert", MIXED, str(tmp_path / "out.csv")])
     assert result.exit_code == 2 and "must be a .yaml file" in result.stderr
+
+
+def test_the_help_lists_the_commands_as_they_are_when_built(capsys: pytest.CaptureFixture[str]) -> None:
+    """The group's help lists stand-ins of the commands (building one imports its module): the same text as the
+    commands themselves give."""
+    listed = typer.main.get_command(app)
+    listed.main(["--help"], prog_name="minipaged", standalone_mode=False)
+    listed_help = capsys.readouterr().out
+    assert not listed.commands._built  # (the stand-ins: no command was built)
+    built = typer.main.get_command(app)
+    for name in COMMANDS:
+        built.commands[name]  # builds it
+    built.main(["--help"], prog_name="minipaged", standalone_mode=False)
+    assert all(name in listed_help for name in COMMANDS)
+    assert listed_help == capsys.readouterr().out

@@ -1,0 +1,87 @@
+"""cli/startup.py: the cyclic collector is paused while the command line and a command import, and left as it was
+after; the command line's own process freezes what the imports allocated, a program that imports it does not."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minipaged_cli.cli.startup import importing
+from tests.conftest import ROOT
+
+# In a fresh process: note whether the collector is on as each module is imported, run what the argument says, then
+# print what was imported with the collector on and off, whether it is on again, and how many objects are frozen.
+_WATCH_THEN_RUN = """
+import gc, json, runpy, sys
+imports = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        imports.append((name, gc.isenabled()))
+        return None
+sys.meta_path.insert(0, Watch())
+how, trace = sys.argv[1:]
+try:
+    if how == "library":  # a program that imports the command line and builds a command
+        from minipaged_cli.cli.main import _command
+        _command("simulate")
+    elif how == "-m":  # python -m minipaged_cli simulate TRACE
+        sys.argv = ["minipaged_cli", "simulate", trace]
+        runpy.run_module("minipaged_cli", run_name="__main__", alter_sys=True)
+    else:  # the console script: its file is named minipaged
+        sys.argv = ["/venv/bin/minipaged", "simulate", trace]
+        from minipaged_cli.cli.main import main
+        main()
+except SystemExit as done:
+    assert done.code in (0, None), done.code
+print(json.dumps({"paused": [n for n, on in imports if not on], "on": [n for n, on in imports if on],
+                  "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}))
+"""
+
+# What imports before the pause begins: the packages above cli/startup.py, and it.
+BEFORE_THE_PAUSE = {"minipaged_cli", "minipaged_cli.cli", "minipaged_cli.cli.startup", "__future__"}
+
+
+def _run(how: str, tmp_path: Path) -> dict:
+    trace = tmp_path / "one.yaml"
+    trace.write_text("version: 1\nname: one\nrequests:\n"
+                     "  - {id: r0, arrival_s: 0.0, prompt_tokens: 100, output_tokens: 10}\n")
+    done = subprocess.run([sys.executable, "-c", _WATCH_THEN_RUN, how, str(trace)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_command_line_and_a_command_import_with_the_collector_paused(tmp_path: Path) -> None:
+    run = _run("library", tmp_path)  # (a command that runs imports more, as it runs, with the collector on)
+    assert set(run["on"]) <= BEFORE_THE_PAUSE
+    assert {"typer", "rich.console", "numpy", "minipaged_cli.cli.main", "minipaged_cli.cli.simulate",
+            "minipaged_cli.sim.replay"} <= set(run["paused"])
+    assert run["enabled"]
+
+
+@pytest.mark.parametrize("how", ["library", "-m", "console script"])
+def test_only_the_command_lines_own_process_freezes_its_imports(how: str, tmp_path: Path) -> None:
+    run = _run(how, tmp_path)
+    assert run["frozen"] == 0 if how == "library" else run["frozen"] > 10_000
+    assert run["enabled"]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_left_as_it_was(enabled: bool) -> None:
+    was, frozen = gc.isenabled(), gc.get_freeze_count()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        with importing():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled
+        with pytest.raises(ValueError), importing():
+            raise ValueError("a failed import")
+        assert gc.isenabled() is enabled
+        assert gc.get_freeze_count() == frozen  # pytest imports it: nothing frozen
+    finally:
+        (gc.enable if was else gc.disable)()
