@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from minipaged_cli.memory.allocators import BulkProfile
+from minipaged_cli.memory.sequence import OutOfBlocksError
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
@@ -75,6 +76,36 @@ def windowed_profile(manager: KVBlockManager, lengths: np.ndarray, allocated: np
     tokens = groups * np.add.reduce(length_matrix, axis=0) - skipped_slots
     return BulkProfile(num_ok, allocated_slots, internal, tokens)
 
+
+
+def grow_computed(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_tokens: int) -> int:
+    """``manager.grow(sequence_id, num_tokens)`` for each sequence in order, stopping at the first the free blocks
+    cannot serve (``OutOfBlocksError``: it and the rest unchanged); returns how many grew.
+
+    A sequence whose growth takes no block, copies no shared block, fills no block the prefix cache wants and has
+    every token computed only has its lengths moved, here, without ``grow``'s calls: most decode steps are that
+    (a block boundary comes once every ``block_size`` tokens). Any other, and every sequence under a sliding
+    window, goes through ``grow``: that keeps the order of takes, copies and cache entries the reference makes."""
+    sequences, block_size, refs = manager.sequences, manager.block_size, manager.pool.ref_counts
+    cached = manager.cached_group_ids[0] if manager.enable_prefix_caching and manager.cached_group_ids else None
+    plain = manager.window is None and num_tokens > 0
+    for done, sequence_id in enumerate(sequence_ids):
+        state = sequences.get(sequence_id) if plain else None
+        if state is not None:
+            length = state.sequence_length
+            new_length = length + num_tokens
+            table = state.block_tables[0]
+            # (the conditions under which ``grow`` takes, copies, or ``_computed`` loads or caches, negated)
+            if (new_length <= len(table) * block_size and state.num_computed_tokens == length
+                    and not state.num_loading_tokens and (length % block_size == 0 or refs[table[-1]] == 1)
+                    and (cached is None or new_length // block_size <= state.num_cached_blocks[cached])):
+                state.sequence_length = state.num_computed_tokens = new_length
+                continue
+        try:
+            manager.grow(sequence_id, num_tokens)
+        except OutOfBlocksError:
+            return done
+    return len(sequence_ids)
 
 
 def advance_windowed(manager: KVBlockManager, sequence_ids: list[Hashable], num_steps: int) -> None:

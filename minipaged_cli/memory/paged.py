@@ -33,6 +33,7 @@ class PagedAllocator(Allocator):
     """
 
     name = "paged"
+    grows_in_batches = True
 
     def __init__(self, num_blocks: int, block_size: int, groups: Sequence[KVCacheGroup] | None = None, *,
                  prefix_caching: bool = False, max_in_flight_tokens: int | None = None,
@@ -146,6 +147,9 @@ class PagedAllocator(Allocator):
             return None
         return 0
 
+    def grow_decodes(self, holdings: Sequence[Holding]) -> int:
+        return bulk.grow_computed(self.manager, [holding.sequence_id for holding in holdings], 1)
+
     def mark_computed(self, holding: Holding, num_computed: int) -> None:
         self.manager.mark_computed(holding.sequence_id, num_computed)
 
@@ -186,8 +190,12 @@ class PagedAllocator(Allocator):
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
         if self.manager.window is None:
-            for holding in holdings:
-                self.manager.grow(holding.sequence_id, num_steps)
+            sequence_ids = [holding.sequence_id for holding in holdings]
+            if self.grows_in_batches:
+                bulk.grow_computed(self.manager, sequence_ids, num_steps)  # (the profile's steps fit: all grow)
+            else:
+                for sequence_id in sequence_ids:
+                    self.manager.grow(sequence_id, num_steps)
             return
         bulk.advance_windowed(self.manager, [holding.sequence_id for holding in holdings], num_steps)
 
