@@ -161,6 +161,10 @@ class Allocator(ABC):
     def allocated(self, holding: Holding) -> int:
         """Slots the request holds now."""
 
+    def allocations(self, holdings: Sequence[Holding]) -> list[int]:
+        """``allocated`` of each request, in order (the accounting asks for every running request each step)."""
+        return [self.allocated(holding) for holding in holdings]
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         """Slots holding the K/V of the request's first ``num_tokens`` tokens (read only when ``windowed``)."""
         raise NotImplementedError(f"{self.name} keeps every token: its token states are the lengths")

@@ -159,6 +159,10 @@ class PagedAllocator(Allocator):
     def allocated(self, holding: Holding) -> int:
         return self.manager.sequences[holding.sequence_id].num_held_blocks * self.block_size
 
+    def allocations(self, holdings: Sequence[Holding]) -> list[int]:
+        sequences, block_size = self.manager.sequences, self.block_size
+        return [sequences[holding.sequence_id].num_held_blocks * block_size for holding in holdings]
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
 
