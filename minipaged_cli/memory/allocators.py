@@ -165,6 +165,13 @@ class Allocator(ABC):
         """``allocated`` of each request, in order (the accounting asks for every running request each step)."""
         return [self.allocated(holding) for holding in holdings]
 
+    def allocation_sums(self, holdings: Sequence[Holding]) -> tuple[int, int]:
+        """Σ ``allocated`` over the requests, and Σ max(allocated - final length, 0): the slots no token will
+        ever fill (what the accounting's categories read every step)."""
+        allocated = self.allocations(holdings)
+        past = [slots - holding.final_length for slots, holding in zip(allocated, holdings, strict=True)]
+        return sum(allocated), sum(slots for slots in past if slots > 0)
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         """Slots holding the K/V of the request's first ``num_tokens`` tokens (read only when ``windowed``)."""
         raise NotImplementedError(f"{self.name} keeps every token: its token states are the lengths")

@@ -163,6 +163,17 @@ class PagedAllocator(Allocator):
         sequences, block_size = self.manager.sequences, self.block_size
         return [sequences[holding.sequence_id].num_held_blocks * block_size for holding in holdings]
 
+    def allocation_sums(self, holdings: Sequence[Holding]) -> tuple[int, int]:
+        sequences, block_size = self.manager.sequences, self.block_size
+        allocated = internal = 0
+        for holding in holdings:  # (one pass: the accounting asks every step, for every running request)
+            slots = sequences[holding.sequence_id].num_held_blocks * block_size
+            allocated += slots
+            past = slots - holding.final_length
+            if past > 0:
+                internal += past
+        return allocated, internal
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
 

@@ -135,7 +135,7 @@ class Scheduler:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
         runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
         return bool(self.running) and len(self.running) < self.engine.max_batched_tokens \
-            and all(r.prefill_done for r in self.running) and not self._head_admissible()
+            and all(r.num_computed >= r.num_prefill_tokens for r in self.running) and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
