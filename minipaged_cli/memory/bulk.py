@@ -137,8 +137,9 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
         if state is None or state.num_loading_tokens or state.num_computed_tokens != state.sequence_length:
             return None  # (unknown, loading or reserved ahead: ``grow``'s own path, and its errors)
         new_length = state.sequence_length + num_tokens
-        per_group = num_blocks_for(new_length, block_size) - len(state.block_tables[0])
-        if per_group > 0:
+        num_blocks = len(state.block_tables[0])
+        if new_length > num_blocks * block_size:  # (the common case, a step inside its last block, first)
+            per_group = num_blocks_for(new_length, block_size) - num_blocks
             if num_taken + per_group * num_groups > num_free:
                 break  # (one at a time, this one's take fails: it and the rest stay as they are)
             num_taken += per_group * num_groups
