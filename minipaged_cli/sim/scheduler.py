@@ -228,9 +228,11 @@ class Scheduler:
                 chunks.append((live, tokens))
             budget -= tokens
             index += 1
+        held_back = False
         if not preempted:
-            budget = self._admit(budget, chunks)
-        saturated = preempted or self.waiting_for_memory()
+            budget, held_back = self._admit(budget, chunks)
+        # (a head that memory held back in ``_admit`` is the answer ``waiting_for_memory`` would work out again)
+        saturated = preempted or held_back or self.waiting_for_memory()
         if not decoders and not chunks:
             if not self.running and not preempted:
                 self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
@@ -257,16 +259,17 @@ class Scheduler:
             remaining = self.prefill_cap
         return min(remaining, budget)
 
-    def _admit(self, budget: int, chunks: list[tuple[LiveRequest, int]]) -> int:
+    def _admit(self, budget: int, chunks: list[tuple[LiveRequest, int]]) -> tuple[int, bool]:
         """Admit waiting requests first come first served into what is left of the budget, each with its first
-        chunk (a cache hit leaves at least its last prompt token to compute); returns the rest."""
+        chunk (a cache hit leaves at least its last prompt token to compute); returns the rest, and whether the
+        queue's head is held back by memory (it stopped the admissions)."""
         if self.cache_aware_window:
             self._reorder_waiting_by_cached_prefix()
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             head = self.waiting[0]
             if not self.admission.can_admit(self.allocator, head, head.num_prefill_tokens):
-                break
+                return budget, True
             cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
             loaded = 0
             if self.tiers is not None:
@@ -289,7 +292,7 @@ class Scheduler:
             if not loaded:
                 chunks.append((head, tokens))
                 budget -= tokens
-        return budget
+        return budget, False
 
     def _reorder_waiting_by_cached_prefix(self) -> None:
         """vLLM 0.34.0's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``): at a KV cache usage
