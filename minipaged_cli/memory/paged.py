@@ -15,6 +15,7 @@ import numpy as np
 
 from minipaged_cli.memory import bulk
 from minipaged_cli.memory.allocators import Allocator, BlockCounters, BulkProfile, Holding
+from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager, OutOfBlocksError, num_blocks_for
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.sequence import NULL_BLOCK
@@ -148,7 +149,7 @@ class PagedAllocator(Allocator):
         return 0
 
     def grow_decodes(self, holdings: Sequence[Holding]) -> int:
-        return bulk.grow_computed(self.manager, [holding.sequence_id for holding in holdings], 1)
+        return grow_computed(self.manager, [holding.sequence_id for holding in holdings], 1)
 
     def mark_computed(self, holding: Holding, num_computed: int) -> None:
         self.manager.mark_computed(holding.sequence_id, num_computed)
@@ -207,7 +208,7 @@ class PagedAllocator(Allocator):
         if self.manager.window is None:
             sequence_ids = [holding.sequence_id for holding in holdings]
             if self.grows_in_batches:
-                bulk.grow_computed(self.manager, sequence_ids, num_steps)  # (the profile's steps fit: all grow)
+                grow_computed(self.manager, sequence_ids, num_steps)  # (the profile's steps fit: all grow)
             else:
                 for sequence_id in sequence_ids:
                     self.manager.grow(sequence_id, num_steps)

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory import hash_blocks
+from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager
-from minipaged_cli.memory.bulk import grow_computed
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION

@@ -1,4 +1,4 @@
-"""Growing a run of decodes in one call (``Allocator.grows_in_batches``, ``memory/bulk.py::grow_computed``) against
+"""Growing a run of decodes in one call (``Allocator.grows_in_batches``, ``memory/batched_growth.py``) against
 the readable path that grows each running request through ``try_grow`` and ``KVBlockManager.grow``: the two
 replays, driven side by side pass by pass, must make the same decisions, leave the same blocks, cache and free
 queue, and measure the same figures, to the last bit."""
