@@ -23,7 +23,7 @@ admission or release. Only ``paged`` shares memory: prefix-cache hits and forked
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,6 +75,9 @@ class Allocator(ABC):
     name: str
     has_external_fragmentation = False
     windowed = False  # some layers let go of tokens outside their window: token states are not the lengths
+    # ``grow_decodes`` and ``advance`` skip the per-request calls where nothing but lengths changes (``paged``);
+    # False on an instance: the readable one-request-at-a-time path, the reference the property tests compare.
+    grows_in_batches = False
 
     def __init__(self, capacity_tokens: int) -> None:
         self.capacity_tokens = capacity_tokens
@@ -141,6 +144,12 @@ class Allocator(ABC):
     def try_grow(self, holding: Holding, length: int, new_length: int) -> int | None:
         """Make room for ``new_length`` tokens. Returns the tokens copied to do so, or None (nothing changed)."""
 
+    def grow_decodes(self, holdings: Sequence[Holding]) -> int:
+        """Give each of the running requests, in order, the slot of its next decode token, as ``try_grow`` by one
+        token each (read only when ``grows_in_batches``); stops at the first that cannot grow, it and the rest
+        unchanged. Returns how many grew."""
+        raise NotImplementedError(f"{self.name} grows each request through try_grow, which needs its length")
+
     def mark_computed(self, holding: Holding, num_computed: int) -> None:  # noqa: B027 - a no-op by default
         """The step that writes the request's first ``num_computed`` tokens has run (prefix caching publishes
         full blocks only then)."""
@@ -151,6 +160,17 @@ class Allocator(ABC):
     @abstractmethod
     def allocated(self, holding: Holding) -> int:
         """Slots the request holds now."""
+
+    def allocations(self, holdings: Sequence[Holding]) -> list[int]:
+        """``allocated`` of each request, in order (the accounting asks for every running request each step)."""
+        return [self.allocated(holding) for holding in holdings]
+
+    def allocation_sums(self, holdings: Sequence[Holding]) -> tuple[int, int]:
+        """Σ ``allocated`` over the requests, and Σ max(allocated - final length, 0): the slots no token will
+        ever fill (what the accounting's categories read every step)."""
+        allocated = self.allocations(holdings)
+        past = [slots - holding.final_length for slots, holding in zip(allocated, holdings, strict=True)]
+        return sum(allocated), sum(slots for slots in past if slots > 0)
 
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         """Slots holding the K/V of the request's first ``num_tokens`` tokens (read only when ``windowed``)."""

@@ -15,6 +15,7 @@ import numpy as np
 
 from minipaged_cli.memory import bulk
 from minipaged_cli.memory.allocators import Allocator, BlockCounters, BulkProfile, Holding
+from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager, OutOfBlocksError, num_blocks_for
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.sequence import NULL_BLOCK
@@ -33,6 +34,7 @@ class PagedAllocator(Allocator):
     """
 
     name = "paged"
+    grows_in_batches = True
 
     def __init__(self, num_blocks: int, block_size: int, groups: Sequence[KVCacheGroup] | None = None, *,
                  prefix_caching: bool = False, max_in_flight_tokens: int | None = None,
@@ -146,6 +148,9 @@ class PagedAllocator(Allocator):
             return None
         return 0
 
+    def grow_decodes(self, holdings: Sequence[Holding]) -> int:
+        return grow_computed(self.manager, [holding.sequence_id for holding in holdings], 1)
+
     def mark_computed(self, holding: Holding, num_computed: int) -> None:
         self.manager.mark_computed(holding.sequence_id, num_computed)
 
@@ -154,6 +159,21 @@ class PagedAllocator(Allocator):
 
     def allocated(self, holding: Holding) -> int:
         return self.manager.sequences[holding.sequence_id].num_held_blocks * self.block_size
+
+    def allocations(self, holdings: Sequence[Holding]) -> list[int]:
+        sequences, block_size = self.manager.sequences, self.block_size
+        return [sequences[holding.sequence_id].num_held_blocks * block_size for holding in holdings]
+
+    def allocation_sums(self, holdings: Sequence[Holding]) -> tuple[int, int]:
+        sequences, block_size = self.manager.sequences, self.block_size
+        allocated = internal = 0
+        for holding in holdings:  # (one pass: the accounting asks every step, for every running request)
+            slots = sequences[holding.sequence_id].num_held_blocks * block_size
+            allocated += slots
+            past = slots - holding.final_length
+            if past > 0:
+                internal += past
+        return allocated, internal
 
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
@@ -186,8 +206,12 @@ class PagedAllocator(Allocator):
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
         if self.manager.window is None:
-            for holding in holdings:
-                self.manager.grow(holding.sequence_id, num_steps)
+            sequence_ids = [holding.sequence_id for holding in holdings]
+            if self.grows_in_batches:
+                grow_computed(self.manager, sequence_ids, num_steps)  # (the profile's steps fit: all grow)
+            else:
+                for sequence_id in sequence_ids:
+                    self.manager.grow(sequence_id, num_steps)
             return
         bulk.advance_windowed(self.manager, [holding.sequence_id for holding in holdings], num_steps)
 

@@ -125,17 +125,17 @@ class MemoryIntegrator:
         return key, np.where(np.abs(averages) < 1e-9, 0.0, averages)  # no "-0.0" from rounding
 
 
-def current_categories(running: Sequence[LiveRequest], allocator: Allocator, external: int) -> np.ndarray:
-    """The memory categories now, in slots, for the running requests (``category_slots``'s layout)."""
-    allocated = [allocator.allocated(r) for r in running]
+def current_categories(running: Sequence[LiveRequest], allocator: Allocator, external: int,
+                       live_tokens: int | None = None) -> np.ndarray:
+    """The memory categories now, in slots, for the running requests (``category_slots``'s layout).
+    ``live_tokens``: Σ of their computed tokens, where the caller has it."""
+    allocated, internal = allocator.allocation_sums(running)
     if allocator.windowed:  # a token's K/V in each group that holds it; the tail past F in each group
         tokens = sum(allocator.token_slots(r, r.num_computed) for r in running)
         internal = sum(allocator.internal_slots(r) for r in running)
     else:
-        tokens = sum(r.num_computed for r in running)
-        internal = sum(max(a - r.final_length, 0) for a, r in zip(allocated, running, strict=True))
-    return category_slots(tokens, sum(allocated), internal, external, allocator.capacity_tokens,
-                          allocator.shared_slots)
+        tokens = live_tokens if live_tokens is not None else sum(r.num_computed for r in running)
+    return category_slots(tokens, allocated, internal, external, allocator.capacity_tokens, allocator.shared_slots)
 
 
 class Accounting:

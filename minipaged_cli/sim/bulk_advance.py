@@ -137,7 +137,7 @@ def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.n
     reads."""
     n = len(running)
     return (np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n),
-            np.fromiter((allocator.allocated(r) for r in running), dtype=np.int64, count=n),
+            np.array(allocator.allocations(running), dtype=np.int64),
             np.fromiter((r.final_length for r in running), dtype=np.int64, count=n))
 
 

@@ -135,7 +135,7 @@ class Scheduler:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
         runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
         return bool(self.running) and len(self.running) < self.engine.max_batched_tokens \
-            and all(r.prefill_done for r in self.running) and not self._head_admissible()
+            and all(r.num_computed >= r.num_prefill_tokens for r in self.running) and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
@@ -186,11 +186,24 @@ class Scheduler:
         # The long-prefill threshold keeps one prompt from starving the others; alone, a request takes the budget.
         self.prefill_cap = self.engine.long_prefill_token_threshold \
             if len(self.running) + len(self.waiting) > 1 else 0
-        scheduled: list[tuple[LiveRequest, int]] = []
+        decoders: list[LiveRequest] = []
+        chunks: list[tuple[LiveRequest, int]] = []
         copied, preempted = 0, False
         index = 0
+        batched = self.allocator.grows_in_batches
         while index < len(self.running) and budget > 0:
             live = self.running[index]
+            if batched and live.num_computed >= live.num_prefill_tokens and not live.loading_tokens:
+                # A run of decodes grows in one call (``Allocator.grow_decodes``); the first that cannot grow
+                # goes on below, where the pool's answer is the same and preempts.
+                run = self._decode_run(index, budget)
+                grown = self.allocator.grow_decodes(run)
+                decoders += run[:grown] if grown < len(run) else run
+                budget -= grown
+                index += grown
+                if grown == len(run):
+                    continue
+                live = self.running[index]
             if live.loading_tokens:
                 if live.ready_s > self.now:  # vLLM's WAITING_FOR_REMOTE_KVS: nothing to compute yet
                     index += 1
@@ -209,19 +222,35 @@ class Scheduler:
             if moved is None:
                 break
             copied += moved
-            scheduled.append((live, tokens))
+            if live.prefill_done:
+                decoders.append(live)
+            else:
+                chunks.append((live, tokens))
             budget -= tokens
             index += 1
+        held_back = False
         if not preempted:
-            budget = self._admit(budget, scheduled)
-        saturated = preempted or self.waiting_for_memory()
-        if not scheduled:
+            budget, held_back = self._admit(budget, chunks)
+        # (a head that memory held back in ``_admit`` is the answer ``waiting_for_memory`` would work out again)
+        saturated = preempted or held_back or self.waiting_for_memory()
+        if not decoders and not chunks:
             if not self.running and not preempted:
                 self._reject(self._dequeue(), "preempted, and its prompt plus generated tokens no longer fit")
             return None
-        decoders = [live for live, tokens in scheduled if live.prefill_done]
-        chunks = [(live, tokens) for live, tokens in scheduled if not live.prefill_done]
         return StepDecision(decoders, chunks, copied_tokens=copied, saturated=saturated)
+
+    def _decode_run(self, start: int, budget: int) -> list[LiveRequest]:
+        """The running requests from ``start`` on that decode this step (prefill done, nothing loading), as many
+        as the budget serves."""
+        running = self.running
+        stop = min(len(running), start + budget)
+        end = start + 1  # (the caller has checked the first)
+        while end < stop:
+            live = running[end]
+            if live.loading_tokens or live.num_computed < live.num_prefill_tokens:
+                break
+            end += 1
+        return running[start:end]
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens a request computes this step: what it has left, at most the long-prefill threshold (while
@@ -230,15 +259,17 @@ class Scheduler:
             remaining = self.prefill_cap
         return min(remaining, budget)
 
-    def _admit(self, budget: int, scheduled: list[tuple[LiveRequest, int]]) -> int:
-        """Admit waiting requests first come first served into what is left of the budget; returns the rest."""
+    def _admit(self, budget: int, chunks: list[tuple[LiveRequest, int]]) -> tuple[int, bool]:
+        """Admit waiting requests first come first served into what is left of the budget, each with its first
+        chunk (a cache hit leaves at least its last prompt token to compute); returns the rest, and whether the
+        queue's head is held back by memory (it stopped the admissions)."""
         if self.cache_aware_window:
             self._reorder_waiting_by_cached_prefix()
         accounting = self.accounting
         while self.waiting and budget > 0 and len(self.running) < self.engine.max_num_seqs:
             head = self.waiting[0]
             if not self.admission.can_admit(self.allocator, head, head.num_prefill_tokens):
-                break
+                return budget, True
             cached = self.allocator.cached_prefix(head, head.num_prefill_tokens)
             loaded = 0
             if self.tiers is not None:
@@ -259,9 +290,9 @@ class Scheduler:
                 accounting.prefix_cache_hits += cached
                 head.num_cached_tokens = cached
             if not loaded:
-                scheduled.append((head, tokens))
+                chunks.append((head, tokens))
                 budget -= tokens
-        return budget
+        return budget, False
 
     def _reorder_waiting_by_cached_prefix(self) -> None:
         """vLLM 0.34.0's cache-aware admission (``Scheduler._reorder_waiting_by_cached_prefix``): at a KV cache usage

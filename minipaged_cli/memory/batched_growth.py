@@ -1,0 +1,120 @@
+"""A step's running sequences grown in one call: the paged strategy's fast path for the decodes of a step (and the
+full-attention bulk advance), checked against ``KVBlockManager.grow`` one sequence at a time.
+
+The readable model grows each running request through ``grow`` (``Allocator.try_grow``); most of those calls change
+nothing but two lengths (a block boundary comes once every ``block_size`` tokens). ``grow_computed`` reaches the
+state those calls reach, in order, with the same point of failure; the property tests
+(``tests/memory/test_grow_computed.py``, ``tests/sim/test_batched_growth.py``) drive both and compare every block,
+count, cache entry and figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from minipaged_cli.memory.block_pool import num_blocks_for
+from minipaged_cli.memory.sequence import OutOfBlocksError
+
+if TYPE_CHECKING:
+    from minipaged_cli.memory.block_manager import KVBlockManager
+
+
+def grow_computed(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_tokens: int) -> int:
+    """``manager.grow(sequence_id, num_tokens)`` for each sequence in order, stopping at the first the free blocks
+    cannot serve (``OutOfBlocksError``: it and the rest unchanged); returns how many grew.
+
+    ``grow_together`` where it is exact, else one at a time: a sequence whose growth takes no block, copies no
+    shared block, fills no block the prefix cache wants and has every token computed only has its lengths moved,
+    without ``grow``'s calls (most decode steps are that: a block boundary comes once every ``block_size``
+    tokens); any other, and every sequence under a sliding window, goes through ``grow``."""
+    grown = grow_together(manager, sequence_ids, num_tokens)
+    if grown is not None:
+        return grown
+    sequences, block_size, refs = manager.sequences, manager.block_size, manager.pool.ref_counts
+    cached = manager.cached_group_ids[0] if manager.enable_prefix_caching and manager.cached_group_ids else None
+    plain = manager.window is None and num_tokens > 0
+    for done, sequence_id in enumerate(sequence_ids):
+        state = sequences.get(sequence_id) if plain else None
+        if state is not None:
+            length = state.sequence_length
+            new_length = length + num_tokens
+            table = state.block_tables[0]
+            # (the conditions under which ``grow`` takes, copies, or ``_computed`` loads or caches, negated)
+            if (new_length <= len(table) * block_size and state.num_computed_tokens == length
+                    and not state.num_loading_tokens and (length % block_size == 0 or refs[table[-1]] == 1)
+                    and (cached is None or new_length // block_size <= state.num_cached_blocks[cached])):
+                state.sequence_length = state.num_computed_tokens = new_length
+                continue
+        try:
+            manager.grow(sequence_id, num_tokens)
+        except OutOfBlocksError:
+            return done
+    return len(sequence_ids)
+
+
+def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_tokens: int) -> int | None:
+    """``grow_computed`` with one take from the free queue for all the sequences' new blocks and one cache call per
+    group for all the blocks they fill, leaving the pool as ``grow`` one sequence at a time leaves it; None,
+    nothing changed, where that could differ (the caller grows them one at a time).
+
+    One at a time interleaves each sequence's take with the caching of the blocks the sequences before it
+    filled. The order does not matter when no content the sequences cache is cached already (a take evicts only
+    cached free blocks, so never an entry the caching makes or meets) and none is cached twice: then the takes
+    come off the free queue in the same order, and the entries are made in the same order. Not under a sliding
+    window (slides free blocks between the takes), after a fork (a shared last block is copied; another holder may
+    have cached a block first), nor with a subscriber to the pool's events (the tiers want the order of single
+    steps)."""
+    pool, block_size = manager.pool, manager.block_size
+    if manager.window is not None or manager.num_forks or pool.events.has_subscribers or num_tokens < 1:
+        return None
+    sequences, num_groups = manager.sequences, len(manager.groups)
+    cached_groups = manager.cached_group_ids if manager.enable_prefix_caching else []
+    first_cached = cached_groups[0] if cached_groups else None
+    states, takes, fills = [], [], []  # those that grow; (state, new blocks a group); (state, full blocks)
+    num_taken, num_free = 0, pool.free_blocks.num_free
+    for sequence_id in sequence_ids:
+        state = sequences.get(sequence_id)
+        if state is None or state.num_loading_tokens or state.num_computed_tokens != state.sequence_length:
+            return None  # (unknown, loading or reserved ahead: ``grow``'s own path, and its errors)
+        new_length = state.sequence_length + num_tokens
+        num_blocks = len(state.block_tables[0])
+        if new_length > num_blocks * block_size:  # (the common case, a step inside its last block, first)
+            per_group = num_blocks_for(new_length, block_size) - num_blocks
+            if num_taken + per_group * num_groups > num_free:
+                break  # (one at a time, this one's take fails: it and the rest stay as they are)
+            num_taken += per_group * num_groups
+            takes.append((state, per_group))
+        if first_cached is not None and new_length // block_size > state.num_cached_blocks[first_cached]:
+            fills.append((state, min(new_length // block_size, len(state.block_hashes))))
+        states.append(state)
+    group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
+    for state, stop in fills:
+        for g in cached_groups:
+            group_keys[g] += state.block_hashes[state.num_cached_blocks[g]:stop]
+    for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
+        if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
+            return None
+    if takes:
+        taken: list[int] = []
+        pool.take(num_taken, taken)
+        position = 0
+        for state, per_group in takes:  # group by group, as ``_take``
+            for table in state.block_tables:
+                table += taken[position:position + per_group]
+                position += per_group
+            state.num_held_blocks += per_group * num_groups
+    for state in states:
+        state.sequence_length = state.num_computed_tokens = state.sequence_length + num_tokens
+    if fills:  # (the blocks in the order the calls one by one cache them; each group's map its own)
+        group_blocks: list[list[int]] = [[] for _ in manager.groups]
+        for state, stop in fills:
+            cached = state.num_cached_blocks
+            for g in cached_groups:
+                group_blocks[g] += state.block_tables[g][cached[g]:stop]
+                if stop > cached[g]:
+                    cached[g] = stop
+        for g in cached_groups:
+            if group_blocks[g]:
+                pool.cache_fresh(group_keys[g], group_blocks[g], g)
+    return len(states)
