@@ -19,7 +19,6 @@ from minipaged_cli.memory.allocators import BulkProfile
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
-    from minipaged_cli.memory.block_pool import BlockPool
 
 
 
@@ -215,25 +214,8 @@ def decode_in_bulk(manager: KVBlockManager, sequence_ids: Sequence[Hashable], nu
             freed += parts
             blocks += itertools.chain.from_iterable(parts)
     if len(set(blocks)) == len(blocks):  # (all to the back, in order: one call frees as the calls one by one)
-        release_split(pool, [blocks], ())
+        pool.release_split([blocks], ())
     else:  # a block that two sequences share: the later release frees it
         for part in freed:
             pool.release(part)
     return True
-
-
-def release_split(pool: BlockPool, keyed: Sequence[Sequence[int]], keyless: Sequence[Sequence[int]]) -> None:
-    """``BlockPool.release`` of tables that the caller has split into their blocks carrying a key (``keyed``, a
-    part per table) and those carrying none (``keyless``: a sequence's blocks past those it offered to the cache,
-    which no other table holds), each part in eviction order: the same queue as ``release``, with no test per
-    block for a key. Freed keyed blocks go to the back in order; each keyless part to the front, ahead of the
-    parts before it."""
-    to_back = pool.unreference(keyed)
-    refs, num_freed = pool.ref_counts, len(to_back)
-    for part in keyless:
-        for block in part:
-            refs[block] = 0
-        pool.free_blocks.prepend(part)
-        num_freed += len(part)
-    pool.free_blocks.append(to_back)
-    pool.num_frees += num_freed

@@ -6,7 +6,6 @@ and without shared blocks (without, the pool takes its path that tests no block)
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +13,6 @@ from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
-from minipaged_cli.memory.bulk import release_split
 from minipaged_cli.memory.prefix import hash_blocks
 
 NUM_BLOCKS = 24
@@ -82,14 +80,12 @@ def test_uncached_blocks_of_the_later_table_go_ahead_of_the_earlier_ones() -> No
     assert pool.free_blocks.touched() == ([3, 2, 1, 0], [])
 
 
-@pytest.mark.parametrize("split_release", [release_split, BlockPool.release_split], ids=["bulk", "pool"])
 @pytest.mark.parametrize("sharing", [False, True])
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10**6))
 def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(
-        seed: int, sharing: bool,
-        split_release: Callable[[BlockPool, list[list[int]], list[list[int]]], None]) -> None:
-    # ``bulk.release_split`` and ``BlockPool.release_split`` (a bulk decode's windows, a sequence's release): the
+        seed: int, sharing: bool) -> None:
+    # ``BlockPool.release_split`` (a bulk decode's windows, a sequence's release): the
     # caller names each table's keyed blocks (a sequence's cached prefix, possibly shared by a hit) and its keyless
     # ones (the tail after, its own); the pool tests no block for a key.
     rng = random.Random(seed)
@@ -105,8 +101,8 @@ def test_a_release_split_by_the_caller_frees_as_vllm_frees_one_table_at_a_time(
     for block in shared:
         pool.reference(block)
     refs, front, back = _naive_release([table[::-1] for table in tables], shared, set(keyed_blocks))
-    split_release(pool, [table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
-                  [table[split:][::-1] for table, split in zip(tables, splits, strict=True)])
+    pool.release_split([table[:split][::-1] for table, split in zip(tables, splits, strict=True)],
+                       [table[split:][::-1] for table, split in zip(tables, splits, strict=True)])
     assert pool.free_blocks.touched() == (front, back)
     assert [pool.ref_counts[block] for block in refs] == list(refs.values())
     assert pool.num_shared_references == sum(count - 1 for count in refs.values() if count > 1)

@@ -1,7 +1,7 @@
 """The paged strategy's fast paths against the step-by-step model they stand in for, by property tests: the hit
 memo (``HitsMemo``) against ``search_hits``, ``BlockPool.cache_fresh`` against ``cache``, a bulk decode
 (``bulk.advance_windowed``, through ``decode_in_bulk`` or in lockstep) against one ``grow`` per request and step,
-and ``bulk.full_attention_profile`` against a count per request and step. (``bulk.release_split``:
+and ``bulk.full_attention_profile`` against a count per request and step. (``BlockPool.release_split``:
 ``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
 
 from __future__ import annotations
