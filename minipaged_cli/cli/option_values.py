@@ -82,7 +82,11 @@ def convert_plainly(params: list[Any]) -> list[Any]:
     """``params`` (Typer's), each of a plain type converting its values with ``PlainValue`` from now on."""
     for param in params:
         descriptor = getattr(param, "type_descriptor", None)
-        if descriptor is not None and param._runtime_param is None and _of_plain_type(descriptor):
+        try:
+            if descriptor is None or param._runtime_param is not None or not _of_plain_type(descriptor):
+                continue
             param._runtime_param = PlainValue(parameter_info=descriptor.parameter_info,
                                               annotation=descriptor.annotation, descriptor=descriptor)
+        except (AttributeError, TypeError):  # a Typer whose internals moved: its own conversion throughout
+            return params
     return params

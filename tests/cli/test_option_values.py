@@ -90,3 +90,22 @@ def test_every_param_of_a_plain_type_converts_plainly() -> None:
     params = typer.main.get_command(app).params
     convert_plainly(params)
     assert {param.name for param in params if isinstance(param._runtime_param, PlainValue)} == set(PARAMS)
+
+
+def test_a_typer_whose_internals_moved_keeps_its_own_conversion() -> None:
+    # ``convert_plainly`` reaches into Typer 0.29's private ``_runtime_param``: a parameter without it (another
+    # Typer) is left as Typer built it, and so are the rest, rather than the command line failing.
+    class Moved:
+        type_descriptor = typer.main.get_command(_app()).params[0].type_descriptor
+
+    app_params = typer.main.get_command(_app()).params
+    params = [Moved(), *app_params]
+    assert convert_plainly(params) is params
+    assert not hasattr(params[0], "_runtime_param")
+    assert not any(isinstance(param._runtime_param, PlainValue) for param in app_params)
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(_options)
+    return app
