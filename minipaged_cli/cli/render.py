@@ -268,7 +268,10 @@ class ReplayProgress:
 
     def __call__(self, strategy: str, done: int) -> None:
         now = time.monotonic()
-        if now < self.next_update or not self.console.is_terminal:
+        if now < self.next_update:
+            return
+        if not self.console.is_terminal:  # (asked once: Rich's answer looks at the stream, and this runs per event)
+            self.next_update = float("inf")
             return
         self.next_update = now + 0.1
         if self.bar is None:  # (Rich's progress module is imported by the replays that show a bar alone)

@@ -230,6 +230,30 @@ def test_progress_bar_names_its_unit_and_stays_off_a_pipe() -> None:
     assert piped.file.getvalue() == ""  # a transient bar on a pipe would leave an empty line in the log
 
 
+def test_progress_bar_asks_a_pipe_once_whether_it_is_a_terminal() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from minipaged_cli.cli.render import ReplayProgress
+
+    class CountingConsole(Console):
+        asked = 0
+
+        @property
+        def is_terminal(self) -> bool:
+            CountingConsole.asked += 1
+            return False
+
+    # (the replay calls the bar at every event: a look at the stream each time cost 5 % of a long replay)
+    piped = CountingConsole(file=StringIO())
+    CountingConsole.asked = 0  # (Rich asks while it builds the console)
+    with ReplayProgress(piped, 1000, ("paged",), delay_s=0) as progress:
+        for done in range(1000):
+            progress("paged", done)
+    assert progress.bar is None and CountingConsole.asked == 1
+
+
 def test_plots_of_run_and_profile(tmp_path: Path) -> None:
     burst = str(ROOT / "traces" / "burst.yaml")
     run_png, profile_png = tmp_path / "run.png", tmp_path / "profile.png"
