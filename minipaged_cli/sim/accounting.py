@@ -129,11 +129,12 @@ def current_categories(running: Sequence[LiveRequest], allocator: Allocator, ext
                        live_tokens: int | None = None) -> np.ndarray:
     """The memory categories now, in slots, for the running requests (``category_slots``'s layout).
     ``live_tokens``: Σ of their computed tokens, where the caller has it."""
-    allocated, internal = allocator.allocation_sums(running)
     if allocator.windowed:  # a token's K/V in each group that holds it; the tail past F in each group
+        allocated = sum(allocator.allocations(running))
         tokens = sum(allocator.token_slots(r, r.num_computed) for r in running)
         internal = sum(allocator.internal_slots(r) for r in running)
     else:
+        allocated, internal = allocator.allocation_sums(running)
         tokens = live_tokens if live_tokens is not None else sum(r.num_computed for r in running)
     return category_slots(tokens, allocated, internal, external, allocator.capacity_tokens, allocator.shared_slots)
 
