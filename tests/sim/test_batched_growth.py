@@ -13,8 +13,8 @@ from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import Replay
 from minipaged_cli.workloads.presets import load_gpu, load_model
-from minipaged_cli.workloads.trace import Request, make_trace
-from tests.sim.test_replay import SEGMENTS
+from minipaged_cli.workloads.trace import make_trace
+from tests.sim.test_replay import SEGMENTS, random_requests
 from tests.sim.test_replay_hybrid import windowed_model
 
 
@@ -60,12 +60,7 @@ def assert_batched_growth_is_exact(trace, config: SimConfig, bulk: bool) -> None
 def random_trace(seed: int, sharing: bool):
     """Up to 25 requests over 1.5 s: shared prefixes and parallel samples with ``sharing``."""
     rng = np.random.default_rng(seed)
-    requests = []
-    for i in range(int(rng.integers(2, 25))):
-        prefix = tuple(rng.choice(["sys", "doc"], size=int(rng.integers(0, 3)))) if sharing else ()
-        prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, 200))
-        n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
-        requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 120)), prefix, n))
+    requests = random_requests(rng, int(rng.integers(2, 25)), sharing, own_tokens=200, output_tokens=120)
     return make_trace("t", requests, source="test", segments=SEGMENTS)
 
 

@@ -123,6 +123,20 @@ def assert_same_replay(fast: dict, slow: dict, label: str) -> None:
 SEGMENTS = {"sys": 100, "doc": 37}  # 37: blocks straddle the segment boundary for every block size but 1
 
 
+def random_requests(rng: np.random.Generator, count: int, sharing: bool, *, own_tokens: int,
+                    output_tokens: int) -> list[Request]:
+    """``count`` requests arriving over 1.5 s, each with fewer than ``own_tokens`` prompt tokens of its own and
+    ``output_tokens`` to generate; with ``sharing``, shared prefixes of ``SEGMENTS`` and parallel samples."""
+    requests = []
+    for i in range(count):
+        prefix = tuple(rng.choice(["sys", "doc"], size=int(rng.integers(0, 3)))) if sharing else ()
+        prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, own_tokens))
+        n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
+        requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, output_tokens)),
+                                prefix, n))
+    return requests
+
+
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @example(seed=0, block_size=1, chunk=None, num_blocks=32, sharing=False, swap=False, watermark=0.0, scheduler="v0",
@@ -154,12 +168,7 @@ def test_fast_path_equals_step_by_step(seed: int, block_size: int, chunk: int | 
     # sits on a 6-decimal rounding boundary; seed 3225: nothing runs and the head's recompute prompt no longer
     # fits.)
     rng = np.random.default_rng(seed)
-    requests = []
-    for i in range(int(rng.integers(3, 30))):
-        prefix = tuple(rng.choice(["sys", "doc"], size=int(rng.integers(0, 3)))) if sharing else ()
-        prompt = sum(SEGMENTS[s] for s in prefix) + int(rng.integers(1, 300))
-        n = int(rng.choice([1, 1, 2, 3])) if sharing else 1
-        requests.append(Request(f"r{i}", float(rng.uniform(0, 1.5)), prompt, int(rng.integers(1, 150)), prefix, n))
+    requests = random_requests(rng, int(rng.integers(3, 30)), sharing, own_tokens=300, output_tokens=150)
     swap = swap and scheduler == "v0"
     config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=num_blocks * 16 // block_size,
                           block_size=block_size, max_model_len=1024, max_batched_tokens=chunk, check_invariants=True,
