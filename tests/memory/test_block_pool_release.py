@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
-from minipaged_cli.memory.prefix import hash_blocks
+from tests.memory.test_bulk import prompts_sharing_documents
 
 NUM_BLOCKS = 24
 
@@ -157,8 +157,7 @@ def test_a_sequence_released_without_a_test_per_block_frees_as_one_testing_each(
     managers = [KVBlockManager(num_blocks, block_size, enable_prefix_caching=True),
                 _TestingEveryBlock(num_blocks, block_size, enable_prefix_caching=True)]
     assert managers[0].only_offered_blocks_keyed()
-    prompts = [hash_blocks([("doc", d, i) for i in range(rng.randint(0, 6))] + [("own", p, i) for i in range(8)])
-               for p, d in enumerate(rng.choices(range(3), k=6))]
+    prompts = prompts_sharing_documents(rng)
     live: list[int] = []
     for step in range(40):
         sid = rng.randrange(len(prompts))

@@ -21,6 +21,12 @@ from minipaged_cli.memory.prefix import hash_blocks
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
 from tests.memory.test_bulk_decode import scenario, state
 
+
+def prompts_sharing_documents(rng: random.Random) -> list[list[int]]:
+    """Six prompts' block keys: up to 6 blocks of one of 3 shared documents, then 8 blocks of the prompt's own."""
+    return [hash_blocks([("doc", d, i) for i in range(rng.randint(0, 6))] + [("own", p, i) for i in range(8)])
+            for p, d in enumerate(rng.choices(range(3), k=6))]
+
 LAYOUTS = ((FULL_ATTENTION,), (SLIDING_ATTENTION, FULL_ATTENTION), (FULL_ATTENTION, FULL_ATTENTION),
            (SLIDING_ATTENTION,))
 
@@ -35,8 +41,7 @@ def test_the_hit_memo_answers_as_the_search(seed: int, layout: tuple[str, ...]) 
     groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
               for i, kind in enumerate(layout)]
     manager = KVBlockManager(rng.randint(8, 60), block_size, groups, enable_prefix_caching=True)
-    prompts = [hash_blocks([("doc", d, i) for i in range(rng.randint(0, 6))] + [("own", p, i) for i in range(8)])
-               for p, d in enumerate(rng.choices(range(3), k=6))]
+    prompts = prompts_sharing_documents(rng)
     live: list[int] = []
     for step in range(30):
         sid = rng.randrange(len(prompts))
