@@ -26,6 +26,7 @@ _MERGE_TAG = "tag:yaml.org,2002:merge"
 # Nesting a YAML document may have: libyaml builds nodes by C recursion, and some 30,000 levels of ``[`` overflow
 # its stack (a segfault, no exception to catch), so deeper documents are refused before they are built.
 MAX_YAML_DEPTH = 1000
+LIBYAML_TOO_DEEP = "exceeded maximum nesting depth"  # (libyaml's limit is 1000 levels too)
 
 
 class DuplicateKeyError(ValueError):
@@ -144,17 +145,26 @@ def read_mapping(path: Path, expected: str, *, field: str | None = None) -> dict
 
 def _check_depth(text: str, source: str) -> None:
     """Refuse a document nested deeper than ``MAX_YAML_DEPTH``, from libyaml's events (its parser keeps a stack
-    of its own: no recursion before the nodes are built)."""
+    of its own: no recursion before the nodes are built). libyaml 0.2.6 (in PyYAML 6.0.4's wheels) refuses the same
+    depth in its scanner, which reads ahead of the events: its refusal is this one too."""
     depth = 0
-    for event in yaml.parse(text, Loader=_SAFE_LOADER):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_YAML_DEPTH:
-                line = event.start_mark.line + 1 if event.start_mark is not None else None
-                raise InputError(f"nested more than {MAX_YAML_DEPTH} levels deep", source=source,
-                                 where=f"line {line}" if line else None)
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=_SAFE_LOADER):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise _too_deep(source, event.start_mark)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.MarkedYAMLError as error:
+        if error.problem != LIBYAML_TOO_DEEP:
+            raise
+        raise _too_deep(source, error.problem_mark) from None
+
+
+def _too_deep(source: str, mark: yaml.Mark | None) -> InputError:
+    return InputError(f"nested more than {MAX_YAML_DEPTH} levels deep", source=source,
+                      where=None if mark is None else f"line {mark.line + 1}")
 
 
 def _first_line(error: BaseException) -> str:
