@@ -133,8 +133,11 @@ class Scheduler:
     @property
     def can_bulk(self) -> bool:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
-        runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted."""
+        runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted.
+        Under cache-aware admission, one request waits at most: the reorder of two may put either first, at any
+        step (the cache's usage and hits move)."""
         return bool(self.running) and len(self.running) < self.engine.max_batched_tokens \
+            and not (self.cache_aware_window and len(self.waiting) > 1) \
             and all(r.num_computed >= r.num_prefill_tokens for r in self.running) and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
