@@ -93,6 +93,9 @@ class Replica:
         self.replay = Replay(trace, config, config.allocator("paged"), True, None)
         scheduler = self.replay.scheduler
         scheduler.arrivals = self.arrivals
+        # (its next arrival may be the fleet's next event, not a request: each one ends a bulk, and the fleet's
+        # loop runs between)
+        self.replay.bulk_advance.through_arrivals = False
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
         self.events: KvEvents | None = None

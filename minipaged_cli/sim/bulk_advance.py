@@ -13,6 +13,7 @@ step end and an arrival (a finish plus a think time) would tie on one path and n
 
 from __future__ import annotations
 
+import bisect
 import itertools
 
 import numpy as np
@@ -40,6 +41,9 @@ class BulkAdvance:
         self.allocator = allocator
         self.step_time = step_time
         self.accounting = accounting
+        # Whether a bulk may run on through arrivals behind a head that memory or a batch limit holds back (the
+        # replay turns it off where a pass between must see them: a fleet's replica, tiers, a layout, a step cap)
+        self.through_arrivals = True
 
     def advance(self, now: float) -> float | None:
         """Run and record the decode-only steps from ``now`` up to the next event; the clock at the last one's end,
@@ -59,18 +63,36 @@ class BulkAdvance:
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
         checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
         clock = step_clock(now, durations)
-        if scheduler.next_arrival_s is not None:
-            # Stop before the step that starts at or after the next arrival: it may admit that request.
+        # Behind a waiting head an arrival joins the queue's tail and changes no step (the head stays held back:
+        # free memory only shrinks without windows, the batch stays as it is); else the bulk stops before the step
+        # that starts at or after the next arrival, which may admit that request.
+        through = self.through_arrivals and bool(scheduler.waiting) and not self.allocator.windowed \
+            and not scheduler.cache_aware_window
+        if scheduler.next_arrival_s is not None and not through:
             num_steps = 1 + int(clock[1:-1].searchsorted(scheduler.next_arrival_s, side="left"))
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
         num_steps = profile.num_steps
         if num_steps == 0:
             return None
+        # The steps at whose start requests arrive (the parts of the bulk), and the external fragmentation from each
+        # on (the smallest waiting need may shrink)
+        parts, externals = [0], [scheduler.external_fragmentation()]
+        if through:
+            while (arrival := scheduler.next_arrival_s) is not None:
+                start = 1 + int(clock[1:num_steps].searchsorted(arrival, side="left"))
+                if start == num_steps:
+                    break
+                if start == parts[-1]:  # (one the pass at that step did not queue: the next pass sees it)
+                    num_steps = start
+                    break
+                scheduler.arrive(float(clock[start]))
+                parts.append(start)
+                externals.append(scheduler.external_fragmentation())
 
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
         # back in the steps whose new blocks eat its headroom. Without sliding windows free space only shrinks
         # here, so that is one run from the first held step on; windows free blocks too, so it comes and goes.
-        external = scheduler.external_fragmentation()
+        external = externals[0]
         peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
         if self.allocator.windowed:
             grown = profile.allocated - int(allocated.sum())  # slots taken since the start: per step, or one number
@@ -96,11 +118,12 @@ class BulkAdvance:
             if scheduler.waiting:
                 grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
                 num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
-            if 0 < num_free < num_steps:
-                self._record(clock, profile, durations, total_length, n, external, 0, num_free, False)
-                self._record(clock, profile, durations, total_length, n, external, num_free, num_steps, True)
-            else:  # one run, all saturated or none
-                self._record(clock, profile, durations, total_length, n, external, 0, num_steps, num_free == 0)
+            # One record a run of steps that no arrival and no change of saturation splits, as a bulk starting
+            # at each arrival would record them
+            for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})):
+                part = bisect.bisect_right(parts, start) - 1
+                self._record(clock, profile, durations, total_length, n, externals[part], start, stop,
+                             start >= num_free, parts[part])
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
@@ -111,15 +134,16 @@ class BulkAdvance:
         return float(clock[num_steps])
 
     def _record(self, clock: np.ndarray, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
-                external: int, start: int, stop: int, saturated: bool) -> None:
+                external: int, start: int, stop: int, saturated: bool, first: int = 0) -> None:
         """Record steps ``start`` to ``stop`` of an advance whose steps start at ``clock``: time integrals of
-        the category inputs.
+        the category inputs; ``first``: the step that part of the advance starts at (its tokens are summed as from
+        there, as an advance starting there sums them).
 
         The shared slots stay constant: no admission, fork or release until the last step."""
         part = durations[start:stop]
         duration = float(part.sum())
-        tokens = total_length * duration + n * float(part @ _STEPS[start:stop]) if profile.tokens is None \
-            else _integral(profile.tokens, part, duration, start, stop)
+        tokens = (total_length + n * first) * duration + n * float(part @ _STEPS[start - first:stop - first]) \
+            if profile.tokens is None else _integral(profile.tokens, part, duration, start, stop)
         slots = category_slots(
             tokens,
             _integral(profile.allocated, part, duration, start, stop),

@@ -13,7 +13,7 @@ from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.strategies import STRATEGIES, make_allocator
 from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.config import SimConfig
-from minipaged_cli.sim.replay import replay, simulate
+from minipaged_cli.sim.replay import Replay, replay, simulate
 from minipaged_cli.workloads.presets import GpuSpec, ModelSpec, load_gpu, load_model
 from minipaged_cli.workloads.readers import load_trace
 from minipaged_cli.workloads.trace import Request, make_trace
@@ -260,6 +260,35 @@ def test_committed_azure_sample_shows_the_same_picture() -> None:
     token = {name: m.token_state_pct for name, m in simulate(trace, config).strategies.items()}
     assert token["max-reserve"] < token["pow2-reserve"] < token["oracle-reserve"] < token["paged"]
     assert token["paged"] >= 90.0 and token["max-reserve"] <= 40.0
+
+
+@pytest.mark.parametrize("scheduler", ["v1", "v0"])
+def test_fast_path_runs_through_arrivals_behind_a_held_back_head(tiny_model: ModelSpec, clock_gpu: GpuSpec,
+                                                                 scheduler: str) -> None:
+    # 1 ms steps, 16 blocks of 4. A (10 + 30 tokens) holds 3 blocks after its prefill; B's prompt needs 14, so
+    # memory holds B back until A finishes. C, D and E arrive mid-decode (5.5, 11.5, 17.5 ms) and queue behind B
+    # (first come first served): no step changes. The fast path runs on through their arrivals (fewer passes than
+    # one that stops at each) and must give what one step at a time gives.
+    trace = trace_of((0.0, 10, 30), (0.0, 56, 1), (0.0055, 4, 2), (0.0115, 4, 2), (0.0175, 4, 2))
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=16, block_size=4, max_model_len=64, watermark=0.0,
+                          scheduler=scheduler)
+
+    def passes(bulk: bool, through_arrivals: bool) -> tuple[int, dict]:
+        loop = Replay(trace, config, config.allocator("paged"), bulk, None)
+        loop.bulk_advance.through_arrivals = through_arrivals
+        count = 0
+        while loop.scheduler.has_work:
+            loop.iterate()
+            count += 1
+        return count, unrounded(loop.metrics())
+
+    through, fast = passes(True, True)
+    stopping, fast_stopping = passes(True, False)
+    _, slow = passes(False, False)
+    assert fast["completed_requests"] == 5 and fast["averaged_over"] == "saturated"
+    assert through < stopping
+    assert_same_replay(fast_stopping, dict(slow), scheduler)
+    assert_same_replay(fast, slow, scheduler)
 
 
 @pytest.mark.parametrize("scheduler", ["v1", "v0"])
