@@ -3,7 +3,9 @@
 Stepping one decode step at a time costs Python work per token. Between events (an arrival, a completion, an
 admission, a prefill, a block the pool cannot give, an extent that must grow) nothing but lengths changes, so
 ``BulkAdvance`` advances all those steps at once and integrates the metrics over them. ``replay(bulk=False)`` steps
-one at a time: the reference this fast path is tested against (``tests/sim/test_replay*.py``).
+one at a time: the reference this fast path is tested against (``tests/sim/test_replay*.py``). An arrival behind
+a waiting head is no such event (FCFS queues it behind a head that stays held back): the advance queues it at its
+step and goes on.
 
 The clock moves by the same float additions the single steps make (``step_clock``: ``now + d1``, then ``+ d2``,
 ...), not by ``now + (d1 + d2 + ...)``: the two round differently, and on a clock of whole-millisecond steps a
