@@ -28,8 +28,12 @@ Dynamo's hit % is its ``first_admission_prefix_cache_reused_ratio`` (prompt toke
 first admitted, over all prompt tokens: minipaged's ``prefix_cache_hits / prefix_cache_queries``), its preemptions
 the sum over its replay telemetry's intervals.
 
+``--profile N`` runs minipaged once more per row under cProfile and lists, under the table, the N functions and the
+N files of the package (or libraries) with the most self time: where minipaged's time goes. (cProfile's own cost
+falls on every call, so it inflates the share of functions called millions of times; the order is what it shows.)
+
     python benchmarks/peer_speed.py [--traces DIR] [--rows NAME,...] [--repeats N] [--dynamo-python PYTHON]
-        [--markdown PATH]
+        [--profile N] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import shlex
 import statistics
 import subprocess
@@ -147,6 +152,57 @@ def run_minipaged(row: Row, trace: Path) -> Run:
     figures = result["fleet"] if row.replicas > 1 else result["strategies"]["paged"]
     return Run(cpu_s, peak_mb, figures["prefix_cache_hit_pct"], figures["num_preemptions"],
                figures["completed_requests"])
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Where one minipaged run of a row spent its time: the functions and the files with the most self time, each
+    with its share of the run's profiled time (%)."""
+
+    row: Row
+    functions: list[tuple[str, float]]
+    files: list[tuple[str, float]]
+
+
+def profile_minipaged(row: Row, trace: Path, top: int) -> Profile:
+    """One more minipaged run of ``row``, under cProfile: its ``top`` functions and files by self time."""
+    with tempfile.TemporaryDirectory() as scratch:
+        stats_path = Path(scratch) / "run.prof"
+        argv = minipaged_argv(row, trace, Path(scratch) / "result.json")
+        argv[1:1] = ["-m", "cProfile", "-o", str(stats_path)]
+        timed_process(argv, {**os.environ, "PYTHONPATH": str(CHECKOUT)})
+        # {(file, line, function): (primitive calls, calls, self seconds, cumulative seconds, callers)}
+        stats = pstats.Stats(str(stats_path)).stats  # type: ignore[attr-defined]
+    functions: dict[str, float] = {}
+    files: dict[str, float] = {}
+    for (filename, _, name), (_, _, self_s, _, _) in stats.items():
+        where = short_path(filename)
+        functions[f"{where}: {name}"] = functions.get(f"{where}: {name}", 0.0) + self_s
+        files[where] = files.get(where, 0.0) + self_s
+    total = sum(files.values()) or 1.0
+    return Profile(row, top_shares(functions, total, top), top_shares(files, total, top))
+
+
+def top_shares(seconds: dict[str, float], total: float, top: int) -> list[tuple[str, float]]:
+    """The ``top`` names with the most seconds, each with its % of ``total``, most first."""
+    ranked = sorted(seconds.items(), key=lambda item: -item[1])[:top]
+    return [(name, 100 * spent / total) for name, spent in ranked]
+
+
+def short_path(filename: str) -> str:
+    """A profiled file as the page names it: ``memory/block_pool.py`` in the package, ``numpy/...`` in a library,
+    ``built-in`` for the interpreter's built-ins (cProfile's ``~``)."""
+    if filename == "~":
+        return "built-in"
+    path = Path(filename)
+    package = CHECKOUT / "minipaged_cli"
+    if path.is_relative_to(package):
+        return path.relative_to(package).as_posix()
+    parts = path.parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1:])
+    return path.name if path.suffix == ".py" else filename
 
 
 def dynamo_settings(row: Row) -> dict[str, Any]:
@@ -266,8 +322,18 @@ def table_row(measured: Measured) -> list[str]:
             f"{ratio:.2f}x ({verdict})"]
 
 
-def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | None) -> str:
-    """The docs page: what ran, the command that reproduces it, the table, and what could not be matched."""
+def profile_lines(profile: Profile) -> list[str]:
+    """A row's profile on the page: its functions and its files by self time."""
+    lines = [f"### {profile.row.label}", "", "| function (self time) | % | file (self time) | % |", "|---|---|---|---|"]
+    for (function, function_pct), (file, file_pct) in zip(profile.functions, profile.files, strict=False):
+        lines.append(f"| `{function}` | {function_pct:.1f} | `{file}` | {file_pct:.1f} |")
+    return [*lines, ""]
+
+
+def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | None,
+             profiles: list[Profile] | None = None) -> str:
+    """The docs page: what ran, the command that reproduces it, the table, what could not be matched, and where
+    minipaged's time goes (``profiles``)."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     settings = (f"{BLOCK_SIZE}-token blocks, an {MAX_BATCHED_TOKENS:,}-token budget a step, at most "
@@ -291,6 +357,13 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
     if skipped is not None:
         text += skipped + "\n\n"
     text += "\n".join(lines) + "\n\nWhat the two cannot share:\n\n" + "".join(f"- {line}\n" for line in UNMATCHED)
+    if profiles:
+        text += ("\n## Where minipaged's time goes\n\n"
+                 "One more run of each row under cProfile: the functions and the files (of the package, else the "
+                 "library or the interpreter's built-ins) with the most self time, as % of the run's profiled time. "
+                 "cProfile's own cost falls on every call, so functions called millions of times (the block pool's "
+                 "per-block work) read higher than they run without it.\n\n")
+        text += "\n".join(line for profile in profiles for line in profile_lines(profile))
     return text
 
 
@@ -304,6 +377,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="paired runs per row")
     parser.add_argument("--dynamo-python", default=sys.executable,
                         help="a Python that imports dynamo.replay (default: this one)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="profile one more minipaged run per row: its N functions and files with most self time")
     parser.add_argument("--markdown", type=Path, help="write the table here, as the docs page")
     args = parser.parse_args()
     by_name = {row.name: row for row in ROWS}
@@ -314,6 +389,7 @@ def main() -> None:
     skipped = dynamo_missing(args.dynamo_python)
     if skipped is not None:
         print(skipped)
+    profiles: list[Profile] = []
     with tempfile.TemporaryDirectory() as scratch:
         measured = []
         for row in chosen:
@@ -321,17 +397,25 @@ def main() -> None:
             if row.trace == AZURE:
                 trace = mooncake_jsonl(trace, Path(scratch) / "azure_conv.jsonl")
             measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python))
+            if args.profile > 0:
+                profiles.append(profile_minipaged(row, trace, args.profile))
     rows = [table_row(m) for m in measured]
     widths = [max(len(cell) for cell in column) for column in zip(HEADER, *rows, strict=True)]
     for row in [HEADER, *rows]:
         print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
                         for i, (cell, width) in enumerate(zip(row, widths, strict=True))))
+    for profile in profiles:
+        print(f"\nminipaged's self time, % of a profiled run of {profile.row.label}")
+        for name, pct in [*profile.functions, *profile.files]:
+            print(f"  {pct:5.1f}  {name}")
     if args.markdown is not None:
         command = f"python benchmarks/peer_speed.py --repeats {args.repeats} --dynamo-python PYTHON"
         if args.rows != parser.get_default("rows"):
             command += f" --rows {args.rows}"
+        if args.profile > 0:
+            command += f" --profile {args.profile}"
         command += f" --markdown {args.markdown}"
-        args.markdown.write_text(markdown(rows, command, args.repeats, skipped))
+        args.markdown.write_text(markdown(rows, command, args.repeats, skipped, profiles))
         print(f"markdown: {args.markdown}")
 
 

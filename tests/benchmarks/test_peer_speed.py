@@ -30,7 +30,8 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     # This interpreter has no Dynamo packages (the test environment never installs them): the column is skipped.
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_speed.py"), "--traces", str(tmp_path),
                            "--rows", "mooncake-3640", "--repeats", "1", "--dynamo-python", sys.executable,
-                           "--markdown", str(page)], env=env, capture_output=True, text=True, timeout=300)
+                           "--profile", "5", "--markdown", str(page)], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     skip_lines = [line for line in done.stdout.splitlines() if "Dynamo column skipped" in line]
     assert len(skip_lines) == 1 and "pip install ai-dynamo-runtime==1.6.1" in skip_lines[0]
@@ -50,6 +51,7 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     assert len(printed) == 1
     text = page.read_text()
     assert skip_lines[0] in text and "python benchmarks/peer_speed.py --repeats 1" in text
+    assert "--profile 5" in text
     rows = [line for line in text.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
@@ -61,3 +63,20 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     assert float(cpu) > 0 and float(peak) > 0
     assert printed[0].split() == ["Mooncake", "conversation,", "3,640", "blocks", "-", cpu, "-", peak,
                                   *hit.split(), *preemptions.split(), *completed.split(), "-"]
+
+    # The profile: five functions and five files, most self time first, as printed; a file's share holds at least
+    # those of its functions listed, and no share list sums above the whole run.
+    section = text.split("### Mooncake conversation, 3,640 blocks", 1)[1]
+    table = [[cell.strip().strip("`") for cell in line.strip("|").split("|")]
+             for line in section.splitlines() if line.startswith("| `")]
+    assert len(table) == 5
+    functions = [(name, float(pct)) for name, pct, _, _ in table]
+    files = [(name, float(pct)) for _, _, name, pct in table]
+    for shares in (functions, files):
+        percents = [pct for _, pct in shares]
+        assert percents == sorted(percents, reverse=True) and percents[-1] > 0 and sum(percents) <= 100.05
+    for file, pct in files:
+        assert sum(share for name, share in functions if name.startswith(f"{file}: ")) <= pct + 0.15
+    printed_shares = [line.split(None, 1) for line in done.stdout.splitlines()[-11:-1]]
+    assert [(name, f"{float(pct):.1f}") for pct, name in printed_shares] == \
+        [(name, f"{pct:.1f}") for name, pct in [*functions, *files]]
