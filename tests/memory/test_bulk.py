@@ -60,6 +60,40 @@ def test_the_hit_memo_answers_as_the_search(seed: int, layout: tuple[str, ...]) 
 
 
 @settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), layout=st.sampled_from(LAYOUTS))
+def test_the_hit_memo_follows_a_prompt_changed_in_place(seed: int, layout: tuple[str, ...]) -> None:
+    # The memo keeps a copy of only the keys its searches read: a prompt's list changed in place between two asks
+    # (a key replaced by another prompt's or a new one, a key appended, one dropped), or another list sharing its
+    # first keys, is answered as a fresh search answers it, at the same cache version.
+    rng = random.Random(seed)
+    block_size, window = rng.choice([1, 2, 4]), rng.randint(1, 12)
+    groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
+              for i, kind in enumerate(layout)]
+    manager = KVBlockManager(60 * len(groups), block_size, groups, enable_prefix_caching=True)
+    prompts = prompts_sharing_documents(rng)
+    for sid, hashes in enumerate(prompts):
+        length = rng.randint(1, len(hashes) * block_size)
+        if manager.blocks_to_create(length, hashes) <= manager.num_free_blocks:
+            manager.create_sequence(sid, length, block_hashes=hashes)
+            if rng.random() < 0.5:
+                manager.release_sequence(sid)
+    asked = list(rng.choice(prompts))
+    for _ in range(40):
+        change = rng.randrange(4)
+        if change == 0 and asked:
+            asked[rng.randrange(len(asked))] = rng.choice([*rng.choice(prompts), ("new", rng.random())])
+        elif change == 1:
+            asked.append(rng.choice(rng.choice(prompts)))
+        elif change == 2 and asked:
+            del asked[rng.randrange(len(asked))]
+        else:
+            kept = rng.randint(0, len(asked))
+            asked = asked[:kept] + rng.choice(prompts)[kept:]
+        for num_tokens in (rng.randint(0, 16 * block_size), len(asked) * block_size):
+            assert manager.find_hits(asked, num_tokens) == manager.search_hits(list(asked), num_tokens)
+
+
+@settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 10**6))
 def test_cache_fresh_enters_keyless_blocks_as_cache_does(seed: int) -> None:
     # Keyless blocks under keys new, cached already (in the group or another), or repeated: both pools end alike.
