@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Hashable, Iterable, Sequence
+from itertools import count, islice
 
 
 def content_hash(parent: Hashable, content: Hashable) -> int:
@@ -38,7 +39,7 @@ def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tupl
     return [tuple(token_ids[i:i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
 
 
-def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[int]:
+def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) -> list[int]:
     """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
     own tokens) of the given lengths.
 
@@ -50,6 +51,9 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
     dictionaries hash it without following a tuple's pointers to scattered objects, the replay's hottest memory
     traffic. (Two keys, or two contents' names, meet only where two 128-bit digests land within a run's length of
     each other: as likely as a digest collision.)
+
+    A replay builds a key for every block of every prompt (millions): a run's keys come from ``itertools.count``,
+    one addition a key, where a range's iterator makes three (an addition, a subtraction, a comparison).
     """
     keys: list[int] = []
     chain: Hashable = None  # the hash of all content before ``pieces``
@@ -72,7 +76,7 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
         if whole:
             run_key = content_hash(chain, (label, start))
             chain = run_key + whole
-            keys.extend(range(run_key, chain))
+            keys.extend(islice(count(run_key), whole))
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]
