@@ -1,8 +1,9 @@
 """The paged strategy's fast paths against the step-by-step model they stand in for, by property tests: the hit
 memo (``HitsMemo``) against ``search_hits``, ``BlockPool.cache_fresh`` against ``cache``, a bulk decode
 (``bulk.advance_windowed``, through ``decode_in_bulk`` or in lockstep) against one ``grow`` per request and step,
-and ``bulk.full_attention_profile`` against a count per request and step. (``BlockPool.release_split``:
-``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
+``bulk.full_attention_profile`` against a count per request and step, and ``num_blocks_to_allocate`` against a
+count per block. (``BlockPool.release_split``: ``tests/memory/test_block_pool_release.py``;
+``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.bulk import advance_windowed, full_attention_profile
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.prefix import hash_blocks
+from minipaged_cli.memory.sequence import NULL_BLOCK
+from minipaged_cli.memory.single_type import SingleTypeManager
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
 from tests.memory.test_bulk_decode import scenario, state
 
@@ -147,3 +150,17 @@ def test_the_full_attention_profile_counts_each_request_and_step(seed: int) -> N
     assert list(profile.internal) == [sum(max(-(-(length + j) // block_size) * block_size - final, 0)
                                           for length, final in zip(lengths, finals, strict=True))
                                       for j in range(1, num_ok + 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ref_counts=st.lists(st.integers(0, 3), min_size=1, max_size=12), data=st.data())
+def test_blocks_to_allocate_count_each_new_block_and_each_revived_hit(ref_counts: list[int],
+                                                                      data: st.DataObject) -> None:
+    # Each required block past the hit and the skipped blocks is new; each hit past the skipped ones on a block no
+    # table holds (count 0) comes back from the free queue; a null entry (a sliding group's) takes nothing.
+    hits = data.draw(st.lists(st.sampled_from([NULL_BLOCK, *range(len(ref_counts))]), max_size=10))
+    num_skipped, num_required = data.draw(st.integers(0, 12)), data.draw(st.integers(0, 20))
+    new = sum(1 for position in range(num_required) if position >= len(hits) and position >= num_skipped)
+    revived = sum(1 for position, block in enumerate(hits)
+                  if position >= num_skipped and block != NULL_BLOCK and ref_counts[block] == 0)
+    assert SingleTypeManager.num_blocks_to_allocate(hits, num_required, num_skipped, ref_counts) == new + revived
