@@ -12,16 +12,19 @@ import pickle
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import count, islice
 
+_BLAKE2B_128 = hashlib.blake2b(digest_size=16)  # (never updated: ``content_hash`` updates copies)
+
 
 def content_hash(parent: Hashable, content: Hashable) -> int:
-    """A 128-bit BLAKE2b digest of (parent, content), as an int.
+    """A 128-bit BLAKE2b digest of the pair (parent, content) pickled with protocol 5, as a big-endian int.
 
     Python's ``hash()`` is 64 bits and not collision resistant (``hash(-1) == hash(-2)``, so token ids -1 and -2
     would share a cache entry); vLLM moved to SHA-256 for the same reason. ``content`` must be picklable with a
     stable encoding (ints, strings, tuples of them).
     """
-    digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
-    return int.from_bytes(digest, "big")
+    hasher = _BLAKE2B_128.copy()  # (a copy skips the set-up of the parameters: a replay hashes every prompt's runs)
+    hasher.update(pickle.dumps((parent, content), protocol=5))
+    return int.from_bytes(hasher.digest(), "big")
 
 
 def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:

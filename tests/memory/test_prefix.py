@@ -4,6 +4,9 @@ to and including them, whatever the runs' lengths, alignment and repeats."""
 
 from __future__ import annotations
 
+import hashlib
+import pickle
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,3 +76,13 @@ def test_block_keys_are_the_readable_construction_block_by_block(runs: list[tupl
     expected = _readable_keys(runs, block_size)
     assert block_content_keys(runs, block_size) == expected
     assert block_content_keys(iter(runs), block_size) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(parent=st.one_of(st.none(), st.integers(0, 2**129)),
+       content=st.one_of(st.tuples(st.text(max_size=8), st.integers(0, 600)),
+                         st.tuples(st.tuples(st.text(max_size=3), st.integers(), st.integers()))))
+def test_content_hash_is_the_blake2b_of_the_pickled_pair(parent: int | None, content: tuple[object, ...]) -> None:
+    # The digest its docstring defines, the same bytes into BLAKE2b: keys are stored and compared by tiers and events.
+    digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
+    assert content_hash(parent, content) == int.from_bytes(digest, "big")
