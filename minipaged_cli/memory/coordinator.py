@@ -29,9 +29,9 @@ class HitsMemo:
     and the answer changes only with the cache.
 
     An answer depends on the prompt's length and on the keys its search read: under full attention those up to the
-    first miss (tens of a prompt's hundreds), under a sliding window all of the candidates (``reads_all``). The memo
-    keeps a copy of those alone and compares them by value (in C; the same prompt's keys compare as pointers):
-    a copy of the whole prompt's keys touched every key object, twice (its copy, its release).
+    first miss (tens of a prompt's hundreds), which the memo copies alone (a copy of all touched every key object,
+    twice: its copy, its release); under a sliding window all of the candidates (``reads_all``), where it copies the
+    prompt's keys once. It compares them by value (in C; the same prompt's keys compare as pointers).
     """
 
     def __init__(self, block_size: int, reads_all: bool) -> None:
@@ -44,7 +44,7 @@ class HitsMemo:
 
     def get(self, version: int, block_hashes: Sequence[Hashable], num_tokens: int,
             search: SearchHits) -> tuple[list[list[int]], int]:
-        if len(block_hashes) != self.num_keys or block_hashes[:len(self.keys_read)] != self.keys_read:
+        if not self._reads_as_before(block_hashes):
             self.version, self.num_keys, self.answers = version, len(block_hashes), {}
             self.keys_read = block_hashes[:0]  # (of the prompt's type: a list and a tuple never compare equal)
         elif self.version != version:  # (the prompt asked again after the cache changed: the keys read still hold)
@@ -52,12 +52,19 @@ class HitsMemo:
         found = self.answers.get(num_tokens)
         if found is None:
             found = self.answers[num_tokens] = search(block_hashes, num_tokens)
-            num_read = min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes))
-            if not self.reads_all:  # (the walk from the left stops at the key past the hit)
-                num_read = min(num_read, found[1] // self.block_size + 1)
+            # (the walk from the left stops at the key past the hit)
+            num_read = len(block_hashes) if self.reads_all else \
+                min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes), found[1] // self.block_size + 1)
             if num_read > len(self.keys_read):
                 self.keys_read = block_hashes[:num_read]
         return found
+
+    def _reads_as_before(self, block_hashes: Sequence[Hashable]) -> bool:
+        """Whether ``block_hashes`` has the memoised prompt's length and the keys its searches read."""
+        if len(block_hashes) != self.num_keys:
+            return False
+        num_read = len(self.keys_read)
+        return (block_hashes if num_read == self.num_keys else block_hashes[:num_read]) == self.keys_read
 
 
 class KVCacheCoordinator:
