@@ -79,7 +79,7 @@ def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) ->
         if whole:
             run_key = content_hash(chain, (label, start))
             chain = run_key + whole
-            keys.extend(islice(count(run_key), whole))
+            keys.extend(islice(count(run_key), max(whole, 0)))  # (a negative length keys no block, as a range)
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]

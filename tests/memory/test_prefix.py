@@ -86,3 +86,13 @@ def test_content_hash_is_the_blake2b_of_the_pickled_pair(parent: int | None, con
     # The digest its docstring defines, the same bytes into BLAKE2b: keys are stored and compared by tiers and events.
     digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
     assert content_hash(parent, content) == int.from_bytes(digest, "big")
+
+
+def test_a_negative_run_keys_no_block_but_moves_the_chain() -> None:
+    # (A request whose segments outrun its prompt has an own prompt of negative length: its keys stay as they were.)
+    # The run of -20 tokens keys no block, names the content after it run key - 2 and leaves the piece (-32, -20),
+    # counted as 12 tokens, to the next run, which fills the block with 4 of its own.
+    run_key = content_hash(None, ("b", 0))
+    pieced = content_hash(run_key - 2, (("b", -32, -20), ("c", 0, 4)))
+    assert block_content_keys([("b", -20), ("c", 36)], 16) == [pieced, content_hash(pieced, ("c", 4)),
+                                                               content_hash(pieced, ("c", 4)) + 1]
