@@ -11,6 +11,7 @@ vLLM: v1/core/kv_cache_coordinator.py::HybridKVCacheCoordinator
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Hashable, Sequence
 
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
@@ -23,25 +24,47 @@ SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
 class HitsMemo:
     """The fast path of ``find_hits``: ``search_hits``' answers for one prompt, valid while the pool's ``cache_version``
-    stays (``tests/memory/test_bulk.py`` checks it against the search). The admission asks about the same waiting prompt
-    several times a step (its gate, its first chunk), and the answer changes only with the cache. (The hashes are
-    compared by value, in C: far cheaper than the search.)"""
+    stays and the prompt's keys that the searches read are the same (``tests/memory/test_bulk.py`` checks it against
+    the search). The admission asks about the same waiting prompt several times a step (its gate, its first chunk),
+    and the answer changes only with the cache.
 
-    def __init__(self) -> None:
+    An answer depends on the prompt's length and on the keys its search read: under full attention those up to the
+    first miss (tens of a prompt's hundreds), which the memo copies alone (a copy of all touched every key object,
+    twice: its copy, its release); under a sliding window all of the candidates (``reads_all``), where it copies the
+    prompt's keys once. It compares them by value (in C; the same prompt's keys compare as pointers).
+    """
+
+    def __init__(self, block_size: int, reads_all: bool) -> None:
+        self.block_size = block_size
+        self.reads_all = reads_all
         self.version = -1
-        self.block_hashes: Sequence[Hashable] = ()
+        self.num_keys = -1  # the prompt's number of keys
+        self.keys_read: Sequence[Hashable] = ()  # a copy of its first keys, as many as any answer's search read
         self.answers: dict[int, tuple[list[list[int]], int]] = {}  # num_tokens -> search_hits' answer
 
     def get(self, version: int, block_hashes: Sequence[Hashable], num_tokens: int,
             search: SearchHits) -> tuple[list[list[int]], int]:
-        if self.block_hashes != block_hashes:  # (by value; the same prompt's keys compare as pointers, in C)
-            self.version, self.block_hashes, self.answers = version, list(block_hashes), {}  # (a copy: lists grow)
-        elif self.version != version:  # (the prompt asked again after the cache changed: its keys not copied again)
+        if not self._reads_as_before(block_hashes):
+            self.version, self.num_keys, self.answers = version, len(block_hashes), {}
+            self.keys_read = block_hashes[:0]  # (of the prompt's type: a list and a tuple never compare equal)
+        elif self.version != version:  # (the prompt asked again after the cache changed: the keys read still hold)
             self.version, self.answers = version, {}
         found = self.answers.get(num_tokens)
         if found is None:
             found = self.answers[num_tokens] = search(block_hashes, num_tokens)
+            # (the walk from the left stops at the key past the hit)
+            num_read = len(block_hashes) if self.reads_all else \
+                min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes), found[1] // self.block_size + 1)
+            if num_read > len(self.keys_read):
+                self.keys_read = block_hashes[:num_read]
         return found
+
+    def _reads_as_before(self, block_hashes: Sequence[Hashable]) -> bool:
+        """Whether ``block_hashes`` has the memoised prompt's length and the keys its searches read."""
+        if len(block_hashes) != self.num_keys:
+            return False
+        num_read = len(self.keys_read)
+        return (block_hashes if num_read == self.num_keys else block_hashes[:num_read]) == self.keys_read
 
 
 class KVCacheCoordinator:
@@ -78,7 +101,7 @@ class KVCacheCoordinator:
             self.admission_cap = sliding_admission_blocks(self.window, self.block_size, max_in_flight_tokens,
                                                           max_model_len)
         self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
-        self._hits_memo = HitsMemo()
+        self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None)
 
     def skipped_blocks(self, num_computed_tokens: int) -> int:
         """Leading blocks a sliding group no longer needs once ``num_computed_tokens`` are computed."""
@@ -113,16 +136,17 @@ class KVCacheCoordinator:
         """
         if not self.enable_prefix_caching:
             return self._no_hits, 0
-        candidates = block_hashes[:max(num_tokens - 1, 0) // self.block_size]
+        num_candidates = max(num_tokens - 1, 0) // self.block_size
         hits: list[list[int]] = [[] for _ in self.groups]
-        num_hit = len(candidates)
+        num_hit = min(num_candidates, len(block_hashes))
         if self.full is not None:
-            for g, group_hits in zip(self.full_ids, self.full.find_longest_cache_hit(self.pool, candidates),
-                                     strict=True):
+            # (An iterator: the walk from the left stops at the first miss, where a slice copied all the candidates.)
+            found = self.full.find_longest_cache_hit(self.pool, itertools.islice(block_hashes, num_candidates))
+            for g, group_hits in zip(self.full_ids, found, strict=True):
                 hits[g] = group_hits
                 num_hit = len(group_hits)
         if self.sliding is not None:
-            sliding_hits = self.sliding.find_longest_cache_hit(self.pool, candidates[:num_hit])
+            sliding_hits = self.sliding.find_longest_cache_hit(self.pool, block_hashes[:num_hit])
             num_hit = len(sliding_hits[0])
             for g, group_hits in zip(self.sliding_ids, sliding_hits, strict=True):
                 hits[g] = group_hits

@@ -10,17 +10,21 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Hashable, Iterable, Sequence
+from itertools import count, islice
+
+_BLAKE2B_128 = hashlib.blake2b(digest_size=16)  # (never updated: ``content_hash`` updates copies)
 
 
 def content_hash(parent: Hashable, content: Hashable) -> int:
-    """A 128-bit BLAKE2b digest of (parent, content), as an int.
+    """A 128-bit BLAKE2b digest of the pair (parent, content) pickled with protocol 5, as a big-endian int.
 
     Python's ``hash()`` is 64 bits and not collision resistant (``hash(-1) == hash(-2)``, so token ids -1 and -2
     would share a cache entry); vLLM moved to SHA-256 for the same reason. ``content`` must be picklable with a
     stable encoding (ints, strings, tuples of them).
     """
-    digest = hashlib.blake2b(pickle.dumps((parent, content), protocol=5), digest_size=16).digest()
-    return int.from_bytes(digest, "big")
+    hasher = _BLAKE2B_128.copy()  # (a copy skips the set-up of the parameters: a replay hashes every prompt's runs)
+    hasher.update(pickle.dumps((parent, content), protocol=5))
+    return int.from_bytes(hasher.digest(), "big")
 
 
 def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:
@@ -38,7 +42,7 @@ def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tupl
     return [tuple(token_ids[i:i + block_size]) for i in range(0, len(token_ids) - block_size + 1, block_size)]
 
 
-def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> list[int]:
+def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) -> list[int]:
     """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
     own tokens) of the given lengths.
 
@@ -50,6 +54,9 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
     dictionaries hash it without following a tuple's pointers to scattered objects, the replay's hottest memory
     traffic. (Two keys, or two contents' names, meet only where two 128-bit digests land within a run's length of
     each other: as likely as a digest collision.)
+
+    A replay builds a key for every block of every prompt (millions): a run's keys come from ``itertools.count``,
+    one addition a key, where a range's iterator makes three (an addition, a subtraction, a comparison).
     """
     keys: list[int] = []
     chain: Hashable = None  # the hash of all content before ``pieces``
@@ -72,7 +79,7 @@ def block_content_keys(runs: list[tuple[Hashable, int]], block_size: int) -> lis
         if whole:
             run_key = content_hash(chain, (label, start))
             chain = run_key + whole
-            keys.extend(range(run_key, chain))
+            keys.extend(islice(count(run_key), max(whole, 0)))  # (a negative length keys no block, as a range)
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]

@@ -17,6 +17,7 @@ vLLM: v1/core/single_type_kv_cache_manager.py::SlidingWindowManager
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Hashable, Sequence
 
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
@@ -51,8 +52,13 @@ class SingleTypeManager:
 
         vLLM: v1/core/single_type_kv_cache_manager.py::SingleTypeKVCacheManager.get_num_blocks_to_allocate
         """
-        revived = [ref_counts[block] for block in hits[num_skipped:] if block != NULL_BLOCK].count(0)
-        return max(num_required - max(num_skipped, len(hits)), 0) + revived
+        blocks = hits[num_skipped:] if num_skipped else hits
+        if NULL_BLOCK in blocks:  # (a sliding group's hit may begin with null entries)
+            blocks = [block for block in blocks if block != NULL_BLOCK]
+        # (The counts read in C, not a Python step per block: the admission asks about a prompt's hit, tens of
+        # blocks, at every check.)
+        counts = operator.itemgetter(*blocks)(ref_counts) if len(blocks) > 1 else [ref_counts[b] for b in blocks]
+        return max(num_required - max(num_skipped, len(hits)), 0) + counts.count(0)
 
 
 class FullAttentionManager(SingleTypeManager):

@@ -420,11 +420,12 @@ def content_keys(request: Request, request_index: int, sample: int, segments: di
     """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of this
     sample. Only the segments can match another request's; the rest lets a recomputed sequence find its own blocks
     while they are still cached. A session's turn names its history and input as later turns name them, then its
-    output. (A fleet's router names a request's blocks with it too.)"""
-    runs: list[tuple[Hashable, int]] = [(name, segments[name]) for name in request.prefix]
+    output. (A fleet's router names a request's blocks with it too.) The runs are streamed, not listed: a
+    Mooncake prompt is dozens of segments, and each arrival builds its keys."""
+    lengths = [segments[name] for name in request.prefix]
     if request.runs:
-        return block_content_keys([*runs, *request.runs, (request.output_label, request.output_tokens)], block_size)
-    own_prompt = request.prompt_tokens - sum(length for _, length in runs)
-    output = request.output_segment or ("output", request_index, sample)
-    runs += [(("prompt", request_index), own_prompt), (output, request.output_tokens)]
-    return block_content_keys(runs, block_size)
+        own = [*request.runs, (request.output_label, request.output_tokens)]
+    else:
+        own = [(("prompt", request_index), request.prompt_tokens - sum(lengths)),
+               (request.output_segment or ("output", request_index, sample), request.output_tokens)]
+    return block_content_keys(itertools.chain(zip(request.prefix, lengths, strict=True), own), block_size)

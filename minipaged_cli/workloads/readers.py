@@ -150,15 +150,19 @@ def read_mooncake(path: Path) -> Trace:
 
 
 def _mooncake_blocks(prompt: int, hash_ids: Any, segments: dict[str, int], source: str, where: str) -> tuple[str, ...]:
-    """The prompt's 512-token blocks as shared segments (``segments`` gains them)."""
+    """The prompt's 512-token blocks as shared segments (``segments`` gains them, in order): ``h<id>`` a whole
+    block, ``h<id>:<tokens>`` the prompt's shorter last one; hash ids past the prompt's blocks name nothing. (The
+    whole blocks in one pass: a trace holds hundreds of thousands.)"""
     if not isinstance(hash_ids, list):
         raise InputError("expected a list", source=source, where=where, field="hash_ids", value=hash_ids,
                          has_value=True)
-    prefix = []
-    for start, block_id in zip(range(0, prompt, MOONCAKE_BLOCK_TOKENS), hash_ids, strict=False):
-        tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
-        name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
-        segments[name] = tokens
+    num_whole = prompt // MOONCAKE_BLOCK_TOKENS
+    prefix = [f"h{block_id}" for block_id in hash_ids[:num_whole]]
+    segments.update(dict.fromkeys(prefix, MOONCAKE_BLOCK_TOKENS))
+    last_tokens = prompt - num_whole * MOONCAKE_BLOCK_TOKENS
+    if last_tokens and len(hash_ids) > num_whole:
+        name = f"h{hash_ids[num_whole]}:{last_tokens}"
+        segments[name] = last_tokens
         prefix.append(name)
     return tuple(prefix)
 

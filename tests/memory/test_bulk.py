@@ -1,8 +1,9 @@
 """The paged strategy's fast paths against the step-by-step model they stand in for, by property tests: the hit
 memo (``HitsMemo``) against ``search_hits``, ``BlockPool.cache_fresh`` against ``cache``, a bulk decode
 (``bulk.advance_windowed``, through ``decode_in_bulk`` or in lockstep) against one ``grow`` per request and step,
-and ``bulk.full_attention_profile`` against a count per request and step. (``BlockPool.release_split``:
-``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
+``bulk.full_attention_profile`` against a count per request and step, and ``num_blocks_to_allocate`` against a
+count per block. (``BlockPool.release_split``: ``tests/memory/test_block_pool_release.py``;
+``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.bulk import advance_windowed, full_attention_profile
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.prefix import hash_blocks
+from minipaged_cli.memory.sequence import NULL_BLOCK
+from minipaged_cli.memory.single_type import SingleTypeManager
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
 from tests.memory.test_bulk_decode import scenario, state
 
@@ -57,6 +60,40 @@ def test_the_hit_memo_answers_as_the_search(seed: int, layout: tuple[str, ...]) 
         for hashes in rng.sample(prompts, 3):
             for num_tokens in (rng.randint(0, 10 * block_size), len(hashes) * block_size):
                 assert manager.find_hits(hashes, num_tokens) == manager.search_hits(hashes, num_tokens), step
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), layout=st.sampled_from(LAYOUTS))
+def test_the_hit_memo_follows_a_prompt_changed_in_place(seed: int, layout: tuple[str, ...]) -> None:
+    # The memo keeps a copy of only the keys its searches read: a prompt's list changed in place between two asks
+    # (a key replaced by another prompt's or a new one, a key appended, one dropped), or another list sharing its
+    # first keys, is answered as a fresh search answers it, at the same cache version.
+    rng = random.Random(seed)
+    block_size, window = rng.choice([1, 2, 4]), rng.randint(1, 12)
+    groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
+              for i, kind in enumerate(layout)]
+    manager = KVBlockManager(60 * len(groups), block_size, groups, enable_prefix_caching=True)
+    prompts = prompts_sharing_documents(rng)
+    for sid, hashes in enumerate(prompts):
+        length = rng.randint(1, len(hashes) * block_size)
+        if manager.blocks_to_create(length, hashes) <= manager.num_free_blocks:
+            manager.create_sequence(sid, length, block_hashes=hashes)
+            if rng.random() < 0.5:
+                manager.release_sequence(sid)
+    asked = list(rng.choice(prompts))
+    for _ in range(40):
+        change = rng.randrange(4)
+        if change == 0 and asked:
+            asked[rng.randrange(len(asked))] = rng.choice([*rng.choice(prompts), ("new", rng.random())])
+        elif change == 1:
+            asked.append(rng.choice(rng.choice(prompts)))
+        elif change == 2 and asked:
+            del asked[rng.randrange(len(asked))]
+        else:
+            kept = rng.randint(0, len(asked))
+            asked = asked[:kept] + rng.choice(prompts)[kept:]
+        for num_tokens in (rng.randint(0, 16 * block_size), len(asked) * block_size):
+            assert manager.find_hits(asked, num_tokens) == manager.search_hits(list(asked), num_tokens)
 
 
 @settings(max_examples=80, deadline=None)
@@ -113,3 +150,17 @@ def test_the_full_attention_profile_counts_each_request_and_step(seed: int) -> N
     assert list(profile.internal) == [sum(max(-(-(length + j) // block_size) * block_size - final, 0)
                                           for length, final in zip(lengths, finals, strict=True))
                                       for j in range(1, num_ok + 1)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ref_counts=st.lists(st.integers(0, 3), min_size=1, max_size=12), data=st.data())
+def test_blocks_to_allocate_count_each_new_block_and_each_revived_hit(ref_counts: list[int],
+                                                                      data: st.DataObject) -> None:
+    # Each required block past the hit and the skipped blocks is new; each hit past the skipped ones on a block no
+    # table holds (count 0) comes back from the free queue; a null entry (a sliding group's) takes nothing.
+    hits = data.draw(st.lists(st.sampled_from([NULL_BLOCK, *range(len(ref_counts))]), max_size=10))
+    num_skipped, num_required = data.draw(st.integers(0, 12)), data.draw(st.integers(0, 20))
+    new = sum(1 for position in range(num_required) if position >= len(hits) and position >= num_skipped)
+    revived = sum(1 for position, block in enumerate(hits)
+                  if position >= num_skipped and block != NULL_BLOCK and ref_counts[block] == 0)
+    assert SingleTypeManager.num_blocks_to_allocate(hits, num_required, num_skipped, ref_counts) == new + revived

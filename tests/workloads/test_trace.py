@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minipaged_cli.errors import InputError
-from minipaged_cli.workloads.readers import detect_format, load_trace
+from minipaged_cli.workloads.readers import MOONCAKE_BLOCK_TOKENS, _mooncake_blocks, detect_format, load_trace
 from minipaged_cli.workloads.trace import dump_trace, load_yaml_trace
 from tests.conftest import ROOT, shared_trace
 
@@ -209,6 +211,26 @@ def test_mooncake_hash_ids_become_512_token_segments(tmp_path: Path) -> None:
     assert first.prefix == ("h0", "h1", "h2:76")  # the third block holds 1100 - 1024 = 76 tokens
     assert second.prefix == ("h0", "h1") and second.arrival_s == 3.0
     assert trace.segments == {"h0": 512, "h1": 512, "h2:76": 76}
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.integers(0, 3000), hash_ids=st.lists(st.one_of(st.integers(0, 4), st.sampled_from(["2:100", True])),
+                                                      max_size=8),
+       earlier=st.dictionaries(st.sampled_from(["h0", "h1", "h2:100", "hTrue"]), st.integers(1, 512)))
+def test_mooncake_blocks_are_named_as_a_walk_block_by_block_names_them(prompt: int, hash_ids: list[object],
+                                                                       earlier: dict[str, int]) -> None:
+    # Each 512-token block of the prompt in turn takes the next hash id (hash ids past the prompt name nothing):
+    # the segments gain the names in that order, a later name's length replacing an earlier one's (a hash id
+    # "2:100" names what id 2's 100-token last block does).
+    segments, expected = dict(earlier), dict(earlier)
+    names = []
+    for block_id, start in zip(hash_ids, range(0, prompt, MOONCAKE_BLOCK_TOKENS), strict=False):
+        tokens = min(MOONCAKE_BLOCK_TOKENS, prompt - start)
+        name = f"h{block_id}" if tokens == MOONCAKE_BLOCK_TOKENS else f"h{block_id}:{tokens}"
+        expected[name] = tokens
+        names.append(name)
+    assert _mooncake_blocks(prompt, hash_ids, segments, "m.jsonl", "line 1") == tuple(names)
+    assert list(segments.items()) == list(expected.items())
 
 
 def test_limit_keeps_only_the_segments_the_kept_requests_use(tmp_path: Path) -> None:
