@@ -75,8 +75,7 @@ class Replay:
 
             self.layout = LayoutRecorder(allocator.capacity_tokens,
                                          (trace.requests[-1].arrival_s - self.first_arrival_s) / 400 or 0.01)
-        # A bulk runs on through arrivals only where no pass between would see them: tiers time their copies by
-        # the passes, a layout samples at them, a step cap counts them
+        # (tiers time their copies by the passes, a layout samples at them, a step cap counts them)
         self.bulk_advance.through_arrivals = self.tiers is None and self.layout is None and max_steps is None
 
     @property
