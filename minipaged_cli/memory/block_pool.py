@@ -73,11 +73,14 @@ class BlockPool:
         first_seen = self.free_blocks.num_touched - len(refs)
         if first_seen:
             self._touch(first_seen)
-        for block in blocks:
-            refs[block] = 1
+        if from_back == count:  # (the steady state with prefix caching: every block from the back)
+            self._hold_evicting(blocks)
+        else:
+            for block in blocks[:count - from_back] if from_back else blocks:  # (from the front: no hash)
+                refs[block] = 1
+            if from_back:
+                self._hold_evicting(blocks[count - from_back:])
         table.extend(blocks)
-        if from_back:
-            self._evict(blocks if from_back == count else blocks[count - from_back:])
         self.num_allocations += count
 
     def reference(self, *blocks: int) -> None:
@@ -271,9 +274,10 @@ class BlockPool:
         if num_entries:
             self.cache_version += num_entries
 
-    def _evict(self, blocks: list[int]) -> None:
-        """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
-        The oldest duplicate of an evicted entry, if any, takes over its hits."""
+    def _hold_evicting(self, blocks: list[int]) -> None:
+        """Give each of ``blocks`` its reference count of 1, and drop the cache entries of those that carry a hash:
+        their content is about to be overwritten. The oldest duplicate of an evicted entry, if any, takes over its
+        hits."""
         if self.events.has_subscribers:
             self.events.evicted(*self._cached_keys(blocks))
         evicted = self._drop_entries(blocks)
@@ -295,9 +299,11 @@ class BlockPool:
         return keys, blocks
 
     def _drop_entries(self, blocks: list[int]) -> int:
-        """``_evict``'s entries dropped; how many."""
-        maps, hashes, groups = self.cached_blocks, self.block_hash, self.block_group
+        """``_hold_evicting``'s loop over the blocks (each held, its entry dropped); how many entries it dropped."""
+        refs, maps, hashes, groups = self.ref_counts, self.cached_blocks, self.block_hash, self.block_group
         if any(self.duplicate_blocks):
+            for block in blocks:
+                refs[block] = 1
             cached_blocks = [block for block in blocks if hashes[block] is not None]
             for block in cached_blocks:
                 group = groups[block]
@@ -308,6 +314,7 @@ class BlockPool:
             cached = maps[0]
             num_entries = len(cached)
             for block in blocks:
+                refs[block] = 1
                 block_hash = hashes[block]
                 if block_hash is not None:
                     del cached[block_hash]
@@ -315,6 +322,7 @@ class BlockPool:
             return num_entries - len(cached)
         evicted = 0
         for block in blocks:
+            refs[block] = 1
             block_hash = hashes[block]
             if block_hash is not None:
                 del maps[groups[block]][block_hash]
