@@ -36,7 +36,7 @@ class BlockPool:
     ``cached_blocks[g]`` maps a hash to the block a hit of group g gets, the oldest of those carrying it
     (``block_hash[block]``, ``block_group[block]``), and ``duplicate_blocks[g]`` lists the younger ones (two
     sequences that computed the same content, as vLLM keeps them); ``num_shared_references`` is
-    Σ (ref_count - 1) over held blocks, and ``shared_blocks`` the blocks whose count is above 1.
+    Σ (ref_count - 1) over held blocks.
     """
 
     def __init__(self, num_blocks: int, *, num_groups: int = 1, keys_by_group: bool | None = None,
@@ -48,9 +48,6 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.free_blocks = FreeBlockQueue(num_blocks)
         self.ref_counts: list[int] = []  # per touched block
-        # The blocks more than one table holds (a prompt's hits on blocks another holds, a fork's): a release tests
-        # these few instead of counting down every block.
-        self.shared_blocks: set[int] = set()
         self.block_hash: list[Hashable | None] = []  # per touched block: the content it is cached under
         self.block_group: list[int] = []  # per touched block: the group whose map caches it (where it has a hash)
         self.cached_blocks: list[dict[Hashable, int]] = [{} for _ in range(num_groups)]  # hash -> a hit's block
@@ -90,7 +87,6 @@ class BlockPool:
         for block in blocks:
             if refs[block]:
                 self.num_shared_references += 1
-                self.shared_blocks.add(block)
             else:
                 self.free_blocks.remove(block)
             refs[block] += 1
@@ -99,8 +95,6 @@ class BlockPool:
         """A table lets go of a block that others still hold (copy-on-write gave it a copy)."""
         self.ref_counts[block] -= 1
         self.num_shared_references -= 1
-        if self.ref_counts[block] == 1:
-            self.shared_blocks.discard(block)
 
     def release(self, *tables: Sequence[int]) -> None:
         """Tables let go of their blocks, each table's given in eviction order (first evicted first), as one call
@@ -139,40 +133,28 @@ class BlockPool:
         """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order
         (their reference counts 0, still to be queued: the caller's ``release``).
 
-        A block held once is freed without a test; only the shared blocks are counted down. A prompt's hits are
-        its table's first blocks, so a table's shared blocks usually end its tail-first list: they are found from
-        its end, and one test in C (``isdisjoint``) confirms the blocks before them are held once. (A replay with
-        prefix caching releases every table with a few shared blocks: counting each block down cost a Python
-        test per block.)"""
+        One pass frees the blocks held once, up to the first shared one; the blocks from there on are counted down
+        one by one. A prompt's hits, the blocks another table may hold too, are its table's first blocks, so they
+        end a table's tail-first list: a release is one pass, then its few shared blocks. (A replay with prefix
+        caching releases every table with some shared blocks: counting each block down then testing it for 0 was
+        two passes over millions of blocks.)"""
         blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
-        refs, shared = self.ref_counts, self.shared_blocks
-        if shared:
-            stop = len(blocks)
-            while stop and blocks[stop - 1] in shared:
-                stop -= 1
-            freed = blocks[:stop] if stop < len(blocks) else blocks
-            if not shared.isdisjoint(freed):  # (a shared block among the others: each block counted down)
-                return self._count_down(blocks)
-            for block in blocks[stop:]:
-                refs[block] -= 1
-                if refs[block] == 1:
-                    shared.discard(block)
-            self.num_shared_references -= len(blocks) - stop
-            blocks = freed
-        for block in blocks:  # (held once: freed)
+        refs = self.ref_counts
+        for block in blocks:
+            if refs[block] != 1:
+                break
             refs[block] = 0
-        return blocks
+        else:
+            return blocks
+        first_shared = blocks.index(block)  # (no block is in two tables, nor twice in one)
+        return [*blocks[:first_shared], *self._count_down(blocks[first_shared:])]
 
     def _count_down(self, blocks: Sequence[int]) -> list[int]:
-        """``unreference``'s readable path: each block's count down by one; those at 0, in order."""
-        refs, shared = self.ref_counts, self.shared_blocks
-        freed = []
+        """``unreference`` one block at a time: each block's count down by one; those at 0, in order."""
+        refs = self.ref_counts
         for block in blocks:
             refs[block] -= 1
-            if refs[block] == 0:
-                freed.append(block)
-            elif refs[block] == 1:
-                shared.discard(block)
+        freed = [block for block in blocks if not refs[block]]
         self.num_shared_references -= len(blocks) - len(freed)
         return freed
 
