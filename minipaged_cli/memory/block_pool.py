@@ -70,13 +70,11 @@ class BlockPool:
         first_seen = self.free_blocks.num_touched - len(refs)
         if first_seen:
             self._touch(first_seen)
-        if from_back == count:  # (the steady state with prefix caching: every block from the back)
-            self._hold_evicting(blocks)
-        else:
-            for block in blocks[:count - from_back] if from_back else blocks:  # (from the front: no hash)
-                refs[block] = 1
-            if from_back:
-                self._hold_evicting(blocks[count - from_back:])
+        kept = count - from_back  # (from the front or never handed out: no hash; with prefix caching, none)
+        for block in blocks[:kept]:
+            refs[block] = 1
+        if from_back:
+            self._hold_evicting(blocks[kept:] if kept else blocks)
         table.extend(blocks)
         self.num_allocations += count
 
@@ -131,13 +129,10 @@ class BlockPool:
 
     def unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
         """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order
-        (their reference counts 0, still to be queued: the caller's ``release``).
-
-        One pass frees the blocks held once, up to the first shared one; the blocks from there on are counted down
-        one by one. A prompt's hits, the blocks another table may hold too, are its table's first blocks, so they
-        end a table's tail-first list: a release is one pass, then its few shared blocks. (A replay with prefix
-        caching releases every table with some shared blocks: counting each block down then testing it for 0 was
-        two passes over millions of blocks.)"""
+        (their reference counts 0, still to be queued: the caller's ``release``). One pass frees the blocks held
+        once up to the first shared one (a prompt's hits end its table's tail-first list); the rest are counted
+        down. (A replay with prefix caching shares blocks in every release: counting each block down, then testing
+        it, was two passes over millions of blocks.)"""
         blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
         refs = self.ref_counts
         for block in blocks:
@@ -147,14 +142,10 @@ class BlockPool:
         else:
             return blocks
         first_shared = blocks.index(block)  # (no block is in two tables, nor twice in one)
-        return [*blocks[:first_shared], *self._count_down(blocks[first_shared:])]
-
-    def _count_down(self, blocks: Sequence[int]) -> list[int]:
-        """``unreference`` one block at a time: each block's count down by one; those at 0, in order."""
-        refs = self.ref_counts
-        for block in blocks:
+        rest = blocks[first_shared:]
+        for block in rest:
             refs[block] -= 1
-        freed = [block for block in blocks if not refs[block]]
+        freed = [*blocks[:first_shared], *(block for block in rest if not refs[block])]
         self.num_shared_references -= len(blocks) - len(freed)
         return freed
 
@@ -179,8 +170,8 @@ class BlockPool:
             groups = self.block_group
             for block in blocks:
                 groups[block] = group
-        self._entered(enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash, block_hashes,
-                            blocks))
+        self.cache_version += enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash,
+                                    block_hashes, blocks)  # (its new entries, counted once)
 
     def cache_fresh(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
         """``cache`` where the caller knows that no block carries a key (a table's blocks past those it offered to
@@ -251,15 +242,9 @@ class BlockPool:
         self.block_hash.extend(itertools.repeat(None, count))
         self.block_group.extend(itertools.repeat(0, count))
 
-    def _entered(self, num_entries: int) -> None:
-        """``num_entries`` new cache entries (counted once: a long prompt caches hundreds of blocks in one call)."""
-        if num_entries:
-            self.cache_version += num_entries
-
     def _hold_evicting(self, blocks: list[int]) -> None:
-        """Give each of ``blocks`` its reference count of 1, and drop the cache entries of those that carry a hash:
-        their content is about to be overwritten. The oldest duplicate of an evicted entry, if any, takes over its
-        hits."""
+        """Hold each of ``blocks`` once, and drop the cache entries of those that carry a hash: their content is about
+        to be overwritten. The oldest duplicate of an evicted entry, if any, takes over its hits."""
         if self.events.has_subscribers:
             self.events.evicted(*self._cached_keys(blocks))
         evicted = self._drop_entries(blocks)
