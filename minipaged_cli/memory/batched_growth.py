@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.block_pool import num_blocks_for
-from minipaged_cli.memory.sequence import OutOfBlocksError
+from minipaged_cli.memory.sequence import OutOfBlocksError, SequenceState
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
@@ -71,30 +71,38 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     sequences, num_groups = manager.sequences, len(manager.groups)
     cached_groups = manager.cached_group_ids if manager.enable_prefix_caching else []
     first_cached = cached_groups[0] if cached_groups else None
-    states, takes, fills = [], [], []  # those that grow; (state, new blocks a group); (state, full blocks)
+    takes, fills = [], []  # (state, new blocks a group); (state, full blocks)
     num_taken, num_free = 0, pool.free_blocks.num_free
-    for sequence_id in sequence_ids:
-        state = sequences.get(sequence_id)
-        if state is None or state.num_loading_tokens or state.num_computed_tokens != state.sequence_length:
-            return None  # (unknown, loading or reserved ahead: ``grow``'s own path, and its errors)
-        new_length = state.sequence_length + num_tokens
+    # Each sequence's lengths move as it is seen (one pass: a step's decodes are most of a replay's calls), and move
+    # back where the call then answers None.
+    num_grown = len(sequence_ids)
+    for done, sequence_id in enumerate(sequence_ids):
+        try:
+            state = sequences[sequence_id]
+        except KeyError:  # (unknown: ``grow``'s own path, and its error)
+            return _undo(sequences, sequence_ids[:done], num_tokens)
+        length = state.sequence_length
+        if state.num_computed_tokens != length or state.num_loading_tokens:  # (reserved ahead, loading: ``grow``)
+            return _undo(sequences, sequence_ids[:done], num_tokens)
+        new_length = length + num_tokens
         num_blocks = len(state.block_tables[0])
         if new_length > num_blocks * block_size:  # (the common case, a step inside its last block, first)
             per_group = num_blocks_for(new_length, block_size) - num_blocks
             if num_taken + per_group * num_groups > num_free:
-                break  # (one at a time, this one's take fails: it and the rest stay as they are)
+                num_grown = done  # (one at a time, this one's take fails: it and the rest stay as they are)
+                break
             num_taken += per_group * num_groups
             takes.append((state, per_group))
         if first_cached is not None and new_length // block_size > state.num_cached_blocks[first_cached]:
             fills.append((state, min(new_length // block_size, len(state.block_hashes))))
-        states.append(state)
+        state.sequence_length = state.num_computed_tokens = new_length
     group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
     for state, stop in fills:
         for g in cached_groups:
             group_keys[g] += state.block_hashes[state.num_cached_blocks[g]:stop]
     for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
         if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
-            return None
+            return _undo(sequences, sequence_ids[:num_grown], num_tokens)
     if takes:
         taken: list[int] = []
         pool.take(num_taken, taken)
@@ -104,8 +112,6 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
                 table += taken[position:position + per_group]
                 position += per_group
             state.num_held_blocks += per_group * num_groups
-    for state in states:
-        state.sequence_length = state.num_computed_tokens = state.sequence_length + num_tokens
     if fills:  # (the blocks in the order the calls one by one cache them; each group's map its own)
         group_blocks: list[list[int]] = [[] for _ in manager.groups]
         for state, stop in fills:
@@ -117,4 +123,12 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
         for g in cached_groups:
             if group_blocks[g]:
                 pool.cache_fresh(group_keys[g], group_blocks[g], g)
-    return len(states)
+    return num_grown
+
+
+def _undo(sequences: dict[Hashable, SequenceState], sequence_ids: Sequence[Hashable], num_tokens: int) -> None:
+    """``grow_together``'s answer where it cannot grow the sequences together: the lengths of those it moved,
+    ``sequence_ids``, moved back (all their tokens were computed)."""
+    for sequence_id in sequence_ids:
+        state = sequences[sequence_id]
+        state.sequence_length = state.num_computed_tokens = state.sequence_length - num_tokens

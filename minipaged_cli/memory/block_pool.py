@@ -70,11 +70,12 @@ class BlockPool:
         first_seen = self.free_blocks.num_touched - len(refs)
         if first_seen:
             self._touch(first_seen)
-        for block in blocks:
+        kept = count - from_back  # (from the front or never handed out: no hash; with prefix caching, none)
+        for block in blocks[:kept]:
             refs[block] = 1
-        table.extend(blocks)
         if from_back:
-            self._evict(blocks if from_back == count else blocks[count - from_back:])
+            self._hold_evicting(blocks[kept:] if kept else blocks)
+        table.extend(blocks)
         self.num_allocations += count
 
     def reference(self, *blocks: int) -> None:
@@ -128,18 +129,25 @@ class BlockPool:
 
     def unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
         """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order
-        (their reference counts 0, still to be queued: the caller's ``release``)."""
+        (their reference counts 0, still to be queued: the caller's ``release``). One pass frees the blocks held
+        once up to the first shared one (a prompt's hits end its table's tail-first list); the rest are counted
+        down. (A replay with prefix caching shares blocks in every release: counting each block down, then testing
+        it, was two passes over millions of blocks.)"""
         blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
         refs = self.ref_counts
-        if self.num_shared_references:
-            for block in blocks:
-                refs[block] -= 1
-            freed = [block for block in blocks if not refs[block]]
-            self.num_shared_references -= len(blocks) - len(freed)
-            return freed
-        for block in blocks:  # no block is shared: every one is freed (the usual case: no Python test per block)
+        for block in blocks:
+            if refs[block] != 1:
+                break
             refs[block] = 0
-        return blocks
+        else:
+            return blocks
+        first_shared = blocks.index(block)  # (no block is in two tables, nor twice in one)
+        rest = blocks[first_shared:]
+        for block in rest:
+            refs[block] -= 1
+        freed = [*blocks[:first_shared], *(block for block in rest if not refs[block])]
+        self.num_shared_references -= len(blocks) - len(freed)
+        return freed
 
     def lookup(self, block_hashes: Sequence[Hashable], group: int = 0) -> list[int]:
         """The blocks holding the longest cached run of ``block_hashes`` from its start, in ``group``'s map."""
@@ -162,8 +170,8 @@ class BlockPool:
             groups = self.block_group
             for block in blocks:
                 groups[block] = group
-        self._entered(enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash, block_hashes,
-                            blocks))
+        self.cache_version += enter(self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash,
+                                    block_hashes, blocks)  # (its new entries, counted once)
 
     def cache_fresh(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
         """``cache`` where the caller knows that no block carries a key (a table's blocks past those it offered to
@@ -234,14 +242,9 @@ class BlockPool:
         self.block_hash.extend(itertools.repeat(None, count))
         self.block_group.extend(itertools.repeat(0, count))
 
-    def _entered(self, num_entries: int) -> None:
-        """``num_entries`` new cache entries (counted once: a long prompt caches hundreds of blocks in one call)."""
-        if num_entries:
-            self.cache_version += num_entries
-
-    def _evict(self, blocks: list[int]) -> None:
-        """Drop the cache entries of those ``blocks`` that carry a hash: their content is about to be overwritten.
-        The oldest duplicate of an evicted entry, if any, takes over its hits."""
+    def _hold_evicting(self, blocks: list[int]) -> None:
+        """Hold each of ``blocks`` once, and drop the cache entries of those that carry a hash: their content is about
+        to be overwritten. The oldest duplicate of an evicted entry, if any, takes over its hits."""
         if self.events.has_subscribers:
             self.events.evicted(*self._cached_keys(blocks))
         evicted = self._drop_entries(blocks)
@@ -263,9 +266,11 @@ class BlockPool:
         return keys, blocks
 
     def _drop_entries(self, blocks: list[int]) -> int:
-        """``_evict``'s entries dropped; how many."""
-        maps, hashes, groups = self.cached_blocks, self.block_hash, self.block_group
+        """``_hold_evicting``'s loop over the blocks (each held, its entry dropped); how many entries it dropped."""
+        refs, maps, hashes, groups = self.ref_counts, self.cached_blocks, self.block_hash, self.block_group
         if any(self.duplicate_blocks):
+            for block in blocks:
+                refs[block] = 1
             cached_blocks = [block for block in blocks if hashes[block] is not None]
             for block in cached_blocks:
                 group = groups[block]
@@ -276,6 +281,7 @@ class BlockPool:
             cached = maps[0]
             num_entries = len(cached)
             for block in blocks:
+                refs[block] = 1
                 block_hash = hashes[block]
                 if block_hash is not None:
                     del cached[block_hash]
@@ -283,6 +289,7 @@ class BlockPool:
             return num_entries - len(cached)
         evicted = 0
         for block in blocks:
+            refs[block] = 1
             block_hash = hashes[block]
             if block_hash is not None:
                 del maps[groups[block]][block_hash]

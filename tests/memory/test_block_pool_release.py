@@ -184,3 +184,37 @@ def test_a_sequence_released_without_a_test_per_block_frees_as_one_testing_each(
         assert fast.keyed_cache() == reference.keyed_cache(), step
         assert (fast.num_frees, fast.num_shared_references) == (reference.num_frees, reference.num_shared_references)
         assert managers[0].invariant_violations() == [], step
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**6), num_tables=st.integers(1, 3))
+def test_a_release_frees_in_one_pass_what_counting_each_block_down_frees(seed: int, num_tables: int) -> None:
+    # ``BlockPool.unreference`` frees the blocks held once in one pass up to the first shared one, then counts the
+    # rest down: against counting every block down, with the shared blocks anywhere (a hit's at the end of a
+    # tail-first list, the usual case, or among the others) and held two or three times.
+    rng = random.Random(seed)
+    pool = BlockPool(NUM_BLOCKS)
+    tables: list[list[int]] = [[] for _ in range(num_tables)]
+    for table in tables:
+        pool.take(rng.randint(0, 7), table)
+    held = [block for table in tables for block in table]
+    for block in rng.sample(held, rng.randint(0, len(held))) * rng.randint(1, 2):
+        pool.reference(block)
+    parts = [table[::-1] for table in tables]
+    refs = list(pool.ref_counts)
+    for block in held:
+        refs[block] -= 1
+    assert pool.unreference(parts) == [block for part in parts for block in part if refs[block] == 0]
+    assert pool.ref_counts == refs
+    assert pool.num_shared_references == sum(count - 1 for count in refs if count > 1)
+
+
+def test_a_tables_shared_first_blocks_are_counted_down_and_the_others_freed() -> None:
+    # Worked example: a table [0, 1, 2, 3] whose first two blocks a prompt hit (held twice), released tail first:
+    # 3 and 2 are freed in the one pass, 1 and 0 counted down to 1 (held by the other table).
+    pool = BlockPool(NUM_BLOCKS)
+    table: list[int] = []
+    pool.take(4, table)
+    pool.reference(0, 1)
+    assert pool.unreference([table[::-1]]) == [3, 2]
+    assert pool.ref_counts[:4] == [1, 1, 0, 0] and pool.num_shared_references == 0
