@@ -34,15 +34,21 @@ LAYOUTS = ((FULL_ATTENTION,), (SLIDING_ATTENTION, FULL_ATTENTION), (FULL_ATTENTI
            (SLIDING_ATTENTION,))
 
 
+def random_groups(rng: random.Random, layout: tuple[str, ...]) -> tuple[int, list[KVCacheGroup]]:
+    """A block size of 1, 2 or 4 and one KV cache group per kind in ``layout``, sliding ones over a window of 1 to
+    12 tokens."""
+    block_size, window = rng.choice([1, 2, 4]), rng.randint(1, 12)
+    return block_size, [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
+                        for i, kind in enumerate(layout)]
+
+
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 10**6), layout=st.sampled_from(LAYOUTS))
 def test_the_hit_memo_answers_as_the_search(seed: int, layout: tuple[str, ...]) -> None:
     # Prompts share documents; after every create, decode and release (each may cache or evict blocks, moving the
     # cache version) the memoised answer for every prompt and length is the search's, asked fresh.
     rng = random.Random(seed)
-    block_size, window = rng.choice([1, 2, 4]), rng.randint(1, 12)
-    groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
-              for i, kind in enumerate(layout)]
+    block_size, groups = random_groups(rng, layout)
     manager = KVBlockManager(rng.randint(8, 60), block_size, groups, enable_prefix_caching=True)
     prompts = prompts_sharing_documents(rng)
     live: list[int] = []
@@ -69,9 +75,7 @@ def test_the_hit_memo_follows_a_prompt_changed_in_place(seed: int, layout: tuple
     # (a key replaced by another prompt's or a new one, a key appended, one dropped), or another list sharing its
     # first keys, is answered as a fresh search answers it, at the same cache version.
     rng = random.Random(seed)
-    block_size, window = rng.choice([1, 2, 4]), rng.randint(1, 12)
-    groups = [KVCacheGroup(kind, (i,), 1, window if kind == SLIDING_ATTENTION else None)
-              for i, kind in enumerate(layout)]
+    block_size, groups = random_groups(rng, layout)
     manager = KVBlockManager(60 * len(groups), block_size, groups, enable_prefix_caching=True)
     prompts = prompts_sharing_documents(rng)
     for sid, hashes in enumerate(prompts):
