@@ -42,6 +42,7 @@ from minipaged_cli.memory.sequence import (
     UnknownSequenceError,
 )
 from minipaged_cli.memory.single_type import tail_first
+from minipaged_cli.memory.take_cached import take_computed
 from minipaged_cli.workloads.presets import FULL_ATTENTION
 
 SequenceId = Hashable
@@ -144,8 +145,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         if not self.sliding_ids:
             return len(self.groups) * num_tokens
         num_null = self.sequences[sequence_id].num_null[self.sliding_ids[0]]  # (the same in every sliding group)
-        return len(self.full_ids) * num_tokens + \
-            len(self.sliding_ids) * max(0, num_tokens - num_null * self.block_size)
+        return len(self.full_ids) * num_tokens + len(self.sliding_ids) * max(0, num_tokens - num_null * self.block_size)
 
     def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int,
                       block_hashes: Sequence[Hashable] = ()) -> int:
@@ -196,11 +196,12 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
             self.pool.reference(*kept)
             tables.append([NULL_BLOCK] * num_null + kept)
             nulls.append(num_null)
-        state = SequenceState(sequence_id, hit_tokens, tables, list(block_hashes), hit_tokens, hit_tokens, nulls,
+        keys = block_hashes if type(block_hashes) is list else list(block_hashes)  # (kept: add_block_hashes copies)
+        state = SequenceState(sequence_id, hit_tokens, tables, keys, hit_tokens, hit_tokens, nulls,
                               [len(t) for t in tables], num_held_blocks=sum(map(len, tables)) - sum(nulls))
         self.sequences[sequence_id] = state
         self._released.pop(sequence_id, None)
-        self._take(state, num_prompt_tokens)
+        self._take(state, num_prompt_tokens, 0, num_computed_tokens)
         state.sequence_length = num_prompt_tokens
         self._computed(state, num_computed_tokens)
         return state
@@ -224,7 +225,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         new_length = state.sequence_length + num_tokens
         copy = self._needs_copy(state, num_tokens)
         if copy or new_length > len(state.block_tables[0]) * self.block_size:
-            self._take(state, new_length, copy)
+            self._take(state, new_length, copy, new_length if computed else 0)
         state.sequence_length = new_length
         if computed:
             if self.enable_prefix_caching:
@@ -254,7 +255,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         """Append the content hashes of the sequence's next full blocks, as a decode learns its tokens (instead
         of passing them all to ``create_sequence``); blocks already full and computed register at once."""
         state = self.sequence(sequence_id)
-        state.block_hashes.extend(block_hashes)
+        state.block_hashes = [*state.block_hashes, *block_hashes]  # (a new list: the first is the caller's)
         if self.enable_prefix_caching:
             self.cache_full_blocks(state)
 
@@ -292,10 +293,10 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _take(self, state: SequenceState, new_length: int, copy: int = 0) -> None:
+    def _take(self, state: SequenceState, new_length: int, copy: int = 0, num_computed: int = 0) -> None:
         """Extend every table to ``new_length`` tokens, group by group from the free queue, after copying a
         shared last block the next token writes into (``copy``: ``_needs_copy``'s answer); all or nothing. (The
-        caller sets the sequence's length.)"""
+        caller sets the length, then ``_computed(num_computed)``, whose caching ``take_computed`` may do now.)"""
         tables = state.block_tables
         per_group = num_blocks_for(new_length, self.block_size) - len(tables[0])
         needed = per_group * len(tables) + copy
@@ -307,7 +308,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         if per_group <= 0:
             return
         if len(tables) == 1:
-            self.pool.take(per_group, tables[0])
+            take_computed(self, state, per_group, num_computed)
         else:
             taken: list[int] = []
             self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group)
