@@ -41,7 +41,6 @@ from minipaged_cli.memory.sequence import (
     SequenceState,
     UnknownSequenceError,
 )
-from minipaged_cli.memory.single_type import tail_first
 from minipaged_cli.memory.take_cached import take_computed
 from minipaged_cli.workloads.presets import FULL_ATTENTION
 
@@ -165,8 +164,8 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def create_sequence(self, sequence_id: SequenceId, num_prompt_tokens: int = 0, *,
-                        block_hashes: Sequence[Hashable] = (),
-                        num_computed_tokens: int | None = None) -> SequenceState:
+                        block_hashes: Sequence[Hashable] = (), num_computed_tokens: int | None = None,
+                        final_length: int | None = None) -> SequenceState:
         """Start a sequence, empty or holding a prompt of ``num_prompt_tokens`` (all of its blocks in every group,
         or none), sharing its prefix-cache hit (``state.num_cached_tokens``).
 
@@ -174,6 +173,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         more later), and blocks register under their hash once full and computed. ``num_computed_tokens``: the
         prompt tokens the step that runs now writes (default: all of them); a chunked prefill reserves the whole
         prompt and reports each chunk with ``mark_computed`` as it runs. Cache hits count as computed.
+        ``final_length``: the most tokens the sequence will hold, if known (``SequenceState``).
         """
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
@@ -198,7 +198,8 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
             nulls.append(num_null)
         keys = block_hashes if type(block_hashes) is list else list(block_hashes)  # (kept: add_block_hashes copies)
         state = SequenceState(sequence_id, hit_tokens, tables, keys, hit_tokens, hit_tokens, nulls,
-                              [len(t) for t in tables], num_held_blocks=sum(map(len, tables)) - sum(nulls))
+                              [len(t) for t in tables], num_held_blocks=sum(map(len, tables)) - sum(nulls),
+                              final_length=final_length)
         self.sequences[sequence_id] = state
         self._released.pop(sequence_id, None)
         self._take(state, num_prompt_tokens, 0, num_computed_tokens)
@@ -260,17 +261,11 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
             self.cache_full_blocks(state)
 
     def release_sequence(self, sequence_id: SequenceId) -> None:
-        """Drop the sequence's reference to each of its blocks, group by group, each table tail first (vLLM's
-        ``free``, so a chain is evicted from its end); a block no one else holds returns to the free queue."""
+        """Drop the sequence's reference to each of its blocks (``release_tables``); a block no one else holds
+        returns to the free queue."""
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
-        state = self.sequence(sequence_id)
-        if self.only_offered_blocks_keyed():  # (the pool then tests no block for a key)
-            table, num_keyed = state.block_tables[0], state.num_cached_blocks[0]
-            self.pool.release_split([tail_first(table, 0, num_keyed)], [tail_first(table, num_keyed, len(table))])
-        else:
-            self.pool.release(*[tail_first(table, nulls, len(table))
-                                for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
+        self.release_tables(self.sequence(sequence_id))
         del self.sequences[sequence_id]
         self._released[sequence_id] = None
         self._released.move_to_end(sequence_id)  # a forked child may reuse an id released before

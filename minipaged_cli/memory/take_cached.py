@@ -23,15 +23,23 @@ def take_computed(manager: KVBlockManager, state: SequenceState, count: int, num
     """Take ``count`` blocks onto the end of the sequence's only table (the caller has checked that they are free);
     under one full-attention group with prefix caching and no fork (no block past those a table offered carries a
     key: ``cache_fresh``), also cache the new blocks that its first ``num_computed`` tokens fill, as the block
-    manager's ``cache_full_blocks`` after the take does, counting them as offered."""
+    manager's ``cache_full_blocks`` after the take does, counting them as offered. (``note_past_final`` then.)"""
     pool, table = manager.pool, state.block_tables[0]
     first, stop = state.num_cached_blocks[0], min(num_computed // manager.block_size, len(state.block_hashes))
     if (stop <= len(table) or not manager.enable_prefix_caching or manager.window is not None or manager.num_forks
             or pool.num_groups > 1 or pool.events.has_subscribers or pool.duplicate_blocks[0]):
         pool.take(count, table)  # (no new block fills, or the pool's own order is wanted: ``cache_full_blocks``)
-        return
-    take_cached(pool, count, table, state.block_hashes[first:stop], first)
-    state.num_cached_blocks[0] = stop
+    else:
+        take_cached(pool, count, table, state.block_hashes[first:stop], first)
+        state.num_cached_blocks[0] = stop
+    note_past_final(manager, state)
+
+
+def note_past_final(manager: KVBlockManager, state: SequenceState) -> None:
+    """After a take onto the sequence's only table: list it in ``manager.past_final`` once the table holds slots
+    past its ``final_length``."""
+    if state.final_length is not None and len(state.block_tables[0]) * manager.block_size > state.final_length:
+        manager.past_final[state.sequence_id] = state
 
 
 def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Sequence[Hashable], first: int) -> None:
