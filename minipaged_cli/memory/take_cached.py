@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from minipaged_cli.memory.block_pool import BlockPool
 
 if TYPE_CHECKING:
-    from minipaged_cli.memory.block_manager import KVBlockManager
+    from minipaged_cli.memory.coordinator import KVCacheCoordinator
     from minipaged_cli.memory.sequence import SequenceState
 
 
-def take_computed(manager: KVBlockManager, state: SequenceState, count: int, num_computed: int) -> None:
+def take_computed(manager: KVCacheCoordinator, state: SequenceState, count: int, num_computed: int) -> None:
     """Take ``count`` blocks onto the end of the sequence's only table (the caller has checked that they are free);
     under one full-attention group with prefix caching and no fork (no block past those a table offered carries a
     key: ``cache_fresh``), also cache the new blocks that its first ``num_computed`` tokens fill, as the block
@@ -35,7 +35,7 @@ def take_computed(manager: KVBlockManager, state: SequenceState, count: int, num
     note_past_final(manager, state)
 
 
-def note_past_final(manager: KVBlockManager, state: SequenceState) -> None:
+def note_past_final(manager: KVCacheCoordinator, state: SequenceState) -> None:
     """After a take onto the sequence's only table: list it in ``manager.past_final`` once the table holds slots
     past its ``final_length``."""
     if state.final_length is not None and len(state.block_tables[0]) * manager.block_size > state.final_length:
