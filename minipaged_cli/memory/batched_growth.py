@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.block_pool import num_blocks_for
 from minipaged_cli.memory.sequence import OutOfBlocksError, SequenceState
+from minipaged_cli.memory.take_cached import note_past_final
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
@@ -112,6 +113,8 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
                 table += taken[position:position + per_group]
                 position += per_group
             state.num_held_blocks += per_group * num_groups
+            if num_groups == 1:
+                note_past_final(manager, state)
     if fills:  # (the blocks in the order the calls one by one cache them; each group's map its own)
         group_blocks: list[list[int]] = [[] for _ in manager.groups]
         for state, stop in fills:

@@ -41,7 +41,7 @@ from minipaged_cli.memory.sequence import (
     SequenceState,
     UnknownSequenceError,
 )
-from minipaged_cli.memory.single_type import tail_first
+from minipaged_cli.memory.take_cached import take_computed
 from minipaged_cli.workloads.presets import FULL_ATTENTION
 
 SequenceId = Hashable
@@ -144,8 +144,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         if not self.sliding_ids:
             return len(self.groups) * num_tokens
         num_null = self.sequences[sequence_id].num_null[self.sliding_ids[0]]  # (the same in every sliding group)
-        return len(self.full_ids) * num_tokens + \
-            len(self.sliding_ids) * max(0, num_tokens - num_null * self.block_size)
+        return len(self.full_ids) * num_tokens + len(self.sliding_ids) * max(0, num_tokens - num_null * self.block_size)
 
     def blocks_needed(self, sequence_id: SequenceId | None, num_tokens: int,
                       block_hashes: Sequence[Hashable] = ()) -> int:
@@ -165,8 +164,8 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def create_sequence(self, sequence_id: SequenceId, num_prompt_tokens: int = 0, *,
-                        block_hashes: Sequence[Hashable] = (),
-                        num_computed_tokens: int | None = None) -> SequenceState:
+                        block_hashes: Sequence[Hashable] = (), num_computed_tokens: int | None = None,
+                        final_length: int | None = None) -> SequenceState:
         """Start a sequence, empty or holding a prompt of ``num_prompt_tokens`` (all of its blocks in every group,
         or none), sharing its prefix-cache hit (``state.num_cached_tokens``).
 
@@ -174,6 +173,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         more later), and blocks register under their hash once full and computed. ``num_computed_tokens``: the
         prompt tokens the step that runs now writes (default: all of them); a chunked prefill reserves the whole
         prompt and reports each chunk with ``mark_computed`` as it runs. Cache hits count as computed.
+        ``final_length``: the most tokens the sequence will hold, if known (``SequenceState``).
         """
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
@@ -196,11 +196,13 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
             self.pool.reference(*kept)
             tables.append([NULL_BLOCK] * num_null + kept)
             nulls.append(num_null)
-        state = SequenceState(sequence_id, hit_tokens, tables, list(block_hashes), hit_tokens, hit_tokens, nulls,
-                              [len(t) for t in tables], num_held_blocks=sum(map(len, tables)) - sum(nulls))
+        keys = block_hashes if type(block_hashes) is list else list(block_hashes)  # (kept: add_block_hashes copies)
+        state = SequenceState(sequence_id, hit_tokens, tables, keys, hit_tokens, hit_tokens, nulls,
+                              [len(t) for t in tables], num_held_blocks=sum(map(len, tables)) - sum(nulls),
+                              final_length=final_length)
         self.sequences[sequence_id] = state
         self._released.pop(sequence_id, None)
-        self._take(state, num_prompt_tokens)
+        self._take(state, num_prompt_tokens, 0, num_computed_tokens)
         state.sequence_length = num_prompt_tokens
         self._computed(state, num_computed_tokens)
         return state
@@ -224,7 +226,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         new_length = state.sequence_length + num_tokens
         copy = self._needs_copy(state, num_tokens)
         if copy or new_length > len(state.block_tables[0]) * self.block_size:
-            self._take(state, new_length, copy)
+            self._take(state, new_length, copy, new_length if computed else 0)
         state.sequence_length = new_length
         if computed:
             if self.enable_prefix_caching:
@@ -254,22 +256,16 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         """Append the content hashes of the sequence's next full blocks, as a decode learns its tokens (instead
         of passing them all to ``create_sequence``); blocks already full and computed register at once."""
         state = self.sequence(sequence_id)
-        state.block_hashes.extend(block_hashes)
+        state.block_hashes = [*state.block_hashes, *block_hashes]  # (a new list: the first is the caller's)
         if self.enable_prefix_caching:
             self.cache_full_blocks(state)
 
     def release_sequence(self, sequence_id: SequenceId) -> None:
-        """Drop the sequence's reference to each of its blocks, group by group, each table tail first (vLLM's
-        ``free``, so a chain is evicted from its end); a block no one else holds returns to the free queue."""
+        """Drop the sequence's reference to each of its blocks (``release_tables``); a block no one else holds
+        returns to the free queue."""
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
-        state = self.sequence(sequence_id)
-        if self.only_offered_blocks_keyed():  # (the pool then tests no block for a key)
-            table, num_keyed = state.block_tables[0], state.num_cached_blocks[0]
-            self.pool.release_split([tail_first(table, 0, num_keyed)], [tail_first(table, num_keyed, len(table))])
-        else:
-            self.pool.release(*[tail_first(table, nulls, len(table))
-                                for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
+        self.release_tables(self.sequence(sequence_id))
         del self.sequences[sequence_id]
         self._released[sequence_id] = None
         self._released.move_to_end(sequence_id)  # a forked child may reuse an id released before
@@ -292,10 +288,10 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
 
     # -- internals -----------------------------------------------------------------------------------------
 
-    def _take(self, state: SequenceState, new_length: int, copy: int = 0) -> None:
+    def _take(self, state: SequenceState, new_length: int, copy: int = 0, num_computed: int = 0) -> None:
         """Extend every table to ``new_length`` tokens, group by group from the free queue, after copying a
         shared last block the next token writes into (``copy``: ``_needs_copy``'s answer); all or nothing. (The
-        caller sets the sequence's length.)"""
+        caller sets the length, then ``_computed(num_computed)``, whose caching ``take_computed`` may do now.)"""
         tables = state.block_tables
         per_group = num_blocks_for(new_length, self.block_size) - len(tables[0])
         needed = per_group * len(tables) + copy
@@ -307,7 +303,7 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         if per_group <= 0:
             return
         if len(tables) == 1:
-            self.pool.take(per_group, tables[0])
+            take_computed(self, state, per_group, num_computed)
         else:
             taken: list[int] = []
             self.pool.take(needed, taken)  # (one call: the blocks group by group, as one call per group)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
 from minipaged_cli.memory.sequence import SequenceState
-from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager
+from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager, tail_first
 
 SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
@@ -102,6 +102,10 @@ class KVCacheCoordinator:
                                                           max_model_len)
         self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
         self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None)
+        # The live single-table sequences whose table holds slots past their ``final_length`` (those in their last
+        # block: a few of a step's running ones), kept as their blocks are taken (``take_computed``,
+        # ``grow_together``) and released: the accounting's sum of those slots reads them alone.
+        self.past_final: dict[Hashable, SequenceState] = {}
 
     def skipped_blocks(self, num_computed_tokens: int) -> int:
         """Leading blocks a sliding group no longer needs once ``num_computed_tokens`` are computed."""
@@ -177,6 +181,17 @@ class KVCacheCoordinator:
         fork shares blocks past those, which the other holder may cache; the checker's "cached past the blocks
         offered")."""
         return len(self.groups) == 1 and self.window is None and not self.num_forks
+
+    def release_tables(self, state: SequenceState) -> None:
+        """Drop the sequence's reference to each of its blocks, group by group, each table tail first (vLLM's
+        ``free``, so a chain is evicted from its end); a block no one else holds returns to the free queue."""
+        if self.only_offered_blocks_keyed():  # (the pool then tests no block for a key)
+            table, num_keyed = state.block_tables[0], state.num_cached_blocks[0]
+            self.pool.release_split([tail_first(table, 0, num_keyed)], [tail_first(table, num_keyed, len(table))])
+        else:
+            self.pool.release(*[tail_first(table, nulls, len(table))
+                                for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
+        self.past_final.pop(state.sequence_id, None)
 
     def cache_full_blocks(self, state: SequenceState) -> None:
         """Each cached group offers its blocks that are full, computed and not yet offered to its own map,

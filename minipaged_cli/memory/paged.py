@@ -96,8 +96,8 @@ class PagedAllocator(Allocator):
         # < num_computed).
         num_tokens = num_computed if first_chunk_only and num_computed is not None else prompt_length
         try:
-            state = self.manager.create_sequence(holding.sequence_id, num_tokens,
-                                                 block_hashes=holding.block_hashes, num_computed_tokens=num_computed)
+            state = self.manager.create_sequence(holding.sequence_id, num_tokens, block_hashes=holding.block_hashes,
+                                                 num_computed_tokens=num_computed, final_length=holding.final_length)
         except OutOfBlocksError:
             raise OutOfBlocksError(f"cannot admit {prompt_length} tokens: {self.manager.num_free_blocks} blocks "
                                    "free") from None
@@ -112,12 +112,12 @@ class PagedAllocator(Allocator):
         manager, sequence_id = self.manager, holding.sequence_id
         if manager.window is None:
             manager.create_sequence(sequence_id, num_cached + num_loaded, block_hashes=holding.block_hashes,
-                                    num_computed_tokens=num_cached)
+                                    num_computed_tokens=num_cached, final_length=holding.final_length)
             return
         # (one token past the hit: the hit is looked up as for the whole prompt, whose last token is computed)
         length, end = num_cached + 1, num_cached + num_loaded
         state = manager.create_sequence(sequence_id, length, block_hashes=holding.block_hashes,
-                                        num_computed_tokens=num_cached)
+                                        num_computed_tokens=num_cached, final_length=holding.final_length)
         state.num_loading_tokens = num_loaded
         step = max(manager.window, self.block_size)
         while length < end:
@@ -165,7 +165,17 @@ class PagedAllocator(Allocator):
         return [sequences[holding.sequence_id].num_held_blocks * block_size for holding in holdings]
 
     def allocation_sums(self, holdings: Sequence[Holding]) -> tuple[int, int]:
-        sequences, block_size = self.manager.sequences, self.block_size
+        """Where the holdings are all the live sequences (as many, each live), of one full-attention table each and
+        no fork: Σ allocated is every table entry, the pool's blocks in use and shared references, and the slots past
+        the final lengths are those of the few sequences the manager lists in their last block (``past_final``), in
+        place of a pass over all (the accounting asks every step); else the sums over ``holdings``, the reference
+        (``tests/memory/test_paged.py`` checks the two agree)."""
+        manager, block_size = self.manager, self.block_size
+        if not self.windowed and not manager.num_forks and len(holdings) == len(manager.sequences):
+            return (manager.num_used_blocks + manager.num_shared_references) * block_size, \
+                sum([len(state.block_tables[0]) * block_size - state.final_length  # type: ignore[operator]
+                     for state in manager.past_final.values()])
+        sequences = manager.sequences
         allocated = internal = 0
         for holding in holdings:  # (one pass: the accounting asks every step, for every running request)
             slots = sequences[holding.sequence_id].num_held_blocks * block_size

@@ -50,7 +50,8 @@ class SequenceState:
     Per group: ``num_null[g]`` leading null entries, ``num_cached_blocks[g]`` entries offered to the prefix cache
     (vLLM's ``num_cached_block``). ``num_loading_tokens``: tokens after the computed ones that a tier below the GPU
     loads (vLLM's ``num_external_computed_tokens``); ``num_held_blocks``: entries that are not null, over all
-    tables (a count: the accounting asks for it per sequence and step).
+    tables (a count: the accounting asks for it per sequence and step); ``final_length``: the most tokens the caller
+    will give it (None: not known), past which a table's slots are never filled.
     """
 
     sequence_id: Hashable
@@ -64,6 +65,7 @@ class SequenceState:
     num_cached_blocks: list[int] = field(default_factory=lambda: [0], compare=False)
     num_loading_tokens: int = field(default=0, compare=False)
     num_held_blocks: int = field(default=0, compare=False)
+    final_length: int | None = field(default=None, compare=False)
 
     @property
     def block_table(self) -> list[int]:

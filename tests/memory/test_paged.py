@@ -1,11 +1,16 @@
 """The paged allocator's fast paths against their naive references (the replay's decode steps profiled in bulk, the
-slot owners of a huge pool), and the block manager's checker on a planted bug."""
+slot owners of a huge pool, the accounting's sums), and the block manager's checker on a planted bug."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from minipaged_cli.memory import hash_blocks
 from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.paged import PagedAllocator
@@ -61,3 +66,57 @@ def test_slot_owners_of_a_huge_pool_cost_the_blocks_in_use() -> None:
     paged.admit(Holding(7, 6, 1), 6)  # blocks 0 and 1: slots 0-7, tokens in 0-5
     paged.admit(Holding(9, 1, 1), 1)  # block 2
     assert paged.slot_owners(np.array([0, 5, 7, 8, 12, 4 * 2**40 - 1])).tolist() == [7, 7, 7, 9, -1, -1]
+
+
+def naive_allocation_sums(allocator: PagedAllocator, holdings: list[Holding]) -> tuple[int, int]:
+    """The reference: each request's blocks held, from its table, and its slots past its final length, summed."""
+    allocated = [len(allocator.manager.sequences[h.sequence_id].block_table) * allocator.block_size for h in holdings]
+    return sum(allocated), sum(max(slots - h.final_length, 0) for slots, h in zip(allocated, holdings, strict=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_allocation_sums_from_the_pool_equal_the_per_request_sums(seed: int) -> None:
+    """Requests admitted (in chunks, whole, sharing cached prefixes), grown one by one and in runs, released, some
+    finishing inside their last block: after every call the sums from the pool's counts and the manager's list of
+    sequences in their last block equal the sums request by request, and the list holds exactly those sequences."""
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 2, 4])
+    allocator = PagedAllocator(rng.randint(8, 60), block_size, prefix_caching=rng.random() < 0.7)
+    manager = allocator.manager
+    shared = [("shared", i) for i in range(8)]
+    live: list[Holding] = []
+    lengths: dict[int, int] = {}
+    for sequence_id in range(rng.randint(1, 40)):
+        call = rng.random()
+        if call < 0.35 or not live:
+            prompt, output = rng.randint(1, 6 * block_size), rng.randint(1, 4 * block_size)
+            holding = Holding(sequence_id, prompt, output, hash_blocks(
+                shared[:rng.randint(0, 8)] + [("own", sequence_id, i) for i in range(prompt // block_size + 4)]))
+            first = rng.choice([prompt, rng.randint(1, prompt)])
+            if allocator.blocks_to_admit(holding, prompt) <= manager.num_free_blocks:
+                allocator.admit(holding, prompt, first, first_chunk_only=rng.random() < 0.5)
+                live.append(holding)
+                lengths[sequence_id] = manager.sequences[sequence_id].sequence_length
+        elif call < 0.6:
+            holding = rng.choice(live)
+            length = lengths[holding.sequence_id]
+            if length < holding.final_length:
+                new_length = min(holding.final_length, length + rng.randint(1, 2 * block_size))
+                if allocator.try_grow(holding, length, new_length) is not None:
+                    lengths[holding.sequence_id] = new_length
+        elif call < 0.85:
+            run = [h for h in live if lengths[h.sequence_id] < h.final_length
+                   and manager.sequences[h.sequence_id].num_computed_tokens == lengths[h.sequence_id]]
+            for holding in run[:allocator.grow_decodes(run)]:
+                lengths[holding.sequence_id] += 1
+        else:
+            holding = live.pop(rng.randrange(len(live)))
+            allocator.release(holding)
+            del lengths[holding.sequence_id]
+        assert allocator.allocation_sums(live) == naive_allocation_sums(allocator, live)
+        some = live[:rng.randint(0, len(live))]  # (not all the live ones: the pass over them)
+        assert allocator.allocation_sums(some) == naive_allocation_sums(allocator, some)
+        assert manager.past_final == {
+            s.sequence_id: s for s in manager.sequences.values()
+            if len(s.block_table) * block_size > s.final_length}  # type: ignore[operator]

@@ -1,0 +1,93 @@
+"""A prefill's new blocks taken and cached in one pass: the fast path of ``BlockPool.take`` followed by
+``BlockPool.cache_fresh`` over the same blocks, checked against those two calls (``tests/memory/test_take_cached.py``).
+
+A chunk of a prompt takes its blocks from the free queue (each evicting its old cache entry) and, once computed,
+offers its full ones to the cache: two walks over the same hundreds of blocks. vLLM evicts all the taken blocks'
+old entries before caching the new ones, and a new key may be one a taken block still carries; one pass keeps that
+order's result by handing the entry straight to the new block where it meets one (``_evict_for``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from minipaged_cli.memory.block_pool import BlockPool
+
+if TYPE_CHECKING:
+    from minipaged_cli.memory.coordinator import KVCacheCoordinator
+    from minipaged_cli.memory.sequence import SequenceState
+
+
+def take_computed(manager: KVCacheCoordinator, state: SequenceState, count: int, num_computed: int) -> None:
+    """Take ``count`` blocks onto the end of the sequence's only table (the caller has checked that they are free);
+    under one full-attention group with prefix caching and no fork (no block past those a table offered carries a
+    key: ``cache_fresh``), also cache the new blocks that its first ``num_computed`` tokens fill, as the block
+    manager's ``cache_full_blocks`` after the take does, counting them as offered. (``note_past_final`` then.)"""
+    pool, table = manager.pool, state.block_tables[0]
+    first, stop = state.num_cached_blocks[0], min(num_computed // manager.block_size, len(state.block_hashes))
+    if (stop <= len(table) or not manager.enable_prefix_caching or manager.window is not None or manager.num_forks
+            or pool.num_groups > 1 or pool.events.has_subscribers or pool.duplicate_blocks[0]):
+        pool.take(count, table)  # (no new block fills, or the pool's own order is wanted: ``cache_full_blocks``)
+    else:
+        take_cached(pool, count, table, state.block_hashes[first:stop], first)
+        state.num_cached_blocks[0] = stop
+    note_past_final(manager, state)
+
+
+def note_past_final(manager: KVCacheCoordinator, state: SequenceState) -> None:
+    """After a take onto the sequence's only table: list it in ``manager.past_final`` once the table holds slots
+    past its ``final_length``."""
+    if state.final_length is not None and len(state.block_tables[0]) * manager.block_size > state.final_length:
+        manager.past_final[state.sequence_id] = state
+
+
+def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Sequence[Hashable], first: int) -> None:
+    """``pool.take(count, table)``, then ``pool.cache_fresh(block_hashes, table[first:first + len(block_hashes)])``
+    in one pass over the blocks: one group, no subscriber, no duplicate content cached (each cached block is its
+    key's entry), the blocks from ``first`` to the take held by the table alone and carrying no key."""
+    refs, hashes, cached = pool.ref_counts, pool.block_hash, pool.cached_blocks[0]
+    blocks, _ = pool.free_blocks.take(count)
+    first_seen = pool.free_blocks.num_touched - len(refs)
+    if first_seen:
+        pool._touch(first_seen)
+    table.extend(blocks)
+    num_entries = len(cached)
+    num_duplicates = 0
+    add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
+    for key, block in zip(block_hashes, table[first:first + len(block_hashes)], strict=True):
+        refs[block] = 1
+        old = hashes[block]
+        if old is not None:
+            del cached[old]
+        hashes[block] = key
+        if add(key, block) != block:  # (met an entry: rare)
+            num_duplicates += _evict_for(pool, key, block, blocks)
+    for block in blocks[max(first + len(block_hashes) - (len(table) - count), 0):]:  # (taken, not cached: evicted)
+        refs[block] = 1
+        old = hashes[block]
+        if old is not None:
+            del cached[old]
+            hashes[block] = None
+    # (each key made an entry or a duplicate; the rest of the change in size is the entries evicted)
+    num_new = len(block_hashes) - num_duplicates
+    evicted = num_new - (len(cached) - num_entries)
+    pool.num_allocations += count
+    if evicted:
+        pool.num_evictions += evicted
+        pool.cache_version += 1
+    pool.cache_version += num_new
+
+
+def _evict_for(pool: BlockPool, key: Hashable, block: int, taken: list[int]) -> int:
+    """``key``'s entry met in the pass, for ``block``: where it is a taken block's old entry, not evicted yet, it is
+    evicted now and ``block`` takes the key (as evicting all first, then caching, leaves it); 0. Else ``block`` holds
+    the content a second time (``cache_fresh``'s duplicate); 1."""
+    cached, hashes = pool.cached_blocks[0], pool.block_hash
+    other = cached[key]
+    if not pool.ref_counts[other] and other in taken:  # (a taken block not reached yet: still free, count 0)
+        hashes[other] = None
+        cached[key] = block
+        return 0
+    pool.duplicate_blocks[0].setdefault(key, []).append(block)
+    return 1
