@@ -17,7 +17,7 @@ the order this pool hands out 0..N-1.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from minipaged_cli.memory.free_queue import FreeBlockQueue
 from minipaged_cli.memory.pool_events import PoolEvents
@@ -149,7 +149,7 @@ class BlockPool:
         self.num_shared_references -= len(blocks) - len(freed)
         return freed
 
-    def lookup(self, block_hashes: Sequence[Hashable], group: int = 0) -> list[int]:
+    def lookup(self, block_hashes: Iterable[Hashable], group: int = 0) -> list[int]:
         """The blocks holding the longest cached run of ``block_hashes`` from its start, in ``group``'s map."""
         hits = []
         get = self.cached_blocks[group].get

@@ -18,7 +18,7 @@ vLLM: v1/core/single_type_kv_cache_manager.py::SlidingWindowManager
 from __future__ import annotations
 
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 from minipaged_cli.memory.sequence import NULL_BLOCK, SequenceState
@@ -64,9 +64,9 @@ class SingleTypeManager:
 class FullAttentionManager(SingleTypeManager):
     """The full-attention groups ``group_ids`` (full and latent attention): no block is ever skipped."""
 
-    def find_longest_cache_hit(self, pool: BlockPool, candidates: Sequence[Hashable]) -> list[list[int]]:
+    def find_longest_cache_hit(self, pool: BlockPool, candidates: Iterable[Hashable]) -> list[list[int]]:
         """Per group, the cached blocks of the longest run of ``candidates`` from its start cached in every group
-        (all lists of one length).
+        (all lists of one length; ``candidates`` walked once, up to the first miss).
 
         vLLM: v1/core/single_type_kv_cache_manager.py::FullAttentionManager.find_longest_cache_hit
         """
