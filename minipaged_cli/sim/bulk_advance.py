@@ -118,7 +118,9 @@ class BulkAdvance:
         else:
             num_free = num_steps
             if scheduler.waiting:
-                grown = np.broadcast_to(profile.allocated, num_steps) - int(allocated.sum())
+                per_step = profile.allocated  # (``np.broadcast_to`` costs more than the rest of this test)
+                grown = (per_step[:num_steps] if isinstance(per_step, np.ndarray) else np.full(num_steps, per_step)) \
+                    - int(allocated.sum())
                 num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
             # One record a run of steps that no arrival and no change of saturation splits, as a bulk starting
             # at each arrival would record them
