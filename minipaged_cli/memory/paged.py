@@ -175,15 +175,7 @@ class PagedAllocator(Allocator):
             return (manager.num_used_blocks + manager.num_shared_references) * block_size, \
                 sum([len(state.block_tables[0]) * block_size - state.final_length  # type: ignore[operator]
                      for state in manager.past_final.values()])
-        sequences = manager.sequences
-        allocated = internal = 0
-        for holding in holdings:  # (one pass: the accounting asks every step, for every running request)
-            slots = sequences[holding.sequence_id].num_held_blocks * block_size
-            allocated += slots
-            past = slots - holding.final_length
-            if past > 0:
-                internal += past
-        return allocated, internal
+        return super().allocation_sums(holdings)
 
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
