@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass(eq=False)  # compared by identity: the simulator keeps them in lists
+@dataclass(eq=False, slots=True)  # compared by identity: the simulator keeps them in lists
 class Holding:
     """A request as the allocators see it: the id it is allocated under, the lengths that size it, and the
     content keys of its full blocks (for prefix caching; empty without it)."""

@@ -35,7 +35,7 @@ class UncomputedForkError(BlockManagerError):
     """``fork`` of a sequence whose reserved tokens are not all computed yet."""
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceState:
     """One live sequence: how many tokens it holds and where they are.
 

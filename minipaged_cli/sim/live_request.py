@@ -8,7 +8,7 @@ from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.workloads.trace import Request
 
 
-@dataclass(eq=False)  # identity: the scheduler looks requests up in its lists
+@dataclass(eq=False, slots=True)  # identity: the scheduler looks requests up in its lists
 class LiveRequest(Holding):
     """A request (or one of its parallel samples) inside the engine."""
 
