@@ -135,10 +135,16 @@ class Scheduler:
         """Whether the next steps are decode-only and change nothing but lengths until some event: something
         runs, no prompt is mid-prefill, the budget serves every decode, and the queue's head cannot be admitted.
         Under cache-aware admission, one request waits at most: the reorder of two may put either first, at any
-        step (the cache's usage and hits move)."""
-        return bool(self.running) and len(self.running) < self.engine.max_batched_tokens \
-            and not (self.cache_aware_window and len(self.waiting) > 1) \
-            and all(r.num_computed >= r.num_prefill_tokens for r in self.running) and not self._head_admissible()
+        step (the cache's usage and hits move).
+
+        Asked before every step: the head's test (pure) comes before the pass over ``running``, which an
+        admissible head, the most common no, spares; the pass starts from the end, where the latest admitted, the
+        prompts still mid-prefill, are."""
+        running = self.running
+        if not running or len(running) >= self.engine.max_batched_tokens \
+                or (self.cache_aware_window and len(self.waiting) > 1) or self._head_admissible():
+            return False
+        return all(live.num_computed >= live.num_prefill_tokens for live in reversed(running))
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
