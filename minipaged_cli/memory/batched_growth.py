@@ -86,9 +86,10 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
         if state.num_computed_tokens != length or state.num_loading_tokens:  # (reserved ahead, loading: ``grow``)
             return _undo(sequences, sequence_ids[:done], num_tokens)
         new_length = length + num_tokens
-        num_blocks = len(state.block_tables[0])
-        if new_length > num_blocks * block_size:  # (the common case, a step inside its last block, first)
-            per_group = num_blocks_for(new_length, block_size) - num_blocks
+        # (the common case, a step inside its last block, first; without a window every group's table holds as
+        # many blocks as the first, none null, so the held blocks count them without a look at the tables)
+        if new_length * num_groups > state.num_held_blocks * block_size:
+            per_group = num_blocks_for(new_length, block_size) - state.num_held_blocks // num_groups
             if num_taken + per_group * num_groups > num_free:
                 num_grown = done  # (one at a time, this one's take fails: it and the rest stay as they are)
                 break
