@@ -30,11 +30,12 @@ def full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.nd
     # each call's fixed cost is the bulk of the time.)
     rounded_up = np.arange(block_size, num_steps + block_size, dtype=np.int64)  # j + B - 1
     allocated_matrix = (lengths[:, None] + rounded_up) // block_size * block_size
-    allocated_per_step = allocated_matrix.sum(axis=0)
+    allocated_per_step = np.add.reduce(allocated_matrix, axis=0)  # (``ndarray.sum`` goes through a Python wrapper)
     # Steps whose new blocks, (allocated_per_step - Σ allocated) // B, the free blocks cover.
-    limit = int(allocated.sum()) + block_size * (num_free_blocks + 1) - 1
+    limit = int(np.add.reduce(allocated)) + block_size * (num_free_blocks + 1) - 1
     num_ok = int(allocated_per_step.searchsorted(limit, side="right"))
-    internal = np.maximum(allocated_matrix[:, :num_ok] - finals[:, None], 0).sum(axis=0)
+    past_final = allocated_matrix[:, :num_ok] - finals[:, None]
+    internal = np.add.reduce(np.maximum(past_final, 0, out=past_final), axis=0)
     return BulkProfile(num_ok, allocated_per_step[:num_ok], internal)
 
 

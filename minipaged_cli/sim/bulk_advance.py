@@ -59,11 +59,11 @@ class BulkAdvance:
         n = len(running)
         lengths, allocated, finals = decode_state(self.allocator, running)
         num_steps = max_bulk_steps(running)
-        total_length = int(lengths.sum())
+        total_length = int(np.add.reduce(lengths))  # (``ndarray.sum`` goes through a Python wrapper)
         # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
         contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
-        checked_seconds(float(durations.min()))  # (a NaN anywhere makes the min NaN)
+        checked_seconds(float(np.minimum.reduce(durations)))  # (a NaN anywhere makes the min NaN)
         clock = step_clock(now, durations)
         # Behind a waiting head an arrival joins the queue's tail and changes no step (the head stays held back:
         # free memory only shrinks without windows, the batch stays as it is); else the bulk stops before the step
@@ -120,7 +120,7 @@ class BulkAdvance:
             if scheduler.waiting:
                 per_step = profile.allocated  # (``np.broadcast_to`` costs more than the rest of this test)
                 grown = (per_step[:num_steps] if isinstance(per_step, np.ndarray) else np.full(num_steps, per_step)) \
-                    - int(allocated.sum())
+                    - int(np.add.reduce(allocated))
                 num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
             # One record a run of steps that no arrival and no change of saturation splits, as a bulk starting
             # at each arrival would record them
@@ -134,7 +134,7 @@ class BulkAdvance:
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
                                      total_length + n * num_steps)
-        checked_seconds(float(durations[:num_steps].sum()))  # (an infinity anywhere shows in the sum)
+        checked_seconds(float(np.add.reduce(durations[:num_steps])))  # (an infinity anywhere shows in the sum)
         return float(clock[num_steps])
 
     def _record(self, clock: np.ndarray, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
@@ -145,7 +145,7 @@ class BulkAdvance:
 
         The shared slots stay constant: no admission, fork or release until the last step."""
         part = durations[start:stop]
-        duration = float(part.sum())
+        duration = float(np.add.reduce(part))
         tokens = (total_length + n * first) * duration + n * float(part @ _STEPS[start - first:stop - first]) \
             if profile.tokens is None else _integral(profile.tokens, part, duration, start, stop)
         slots = category_slots(
@@ -163,15 +163,14 @@ class BulkAdvance:
 def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The running requests' computed lengths, allocated slots and final lengths: what ``Allocator.bulk_profile``
     reads."""
-    n = len(running)
-    return (np.fromiter((r.num_computed for r in running), dtype=np.int64, count=n),
+    return (np.array([r.num_computed for r in running], dtype=np.int64),
             np.array(allocator.allocations(running), dtype=np.int64),
-            np.fromiter((r.final_length for r in running), dtype=np.int64, count=n))
+            np.array([r.final_length for r in running], dtype=np.int64))
 
 
 def max_bulk_steps(running: list[LiveRequest]) -> int:
     """The most decode steps one bulk may take: none past the first finish, and a bounded profile."""
-    return min(min(r.output_tokens - r.num_generated for r in running), MAX_BULK_STEPS,
+    return min(min([r.output_tokens - r.num_generated for r in running]), MAX_BULK_STEPS,
                max(1, MAX_BULK_CELLS // len(running)))
 
 
