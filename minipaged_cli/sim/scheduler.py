@@ -137,14 +137,14 @@ class Scheduler:
         Under cache-aware admission, one request waits at most: the reorder of two may put either first, at any
         step (the cache's usage and hits move).
 
-        Asked before every step: the head's test (pure) comes before the pass over ``running``, which an
-        admissible head, the most common no, spares; the pass starts from the end, where the latest admitted, the
-        prompts still mid-prefill, are."""
+        Asked before every step: the pass over ``running`` starts from the end, where the latest admitted, the
+        prompts still mid-prefill (the most common no on long prompts), are; the head's test, which looks its
+        prompt up in the prefix cache, comes last."""
         running = self.running
-        if not running or len(running) >= self.engine.max_batched_tokens \
-                or (self.cache_aware_window and len(self.waiting) > 1) or self._head_admissible():
-            return False
-        return all(live.num_computed >= live.num_prefill_tokens for live in reversed(running))
+        return bool(running) and len(running) < self.engine.max_batched_tokens \
+            and not (self.cache_aware_window and len(self.waiting) > 1) \
+            and all(live.num_computed >= live.num_prefill_tokens for live in reversed(running)) \
+            and not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
