@@ -98,13 +98,14 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
         if first_cached is not None and new_length // block_size > state.num_cached_blocks[first_cached]:
             fills.append((state, min(new_length // block_size, len(state.block_hashes))))
         state.sequence_length = state.num_computed_tokens = new_length
-    group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
-    for state, stop in fills:
-        for g in cached_groups:
-            group_keys[g] += state.block_hashes[state.num_cached_blocks[g]:stop]
-    for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
-        if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
-            return _undo(sequences, sequence_ids[:num_grown], num_tokens)
+    if fills:  # (most single steps fill no block)
+        group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
+        for state, stop in fills:
+            for g in cached_groups:
+                group_keys[g] += state.block_hashes[state.num_cached_blocks[g]:stop]
+        for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
+            if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
+                return _undo(sequences, sequence_ids[:num_grown], num_tokens)
     if takes:
         taken: list[int] = []
         pool.take(num_taken, taken)
