@@ -153,7 +153,7 @@ class Replay:
                 live.num_generated += 1
                 if live.first_token_s is None:
                     live.first_token_s = self.now + duration
-        live_tokens = sum(r.num_computed for r in running)
+        live_tokens = sum([r.num_computed for r in running])  # (a list: a generator costs a resume per item)
         categories = current_categories(running, self.allocator, self.scheduler.external_fragmentation(),
                                         live_tokens)
         self.accounting.record(self.now, duration, duration * categories, decision.saturated, 1, len(running))
@@ -173,7 +173,7 @@ class Replay:
             prefill_tokens=sum(c for _, c in chunks),
             prefill_attended=sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks),
             prefill_context=sum(r.num_computed + c for r, c in chunks),
-            decodes=len(decoders), decode_context=sum(r.num_computed for r in decoders) + len(decoders),
+            decodes=len(decoders), decode_context=sum([r.num_computed for r in decoders]) + len(decoders),
             copied_tokens=decision.copied_tokens)
         transfer = self.step_time.swap_seconds(decision.swapped_tokens) if self.tiers is None else decision.transfer_s
         return checked_seconds(float(seconds) + transfer)
