@@ -10,21 +10,23 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import count, islice
 
-_BLAKE2B_128 = hashlib.blake2b(digest_size=16)  # (never updated: ``content_hash`` updates copies)
+_BLAKE2B_64 = hashlib.blake2b(digest_size=8)  # (never updated: ``content_hash`` updates copies)
+_KEY_BITS = 60
 
 
 def content_hash(parent: Hashable, content: Hashable) -> int:
-    """A 128-bit BLAKE2b digest of the pair (parent, content) pickled with protocol 5, as a big-endian int.
+    """The first 60 bits of a 64-bit BLAKE2b digest of the pair (parent, content) pickled with protocol 5, as an int.
 
-    Python's ``hash()`` is 64 bits and not collision resistant (``hash(-1) == hash(-2)``, so token ids -1 and -2
-    would share a cache entry); vLLM moved to SHA-256 for the same reason. ``content`` must be picklable with a
-    stable encoding (ints, strings, tuples of them).
+    Python's ``hash()`` is not collision resistant (``hash(-1) == hash(-2)``: token ids -1 and -2 would share a
+    cache entry); vLLM moved to SHA-256 for the same reason. 60 bits of a cryptographic digest make a collision
+    among ten million keys (a long replay's) a 1-in-20,000 event (n² / 2⁶¹), and keep a key an int of two 30-bit
+    digits, 32 bytes where a 128-bit one takes 48: a replay holds millions at once. ``content`` must be picklable
+    with a stable encoding (ints, strings, tuples of them).
     """
-    hasher = _BLAKE2B_128.copy()  # (a copy skips the set-up of the parameters: a replay hashes every prompt's runs)
+    hasher = _BLAKE2B_64.copy()  # (a copy skips the set-up of the parameters: a replay hashes every prompt's runs)
     hasher.update(pickle.dumps((parent, content), protocol=5))
-    return int.from_bytes(hasher.digest(), "big")
+    return int.from_bytes(hasher.digest(), "big") >> (64 - _KEY_BITS)
 
 
 def hash_blocks(contents: Iterable[Hashable], parent: Hashable = None) -> list[int]:
@@ -47,16 +49,16 @@ def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) ->
     own tokens) of the given lengths.
 
     Equal keys mean equal content from the start of the stream (what a chained hash guarantees): a block's key is
-    the ``content_hash`` (128-bit) of the previous content and this block's pieces (label, start, end). Block i
+    the ``content_hash`` (60-bit) of the previous content and this block's pieces (label, start, end). Block i
     inside one run is keyed run key + i without a Python step per block, which matters for traces like Mooncake's
     (hundreds of blocks per prompt), and the content up to the run's end is named run key + its blocks, the next
     key past them (one digest a run: a request's prompt is dozens of runs). Every key is an int: the block pool's
     dictionaries hash it without following a tuple's pointers to scattered objects, the replay's hottest memory
-    traffic. (Two keys, or two contents' names, meet only where two 128-bit digests land within a run's length of
+    traffic. (Two keys, or two contents' names, meet only where two 60-bit digests land within a run's length of
     each other: as likely as a digest collision.)
 
-    A replay builds a key for every block of every prompt (millions): a run's keys come from ``itertools.count``,
-    one addition a key, where a range's iterator makes three (an addition, a subtraction, a comparison).
+    A replay builds a key for every block of every prompt (millions): a run's keys come from a ``range``, whose
+    iterator counts in a machine word (keys stay below 2⁶³: a 60-bit digest plus a run's blocks).
     """
     keys: list[int] = []
     chain: Hashable = None  # the hash of all content before ``pieces``
@@ -79,7 +81,7 @@ def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) ->
         if whole:
             run_key = content_hash(chain, (label, start))
             chain = run_key + whole
-            keys.extend(islice(count(run_key), max(whole, 0)))  # (a negative length keys no block, as a range)
+            keys.extend(range(run_key, chain))  # (a negative length keys no block)
         if start + whole * block_size < length:
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]
