@@ -166,6 +166,9 @@ class BlockPool:
         than swap in the older copy), and hits keep going to the older block. (One call for a run: a long prompt
         has hundreds.)"""
         self._tell(group, block_hashes, blocks)
+        log = self.events.log
+        if log is not None and log.group == group:
+            log.stored += block_hashes
         if self.num_groups > 1:  # (a block already cached is this group's: a table holds one group's blocks)
             groups = self.block_group
             for block in blocks:
@@ -179,6 +182,9 @@ class BlockPool:
         for every block that fills: one pass, each block's entry and key.)"""
         if self.events.has_subscribers:
             self._tell(group, block_hashes, blocks)
+        log = self.events.log
+        if log is not None and log.group == group:
+            log.stored += block_hashes
         if self.num_groups > 1:
             groups = self.block_group
             for block in blocks:
@@ -247,10 +253,22 @@ class BlockPool:
         to be overwritten. The oldest duplicate of an evicted entry, if any, takes over its hits."""
         if self.events.has_subscribers:
             self.events.evicted(*self._cached_keys(blocks))
+        if self.events.log is not None:
+            self._log_evicting(blocks)
         evicted = self._drop_entries(blocks)
         if evicted:
             self.cache_version += 1
             self.num_evictions += evicted
+
+    def _log_evicting(self, blocks: list[int]) -> None:
+        """The keys that ``blocks`` carry in the key log's group, onto its ``removed`` list."""
+        log, hashes = self.events.log, self.block_hash
+        assert log is not None
+        if self.num_groups == 1:
+            log.removed += [key for block in blocks if (key := hashes[block]) is not None]
+        else:
+            groups, group = self.block_group, log.group
+            log.removed += [key for block in blocks if (key := hashes[block]) is not None and groups[block] == group]
 
     def _cached_keys(self, blocks: list[int]) -> tuple[list[Hashable], list[int]]:
         """The keys of those ``blocks`` that are cached, and those blocks, for the pool's events (two lists, no pair per
