@@ -1,5 +1,6 @@
-"""The fleet's fast paths against their readable references: KV events folded as set operations against one count
-per key folded key by key (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
+"""The fleet's fast paths against their readable references: KV events read from the pool's key log and folded a
+step at a time as set operations against one count per key folded event by event, key by key
+(``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
 reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap,
 those events and those keys against the clock's scan of every replica, the counted events and every key, on random
 workloads under every router, decision for decision and figure for figure."""
@@ -35,9 +36,9 @@ def test_set_folded_events_are_the_key_by_key_counts(stream: list[tuple[str, lis
             assert not fast.ones & fast.others.keys() and 0 not in fast.others.values()
         elif name == "query":
             assert fast.matched_blocks(block_hashes) == counted.matched_blocks(block_hashes)
-        else:
-            for events in (fast, counted):
-                getattr(events, name)(block_hashes, list(range(len(block_hashes))))
+        else:  # (the pool appends an event's keys to its log: a step's events in one list each)
+            (fast.log.stored if name == "cached" else fast.log.removed).extend(block_hashes)
+            getattr(counted, name)(block_hashes, list(range(len(block_hashes))))
 
 
 @st.composite
@@ -68,17 +69,17 @@ def test_keys_built_as_far_as_a_lookup_reaches_are_all_the_keys(case: tuple) -> 
 
 
 def replay(trace: Trace, spec: FleetConfig, *, reference: bool) -> FleetResult:
-    """``run_fleet``; the ``reference``: the clock scans every replica each pass, the KV events count key by key."""
+    """``run_fleet``; the ``reference``: the clock scans every replica each pass, the KV events are told each of
+    the pool's events and count key by key (a subscriber: the pool takes its readable paths, in their order)."""
     fleet = Fleet(trace, spec)
     if reference:
         fleet.clock.scan = True
         fleet.lazy_keys = False
         for replica in fleet.replicas:
             if replica.events is not None:
-                subscribers = replica.replay.allocator.manager.pool.events.subscribers  # type: ignore[attr-defined]
-                counted = CountedKvEvents()
-                subscribers[subscribers.index(replica.events)] = counted
-                replica.events = counted
+                pool = replica.replay.allocator.manager.pool  # type: ignore[attr-defined]
+                pool.events.log = None
+                replica.events = CountedKvEvents.subscribed_to(pool, replica.match_group)  # type: ignore[assignment]
     return fleet.run()
 
 
