@@ -40,6 +40,22 @@ class KeyLog:
         self.stored: list[Hashable] = []
         self.removed: list[Hashable] = []
 
+    def cached(self, group: int, block_hashes: Sequence[Hashable]) -> None:
+        """``group`` caches blocks under ``block_hashes``."""
+        if group == self.group:
+            self.stored += block_hashes
+
+    def evicting(self, blocks: Sequence[int], block_hash: Sequence[Hashable | None],
+                 block_group: Sequence[int] | None) -> None:
+        """The pool is about to overwrite ``blocks``: the keys they carry (``block_hash``, per block) in this group
+        (``block_group``, per block; None: the pool has one group)."""
+        if block_group is None:
+            self.removed += [key for block in blocks if (key := block_hash[block]) is not None]
+        else:
+            group = self.group
+            self.removed += [key for block in blocks
+                             if (key := block_hash[block]) is not None and block_group[block] == group]
+
 
 class PoolEvents:
     """The subscribers of one pool, told each event in the order they subscribed, and at most one ``KeyLog``.

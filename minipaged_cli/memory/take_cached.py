@@ -53,9 +53,9 @@ def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Seq
     if first_seen:
         pool._touch(first_seen)
     log = pool.events.log
-    if log is not None and log.group == 0:  # (what ``take`` and ``cache_fresh`` log: the old keys, the new)
-        log.removed += [key for block in blocks if (key := hashes[block]) is not None]
-        log.stored += block_hashes
+    if log is not None:  # (what ``take`` and ``cache_fresh`` log: the old keys, the new)
+        log.evicting(blocks, hashes, None)
+        log.cached(0, block_hashes)
     table.extend(blocks)
     num_entries = len(cached)
     num_duplicates = 0
