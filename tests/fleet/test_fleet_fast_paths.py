@@ -14,6 +14,8 @@ from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import Fleet, FleetResult
 from minipaged_cli.fleet.kv_events import CountedKvEvents, KvEvents
 from minipaged_cli.fleet.prompt_keys import PromptKeys
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, Trace
 from tests.fleet.test_fleet import config
 
@@ -104,3 +106,21 @@ def test_the_fleets_fast_paths_are_its_references(rows: list, num_replicas: int,
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
     assert fast.records == reference.records
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, st.lists(st.sampled_from([1, 1, 3]), min_size=14, max_size=14), st.integers(1, 3),
+       st.sampled_from(["qwen3-8b", "gpt-oss-20b"]))
+def test_the_prefix_routers_index_is_its_reference_with_samples_and_windows(
+        rows: list, samples: list[int], num_replicas: int, model: str) -> None:
+    # Forked samples (their blocks cached through ``cache``, a key that a block already carries told again) and a
+    # hybrid model's groups (the index reads its full-attention group's keys; 128-token windows slide, free blocks)
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x, n=n)
+                                  for i, ((t, p, o, x), n) in enumerate(zip(rows, samples, strict=False))),
+                  {"a": 32, "b": 48, "c": 16})
+    sim = SimConfig.of(model=load_model(model), gpu=load_gpu("h200"), num_blocks=60, block_size=16, max_model_len=400)
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, sim),), RouterConfig("prefix-aware"), log_decisions=True)
+    fast, reference = replay(trace, spec, reference=False), replay(trace, spec, reference=True)
+    assert fast.decisions == reference.decisions
+    assert fast.to_dict() == reference.to_dict()
