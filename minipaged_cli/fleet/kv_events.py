@@ -54,6 +54,8 @@ class KvEvents:
         step's events does not change where they end). Each list usually removes keys that one block holds, or stores
         keys that no block holds, each once: two set operations over it (``_fold``); else a count per key."""
         log = self.log
+        if not log.removed and not log.stored:  # (a router reads every replica for each request: mostly this)
+            return
         for sign, keys in ((-1, log.removed), (1, log.stored)):
             if keys and not self._fold(sign, keys):
                 ones, others = self.ones, self.others
