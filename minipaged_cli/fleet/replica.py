@@ -99,15 +99,11 @@ class Replica:
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
         self.events: KvEvents | None = None
-        # Under the hybrid manager the pool names a key (group, key) (vLLM's BlockHashWithGroupId): a prefix is
-        # matched in the first full-attention group
-        groups = config.kv_cache_groups
-        grouped = len(groups) > 1 or any(group.is_sliding for group in groups)
-        self.match_group = next((g for g, group in enumerate(groups) if not group.is_sliding), 0) if grouped \
-            else None
+        # Under the hybrid manager a prefix is matched in the first full-attention group: its KV events index it
+        self.match_group = next((g for g, group in enumerate(config.kv_cache_groups) if not group.is_sliding), 0)
         if kv_events and scheduler.keyed:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
-            self.events = KvEvents.subscribed_to(pool)
+            self.events = KvEvents.subscribed_to(pool, self.match_group)
         self._state = self._before = self._read_state()
         self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
         scheduler.on_sample_done = self._sample_done  # (its latencies: its replay's accounting keeps them)
@@ -218,8 +214,6 @@ class Replica:
         if self.events is None:
             return 0
         self.state_at(at)  # (publishes the last step's events once it has ended)
-        if self.match_group is not None:
-            block_hashes = [(self.match_group, key) for key in block_hashes]
         return self.events.matched_blocks(block_hashes)
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:

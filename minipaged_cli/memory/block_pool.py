@@ -177,8 +177,7 @@ class BlockPool:
         """``cache`` where the caller knows that no block carries a key (a table's blocks past those it offered to
         the cache, where no fork shares them): no test per block for one. (A replay with prefix caching runs this
         for every block that fills: one pass, each block's entry and key.)"""
-        if self.events.has_subscribers:
-            self._tell(group, block_hashes, blocks)
+        self._tell(group, block_hashes, blocks)
         if self.num_groups > 1:
             groups = self.block_group
             for block in blocks:
@@ -231,10 +230,12 @@ class BlockPool:
 
     def _tell(self, group: int, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
         """Tell the subscribers what ``group`` caches (under several groups each key named (group, key), as vLLM's
-        ``BlockHashWithGroupId``)."""
+        ``BlockHashWithGroupId``), and the key log its keys."""
         if self.events.has_subscribers:
             keys = [(group, key) for key in block_hashes] if self.keys_by_group else block_hashes
             self.events.cached(keys, blocks)
+        if self.events.log is not None:
+            self.events.log.cached(group, block_hashes)
 
     def _touch(self, count: int) -> None:
         """State for ``count`` blocks handed out for the first time."""
@@ -247,14 +248,15 @@ class BlockPool:
         to be overwritten. The oldest duplicate of an evicted entry, if any, takes over its hits."""
         if self.events.has_subscribers:
             self.events.evicted(*self._cached_keys(blocks))
+        if self.events.log is not None:
+            self.events.log.evicting(blocks, self.block_hash, self.block_group if self.num_groups > 1 else None)
         evicted = self._drop_entries(blocks)
         if evicted:
             self.cache_version += 1
             self.num_evictions += evicted
 
     def _cached_keys(self, blocks: list[int]) -> tuple[list[Hashable], list[int]]:
-        """The keys of those ``blocks`` that are cached, and those blocks, for the pool's events (two lists, no pair per
-        block: a replay with tiers reports millions)."""
+        """The cached ``blocks``' keys and those blocks, for the pool's events (two lists: no pair per block)."""
         hashes, groups = self.block_hash, self.block_group
         if self.keys_by_group:
             cached = [block for block in blocks if hashes[block] is not None]

@@ -1,9 +1,10 @@
 """What a block pool tells those who subscribe to it: the blocks it caches and the cached blocks it evicts.
 
-The subscribers are the tiers below the GPU (``sim/tiers.py``), which copy blocks down, and a fleet replica's KV
-events (``fleet/kv_events.py``), which a router indexes. Each event reaches every subscriber in subscription order:
-the tiers subscribe when their replay is built and a replica's KV events after them, so the tiers hear each event
-first.
+The subscribers are the tiers below the GPU (``sim/tiers.py``), which copy blocks down: each event reaches every
+subscriber in subscription order, with its blocks. A fleet replica's KV events (``fleet/kv_events.py``), which a
+router indexes as of a step's end, need neither the order nor the blocks: the pool appends the keys one group caches
+and evicts to that group's ``KeyLog``, and the fast paths that cache in another order than single steps would
+(``has_subscribers``) stay open to it.
 
 vLLM: vllm/v1/core/block_pool.py::BlockPool.cache_full_blocks
 vLLM: vllm/v1/core/block_pool.py::BlockPool._maybe_evict_cached_block
@@ -26,23 +27,62 @@ class PoolSubscriber(Protocol):
         """These cached blocks are about to be overwritten: their content leaves the GPU."""
 
 
+class KeyLog:
+    """The keys one group's map of a pool cached (``stored``) and evicted (``removed``) since its reader last took
+    them, in bare keys (no group named), as two flat lists.
+
+    What the reader may rely on: the keys each list gains between two reads are those of the events the pool would
+    have sent its subscribers meanwhile (each ``cached`` key, each ``evicted`` key of this group), as many times
+    each; their order is not kept."""
+
+    def __init__(self, group: int = 0) -> None:
+        self.group = group
+        self.stored: list[Hashable] = []
+        self.removed: list[Hashable] = []
+
+    def cached(self, group: int, block_hashes: Sequence[Hashable]) -> None:
+        """``group`` caches blocks under ``block_hashes``."""
+        if group == self.group:
+            self.stored += block_hashes
+
+    def evicting(self, blocks: Sequence[int], block_hash: Sequence[Hashable | None],
+                 block_group: Sequence[int] | None) -> None:
+        """The pool is about to overwrite ``blocks``: the keys they carry (``block_hash``, per block) in this group
+        (``block_group``, per block; None: the pool has one group)."""
+        if block_group is None:
+            self.removed += [key for block in blocks if (key := block_hash[block]) is not None]
+        else:
+            group = self.group
+            self.removed += [key for block in blocks
+                             if (key := block_hash[block]) is not None and block_group[block] == group]
+
+
 class PoolEvents:
-    """The subscribers of one pool, told each event in the order they subscribed.
+    """The subscribers of one pool, told each event in the order they subscribed, and at most one ``KeyLog``.
 
     The pool asks ``has_subscribers`` before it builds an event's lists: without subscribers nothing is built or
-    sent (a replay without tiers caches and evicts millions of blocks)."""
+    sent (a replay without tiers caches and evicts millions of blocks); and ``log`` before it appends to a log."""
 
     def __init__(self) -> None:
         self.subscribers: list[PoolSubscriber] = []
+        self.log: KeyLog | None = None
 
     def subscribe(self, subscriber: PoolSubscriber) -> None:
         """Tell ``subscriber`` every later event, after those who subscribed before it."""
         self.subscribers.append(subscriber)
 
+    def log_keys(self, group: int = 0) -> KeyLog:
+        """A log of the keys ``group`` caches and evicts from now on (one per pool: a replica's one index)."""
+        if self.log is not None:
+            raise ValueError("the pool already logs its keys for another reader: one KeyLog per pool")
+        self.log = KeyLog(group)
+        return self.log
+
     @property
     def has_subscribers(self) -> bool:
-        """Whether anyone is told the pool's events (the windowed bulk decode, ``bulk.decode_in_bulk``, needs no one
-        to be: it caches a bulk's blocks in another order than single steps would)."""
+        """Whether anyone is told the pool's events in order (the windowed bulk decode, ``bulk.decode_in_bulk``, needs
+        no one to be: it caches a bulk's blocks in another order than single steps would; a ``KeyLog`` does not
+        count: it keeps no order)."""
         return bool(self.subscribers)
 
     def cached(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:

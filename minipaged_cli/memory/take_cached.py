@@ -44,13 +44,18 @@ def note_past_final(manager: KVCacheCoordinator, state: SequenceState) -> None:
 
 def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Sequence[Hashable], first: int) -> None:
     """``pool.take(count, table)``, then ``pool.cache_fresh(block_hashes, table[first:first + len(block_hashes)])``
-    in one pass over the blocks: one group, no subscriber, no duplicate content cached (each cached block is its
-    key's entry), the blocks from ``first`` to the take held by the table alone and carrying no key."""
+    in one pass over the blocks: one group, no subscriber (a ``KeyLog`` is told the keys those two calls tell it),
+    no duplicate content cached (each cached block is its key's entry), the blocks from ``first`` to the take held
+    by the table alone and carrying no key."""
     refs, hashes, cached = pool.ref_counts, pool.block_hash, pool.cached_blocks[0]
     blocks, _ = pool.free_blocks.take(count)
     first_seen = pool.free_blocks.num_touched - len(refs)
     if first_seen:
         pool._touch(first_seen)
+    log = pool.events.log
+    if log is not None:  # (what ``take`` and ``cache_fresh`` log: the old keys, the new)
+        log.evicting(blocks, hashes, None)
+        log.cached(0, block_hashes)
     table.extend(blocks)
     num_entries = len(cached)
     num_duplicates = 0

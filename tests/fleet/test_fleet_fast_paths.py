@@ -1,5 +1,6 @@
-"""The fleet's fast paths against their readable references: KV events folded as set operations against one count
-per key folded key by key (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
+"""The fleet's fast paths against their readable references: KV events read from the pool's key log and folded a
+step at a time as set operations against one count per key folded event by event, key by key
+(``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
 reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap,
 those events and those keys against the clock's scan of every replica, the counted events and every key, on random
 workloads under every router, decision for decision and figure for figure."""
@@ -13,6 +14,8 @@ from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import Fleet, FleetResult
 from minipaged_cli.fleet.kv_events import CountedKvEvents, KvEvents
 from minipaged_cli.fleet.prompt_keys import PromptKeys
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, Trace
 from tests.fleet.test_fleet import config
 
@@ -35,9 +38,9 @@ def test_set_folded_events_are_the_key_by_key_counts(stream: list[tuple[str, lis
             assert not fast.ones & fast.others.keys() and 0 not in fast.others.values()
         elif name == "query":
             assert fast.matched_blocks(block_hashes) == counted.matched_blocks(block_hashes)
-        else:
-            for events in (fast, counted):
-                getattr(events, name)(block_hashes, list(range(len(block_hashes))))
+        else:  # (the pool appends an event's keys to its log: a step's events in one list each)
+            (fast.log.stored if name == "cached" else fast.log.removed).extend(block_hashes)
+            getattr(counted, name)(block_hashes, list(range(len(block_hashes))))
 
 
 @st.composite
@@ -68,17 +71,17 @@ def test_keys_built_as_far_as_a_lookup_reaches_are_all_the_keys(case: tuple) -> 
 
 
 def replay(trace: Trace, spec: FleetConfig, *, reference: bool) -> FleetResult:
-    """``run_fleet``; the ``reference``: the clock scans every replica each pass, the KV events count key by key."""
+    """``run_fleet``; the ``reference``: the clock scans every replica each pass, the KV events are told each of
+    the pool's events and count key by key (a subscriber: the pool takes its readable paths, in their order)."""
     fleet = Fleet(trace, spec)
     if reference:
         fleet.clock.scan = True
         fleet.lazy_keys = False
         for replica in fleet.replicas:
             if replica.events is not None:
-                subscribers = replica.replay.allocator.manager.pool.events.subscribers  # type: ignore[attr-defined]
-                counted = CountedKvEvents()
-                subscribers[subscribers.index(replica.events)] = counted
-                replica.events = counted
+                pool = replica.replay.allocator.manager.pool  # type: ignore[attr-defined]
+                pool.events.log = None
+                replica.events = CountedKvEvents.subscribed_to(pool, replica.match_group)  # type: ignore[assignment]
     return fleet.run()
 
 
@@ -103,3 +106,21 @@ def test_the_fleets_fast_paths_are_its_references(rows: list, num_replicas: int,
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
     assert fast.records == reference.records
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, st.lists(st.sampled_from([1, 1, 3]), min_size=14, max_size=14), st.integers(1, 3),
+       st.sampled_from(["qwen3-8b", "gpt-oss-20b"]))
+def test_the_prefix_routers_index_is_its_reference_with_samples_and_windows(
+        rows: list, samples: list[int], num_replicas: int, model: str) -> None:
+    # Forked samples (their blocks cached through ``cache``, a key that a block already carries told again) and a
+    # hybrid model's groups (the index reads its full-attention group's keys; 128-token windows slide, free blocks)
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x, n=n)
+                                  for i, ((t, p, o, x), n) in enumerate(zip(rows, samples, strict=False))),
+                  {"a": 32, "b": 48, "c": 16})
+    sim = SimConfig.of(model=load_model(model), gpu=load_gpu("h200"), num_blocks=60, block_size=16, max_model_len=400)
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, sim),), RouterConfig("prefix-aware"), log_decisions=True)
+    fast, reference = replay(trace, spec, reference=False), replay(trace, spec, reference=True)
+    assert fast.decisions == reference.decisions
+    assert fast.to_dict() == reference.to_dict()

@@ -1,12 +1,14 @@
 """``take_cached`` (a prefill's blocks taken and cached in one pass) against ``BlockPool.take`` then
 ``BlockPool.cache_fresh`` over the same blocks: the same table, reference counts, cache entries, duplicates, free
 queue and counters, including where a new key is one a taken block still carries (vLLM evicts all the taken
-blocks' entries first, so the new block gets the entry) and where it is cached by a block that stays."""
+blocks' entries first, so the new block gets the entry) and where it is cached by a block that stays; and the same
+keys logged for a replica's KV events as those two calls tell a subscriber."""
 
 from __future__ import annotations
 
 import copy
 import random
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.memory.take_cached import take_cached
+from tests.memory.test_pool_events import Logged
 
 
 def pool_state(pool: BlockPool) -> tuple:
@@ -63,11 +66,17 @@ def test_take_cached_leaves_the_pool_as_take_then_cache_fresh(seed: int) -> None
     num_keys = rng.randint(len(table) - offered + 1, len(table) - offered + count)
     new_keys = [rng.choice([rng.randrange(30), rng.randrange(100, 104), 200 + i]) for i in range(num_keys)]
     expected, expected_table = copy.deepcopy((pool, table))
+    told: list[tuple] = []
+    expected.events.subscribe(Logged("told", told))
+    log = pool.events.log_keys()
     expected.take(count, expected_table)
     expected.cache_fresh(new_keys, expected_table[offered:offered + num_keys])
     take_cached(pool, count, table, new_keys, offered)
     assert table == expected_table
     assert pool_state(pool) == pool_state(expected)
+    # (its key log gains the keys the two calls tell a subscriber, as many times each)
+    for name, logged in (("cached", log.stored), ("evicted", log.removed)):
+        assert Counter(logged) == Counter(key for _, kind, keys, _ in told if kind == name for key in keys)
 
 
 def test_a_new_key_a_taken_block_still_carries_goes_to_the_new_block() -> None:
