@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minipaged_cli.sim.accounting import StrategyMetrics
+from minipaged_cli.sim.latencies import percentile
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.session_report import SessionMetrics
 from minipaged_cli.units import rounded
@@ -64,7 +65,7 @@ def makespan_s(records: Sequence[RequestRecord]) -> float:
 def latency_figures(ttfts: Sequence[float], tpots: Sequence[float]) -> dict[str, float | None]:
     """p50/p99 of TTFT and TPOT (None when there is none), beside ``simulate``'s means."""
     def pct(values: Sequence[float], q: float) -> float | None:
-        return float(np.percentile(values, q)) if len(values) else None
+        return percentile(values, q) if len(values) else None
 
     return {"p50_ttft_s": pct(ttfts, 50), "p50_tpot_s": pct(tpots, 50), "p99_tpot_s": pct(tpots, 99)}
 
@@ -126,7 +127,7 @@ def _totals(replicas: list[Replica], metrics: list[StrategyMetrics], records: li
             reasons[reason] = reasons.get(reason, 0) + count
     output_tokens = sum(r.output_tokens for r in done)
     mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
-    p99 = lambda values: float(np.percentile(values, 99)) if values else None  # noqa: E731
+    p99 = lambda values: percentile(values, 99) if values else None  # noqa: E731
     sent = [len(replica.requests) for replica in replicas]
     totals.update(
         averaged_over=",".join(sorted({m.averaged_over for m in metrics})),

@@ -15,7 +15,7 @@ import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.sim.categories import CATEGORIES, USED, category_slots
-from minipaged_cli.sim.latencies import Latencies
+from minipaged_cli.sim.latencies import Latencies, percentile
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.units import rounded
 
@@ -254,12 +254,12 @@ class Accounting:
             throughput_tokens_per_s=output_tokens / makespan if makespan > 0 else 0.0,
             makespan_s=makespan,
             mean_ttft_s=float(np.mean(firsts)) if firsts.size else None,
-            p99_ttft_s=float(np.percentile(firsts, 99)) if firsts.size else None,
+            p99_ttft_s=percentile(firsts, 99) if firsts.size else None,
             mean_tpot_s=float(np.mean(tpots)) if tpots.size else None,
             mean_e2e_s=float(np.mean(e2e)) if e2e.size else None,
-            p99_e2e_s=float(np.percentile(e2e, 99)) if e2e.size else None,
+            p99_e2e_s=percentile(e2e, 99) if e2e.size else None,
             mean_normalized_latency_s=float(np.mean(normalized)) if normalized.size else None,
-            p99_normalized_latency_s=float(np.percentile(normalized, 99)) if normalized.size else None,
+            p99_normalized_latency_s=percentile(normalized, 99) if normalized.size else None,
             invariant_violations=self.invariant_violations,
             rejection_reasons=dict(sorted(self.rejection_reasons.items())),
             prefix_cache_queries=self.prefix_cache_queries,

@@ -3,7 +3,9 @@ request's records each time one finishes (``Accounting`` reports from them)."""
 
 from __future__ import annotations
 
+import math
 from array import array
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -67,3 +69,18 @@ class Latencies:
             kept[list(self.dropped)] = False
             e2e, normalized = e2e[kept], normalized[kept]
         return e2e, normalized
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """``float(np.percentile(values, q))`` to the last digit (numpy's default: linear interpolation between the two
+    closest ranks, ``(n - 1) * q / 100``), without ``np.percentile``'s first call importing ``numpy.ma`` (through
+    ``np.unique``): about 9 ms, a fifth of what a one-request ``simulate`` costs above its libraries' imports.
+    ``values``: at least one, none NaN. (``tests/sim/test_percentile.py`` checks it against ``np.percentile``.)"""
+    ordered = np.sort(values)
+    position = (len(ordered) - 1) * (q / 100)
+    below = math.floor(position)
+    if below >= len(ordered) - 1:
+        return float(ordered[-1])
+    low, high, weight = float(ordered[below]), float(ordered[below + 1]), position - below
+    # (numpy's lerp: from the nearer end, so that a weight of 1 gives the upper value exactly)
+    return high - (high - low) * (1 - weight) if weight >= 0.5 else low + (high - low) * weight

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from minipaged_cli.sim.clients import Arrivals, Clients
+from minipaged_cli.sim.latencies import percentile
 from minipaged_cli.units import rounded
 from minipaged_cli.workloads.trace import Trace
 
@@ -75,12 +76,12 @@ def session_metrics(trace: Trace, arrivals: Arrivals, clients: Clients, makespan
         turns_not_sent=arrivals.num_not_sent,
         turns_per_s=turns_completed / makespan_s if makespan_s > 0 else 0.0,
         mean_session_s=float(np.mean(durations)) if durations else None,
-        p99_session_s=float(np.percentile(durations, 99)) if durations else None,
+        p99_session_s=percentile(durations, 99) if durations else None,
         hit_pct_first_turn=100.0 * hits[0] / queries[0] if queries.get(0) else None,
         hit_pct_later_turns=100.0 * sum(h for turn, h in hits.items() if turn) / later_queries
         if later_queries else None,
         hit_pct_by_turn=[100.0 * hits[turn] / queries[turn] for turn in sorted(queries)],
         mean_client_wait_s=float(np.mean(waits)) if waits else 0.0,
-        p99_client_wait_s=float(np.percentile(waits, 99)) if waits else 0.0,
+        p99_client_wait_s=percentile(waits, 99) if waits else 0.0,
         max_in_flight=arrivals.max_in_flight if clients.kind != "open" else None,
     )
