@@ -35,11 +35,11 @@ from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.step_work import StepWork, checked_seconds
-from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.trace import Trace
 
 if TYPE_CHECKING:
     from minipaged_cli.sim.layout import LayoutRecorder
+    from minipaged_cli.sim.tiers import TieredCache
 
 SCHEDULER_CLASSES: dict[str, type[Scheduler]] = {"v1": Scheduler, "v0": V0Scheduler}
 
@@ -50,8 +50,7 @@ class Replay:
 
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, bulk: bool,
                  progress: Callable[[int], None] | None,
-                 on_step: Callable[[StepWork, Allocator], None] | None = None,
-                 max_steps: int | None = None) -> None:
+                 on_step: Callable[[StepWork, Allocator], None] | None = None, max_steps: int | None = None) -> None:
         self.trace = trace
         self.config = config
         self.allocator = allocator
@@ -63,16 +62,17 @@ class Replay:
                                      config.outputs.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.engine.scheduler](
             trace, config.engine, config.cache, allocator, self.accounting, model_len=config.model_len,
-            clients=config.clients, swap_blocks=config.swap_blocks,
-            watermark_blocks=config.watermark_blocks)
+            clients=config.clients, swap_blocks=config.swap_blocks, watermark_blocks=config.watermark_blocks)
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
-        self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
+        self.tiers: TieredCache | None = None
+        if config.tiers.has_tiers:  # (tiers.py and what it uses: imported by the replays with tiers)
+            from minipaged_cli.sim.tiers import TieredCache
+            self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
         self.now = 0.0
         self.layout: LayoutRecorder | None = None
         if config.outputs.record_layout:  # (layout.py and session_report.py: imported by the replays that use them)
             from minipaged_cli.sim.layout import LayoutRecorder
-
             self.layout = LayoutRecorder(allocator.capacity_tokens,
                                          (trace.requests[-1].arrival_s - self.first_arrival_s) / 400 or 0.01)
         # (tiers time their copies by the passes, a layout samples at them, a step cap counts them)

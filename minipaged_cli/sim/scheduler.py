@@ -38,6 +38,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.prefix import block_content_keys
@@ -46,8 +47,10 @@ from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.clients import OPEN_LOOP, Arrivals, Clients
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.settings import CacheSettings, EngineSettings
-from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.workloads.trace import Request, Trace
+
+if TYPE_CHECKING:
+    from minipaged_cli.sim.tiers import TieredCache
 
 
 @dataclass

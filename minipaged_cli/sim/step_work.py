@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from minipaged_cli.sim.tiers import TieredCache
 from minipaged_cli.validation import positive_number
+
+if TYPE_CHECKING:
+    from minipaged_cli.sim.tiers import TieredCache
 
 
 @dataclass(frozen=True)
