@@ -58,18 +58,14 @@ class BlockPool:
         self.num_evictions = 0  # cached blocks whose hash was dropped because the pool handed them out again
         self.num_shared_references = 0  # table entries that cost no memory
         self.cache_version = 0  # moves whenever a cache map changes (what a memo of hits is valid for)
-        # Who is told what is cached and evicted (memory/pool_events.py): the tiers below the GPU, a replica's KV
-        # events.
+        # Who is told what is cached and evicted (memory/pool_events.py): the tiers below the GPU, a fleet's router
         self.events = PoolEvents()
 
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
         content (the caller has checked that there are enough). The article's ``allocate_block``."""
         refs = self.ref_counts
-        blocks, from_back = self.free_blocks.take(count)
-        first_seen = self.free_blocks.num_touched - len(refs)
-        if first_seen:
-            self._touch(first_seen)
+        blocks, from_back = self.take_free(count)
         kept = count - from_back  # (from the front or never handed out: no hash; with prefix caching, none)
         for block in blocks[:kept]:
             refs[block] = 1
@@ -237,11 +233,15 @@ class BlockPool:
         if self.events.log is not None:
             self.events.log.cached(group, block_hashes)
 
-    def _touch(self, count: int) -> None:
-        """State for ``count`` blocks handed out for the first time."""
-        self.ref_counts.extend(itertools.repeat(0, count))
-        self.block_hash.extend(itertools.repeat(None, count))
-        self.block_group.extend(itertools.repeat(0, count))
+    def take_free(self, count: int) -> tuple[list[int], int]:
+        """The free queue's next ``count`` blocks and how many came from its back, with state for first-time ones."""
+        blocks, from_back = self.free_blocks.take(count)
+        first_seen = self.free_blocks.num_touched - len(self.ref_counts)
+        if first_seen:
+            self.ref_counts.extend(itertools.repeat(0, first_seen))
+            self.block_hash.extend(itertools.repeat(None, first_seen))
+            self.block_group.extend(itertools.repeat(0, first_seen))
+        return blocks, from_back
 
     def _hold_evicting(self, blocks: list[int]) -> None:
         """Hold each of ``blocks`` once, and drop the cache entries of those that carry a hash: their content is about
@@ -250,7 +250,7 @@ class BlockPool:
             self.events.evicted(*self._cached_keys(blocks))
         if self.events.log is not None:
             self.events.log.evicting(blocks, self.block_hash, self.block_group if self.num_groups > 1 else None)
-        evicted = self._drop_entries(blocks)
+        evicted = self.drop_entries(blocks)
         if evicted:
             self.cache_version += 1
             self.num_evictions += evicted
@@ -267,8 +267,8 @@ class BlockPool:
             return list(itertools.compress(keys, flags)), list(itertools.compress(blocks, flags))
         return keys, blocks
 
-    def _drop_entries(self, blocks: list[int]) -> int:
-        """``_hold_evicting``'s loop over the blocks (each held, its entry dropped); how many entries it dropped."""
+    def drop_entries(self, blocks: list[int]) -> int:
+        """Hold each of ``blocks`` once and drop its entry, if any (``_hold_evicting``, ``take_cached``); how many."""
         refs, maps, hashes, groups = self.ref_counts, self.cached_blocks, self.block_hash, self.block_group
         if any(self.duplicate_blocks):
             for block in blocks:

@@ -48,10 +48,7 @@ def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Seq
     no duplicate content cached (each cached block is its key's entry), the blocks from ``first`` to the take held
     by the table alone and carrying no key."""
     refs, hashes, cached = pool.ref_counts, pool.block_hash, pool.cached_blocks[0]
-    blocks, _ = pool.free_blocks.take(count)
-    first_seen = pool.free_blocks.num_touched - len(refs)
-    if first_seen:
-        pool._touch(first_seen)
+    blocks, _ = pool.take_free(count)
     log = pool.events.log
     if log is not None:  # (what ``take`` and ``cache_fresh`` log: the old keys, the new)
         log.evicting(blocks, hashes, None)
@@ -68,12 +65,7 @@ def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Seq
         hashes[block] = key
         if add(key, block) != block:  # (met an entry: rare)
             num_duplicates += _evict_for(pool, key, block, blocks)
-    for block in blocks[max(first + len(block_hashes) - (len(table) - count), 0):]:  # (taken, not cached: evicted)
-        refs[block] = 1
-        old = hashes[block]
-        if old is not None:
-            del cached[old]
-            hashes[block] = None
+    pool.drop_entries(blocks[max(first + len(block_hashes) - (len(table) - count), 0):])  # (taken, not cached)
     # (each key made an entry or a duplicate; the rest of the change in size is the entries evicted)
     num_new = len(block_hashes) - num_duplicates
     evicted = num_new - (len(cached) - num_entries)
