@@ -22,6 +22,9 @@ class LiveRequest(Holding):
     num_prefill_tokens: int = 0
     first_token_s: float | None = None
     queried: bool = False  # its prompt was looked up in the prefix cache once (later lookups are re-prefills)
+    # Its blocks' content keys (``block_hashes``) are built: with prefix caching, once it nears the waiting
+    # queue's head (``Scheduler._enqueue``), not at arrival.
+    keys_built: bool = False
     num_cached_tokens: int = 0  # prompt tokens that lookup found cached (vLLM's Request.num_cached_tokens)
     forked: bool = False  # its other samples exist (v0: forked after its prefill, or it is one of them; v1: always)
     swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out

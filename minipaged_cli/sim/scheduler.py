@@ -104,6 +104,7 @@ class Scheduler:
         self.keyed = bool(cache.prefix_caching) and allocator.supports_prefix_caching  # blocks get content keys
         # vLLM 0.34.0 reorders only with a prefix cache to consult
         self.cache_aware_window = engine.cache_aware_admission_window if self.keyed else 0
+        self.keyed_span = max(self.cache_aware_window, 1)  # the first waiting requests, which have their keys
         self.prefill_cap = 0  # this step's long-prefill threshold
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
@@ -180,15 +181,13 @@ class Scheduler:
                                    request_index=index, sample=sample,
                                    num_prefill_tokens=request.prompt_tokens,
                                    forked=self.samples_at_arrival)
-                # Checked against the model's length and the pool before anything (its blocks' keys) is built
-                # for it: a count of 2**62 tokens is one rejection, not a list of 2**58 keys.
+                # (its blocks' keys are built when it nears the queue's head, ``_enqueue``: a count of 2**62
+                # tokens is one rejection, not a list of 2**58 keys)
                 if request.total_tokens > self.model_len:
                     self._reject(live, "longer than --max-model-len")
                 elif (reason := self.admission.rejection_reason(self.allocator, live)) is not None:
                     self._reject(live, reason)
                 else:
-                    if self.keyed:
-                        live.block_hashes = self._content_keys(request, index, sample)
                     self._enqueue(live, front=False)
 
     def schedule(self) -> StepDecision | None:
@@ -365,15 +364,24 @@ class Scheduler:
         return self.admission.can_admit(self.allocator, head, head.num_prefill_tokens)
 
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
+        """Queue ``live`` at the front (preempted, or a sample forked later) or the tail (arrived). The first
+        ``keyed_span`` waiting requests have their blocks' keys (``_build_keys``): only those are read (the
+        admission's gate and hits, the cache-aware reorder, ``can_bulk``'s test of the head), and the others'
+        would be most of a replay's memory (a Mooncake prompt is 750 keys; thousands wait behind a full pool)."""
         if front:
             self.waiting.appendleft(live)
+            self._build_keys(live)
         else:
             self.waiting.append(live)
+            if len(self.waiting) <= self.keyed_span:
+                self._build_keys(live)
         if self.allocator.has_external_fragmentation:
             bisect.insort(self.waiting_needs, self.allocator.admission_need(live, live.num_prefill_tokens))
 
     def _dequeue(self) -> LiveRequest:
         live = self.waiting.popleft()
+        if len(self.waiting) >= self.keyed_span:  # (the one that moved up into the keyed span)
+            self._build_keys(self.waiting[self.keyed_span - 1])
         if self.allocator.has_external_fragmentation:
             del self.waiting_needs[bisect.bisect_left(self.waiting_needs,
                                                       self.allocator.admission_need(live, live.num_prefill_tokens))]
@@ -416,6 +424,13 @@ class Scheduler:
             self.arrivals.finished(index, now, completed=index not in self.accounting.rejected,
                                    cached_tokens=live.num_cached_tokens)
 
+    def _build_keys(self, live: LiveRequest) -> None:
+        """Give ``live`` its blocks' content keys (with prefix caching), unless it has them (a preempted request
+        keeps its own)."""
+        if self.keyed and not live.keys_built:
+            live.block_hashes = self._content_keys(live.request, live.request_index, live.sample)
+            live.keys_built = True
+
     def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
         """Keys of a sequence's full blocks (``content_keys``), its own named by its index in the fleet's trace
         when it runs on a fleet's replica."""
@@ -430,7 +445,7 @@ def content_keys(request: Request, request_index: int, sample: int, segments: di
     sample. Only the segments can match another request's; the rest lets a recomputed sequence find its own blocks
     while they are still cached. A session's turn names its history and input as later turns name them, then its
     output. (A fleet's router names a request's blocks with it too.) The runs are streamed, not listed: a
-    Mooncake prompt is dozens of segments, and each arrival builds its keys."""
+    Mooncake prompt is dozens of segments, and every admitted request's keys are built."""
     lengths = [segments[name] for name in request.prefix]
     if request.runs:
         own = [*request.runs, (request.output_label, request.output_tokens)]
