@@ -128,12 +128,12 @@ class V0Scheduler(Scheduler):
         A sample that cannot be forked (no room for a contiguous copy, or the batch is full) waits to prefill."""
         leader.forked = True
         for sample in range(1, leader.request.n):
-            keys = self._content_keys(leader.request, leader.request_index, sample) if self.keyed else []
-            child = LiveRequest(self._new_sequence_id(), leader.prompt_tokens, leader.output_tokens, keys,
+            child = LiveRequest(self._new_sequence_id(), leader.prompt_tokens, leader.output_tokens,
                                 request=leader.request, request_index=leader.request_index, sample=sample,
                                 num_computed=leader.num_computed, num_generated=leader.num_generated,
                                 num_prefill_tokens=leader.num_prefill_tokens, first_token_s=leader.first_token_s,
                                 queried=True, forked=True)
+            self._build_keys(child)  # (forked, it holds the leader's blocks under them)
             if child.num_generated >= child.output_tokens:  # its only token came with the prefill
                 self._sample_done(child, now)
                 continue
