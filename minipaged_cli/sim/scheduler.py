@@ -28,7 +28,8 @@ decoding reaches it; a request longer than ``max_model_len`` is rejected whole h
 output), encoder budgets, LoRA limits, KV connectors and priority scheduling.
 
 With prefix caching a request's full blocks carry content keys (its shared segments, then its own prompt, then
-each sample's output), and a chunk's blocks join the cache when the chunk is scheduled, never before.
+each sample's output), and a chunk's blocks join the cache when the chunk is scheduled, never before. A waiting
+request's keys are built when it nears the queue's head (``_enqueue``): only the first waiting requests are read.
 """
 
 from __future__ import annotations
