@@ -7,13 +7,13 @@ scheduler. Its requests are a list the router appends to (``RoutedArrivals``, th
 it, so one replica driven by the fleet takes exactly the steps ``simulate`` takes.
 
 What a router may read (SPEC section 9) is what vLLM publishes at the end of a step: ``state_at(t)`` is the replica
-as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and
-``matched_blocks`` reads its KV events as of then (``kv_events.py``). A bulk advance publishes at its end.
+as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and its KV
+events (``events``, ``kv_events.py``) are published as of then. A bulk advance publishes at its end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from minipaged_cli.fleet.kv_events import KvEvents
@@ -202,19 +202,10 @@ class Replica:
             return self._state
         return self._before
 
-    def load(self, at: float) -> tuple[int, float, int]:
-        """What a router weighs as of ``at``: the queue (requests waiting at its last published step, plus those
-        the router sent since), the KV usage, the requests running."""
-        state = self.state_at(at)
+    def load(self, state: ReplicaState) -> tuple[int, float, int]:
+        """What a router weighs, from the replica's ``state_at`` the moment it routes: the queue (requests waiting
+        at its last published step, plus those the router sent since), the KV usage, the requests running."""
         return state.num_waiting + len(self.requests) - state.num_arrived, state.kv_usage, state.num_running
-
-    def matched_blocks(self, block_hashes: Sequence[Hashable], at: float) -> int:
-        """Leading ``block_hashes`` cached on the replica as of its last step ended by ``at`` (0 without KV
-        events)."""
-        if self.events is None:
-            return 0
-        self.state_at(at)  # (publishes the last step's events once it has ended)
-        return self.events.matched_blocks(block_hashes)
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:
         """The sequences finished since the last call, with their finish times (the replica keeps none)."""
