@@ -62,7 +62,8 @@ class Fleet:
             for _ in range(pool.num_replicas):
                 replica = Replica(len(self.replicas), pool.config, trace.segments, trace.num_requests,
                                   role=pool.role, kv_events=fleet.router.reads_prefixes
-                                  and fleet.router.prefix_index == "precise", record_timeline=fleet.record_timeline)
+                                  and fleet.router.prefix_index == "precise", record_timeline=fleet.record_timeline,
+                                  read_by_router=fleet.router.reads_replicas)
                 self.replicas.append(replica)
                 pools.setdefault(pool.role, []).append(replica)
         if fleet.shared_kv_store:

@@ -81,7 +81,8 @@ class Replica:
     ``decode`` (P/D disaggregation, ``fleet/disaggregation.py``)."""
 
     def __init__(self, index: int, config: SimConfig, segments: dict[str, int], num_fleet_requests: int, *,
-                 role: str = "mixed", kv_events: bool = False, record_timeline: bool = False) -> None:
+                 role: str = "mixed", kv_events: bool = False, record_timeline: bool = False,
+                 read_by_router: bool = True) -> None:
         self.index = index
         # The fleet's clients send (``fleet.py``); the replica takes what it is sent when it is sent
         self.config = config = replace(config, clients=OPEN_LOOP) if config.clients.kind != "open" else config
@@ -105,6 +106,8 @@ class Replica:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = KvEvents.subscribed_to(pool, self.match_group)
         self._state = self._before = self._read_state()
+        # (its state after each pass, which only a router that reads replicas and the timeline read)
+        self.keeps_state = read_by_router or record_timeline
         self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
         scheduler.on_sample_done = self._sample_done  # (its latencies: its replay's accounting keeps them)
         # A lower bound on any step's time (``next_done_s``), less a relative 1e-6 for the float rounding of the
@@ -187,15 +190,17 @@ class Replica:
             # A request refused on arrival: its client hears it before the step starts, and may send another
             # that this step takes, as on one engine (``Arrivals.due`` goes on after a refusal)
             return
-        self._before = self._state
         self.replay.iterate()
-        self._state = self._read_state()
+        if not self.keeps_state:
+            return
+        self._before, self._state = self._state, self._read_state()
         if self.timeline is not None:
             state = self._state
             self.timeline.append((self.now, state.num_waiting + state.num_running, 100.0 * state.kv_usage))
 
     def state_at(self, at: float) -> ReplicaState:
         """The replica as a router sees it at ``at``: as of its last step ended by then."""
+        assert self.keeps_state, "a router read a replica built for routers that read none (read_by_router)"
         if self.now <= at:
             if self.events is not None:
                 self.events.publish()
