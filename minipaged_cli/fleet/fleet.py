@@ -87,8 +87,16 @@ class Fleet:
         # A prefill's KV lands at its decode side no sooner than the link's latency after it: the clock must not
         # let a decode replica run past a landing either
         landing_s = self.transfers.latency_s if self.transfers is not None else math.inf
+        # A router that reads nothing (round-robin) under clients that send each request at its arrival, with
+        # nothing else passing between replicas: who is sent what, when, is known before the replay (``clock.py``).
+        # (Not with a timeline, a point per pass: its plot would have fewer points.)
+        self.planned_s: dict[int, list[float]] | None = None  # replica index -> when it is sent each request
+        if not fleet.router.reads_replicas and not self.reacts and self.decode is None \
+                and not fleet.shared_kv_store and not fleet.record_timeline:
+            self.planned_s = self._routing_plan()
         self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s, landing_s=landing_s,
-                                bound_finishes=not fleet.router.reads_replicas)
+                                bound_finishes=not fleet.router.reads_replicas,
+                                next_request_s=None if self.planned_s is None else self._next_request_s)
         self.arrivals_at = math.inf  # when the clock's pending "send" event is
         self.lazy_keys = True  # a router builds a prompt's keys as far as its lookups reach (``prompt_keys.py``)
 
@@ -125,6 +133,22 @@ class Fleet:
                                                   makespan_s(self.records))
         return FleetResult(self.trace, self.config, self.replicas, figures_of, self.transfers,
                            self.decisions, figures, self.records, self.arrivals)
+
+    def _routing_plan(self) -> dict[int, list[float]]:
+        """Per replica, when it is sent each of its requests under round-robin: the clients send in the order of
+        their pending sends (each at its arrival: ``Arrivals.heap``), and the k-th one sent goes to the router's
+        k-th replica in turn."""
+        replicas = self.entry.replicas
+        sends = sorted(self.arrivals.heap)
+        first = self.entry.next_index
+        return {replica.index: [at for at, _ in sends[(position - first) % len(replicas)::len(replicas)]]
+                for position, replica in enumerate(replicas)}
+
+    def _next_request_s(self, replica: Replica) -> float:
+        """When ``replica`` is sent its next request under the routing plan (inf: never)."""
+        planned = self.planned_s[replica.index]  # type: ignore[index] - only with a plan
+        num_sent = len(replica.requests)
+        return planned[num_sent] if num_sent < len(planned) else math.inf
 
     def _schedule_send(self) -> None:
         """Put the clients' next send on the clock (once: an earlier one replaces a later one in effect)."""

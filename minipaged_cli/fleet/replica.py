@@ -3,8 +3,9 @@ handed requests and advanced by the fleet's clock.
 
 The replica wraps ``sim.replay.Replay`` and runs its loop one pass at a time (``Replay.iterate``): no second
 scheduler. Its requests are a list the router appends to (``RoutedArrivals``, the scheduler's arrivals); their
-``horizon_s`` (the fleet's next event) keeps a bulk advance from running past a moment when a request may reach
-it, so one replica driven by the fleet takes exactly the steps ``simulate`` takes.
+``horizon_s`` (the fleet's next event, or under a routing known ahead the replica's own next request) keeps a bulk
+advance from running past a moment when a request may reach it, so one replica driven by the fleet takes exactly
+the steps ``simulate`` takes.
 
 What a router may read (SPEC section 9) is what vLLM publishes at the end of a step: ``state_at(t)`` is the replica
 as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and its KV
@@ -41,7 +42,8 @@ class ReplicaState:
 class RoutedArrivals:
     """The requests a router sent to one replica, as its scheduler's arrivals (``sim.clients.Arrivals``' four
     members): each at the time it reached the replica, in the order sent. The next arrival is never later than
-    ``horizon_s``, the fleet's next event, when the router may send one more. ``done`` collects what the
+    ``horizon_s``, when the router may send one more (``FleetClock``: the fleet's next event, or the replica's
+    own next request where the routing is known ahead). ``done`` collects what the
     scheduler reports finished (local index, time, completed, cached tokens) for the fleet's clients, which
     hear it on the fleet's clock (``fleet.py``)."""
 

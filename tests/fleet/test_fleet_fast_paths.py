@@ -1,11 +1,14 @@
 """The fleet's fast paths against their readable references: KV events read from the pool's key log and folded a
 step at a time as set operations against one count per key folded event by event, key by key
 (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
-reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap,
-those events and those keys against the clock's scan of every replica, the counted events and every key, on random
-workloads under every router, decision for decision and figure for figure."""
+reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap
+(under round-robin, each replica run on to its own next request), those events and those keys against the clock's
+scan of every replica, the counted events and every key, on random workloads under every router, decision for
+decision and figure for figure."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -124,3 +127,31 @@ def test_the_prefix_routers_index_is_its_reference_with_samples_and_windows(
     fast, reference = replay(trace, spec, reference=False), replay(trace, spec, reference=True)
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
+
+
+long_requests = st.lists(st.tuples(st.sampled_from([0.0, 0.001, 0.0102, 0.05, 0.3, 1.0]), st.integers(100, 500),
+                                   st.integers(1, 150), st.sampled_from([(), ("a",), ("a", "b", "c")])),
+                         min_size=1, max_size=16)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_requests, st.integers(2, 5), st.sampled_from([40, 400]))
+def test_a_round_robin_fleet_runs_each_replica_to_its_own_next_request(rows: list, num_replicas: int,
+                                                                      num_blocks: int) -> None:
+    # The routing is known ahead: each replica runs past the other replicas' arrivals, its bulk advances cut only
+    # by its own (long decodes, idle gaps, prompts over the model's length refused on arrival); the reference stops
+    # every replica at every arrival (the clock's scan)
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
+                  {"a": 32, "b": 48, "c": 16})
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, config(num_blocks, max_model_len=560)),),
+                       RouterConfig("round-robin"), log_decisions=True)
+    planned = Fleet(trace, spec)
+    assert planned.planned_s is not None
+    # (a router that reads the replicas, and a timeline of every pass, keep the fleet's stops)
+    assert Fleet(trace, replace(spec, router=RouterConfig("least-loaded"))).planned_s is None
+    assert Fleet(trace, replace(spec, record_timeline=True)).planned_s is None
+    fast, reference = planned.run(), replay(trace, spec, reference=True)
+    assert fast.decisions == reference.decisions
+    assert fast.to_dict() == reference.to_dict()
+    assert fast.records == reference.records
