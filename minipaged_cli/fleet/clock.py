@@ -23,12 +23,6 @@ next pass: a prefill's end is no finish). A
 router that reads load, KV usage or prefixes sees a replica as of its last pass's end (a bulk advance publishes
 at its end), so there the passes stay as short as the next pass allows, as the routers' decisions were measured.
 
-``next_request_s``: where the router's choices are known before they are made (round-robin under open-loop
-clients: the k-th request sent goes to the k-th replica in turn) and nothing else passes between replicas (no P/D
-landing, no shared KV store, no finish that sends a request), each replica runs on its own up to the next request
-it will be sent, whatever the other replicas' arrivals: their passes are the same, and a bulk advance is cut only
-by its own arrivals (the fleet's next event would cut every busy replica's bulk at every arrival).
-
 ``landing_s`` (P/D: the KV link's latency, the shortest time from a prefill's end to its KV landing): a decode
 replica's bulk advance also stops at the earliest moment a prefill replica's next pass starts plus ``landing_s``,
 so it never runs past a landing it could receive (a prefill replica that ends its pass later than the decode
@@ -53,13 +47,11 @@ class FleetClock:
     """Events at known times (arrivals, landings), and the replicas advanced between them."""
 
     def __init__(self, replicas: Sequence[Replica], *, reaction_s: float = math.inf,
-                 landing_s: float = math.inf, bound_finishes: bool = False,
-                 next_request_s: Callable[[Replica], float] | None = None) -> None:
+                 landing_s: float = math.inf, bound_finishes: bool = False) -> None:
         self.replicas = list(replicas)
         self.reaction_s = reaction_s
         self.landing_s = landing_s
         self.bound_finishes = bound_finishes
-        self.next_request_s = next_request_s  # (routing known ahead: when a replica is sent its next request)
         self.events: list[tuple[float, int, Any]] = []  # (time, order, payload): a heap
         self._order = 0
         self.scan = False  # choose each pass by scanning every replica (``_advance_scanning``: the reference)
@@ -80,9 +72,6 @@ class FleetClock:
             return
         if self.scan:
             self._advance_scanning(on_pass)
-            return
-        if self.next_request_s is not None:
-            self._advance_planned(on_pass, self.next_request_s)
             return
         # The busy replicas by (clock, index): a pass changes only its own replica's clock and work (a request
         # reaches a replica between two ``advance`` calls, never during one), and the next event only comes
@@ -112,17 +101,6 @@ class FleetClock:
                 return
             replica.iterate(None if until == math.inf else until)
             on_pass(replica)
-
-    def _advance_planned(self, on_pass: Callable[[Replica], None], next_request_s: Callable[[Replica], float]) -> None:
-        """``advance`` where the routing is known ahead (``next_request_s``): each busy replica in turn, up to the
-        next request it will be sent (only the replica sent the last one has moved on since the last call)."""
-        for replica in self.replicas:
-            while replica.has_work:
-                horizon = next_request_s(replica)
-                if replica.now >= horizon:
-                    break
-                replica.iterate(None if horizon == math.inf else horizon)
-                on_pass(replica)
 
     def _advance_looking_ahead(self, on_pass: Callable[[Replica], None]) -> None:
         """``advance``, the replica whose next pass starts earliest first, each up to the others' next start plus

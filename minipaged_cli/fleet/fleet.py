@@ -55,6 +55,17 @@ class Fleet:
     def __init__(self, trace: Trace, fleet: FleetConfig) -> None:
         self.trace = trace
         self.config = fleet
+        self.arrivals = Arrivals(trace, fleet.clients)
+        # A finish may send a request: the clock must not let a replica run past it (``clock.py``), and the
+        # clients hear it at its moment on the clock. Otherwise they hear it as soon as it is known, which leaves
+        # the replicas' bulk advances whole.
+        self.reacts = self.arrivals.min_reaction_s < math.inf
+        # A router that reads nothing (round-robin), clients that send each request at its arrival, and nothing
+        # else passing between replicas (no P/D, no shared KV store): every request is routed before the replays
+        # start (``run``), and each replica replays its own requests as ``simulate`` does, its bulk advances cut by
+        # nothing else. (Not with a timeline, a point per pass: its plot would have fewer points.)
+        self.routes_ahead = not (fleet.router.reads_replicas or self.reacts or fleet.disaggregated
+                                 or fleet.shared_kv_store or fleet.record_timeline)
         self.replicas: list[Replica] = []
         pools: dict[str, list[Replica]] = {}
         for pool in fleet.pools:
@@ -76,35 +87,29 @@ class Fleet:
                 replica.replay.scheduler.tiers = RemoteKv(fleet.prefill_threshold)  # type: ignore[assignment]
         self.decisions: list[Decision] = []
         self.records = [RequestRecord(r.arrival_s, r.output_tokens) for r in trace.requests]
-        self.arrivals = Arrivals(trace, fleet.clients)
         self.sessions = [link.session if (link := trace.turns.get(r.id)) else None for r in trace.requests]
         self.routed: list[list[tuple[Router, Replica]]] = [[] for _ in trace.requests]  # (P/D: entry, decode)
         self.prompt_cached: dict[int, int] = {}  # P/D: the prefix hit of a prompt its prefill replica ran
-        # A finish may send a request: the clock must not let a replica run past it (``clock.py``), and the
-        # clients hear it at its moment on the clock. Otherwise they hear it as soon as it is known, which leaves
-        # the replicas' bulk advances whole.
-        self.reacts = self.arrivals.min_reaction_s < math.inf
         # A prefill's KV lands at its decode side no sooner than the link's latency after it: the clock must not
         # let a decode replica run past a landing either
         landing_s = self.transfers.latency_s if self.transfers is not None else math.inf
-        # A router that reads nothing (round-robin) under clients that send each request at its arrival, with
-        # nothing else passing between replicas: who is sent what, when, is known before the replay (``clock.py``).
-        # (Not with a timeline, a point per pass: its plot would have fewer points.)
-        self.planned_s: dict[int, list[float]] | None = None  # replica index -> when it is sent each request
-        if not fleet.router.reads_replicas and not self.reacts and self.decode is None \
-                and not fleet.shared_kv_store and not fleet.record_timeline:
-            self.planned_s = self._routing_plan()
         self.clock = FleetClock(self.replicas, reaction_s=self.arrivals.min_reaction_s, landing_s=landing_s,
-                                bound_finishes=not fleet.router.reads_replicas,
-                                next_request_s=None if self.planned_s is None else self._next_request_s)
+                                bound_finishes=not fleet.router.reads_replicas)
         self.arrivals_at = math.inf  # when the clock's pending "send" event is
         self.lazy_keys = True  # a router builds a prompt's keys as far as its lookups reach (``prompt_keys.py``)
 
     def run(self) -> FleetResult:
         """At each moment on the clock: the clients hear what finished then, send what is due (each routed at
-        once, in the order sent), then prefills' KV landing then reaches the decode side. Event payloads:
+        once, in the order sent; all at the start where the routing reads nothing the replays change,
+        ``routes_ahead``), then prefills' KV landing then reaches the decode side. Event payloads:
         ``(SEND,)``, ``(DONE, index, completed, cached tokens)``, ``(LAND, index)``."""
         clock = self.clock
+        if self.routes_ahead:  # (the clients send every request at its arrival: none is left to send later)
+            for index, request in self.arrivals.due(math.inf):
+                self.records[index].arrival_s = request.arrival_s
+                self._route(index, request, request.arrival_s)
+            for replica in self.replicas:
+                replica.sent_all()
         self._schedule_send()
         while True:
             clock.advance(self._finished)
@@ -133,22 +138,6 @@ class Fleet:
                                                   makespan_s(self.records))
         return FleetResult(self.trace, self.config, self.replicas, figures_of, self.transfers,
                            self.decisions, figures, self.records, self.arrivals)
-
-    def _routing_plan(self) -> dict[int, list[float]]:
-        """Per replica, when it is sent each of its requests under round-robin: the clients send in the order of
-        their pending sends (each at its arrival: ``Arrivals.heap``), and the k-th one sent goes to the router's
-        k-th replica in turn."""
-        replicas = self.entry.replicas
-        sends = sorted(self.arrivals.heap)
-        first = self.entry.next_index
-        return {replica.index: [at for at, _ in sends[(position - first) % len(replicas)::len(replicas)]]
-                for position, replica in enumerate(replicas)}
-
-    def _next_request_s(self, replica: Replica) -> float:
-        """When ``replica`` is sent its next request under the routing plan (inf: never)."""
-        planned = self.planned_s[replica.index]  # type: ignore[index] - only with a plan
-        num_sent = len(replica.requests)
-        return planned[num_sent] if num_sent < len(planned) else math.inf
 
     def _schedule_send(self) -> None:
         """Put the clients' next send on the clock (once: an earlier one replaces a later one in effect)."""

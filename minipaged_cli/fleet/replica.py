@@ -3,9 +3,9 @@ handed requests and advanced by the fleet's clock.
 
 The replica wraps ``sim.replay.Replay`` and runs its loop one pass at a time (``Replay.iterate``): no second
 scheduler. Its requests are a list the router appends to (``RoutedArrivals``, the scheduler's arrivals); their
-``horizon_s`` (the fleet's next event, or under a routing known ahead the replica's own next request) keeps a bulk
-advance from running past a moment when a request may reach it, so one replica driven by the fleet takes exactly
-the steps ``simulate`` takes.
+``horizon_s`` (the fleet's next event) keeps a bulk advance from running past a moment when a request may reach
+it, so one replica driven by the fleet takes exactly the steps ``simulate`` takes. A replica sent every request
+before its replay starts (``sent_all``: a routing that reads nothing the replays change) runs as ``simulate``'s.
 
 What a router may read (SPEC section 9) is what vLLM publishes at the end of a step: ``state_at(t)`` is the replica
 as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and its KV
@@ -42,8 +42,7 @@ class ReplicaState:
 class RoutedArrivals:
     """The requests a router sent to one replica, as its scheduler's arrivals (``sim.clients.Arrivals``' four
     members): each at the time it reached the replica, in the order sent. The next arrival is never later than
-    ``horizon_s``, when the router may send one more (``FleetClock``: the fleet's next event, or the replica's
-    own next request where the routing is known ahead). ``done`` collects what the
+    ``horizon_s``, the fleet's next event, when the router may send one more. ``done`` collects what the
     scheduler reports finished (local index, time, completed, cached tokens) for the fleet's clients, which
     hear it on the fleet's clock (``fleet.py``)."""
 
@@ -97,7 +96,8 @@ class Replica:
         scheduler = self.replay.scheduler
         scheduler.arrivals = self.arrivals
         # (its next arrival may be the fleet's next event, not a request: each one ends a bulk, and the fleet's
-        # loop runs between)
+        # loop runs between; ``sent_all`` gives the replay its own choice back)
+        self.through_arrivals = self.replay.bulk_advance.through_arrivals
         self.replay.bulk_advance.through_arrivals = False
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
@@ -181,6 +181,11 @@ class Replica:
         """Hand the replica a request that reaches it at ``at`` (mid-step, it waits for the step's end)."""
         self.requests.append(request if request.arrival_s == at else replace(request, arrival_s=at))
         self.fleet_indices.append(fleet_index)
+
+    def sent_all(self) -> None:
+        """The replica has been sent every request it will get, before its replay started (``Fleet.routes_ahead``):
+        from here on its bulk advances run on through arrivals behind a waiting head, as ``simulate``'s do."""
+        self.replay.bulk_advance.through_arrivals = self.through_arrivals
 
     def iterate(self, horizon_s: float | None) -> None:
         """One pass of the replay's loop; ``horizon_s``: when the router may next send a request (None: never)."""
