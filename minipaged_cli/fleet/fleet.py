@@ -55,6 +55,17 @@ class Fleet:
     def __init__(self, trace: Trace, fleet: FleetConfig) -> None:
         self.trace = trace
         self.config = fleet
+        self.arrivals = Arrivals(trace, fleet.clients)
+        # A finish may send a request: the clock must not let a replica run past it (``clock.py``), and the
+        # clients hear it at its moment on the clock. Otherwise they hear it as soon as it is known, which leaves
+        # the replicas' bulk advances whole.
+        self.reacts = self.arrivals.min_reaction_s < math.inf
+        # A router that reads nothing (round-robin), clients that send each request at its arrival, and nothing
+        # else passing between replicas (no P/D, no shared KV store): every request is routed before the replays
+        # start (``run``), and each replica replays its own requests as ``simulate`` does, its bulk advances cut by
+        # nothing else. (Not with a timeline, a point per pass: its plot would have fewer points.)
+        self.routes_ahead = not (fleet.router.reads_replicas or self.reacts or fleet.disaggregated
+                                 or fleet.shared_kv_store or fleet.record_timeline)
         self.replicas: list[Replica] = []
         pools: dict[str, list[Replica]] = {}
         for pool in fleet.pools:
@@ -62,7 +73,8 @@ class Fleet:
             for _ in range(pool.num_replicas):
                 replica = Replica(len(self.replicas), pool.config, trace.segments, trace.num_requests,
                                   role=pool.role, kv_events=fleet.router.reads_prefixes
-                                  and fleet.router.prefix_index == "precise", record_timeline=fleet.record_timeline)
+                                  and fleet.router.prefix_index == "precise", record_timeline=fleet.record_timeline,
+                                  read_by_router=fleet.router.reads_replicas)
                 self.replicas.append(replica)
                 pools.setdefault(pool.role, []).append(replica)
         if fleet.shared_kv_store:
@@ -75,14 +87,9 @@ class Fleet:
                 replica.replay.scheduler.tiers = RemoteKv(fleet.prefill_threshold)  # type: ignore[assignment]
         self.decisions: list[Decision] = []
         self.records = [RequestRecord(r.arrival_s, r.output_tokens) for r in trace.requests]
-        self.arrivals = Arrivals(trace, fleet.clients)
         self.sessions = [link.session if (link := trace.turns.get(r.id)) else None for r in trace.requests]
         self.routed: list[list[tuple[Router, Replica]]] = [[] for _ in trace.requests]  # (P/D: entry, decode)
         self.prompt_cached: dict[int, int] = {}  # P/D: the prefix hit of a prompt its prefill replica ran
-        # A finish may send a request: the clock must not let a replica run past it (``clock.py``), and the
-        # clients hear it at its moment on the clock. Otherwise they hear it as soon as it is known, which leaves
-        # the replicas' bulk advances whole.
-        self.reacts = self.arrivals.min_reaction_s < math.inf
         # A prefill's KV lands at its decode side no sooner than the link's latency after it: the clock must not
         # let a decode replica run past a landing either
         landing_s = self.transfers.latency_s if self.transfers is not None else math.inf
@@ -93,9 +100,16 @@ class Fleet:
 
     def run(self) -> FleetResult:
         """At each moment on the clock: the clients hear what finished then, send what is due (each routed at
-        once, in the order sent), then prefills' KV landing then reaches the decode side. Event payloads:
+        once, in the order sent; all at the start where the routing reads nothing the replays change,
+        ``routes_ahead``), then prefills' KV landing then reaches the decode side. Event payloads:
         ``(SEND,)``, ``(DONE, index, completed, cached tokens)``, ``(LAND, index)``."""
         clock = self.clock
+        if self.routes_ahead:  # (the clients send every request at its arrival: none is left to send later)
+            for index, request in self.arrivals.due(math.inf):
+                self.records[index].arrival_s = request.arrival_s
+                self._route(index, request, request.arrival_s)
+            for replica in self.replicas:
+                replica.sent_all()
         self._schedule_send()
         while True:
             clock.advance(self._finished)

@@ -5,14 +5,15 @@ replica, while building a key costs a content hash per run of tokens (a Mooncake
 segment). So the keys of the prompt's first shared segments are built first, and more (twice as many segments
 each time) only while a lookup matches every key built so far. A block's key chains the whole stream before it
 (``memory/prefix.py``), so the keys of the prompt cut after its k-th segment are the whole prompt's first keys
-(every block that lies within those segments).
+(every block that lies within those segments): the keys of those segments' stream alone, the stream with which
+``content_keys`` starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import replace
 
+from minipaged_cli.memory.prefix import block_content_keys
 from minipaged_cli.sim.scheduler import content_keys
 from minipaged_cli.workloads.request import Request
 
@@ -42,7 +43,9 @@ class PromptKeys:
     def all(self) -> list[Hashable]:
         """Every full prompt block's key."""
         if not self.complete:
-            self.keys = self._keys_of(self.request)
+            request = self.request
+            self.keys = content_keys(request, self.fleet_index, 0, self.segments, self.block_size)[
+                :request.prompt_tokens // self.block_size]
             self.complete = True
         return self.keys
 
@@ -60,10 +63,6 @@ class PromptKeys:
         if self.request.runs or self.num_segments >= len(prefix):
             self.all()
             return
-        head = prefix[:self.num_segments]
-        self.keys = self._keys_of(replace(self.request, prefix=head,
-                                          prompt_tokens=sum(self.segments[name] for name in head)))
-
-    def _keys_of(self, request: Request) -> list[Hashable]:
-        return content_keys(request, self.fleet_index, 0, self.segments, self.block_size)[
-            :request.prompt_tokens // self.block_size]
+        segments = self.segments
+        self.keys = block_content_keys([(name, segments[name]) for name in prefix[:self.num_segments]],
+                                       self.block_size)

@@ -4,16 +4,17 @@ handed requests and advanced by the fleet's clock.
 The replica wraps ``sim.replay.Replay`` and runs its loop one pass at a time (``Replay.iterate``): no second
 scheduler. Its requests are a list the router appends to (``RoutedArrivals``, the scheduler's arrivals); their
 ``horizon_s`` (the fleet's next event) keeps a bulk advance from running past a moment when a request may reach
-it, so one replica driven by the fleet takes exactly the steps ``simulate`` takes.
+it, so one replica driven by the fleet takes exactly the steps ``simulate`` takes. A replica sent every request
+before its replay starts (``sent_all``: a routing that reads nothing the replays change) runs as ``simulate``'s.
 
 What a router may read (SPEC section 9) is what vLLM publishes at the end of a step: ``state_at(t)`` is the replica
-as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and
-``matched_blocks`` reads its KV events as of then (``kv_events.py``). A bulk advance publishes at its end.
+as of its last step ended by ``t`` (a step that started before ``t`` and ends after it is not yet seen), and its KV
+events (``events``, ``kv_events.py``) are published as of then. A bulk advance publishes at its end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from minipaged_cli.fleet.kv_events import KvEvents
@@ -81,7 +82,8 @@ class Replica:
     ``decode`` (P/D disaggregation, ``fleet/disaggregation.py``)."""
 
     def __init__(self, index: int, config: SimConfig, segments: dict[str, int], num_fleet_requests: int, *,
-                 role: str = "mixed", kv_events: bool = False, record_timeline: bool = False) -> None:
+                 role: str = "mixed", kv_events: bool = False, record_timeline: bool = False,
+                 read_by_router: bool = True) -> None:
         self.index = index
         # The fleet's clients send (``fleet.py``); the replica takes what it is sent when it is sent
         self.config = config = replace(config, clients=OPEN_LOOP) if config.clients.kind != "open" else config
@@ -94,7 +96,8 @@ class Replica:
         scheduler = self.replay.scheduler
         scheduler.arrivals = self.arrivals
         # (its next arrival may be the fleet's next event, not a request: each one ends a bulk, and the fleet's
-        # loop runs between)
+        # loop runs between; ``sent_all`` gives the replay its own choice back)
+        self.through_arrivals = self.replay.bulk_advance.through_arrivals
         self.replay.bulk_advance.through_arrivals = False
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
@@ -105,6 +108,8 @@ class Replica:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = KvEvents.subscribed_to(pool, self.match_group)
         self._state = self._before = self._read_state()
+        # (its state after each pass, which only a router that reads replicas and the timeline read)
+        self.keeps_state = read_by_router or record_timeline
         self._finished: list[tuple[LiveRequest, float]] = []  # since the last ``take_finished``
         scheduler.on_sample_done = self._sample_done  # (its latencies: its replay's accounting keeps them)
         # A lower bound on any step's time (``next_done_s``), less a relative 1e-6 for the float rounding of the
@@ -177,6 +182,11 @@ class Replica:
         self.requests.append(request if request.arrival_s == at else replace(request, arrival_s=at))
         self.fleet_indices.append(fleet_index)
 
+    def sent_all(self) -> None:
+        """The replica has been sent every request it will get, before its replay started (``Fleet.routes_ahead``):
+        from here on its bulk advances run on through arrivals behind a waiting head, as ``simulate``'s do."""
+        self.replay.bulk_advance.through_arrivals = self.through_arrivals
+
     def iterate(self, horizon_s: float | None) -> None:
         """One pass of the replay's loop; ``horizon_s``: when the router may next send a request (None: never)."""
         if self.events is not None:
@@ -187,34 +197,27 @@ class Replica:
             # A request refused on arrival: its client hears it before the step starts, and may send another
             # that this step takes, as on one engine (``Arrivals.due`` goes on after a refusal)
             return
-        self._before = self._state
         self.replay.iterate()
-        self._state = self._read_state()
+        if not self.keeps_state:
+            return
+        self._before, self._state = self._state, self._read_state()
         if self.timeline is not None:
             state = self._state
             self.timeline.append((self.now, state.num_waiting + state.num_running, 100.0 * state.kv_usage))
 
     def state_at(self, at: float) -> ReplicaState:
         """The replica as a router sees it at ``at``: as of its last step ended by then."""
+        assert self.keeps_state, "a router read a replica built for routers that read none (read_by_router)"
         if self.now <= at:
             if self.events is not None:
                 self.events.publish()
             return self._state
         return self._before
 
-    def load(self, at: float) -> tuple[int, float, int]:
-        """What a router weighs as of ``at``: the queue (requests waiting at its last published step, plus those
-        the router sent since), the KV usage, the requests running."""
-        state = self.state_at(at)
+    def load(self, state: ReplicaState) -> tuple[int, float, int]:
+        """What a router weighs, from the replica's ``state_at`` the moment it routes: the queue (requests waiting
+        at its last published step, plus those the router sent since), the KV usage, the requests running."""
         return state.num_waiting + len(self.requests) - state.num_arrived, state.kv_usage, state.num_running
-
-    def matched_blocks(self, block_hashes: Sequence[Hashable], at: float) -> int:
-        """Leading ``block_hashes`` cached on the replica as of its last step ended by ``at`` (0 without KV
-        events)."""
-        if self.events is None:
-            return 0
-        self.state_at(at)  # (publishes the last step's events once it has ended)
-        return self.events.matched_blocks(block_hashes)
 
     def take_finished(self) -> list[tuple[LiveRequest, float]]:
         """The sequences finished since the last call, with their finish times (the replica keeps none)."""

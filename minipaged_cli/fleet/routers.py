@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from minipaged_cli.fleet.config import RouterConfig
 from minipaged_cli.fleet.prefix_index import ApproximateIndex
 from minipaged_cli.fleet.prompt_keys import PromptKeys
-from minipaged_cli.fleet.replica import Replica
+from minipaged_cli.fleet.replica import Replica, ReplicaState
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,10 @@ class Router:
             self.next_index += 1
             scores = tuple(float(i == chosen) for i in range(len(replicas)))
         else:
-            loads = [r.load(at) for r in replicas]
-            scores = tuple(self._scores(keys, loads, at, self.last_served.get(session, -1)))
+            # Each replica as of its last step ended by ``at`` (its KV events published then), read once
+            states = [r.state_at(at) for r in replicas]
+            loads = [r.load(state) for r, state in zip(replicas, states, strict=True)]
+            scores = tuple(self._scores(keys, states, loads, self.last_served.get(session, -1)))
             best = max(scores)
             # (a tie within rounding counts as a tie: weighted sums of floats)
             tied = [i for i, score in enumerate(scores) if score >= best - 1e-12]
@@ -87,32 +89,35 @@ class Router:
             self.index.sent(replica.index, keys.all())
         return replica, Decision(at, fleet_index, replica.index, scores)
 
-    def _scores(self, keys: PromptKeys | None, loads: list[tuple[int, float, int]], at: float,
+    def _scores(self, keys: PromptKeys | None, states: list[ReplicaState], loads: list[tuple[int, float, int]],
                 last_served: int) -> list[float]:
-        if self.config.name == "least-loaded":
+        name = self.config.name
+        if name == "least-loaded":
             return [0.0] * len(loads)  # every replica ties: the least loaded wins
-        sessions = [float(i == last_served) for i in range(len(loads))]
-        if self.config.name == "session-affinity":
-            return sessions
+        if name == "session-affinity":
+            return [float(i == last_served) for i in range(len(loads))]
         # (a weighted router without a prefix weight is handed no keys: no prefix scores)
-        prefix = [0 if keys is None else self._matched(r, keys, at) for r in self.replicas]
-        num_blocks = 0 if keys is None else keys.num_blocks
-        if self.config.name == "prefix-aware":
+        prefix = [0] * len(loads) if keys is None else [self._matched(r, keys) for r in self.replicas]
+        if name == "prefix-aware":
             # A replica with requests waiting has no room (vLLM admits whatever fits): the prefix goes elsewhere
             # while another has room, as SGLang's cache-aware router balances (pure affinity would send every
             # request sharing a system prompt to one replica)
-            room = [r.state_at(at).num_waiting == 0 for r in self.replicas]
+            room = [state.num_waiting == 0 for state in states]
             return [float(p) if has_room or not any(room) else -1.0 for p, has_room in zip(prefix, room, strict=True)]
+        num_blocks = 0 if keys is None else keys.num_blocks
         weights = dict(self.config.weights)
         queues = [q for q, _, _ in loads]
         low, high = min(queues), max(queues)
+        sessions = [float(i == last_served) for i in range(len(loads))]
         return [weights.get("prefix", 0.0) * (p / num_blocks if num_blocks else 0.0)
                 + weights.get("queue", 0.0) * ((high - q) / (high - low) if high > low else 1.0)
                 + weights.get("kv", 0.0) * (1.0 - usage)
                 + weights.get("session", 0.0) * session
                 for p, (q, usage, _), session in zip(prefix, loads, sessions, strict=True)]
 
-    def _matched(self, replica: Replica, keys: PromptKeys, at: float) -> int:
+    def _matched(self, replica: Replica, keys: PromptKeys) -> int:
+        """The leading prompt blocks ``replica`` holds as the router knows it (its index, or the KV events the
+        replica published by the time ``choose`` read its state)."""
         if self.index is not None:
             return self.index.matched_blocks(replica.index, keys.all())
-        return keys.matched(lambda block_hashes: replica.matched_blocks(block_hashes, at))
+        return 0 if replica.events is None else keys.matched(replica.events.matched_blocks)

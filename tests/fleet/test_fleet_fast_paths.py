@@ -1,13 +1,16 @@
 """The fleet's fast paths against their readable references: KV events read from the pool's key log and folded a
 step at a time as set operations against one count per key folded event by event, key by key
 (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
-reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap,
-those events and those keys against the clock's scan of every replica, the counted events and every key, on random
-workloads under every router, decision for decision and figure for figure."""
+reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap
+(under round-robin, every request routed before the replays start), those events and those keys against the clock's
+scan of every replica, the counted events and every key, on random workloads under every router, decision for
+decision and figure for figure."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from dataclasses import replace
+
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
@@ -71,11 +74,13 @@ def test_keys_built_as_far_as_a_lookup_reaches_are_all_the_keys(case: tuple) -> 
 
 
 def replay(trace: Trace, spec: FleetConfig, *, reference: bool) -> FleetResult:
-    """``run_fleet``; the ``reference``: the clock scans every replica each pass, the KV events are told each of
-    the pool's events and count key by key (a subscriber: the pool takes its readable paths, in their order)."""
+    """``run_fleet``; the ``reference``: the clock scans every replica each pass, requests are routed as they are
+    sent, the KV events are told each of the pool's events and count key by key (a subscriber: the pool takes its
+    readable paths, in their order)."""
     fleet = Fleet(trace, spec)
     if reference:
         fleet.clock.scan = True
+        fleet.routes_ahead = False
         fleet.lazy_keys = False
         for replica in fleet.replicas:
             if replica.events is not None:
@@ -124,3 +129,32 @@ def test_the_prefix_routers_index_is_its_reference_with_samples_and_windows(
     fast, reference = replay(trace, spec, reference=False), replay(trace, spec, reference=True)
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
+
+
+long_requests = st.lists(st.tuples(st.sampled_from([0.0, 0.001, 0.0102, 0.05, 0.3, 1.0]), st.integers(100, 500),
+                                   st.integers(1, 150), st.sampled_from([(), ("a",), ("a", "b", "c")])),
+                         min_size=1, max_size=16)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_requests, st.integers(2, 5), st.sampled_from([40, 400]))
+def test_a_round_robin_fleet_routes_every_request_before_the_replays(rows: list, num_replicas: int,
+                                                                    num_blocks: int) -> None:
+    # Each replica then replays its own requests as ``simulate`` does: its bulk advances run on through arrivals
+    # behind a waiting head, never cut by another replica's (long decodes on small pools, idle gaps, prompts over
+    # the model's length refused on arrival); the reference routes each request as it is sent and stops every
+    # replica at every arrival (the clock's scan)
+    assume(any(p + o <= 560 for _, p, o, _ in rows))  # (a trace that no request of fits is refused whole)
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
+                  {"a": 32, "b": 48, "c": 16})
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, config(num_blocks, max_model_len=560)),),
+                       RouterConfig("round-robin"), log_decisions=True)
+    assert Fleet(trace, spec).routes_ahead
+    # (a router that reads the replicas, and a timeline of every pass, keep the fleet's stops)
+    assert not Fleet(trace, replace(spec, router=RouterConfig("least-loaded"))).routes_ahead
+    assert not Fleet(trace, replace(spec, record_timeline=True)).routes_ahead
+    fast, reference = replay(trace, spec, reference=False), replay(trace, spec, reference=True)
+    assert fast.decisions == reference.decisions
+    assert fast.to_dict() == reference.to_dict()
+    assert fast.records == reference.records
