@@ -32,32 +32,53 @@ class HitsMemo:
     first miss (tens of a prompt's hundreds), which the memo copies alone (a copy of all touched every key object,
     twice: its copy, its release); under a sliding window all of the candidates (``reads_all``), where it copies the
     prompt's keys once. It compares them by value (in C; the same prompt's keys compare as pointers).
+
+    Under one full-attention group (``cached``: its map) an answer found at an older version is checked rather than
+    searched again: it holds while each hit key's entry is still its block and the key past the hit still misses,
+    which is what the search would read (a map lookup a key in C, where the search takes Python steps). A waiting
+    head is asked at every step, and nearly every step caches or evicts a block somewhere.
     """
 
-    def __init__(self, block_size: int, reads_all: bool) -> None:
+    def __init__(self, block_size: int, reads_all: bool, cached: dict[Hashable, int] | None = None) -> None:
         self.block_size = block_size
         self.reads_all = reads_all
-        self.version = -1
+        self.cached = cached
         self.num_keys = -1  # the prompt's number of keys
         self.keys_read: Sequence[Hashable] = ()  # a copy of its first keys, as many as any answer's search read
-        self.answers: dict[int, tuple[list[list[int]], int]] = {}  # num_tokens -> search_hits' answer
+        # num_tokens -> search_hits' answer, and the cache version at which it was last known to hold
+        self.answers: dict[int, tuple[tuple[list[list[int]], int], int]] = {}
 
     def get(self, version: int, block_hashes: Sequence[Hashable], num_tokens: int,
             search: SearchHits) -> tuple[list[list[int]], int]:
         if not self._reads_as_before(block_hashes):
-            self.version, self.num_keys, self.answers = version, len(block_hashes), {}
+            self.num_keys, self.answers = len(block_hashes), {}
             self.keys_read = block_hashes[:0]  # (of the prompt's type: a list and a tuple never compare equal)
-        elif self.version != version:  # (the prompt asked again after the cache changed: the keys read still hold)
-            self.version, self.answers = version, {}
-        found = self.answers.get(num_tokens)
-        if found is None:
-            found = self.answers[num_tokens] = search(block_hashes, num_tokens)
-            # (the walk from the left stops at the key past the hit)
-            num_read = len(block_hashes) if self.reads_all else \
-                min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes), found[1] // self.block_size + 1)
-            if num_read > len(self.keys_read):
-                self.keys_read = block_hashes[:num_read]
+        known = self.answers.get(num_tokens)
+        if known is not None:
+            found, checked = known
+            if checked == version:
+                return found
+            if self.cached is not None and self._holds(found[0][0], block_hashes, num_tokens):
+                self.answers[num_tokens] = found, version
+                return found
+        found = search(block_hashes, num_tokens)
+        self.answers[num_tokens] = found, version
+        # (the walk from the left stops at the key past the hit)
+        num_read = len(block_hashes) if self.reads_all else \
+            min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes), found[1] // self.block_size + 1)
+        if num_read > len(self.keys_read):
+            self.keys_read = block_hashes[:num_read]
         return found
+
+    def _holds(self, hits: list[int], block_hashes: Sequence[Hashable], num_tokens: int) -> bool:
+        """Whether the one group's walk from the left over ``block_hashes`` finds ``hits`` now: each of their keys'
+        entries is still that block, and the key past them (where the walk may go on) is not cached."""
+        cached, num_hit = self.cached, len(hits)
+        assert cached is not None
+        if num_hit < min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes)) and \
+                block_hashes[num_hit] in cached:
+            return False
+        return [*map(cached.get, itertools.islice(block_hashes, num_hit))] == hits
 
     def _reads_as_before(self, block_hashes: Sequence[Hashable]) -> bool:
         """Whether ``block_hashes`` has the memoised prompt's length and the keys its searches read."""
@@ -101,7 +122,9 @@ class KVCacheCoordinator:
             self.admission_cap = sliding_admission_blocks(self.window, self.block_size, max_in_flight_tokens,
                                                           max_model_len)
         self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
-        self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None)
+        self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None,
+                                   cached=self.pool.cached_blocks[0] if len(self.groups) == 1 and self.full is not None
+                                   else None)
         # The live single-table sequences whose table holds slots past their ``final_length`` (those in their last
         # block: a few of a step's running ones), kept as their blocks are taken (``take_computed``,
         # ``grow_together``) and released: the accounting's sum of those slots reads them alone.
