@@ -17,7 +17,6 @@ the order this pool hands out 0..N-1.
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from minipaged_cli.memory.free_queue import FreeBlockQueue
@@ -126,21 +125,25 @@ class BlockPool:
 
     def unreference(self, tables: Sequence[Sequence[int]]) -> Sequence[int]:
         """One table entry fewer for each of the ``tables``' blocks; those that no table holds any more, in order
-        (their reference counts 0, still to be queued: the caller's ``release``). The counts are read in C (a
-        replay releases millions of blocks, each held once but a prompt's hits): where all are 1, one pass stores
-        the zeros; else one counts each down."""
+        (their reference counts 0, still to be queued: the caller's ``release``). One pass frees the blocks held
+        once up to the first shared one (a prompt's hits end its table's tail-first list); the rest are counted
+        down. (A replay with prefix caching shares blocks in every release: counting each block down, then testing
+        it, was two passes over millions of blocks.)"""
         blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
         refs = self.ref_counts
-        counts = operator.itemgetter(*blocks)(refs) if len(blocks) > 1 else [refs[block] for block in blocks]
-        num_freed = counts.count(1)
-        if num_freed == len(blocks):
-            for block in blocks:
-                refs[block] = 0
+        for block in blocks:
+            if refs[block] != 1:
+                break
+            refs[block] = 0
+        else:
             return blocks
-        for block in blocks:  # (no block is in two tables, nor twice in one)
+        first_shared = blocks.index(block)  # (no block is in two tables, nor twice in one)
+        rest = blocks[first_shared:]
+        for block in rest:
             refs[block] -= 1
-        self.num_shared_references -= len(blocks) - num_freed
-        return [block for block, count in zip(blocks, counts, strict=True) if count == 1]
+        freed = [*blocks[:first_shared], *(block for block in rest if not refs[block])]
+        self.num_shared_references -= len(blocks) - len(freed)
+        return freed
 
     def lookup(self, block_hashes: Iterable[Hashable], group: int = 0) -> list[int]:
         """The blocks holding the longest cached run of ``block_hashes`` from its start, in ``group``'s map."""

@@ -17,7 +17,12 @@ from collections.abc import Callable, Hashable, Sequence
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
 from minipaged_cli.memory.sequence import SequenceState
-from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager, tail_first
+from minipaged_cli.memory.single_type import (
+    FullAttentionManager,
+    SingleTypeManager,
+    SlidingWindowManager,
+    tail_first,
+)
 
 SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
@@ -185,8 +190,11 @@ class KVCacheCoordinator:
         """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes, a sliding group counting at most
         ``cap``: the single-type managers' counts over their groups."""
         required = num_blocks_for(num_tokens, self.block_size)
-        if not hit_tokens and self.sliding is None:  # (the usual answer, asked at every admission check)
-            return len(self.groups) * required
+        if self.sliding is None:  # (the usual question, asked at every admission check: one count)
+            if not hit_tokens:
+                return len(self.groups) * required
+            if len(self.groups) == 1:
+                return SingleTypeManager.num_blocks_to_allocate(hits[0], required, 0, self.pool.ref_counts)
         total = 0
         for manager in self.managers:
             group_required = manager.admission_blocks(required, cap)
