@@ -63,7 +63,7 @@ class HitsMemo:
             found, checked = known
             if checked == version:
                 return found
-            if self.cached is not None and self._holds(found[0][0], block_hashes, num_tokens):
+            if self.cached is not None and self._holds(self.cached, found[0][0], block_hashes, num_tokens):
                 self.answers[num_tokens] = found, version
                 return found
         found = search(block_hashes, num_tokens)
@@ -75,11 +75,11 @@ class HitsMemo:
             self.keys_read = block_hashes[:num_read]
         return found
 
-    def _holds(self, hits: list[int], block_hashes: Sequence[Hashable], num_tokens: int) -> bool:
-        """Whether the one group's walk from the left over ``block_hashes`` finds ``hits`` now: each of their keys'
-        entries is still that block, and the key past them (where the walk may go on) is not cached."""
-        cached, num_hit = self.cached, len(hits)
-        assert cached is not None
+    def _holds(self, cached: dict[Hashable, int], hits: list[int], block_hashes: Sequence[Hashable],
+               num_tokens: int) -> bool:
+        """Whether the walk from the left over ``block_hashes`` in the one group's map ``cached`` finds ``hits`` now:
+        each of their keys' entries is still that block, and the key past them (where the walk may go on) misses."""
+        num_hit = len(hits)
         if num_hit < min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes)) and \
                 block_hashes[num_hit] in cached:
             return False
