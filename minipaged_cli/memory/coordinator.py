@@ -17,12 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
 from minipaged_cli.memory.sequence import SequenceState
-from minipaged_cli.memory.single_type import (
-    FullAttentionManager,
-    SingleTypeManager,
-    SlidingWindowManager,
-    tail_first,
-)
+from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager, num_free, tail_first
 
 SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
@@ -193,8 +188,8 @@ class KVCacheCoordinator:
         if self.sliding is None:  # (the usual question, asked at every admission check: one count)
             if not hit_tokens:
                 return len(self.groups) * required
-            if len(self.groups) == 1:
-                return SingleTypeManager.num_blocks_to_allocate(hits[0], required, 0, self.pool.ref_counts)
+            if len(self.groups) == 1:  # (no null entry, no skipped block: ``num_blocks_to_allocate``'s count)
+                return max(required - len(hits[0]), 0) + num_free(hits[0], self.pool.ref_counts)
         total = 0
         for manager in self.managers:
             group_required = manager.admission_blocks(required, cap)
