@@ -122,6 +122,9 @@ class KVCacheCoordinator:
             self.admission_cap = sliding_admission_blocks(self.window, self.block_size, max_in_flight_tokens,
                                                           max_model_len)
         self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
+        # (``_num_free_hits``: the hits last counted and the pool's counters then; the count)
+        self._free_hits_stamp: tuple[list[int], int, int] = ([], -1, -1)
+        self._num_free_hit_blocks = 0
         self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None,
                                    cached=self.pool.cached_blocks[0] if len(self.groups) == 1 and self.full is not None
                                    else None)
@@ -189,7 +192,7 @@ class KVCacheCoordinator:
             if not hit_tokens:
                 return len(self.groups) * required
             if len(self.groups) == 1:  # (no null entry, no skipped block: ``num_blocks_to_allocate``'s count)
-                return max(required - len(hits[0]), 0) + num_free(hits[0], self.pool.ref_counts)
+                return max(required - len(hits[0]), 0) + self._num_free_hits(hits[0])
         total = 0
         for manager in self.managers:
             group_required = manager.admission_blocks(required, cap)
@@ -200,6 +203,18 @@ class KVCacheCoordinator:
             total += sum(manager.num_blocks_to_allocate(hits[g], group_required, skipped, self.pool.ref_counts)
                          for g in manager.group_ids)
         return total
+
+    def _num_free_hits(self, hits: list[int]) -> int:
+        """``num_free(hits)``, kept while no block has become free or held since it was counted: a block is free
+        exactly when its count is 0, and it enters the free queue only by a release (counted in ``num_frees``) and
+        leaves it only by a take or a revival (each moves ``num_free``). (A waiting head is asked several times a
+        step; nearly half of those asks find the pool's blocks as they were.)"""
+        pool = self.pool
+        stamp = (hits, pool.num_frees, pool.free_blocks.num_free)
+        if stamp != self._free_hits_stamp:  # (a copy kept: the hits compare by value)
+            self._free_hits_stamp = (list(hits), *stamp[1:])
+            self._num_free_hit_blocks = num_free(hits, pool.ref_counts)
+        return self._num_free_hit_blocks
 
     def only_offered_blocks_keyed(self) -> bool:
         """Whether a sequence's blocks that carry a key are exactly those it offered to the cache (the first
