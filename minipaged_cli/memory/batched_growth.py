@@ -100,9 +100,10 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
         state.sequence_length = state.num_computed_tokens = new_length
     if fills:  # (most single steps fill no block)
         group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
-        for state, stop in fills:
-            for g in cached_groups:
-                group_keys[g] += state.block_hashes[state.num_cached_blocks[g]:stop]
+        for g in cached_groups:
+            keys = group_keys[g]
+            for state, stop in fills:
+                keys += state.block_hashes[state.num_cached_blocks[g]:stop]
         for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
             if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
                 return _undo(sequences, sequence_ids[:num_grown], num_tokens)
@@ -115,19 +116,18 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
                 table += taken[position:position + per_group]
                 position += per_group
             state.num_held_blocks += per_group * num_groups
-            if num_groups == 1:
-                note_past_final(manager, state)
+        if num_groups == 1:
+            note_past_final(manager, [state for state, _ in takes])
     if fills:  # (the blocks in the order the calls one by one cache them; each group's map its own)
-        group_blocks: list[list[int]] = [[] for _ in manager.groups]
-        for state, stop in fills:
-            cached = state.num_cached_blocks
-            for g in cached_groups:
-                group_blocks[g] += state.block_tables[g][cached[g]:stop]
+        for g in cached_groups:
+            blocks: list[int] = []
+            for state, stop in fills:
+                cached = state.num_cached_blocks
+                blocks += state.block_tables[g][cached[g]:stop]
                 if stop > cached[g]:
                     cached[g] = stop
-        for g in cached_groups:
-            if group_blocks[g]:
-                pool.cache_fresh(group_keys[g], group_blocks[g], g)
+            if blocks:
+                pool.cache_fresh(group_keys[g], blocks, g)
     return num_grown
 
 

@@ -75,15 +75,16 @@ class BlockPool:
         self.num_allocations += count
 
     def reference(self, *blocks: int) -> None:
-        """One more table holds each of ``blocks`` (a fork, a prefix-cache hit; a hit on a freed block revives it).
-        (One call for a prompt's hits: hundreds of blocks.)"""
-        refs = self.ref_counts
+        """One more table holds each of ``blocks`` (a fork; a prompt's hits, one call): a free one is revived."""
+        refs, revived = self.ref_counts, []
         for block in blocks:
             if refs[block]:
                 self.num_shared_references += 1
             else:
-                self.free_blocks.remove(block)
+                revived.append(block)
             refs[block] += 1
+        if revived:
+            self.free_blocks.remove(*revived)
 
     def drop_shared(self, block: int) -> None:
         """A table lets go of a block that others still hold (copy-on-write gave it a copy)."""
@@ -159,8 +160,7 @@ class BlockPool:
     def cache(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
         """``blocks[i]`` now holds the content ``block_hashes[i]`` names, in ``group``. A block already cached keeps
         its hash; content already cached elsewhere is cached again (vLLM keeps block tables append-only rather
-        than swap in the older copy), and hits keep going to the older block. (One call for a run: a long prompt
-        has hundreds.)"""
+        than swap in the older copy), and hits keep going to the older block. (One call for a prompt's run.)"""
         self._tell(group, block_hashes, blocks)
         if self.num_groups > 1:  # (a block already cached is this group's: a table holds one group's blocks)
             groups = self.block_group

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
 from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
 from minipaged_cli.memory.sequence import SequenceState
-from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager, tail_first
+from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager, num_free, tail_first
 
 SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]
 
@@ -32,32 +32,53 @@ class HitsMemo:
     first miss (tens of a prompt's hundreds), which the memo copies alone (a copy of all touched every key object,
     twice: its copy, its release); under a sliding window all of the candidates (``reads_all``), where it copies the
     prompt's keys once. It compares them by value (in C; the same prompt's keys compare as pointers).
+
+    Under one full-attention group (``cached``: its map) an answer found at an older version is checked rather than
+    searched again: it holds while each hit key's entry is still its block and the key past the hit still misses,
+    which is what the search would read (a map lookup a key in C, where the search takes Python steps). A waiting
+    head is asked at every step, and nearly every step caches or evicts a block somewhere.
     """
 
-    def __init__(self, block_size: int, reads_all: bool) -> None:
+    def __init__(self, block_size: int, reads_all: bool, cached: dict[Hashable, int] | None = None) -> None:
         self.block_size = block_size
         self.reads_all = reads_all
-        self.version = -1
+        self.cached = cached
         self.num_keys = -1  # the prompt's number of keys
         self.keys_read: Sequence[Hashable] = ()  # a copy of its first keys, as many as any answer's search read
-        self.answers: dict[int, tuple[list[list[int]], int]] = {}  # num_tokens -> search_hits' answer
+        # num_tokens -> search_hits' answer, and the cache version at which it was last known to hold
+        self.answers: dict[int, tuple[tuple[list[list[int]], int], int]] = {}
 
     def get(self, version: int, block_hashes: Sequence[Hashable], num_tokens: int,
             search: SearchHits) -> tuple[list[list[int]], int]:
         if not self._reads_as_before(block_hashes):
-            self.version, self.num_keys, self.answers = version, len(block_hashes), {}
+            self.num_keys, self.answers = len(block_hashes), {}
             self.keys_read = block_hashes[:0]  # (of the prompt's type: a list and a tuple never compare equal)
-        elif self.version != version:  # (the prompt asked again after the cache changed: the keys read still hold)
-            self.version, self.answers = version, {}
-        found = self.answers.get(num_tokens)
-        if found is None:
-            found = self.answers[num_tokens] = search(block_hashes, num_tokens)
-            # (the walk from the left stops at the key past the hit)
-            num_read = len(block_hashes) if self.reads_all else \
-                min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes), found[1] // self.block_size + 1)
-            if num_read > len(self.keys_read):
-                self.keys_read = block_hashes[:num_read]
+        known = self.answers.get(num_tokens)
+        if known is not None:
+            found, checked = known
+            if checked == version:
+                return found
+            if self.cached is not None and self._holds(self.cached, found[0][0], block_hashes, num_tokens):
+                self.answers[num_tokens] = found, version
+                return found
+        found = search(block_hashes, num_tokens)
+        self.answers[num_tokens] = found, version
+        # (the walk from the left stops at the key past the hit)
+        num_read = len(block_hashes) if self.reads_all else \
+            min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes), found[1] // self.block_size + 1)
+        if num_read > len(self.keys_read):
+            self.keys_read = block_hashes[:num_read]
         return found
+
+    def _holds(self, cached: dict[Hashable, int], hits: list[int], block_hashes: Sequence[Hashable],
+               num_tokens: int) -> bool:
+        """Whether the walk from the left over ``block_hashes`` in the one group's map ``cached`` finds ``hits`` now:
+        each of their keys' entries is still that block, and the key past them (where the walk may go on) misses."""
+        num_hit = len(hits)
+        if num_hit < min(max(num_tokens - 1, 0) // self.block_size, len(block_hashes)) and \
+                block_hashes[num_hit] in cached:
+            return False
+        return [*map(cached.get, itertools.islice(block_hashes, num_hit))] == hits
 
     def _reads_as_before(self, block_hashes: Sequence[Hashable]) -> bool:
         """Whether ``block_hashes`` has the memoised prompt's length and the keys its searches read."""
@@ -101,7 +122,12 @@ class KVCacheCoordinator:
             self.admission_cap = sliding_admission_blocks(self.window, self.block_size, max_in_flight_tokens,
                                                           max_model_len)
         self._no_hits: list[list[int]] = [[] for _ in self.groups]  # (``find_hits``'s answer for a miss)
-        self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None)
+        # (``_num_free_hits``: the hits last counted and the pool's counters then; the count)
+        self._free_hits_stamp: tuple[list[int], int, int] = ([], -1, -1)
+        self._num_free_hit_blocks = 0
+        self._hits_memo = HitsMemo(self.block_size, reads_all=self.sliding is not None,
+                                   cached=self.pool.cached_blocks[0] if len(self.groups) == 1 and self.full is not None
+                                   else None)
         # The live single-table sequences whose table holds slots past their ``final_length`` (those in their last
         # block: a few of a step's running ones), kept as their blocks are taken (``take_computed``,
         # ``grow_together``) and released: the accounting's sum of those slots reads them alone.
@@ -162,8 +188,11 @@ class KVCacheCoordinator:
         """Free-queue blocks a new sequence of ``num_tokens`` with these hits takes, a sliding group counting at most
         ``cap``: the single-type managers' counts over their groups."""
         required = num_blocks_for(num_tokens, self.block_size)
-        if not hit_tokens and self.sliding is None:  # (the usual answer, asked at every admission check)
-            return len(self.groups) * required
+        if self.sliding is None:  # (the usual question, asked at every admission check: one count)
+            if not hit_tokens:
+                return len(self.groups) * required
+            if len(self.groups) == 1:  # (no null entry, no skipped block: ``num_blocks_to_allocate``'s count)
+                return max(required - len(hits[0]), 0) + self._num_free_hits(hits[0])
         total = 0
         for manager in self.managers:
             group_required = manager.admission_blocks(required, cap)
@@ -174,6 +203,18 @@ class KVCacheCoordinator:
             total += sum(manager.num_blocks_to_allocate(hits[g], group_required, skipped, self.pool.ref_counts)
                          for g in manager.group_ids)
         return total
+
+    def _num_free_hits(self, hits: list[int]) -> int:
+        """``num_free(hits)``, kept while no block has become free or held since it was counted: a block is free
+        exactly when its count is 0, and it enters the free queue only by a release (counted in ``num_frees``) and
+        leaves it only by a take or a revival (each moves ``num_free``). (A waiting head is asked several times a
+        step; nearly half of those asks find the pool's blocks as they were.)"""
+        pool = self.pool
+        stamp = (hits, pool.num_frees, pool.free_blocks.num_free)
+        if stamp != self._free_hits_stamp:  # (a copy kept: the hits compare by value)
+            self._free_hits_stamp = (list(hits), *stamp[1:])
+            self._num_free_hit_blocks = num_free(hits, pool.ref_counts)
+        return self._num_free_hit_blocks
 
     def only_offered_blocks_keyed(self) -> bool:
         """Whether a sequence's blocks that carry a key are exactly those it offered to the cache (the first

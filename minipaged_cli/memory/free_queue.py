@@ -84,11 +84,13 @@ class FreeBlockQueue:
         self.num_free -= count
         return taken, from_back
 
-    def remove(self, block: int) -> None:
-        """Take a cached block out of the queue: a prefix-cache hit holds it again."""
-        self._stale[block] = self._stale.get(block, 0) + 1
-        self._num_stale += 1
-        self.num_free -= 1
+    def remove(self, *blocks: int) -> None:
+        """Take cached blocks out of the queue: prefix-cache hits hold them again (one call for a prompt's hits)."""
+        stale = self._stale
+        for block in blocks:
+            stale[block] = stale.get(block, 0) + 1
+        self._num_stale += len(blocks)
+        self.num_free -= len(blocks)
         if self._num_stale > len(self._back) - self._head - self._num_stale:
             self._compact()
 

@@ -30,6 +30,13 @@ def tail_first(table: list[int], start: int, stop: int) -> list[int]:
     return table[stop - 1:start - 1 if start else None:-1] if stop > start else []
 
 
+def num_free(blocks: Sequence[int], ref_counts: list[int]) -> int:
+    """How many of ``blocks`` no table holds (reference count 0). (The counts read in C, not a Python step per
+    block: the admission asks about a prompt's hit, tens of blocks, at every check.)"""
+    counts = operator.itemgetter(*blocks)(ref_counts) if len(blocks) > 1 else [ref_counts[b] for b in blocks]
+    return counts.count(0)
+
+
 class SingleTypeManager:
     """The KV cache groups ``group_ids`` of one attention type, each a block table per sequence."""
 
@@ -55,10 +62,7 @@ class SingleTypeManager:
         blocks = hits[num_skipped:] if num_skipped else hits
         if NULL_BLOCK in blocks:  # (a sliding group's hit may begin with null entries)
             blocks = [block for block in blocks if block != NULL_BLOCK]
-        # (The counts read in C, not a Python step per block: the admission asks about a prompt's hit, tens of
-        # blocks, at every check.)
-        counts = operator.itemgetter(*blocks)(ref_counts) if len(blocks) > 1 else [ref_counts[b] for b in blocks]
-        return max(num_required - max(num_skipped, len(hits)), 0) + counts.count(0)
+        return max(num_required - max(num_skipped, len(hits)), 0) + num_free(blocks, ref_counts)
 
 
 class FullAttentionManager(SingleTypeManager):

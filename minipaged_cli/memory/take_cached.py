@@ -9,7 +9,7 @@ order's result by handing the entry straight to the new block where it meets one
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.block_pool import BlockPool
@@ -32,14 +32,16 @@ def take_computed(manager: KVCacheCoordinator, state: SequenceState, count: int,
     else:
         take_cached(pool, count, table, state.block_hashes[first:stop], first)
         state.num_cached_blocks[0] = stop
-    note_past_final(manager, state)
+    note_past_final(manager, (state,))
 
 
-def note_past_final(manager: KVCacheCoordinator, state: SequenceState) -> None:
-    """After a take onto the sequence's only table: list it in ``manager.past_final`` once the table holds slots
-    past its ``final_length``."""
-    if state.final_length is not None and len(state.block_tables[0]) * manager.block_size > state.final_length:
-        manager.past_final[state.sequence_id] = state
+def note_past_final(manager: KVCacheCoordinator, states: Iterable[SequenceState]) -> None:
+    """After a take onto each sequence's only table: list those whose table holds slots past their
+    ``final_length`` in ``manager.past_final``."""
+    block_size, past_final = manager.block_size, manager.past_final
+    for state in states:
+        if state.final_length is not None and len(state.block_tables[0]) * block_size > state.final_length:
+            past_final[state.sequence_id] = state
 
 
 def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Sequence[Hashable], first: int) -> None:

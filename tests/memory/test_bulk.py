@@ -1,9 +1,9 @@
 """The paged strategy's fast paths against the step-by-step model they stand in for, by property tests: the hit
-memo (``HitsMemo``) against ``search_hits``, ``BlockPool.cache_fresh`` against ``cache``, a bulk decode
-(``bulk.advance_windowed``, through ``decode_in_bulk`` or in lockstep) against one ``grow`` per request and step,
-``bulk.full_attention_profile`` against a count per request and step, and ``num_blocks_to_allocate`` against a
-count per block. (``BlockPool.release_split``: ``tests/memory/test_block_pool_release.py``;
-``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
+memo (``HitsMemo``) against ``search_hits`` and, for a waiting head asked again, against its map read key by key,
+``BlockPool.cache_fresh`` against ``cache``, a bulk decode (``bulk.advance_windowed``, through ``decode_in_bulk`` or
+in lockstep) against one ``grow`` per request and step, ``bulk.full_attention_profile`` against a count per request
+and step, and ``num_blocks_to_allocate`` against a count per block. (``BlockPool.release_split``:
+``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
 
 from __future__ import annotations
 
@@ -98,6 +98,56 @@ def test_the_hit_memo_follows_a_prompt_changed_in_place(seed: int, layout: tuple
             asked = asked[:kept] + rng.choice(prompts)[kept:]
         for num_tokens in (rng.randint(0, 16 * block_size), len(asked) * block_size):
             assert manager.find_hits(asked, num_tokens) == manager.search_hits(list(asked), num_tokens)
+
+
+def naive_hits(manager: KVBlockManager, hashes: list[int], num_tokens: int) -> list[int]:
+    """One group's hit read off its map key by key: the cached run from the start, the last token never a hit."""
+    hits = []
+    for key in hashes[:max(num_tokens - 1, 0) // manager.block_size]:
+        if key not in manager.pool.cached_blocks[0]:
+            break
+        hits.append(manager.pool.cached_blocks[0][key])
+    return hits
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10**6))
+def test_a_waiting_head_is_answered_as_the_cache_now_stands(seed: int) -> None:
+    # One prompt (the waiting head) asked at two fixed lengths after every one to three changes of a small pool by
+    # other prompts sharing its documents: created whole or in chunks (two computing one content cache it twice),
+    # released, grown. Its hit blocks are evicted, their content cached again elsewhere, an entry passes to a
+    # duplicate, the key past its hit is cached: the memo's answer found at an older version, where it is
+    # checked rather than searched, must be the one read off the map now, and the gate's count with it.
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 2, 4])
+    manager = KVBlockManager(rng.randint(6, 24), block_size, enable_prefix_caching=True)
+    prompts = prompts_sharing_documents(rng)
+    head, live = prompts[0], {}
+    lengths = (len(head) * block_size, rng.randint(1, len(head) * block_size))
+    for step in range(60):
+        for _ in range(rng.randint(1, 3)):  # (a step: a release and a take between two asks, say)
+            sid = rng.randrange(1, len(prompts) + 3)
+            hashes = prompts[sid % len(prompts)]
+            if sid not in live:
+                length = rng.randint(1, len(hashes) * block_size)
+                computed = rng.choice([length, rng.randint(0, length)])
+                if manager.blocks_to_create(length, hashes) <= manager.num_free_blocks:
+                    manager.create_sequence(sid, length, block_hashes=hashes, num_computed_tokens=computed)
+                    live[sid] = length
+            elif rng.random() < 0.4:
+                manager.release_sequence(sid)
+                del live[sid]
+            elif manager.sequence(sid).num_computed_tokens < live[sid]:
+                manager.mark_computed(sid, live[sid])
+            elif manager.blocks_needed(sid, 1) <= manager.num_free_blocks:
+                manager.grow(sid, 1)
+                live[sid] += 1
+        for num_tokens in lengths:
+            hits = naive_hits(manager, head, num_tokens) if num_tokens > block_size else []
+            assert manager.find_hits(head, num_tokens) == ([hits], len(hits) * block_size), step
+            free_hits = sum(1 for block in hits if manager.pool.ref_counts[block] == 0)
+            needed = max(-(-num_tokens // block_size) - len(hits), 0) + free_hits
+            assert manager.blocks_needed(None, num_tokens, head) == needed, step
 
 
 @settings(max_examples=80, deadline=None)

@@ -66,11 +66,12 @@ def test_the_queue_hands_out_and_lists_blocks_as_a_naive_list_does(ops: list[tup
             else:
                 queue.append(blocks)
                 naive.back += blocks
-        elif op == "remove" and naive.back:
-            block = naive.back[arg % len(naive.back)]
-            queue.remove(block)
-            naive.back.remove(block)
-            held.append(block)
+        elif op == "remove" and naive.back:  # (a prompt's hits: one to three blocks of the back part in one call)
+            blocks = naive.back[arg % len(naive.back):][:1 + arg % 3]
+            queue.remove(*blocks)
+            for block in blocks:
+                naive.back.remove(block)
+            held += blocks
         assert list(queue) == naive.order()
         assert queue.touched() == (naive.front, naive.back)
         assert len(queue) == len(naive.order())
