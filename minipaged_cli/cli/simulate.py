@@ -60,7 +60,7 @@ from minipaged_cli.cli.workload_options import (
     clients_option,
 )
 from minipaged_cli.errors import InputError
-from minipaged_cli.fleet.config import DEFAULT_INDEX_CAPACITY
+from minipaged_cli.fleet.names import DEFAULT_INDEX_CAPACITY
 from minipaged_cli.memory.strategies import STRATEGIES
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, SimConfig, resolve_block_size, resolve_hybrid_kv
 from minipaged_cli.sim.kv_sizing import resolve_num_blocks, tier_blocks
