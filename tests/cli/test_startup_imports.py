@@ -2,8 +2,8 @@
 
 The group builds a command when it is asked for (``cli/main.py``), and a command imports inside itself what only
 some of its options use. Measured on a one-request trace: of ``cli/``, simulate's module and the shared ones
-(``common``, ``render``, the option modules it reads); of the fleet, ``fleet.config`` alone (the router names and
-defaults of simulate's fleet options); nothing of ``apps/`` or the data plane; of the trace readers, none but
+(``common``, ``render``, the option modules it reads); of the fleet, ``fleet.names`` alone (the router names and
+defaults of simulate's fleet options: the fleet's configuration is imported when a fleet is asked for); nothing of ``apps/`` or the data plane; of the trace readers, none but
 the YAML one. ``--help`` and ``--version`` build no command, and import neither NumPy nor pydantic.
 """
 
@@ -49,7 +49,7 @@ OTHER_READERS = ("minipaged_cli.workloads.aiperf", "minipaged_cli.workloads.shar
 ALLOWED_INSIDE = {
     "minipaged_cli.apps": set(),
     "minipaged_cli.dataplane": set(),
-    "minipaged_cli.fleet": {"minipaged_cli.fleet", "minipaged_cli.fleet.config"},
+    "minipaged_cli.fleet": {"minipaged_cli.fleet", "minipaged_cli.fleet.names"},
     "minipaged_cli.cli.": {f"minipaged_cli.cli.{name}" for name in (
         "common", "flags", "fleet_options", "grammar", "main", "option_values", "outputs", "render", "settings",
         "simulate", "startup", "tier_options", "workload_options")},
