@@ -1,7 +1,7 @@
 """``minipaged simulate TRACE``: paged vs contiguous KV allocation on one trace and one capacity.
 
 The command's annotations are objects, not strings (no ``from __future__ import annotations``): Typer reads the
-signature several times a run, and would evaluate its sixty-odd string annotations each time (15M instructions,
+signature several times a run, and would evaluate its fifty-odd string annotations each time (15M instructions,
 1.5% of a one-request simulate).
 """
 
