@@ -4,17 +4,20 @@ or a whole ``--fleet FLEET.yaml`` (``fleet/``). Without any of them ``simulate``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from minipaged_cli.cli.render import write_json
 from minipaged_cli.errors import InputError
-from minipaged_cli.fleet import config as fleets
+from minipaged_cli.fleet import names
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import SimulationResult
 from minipaged_cli.workloads.trace import Trace
+
+if TYPE_CHECKING:
+    from minipaged_cli.fleet.config import FleetConfig
 
 PANEL = "Fleet"
 ReplicasOpt = Annotated[int | None, typer.Option(
@@ -22,18 +25,18 @@ ReplicasOpt = Annotated[int | None, typer.Option(
     help="Replay over this many identical replicas behind --router (one engine each).")]
 RouterOpt = Annotated[str, typer.Option(
     "--router", rich_help_panel=PANEL,
-    help="Which replica takes a request: " + ", ".join(fleets.ROUTERS) + " (session-affinity: the replica that "
+    help="Which replica takes a request: " + ", ".join(names.ROUTERS) + " (session-affinity: the replica that "
          "answered the session's last turn, as llm-d's session-affinity scorer; ties: the least loaded, then the "
          "lowest index; llm-d and Dynamo break them at random).")]
 PrefixIndexOpt = Annotated[str, typer.Option(
     "--prefix-index", rich_help_panel=PANEL,
-    help="What prefix-aware and weighted routers read: " + " or ".join(fleets.PREFIX_INDEXES) + " (precise: the "
+    help="What prefix-aware and weighted routers read: " + " or ".join(names.PREFIX_INDEXES) + " (precise: the "
          "replicas' published KV events; approximate: the router's own LRU index of what it sent where).")]
 IndexCapacityOpt = Annotated[int, typer.Option(
     "--prefix-index-capacity", min=1, rich_help_panel=PANEL, help="Blocks the approximate index remembers.")]
 WeightsOpt = Annotated[str, typer.Option(
     "--router-weights", rich_help_panel=PANEL,
-    help="The weighted router's scorers, name:weight comma-separated: " + ", ".join(fleets.WEIGHT_NAMES) + " (session: "
+    help="The weighted router's scorers, name:weight comma-separated: " + ", ".join(names.WEIGHT_NAMES) + " (session: "
          "1 for the replica that answered the session's last turn; add it as session:5 beside the others).")]
 PrefillReplicasOpt = Annotated[int | None, typer.Option(
     "--prefill-replicas", min=1, rich_help_panel=PANEL, show_default=False,
@@ -63,8 +66,9 @@ FleetFileOpt = Annotated[Path | None, typer.Option(
 def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix_index: str, index_capacity: int,
                  weights: str, prefill_replicas: int | None, decode_replicas: int | None, link_bandwidth: str,
                  link_latency: str, prefill_threshold: int, shared_kv_store: bool, fleet_file: Path | None,
-                 log_decisions: bool, record_timeline: bool) -> fleets.FleetConfig | None:
-    """The fleet the options ask for, or None (one engine: ``simulate`` as ever)."""
+                 log_decisions: bool, record_timeline: bool) -> FleetConfig | None:
+    """The fleet the options ask for, or None (one engine: ``simulate`` as ever, which never imports the fleet's
+    configuration)."""
     options = {"log_decisions": log_decisions, "record_timeline": record_timeline}
     if fleet_file is not None:
         from minipaged_cli.fleet.fleet_file import load_fleet_file
@@ -72,6 +76,8 @@ def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix
         return load_fleet_file(fleet_file, config, **options)
     if replicas is None and prefill_replicas is None and decode_replicas is None and not shared_kv_store:
         return None
+    from minipaged_cli.fleet import config as fleets
+
     router_config = fleets.RouterConfig(router, prefix_index, index_capacity, fleets.parse_weights(weights))
     if (prefill_replicas is None) != (decode_replicas is None):
         raise InputError("P/D disaggregation takes both --prefill-replicas and --decode-replicas",
@@ -88,7 +94,7 @@ def fleet_config(config: SimConfig, *, replicas: int | None, router: str, prefix
     return fleets.FleetConfig((pool,), router_config, shared_kv_store=shared_kv_store, **options)
 
 
-def run_fleet_command(trace: Trace, config: SimConfig, fleet: fleets.FleetConfig, console: Console, stdout: Console,
+def run_fleet_command(trace: Trace, config: SimConfig, fleet: FleetConfig, console: Console, stdout: Console,
                       json_path: str | None, plot: Path | None) -> None:
     """Replay, print the table, write the JSON (``fleet`` beside simulate's ``trace`` and ``config``) and plot;
     exit 1 on an invariant violation (``--check-invariants``: a bug in the allocator)."""

@@ -7,17 +7,18 @@ import math
 from dataclasses import dataclass, field
 
 from minipaged_cli.errors import InputError, did_you_mean
+from minipaged_cli.fleet.names import (
+    DEFAULT_INDEX_CAPACITY,
+    DEFAULT_WEIGHTS,
+    PREFIX_INDEXES,
+    ROLES,
+    ROUTERS,
+    WEIGHT_NAMES,
+)
 from minipaged_cli.sim.clients import Clients
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.units import parse_bytes
 from minipaged_cli.validation import finite_number, positive_number, whole_number
-
-ROUTERS = ("round-robin", "least-loaded", "prefix-aware", "session-affinity", "weighted")
-PREFIX_INDEXES = ("precise", "approximate")  # llm-d's two prefix scorers
-WEIGHT_NAMES = ("prefix", "queue", "kv", "session")
-ROLES = ("mixed", "prefill", "decode")
-DEFAULT_WEIGHTS = (("prefix", 2.0), ("queue", 1.0), ("kv", 1.0))  # llm-d's default scorer weights
-DEFAULT_INDEX_CAPACITY = 1 << 20  # blocks the approximate index remembers
 
 
 @dataclass(frozen=True)
