@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,30 +47,36 @@ class BulkAdvance:
         # Whether a bulk may run on through arrivals behind a head that memory or a batch limit holds back (the
         # replay turns it off where a pass between must see them: a fleet's replica, tiers, a layout, a step cap)
         self.through_arrivals = True
+        # Whether a bulk cut short by an arrival resumes where it stopped when nothing changed since (a fleet's
+        # replica turns it on: every request the fleet routes cuts its bulks, and most go to other replicas)
+        self.resumes = False
+        self._rest: BulkPlan | None = None  # what the last bulk left, where it was cut short
 
     def advance(self, now: float) -> float | None:
         """Run and record the decode-only steps from ``now`` up to the next event; the clock at the last one's end,
         or None (nothing changed) when the next step needs the single-step path."""
         scheduler = self.scheduler
-        if not scheduler.can_bulk:
-            return None  # (nothing running and a head that does not fit: the single step rejects it)
-        if self.allocator.windowed and self.allocator.shared_slots:
-            return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
         running = scheduler.running
         n = len(running)
-        lengths, allocated, finals = decode_state(self.allocator, running)
-        num_steps = max_bulk_steps(running)
-        total_length = int(np.add.reduce(lengths))  # (``ndarray.sum`` goes through a Python wrapper)
-        # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
-        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
-        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
-        checked_seconds(float(np.minimum.reduce(durations)))  # (a NaN anywhere makes the min NaN)
-        clock = step_clock(now, durations)
         # Behind a waiting head an arrival joins the queue's tail and changes no step (the head stays held back:
         # free memory only shrinks without windows, the batch stays as it is); else the bulk stops before the step
         # that starts at or after the next arrival, which may admit that request.
         through = self.through_arrivals and bool(scheduler.waiting) and not self.allocator.windowed \
             and not scheduler.cache_aware_window
+        plan, self._rest = self._rest, None
+        if plan is None or not plan.resumes(self._state(now), None if through else scheduler.next_arrival_s,
+                                            queued_behind=not scheduler.cache_aware_window):
+            if not scheduler.can_bulk:
+                return None  # (nothing running and a head that does not fit: the single step rejects it)
+            if self.allocator.windowed and self.allocator.shared_slots:
+                return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
+            lengths, allocated, finals = decode_state(self.allocator, running)
+            plan = self._plan(now, lengths, finals, max_bulk_steps(running))
+        else:  # (the lengths and times as the cut bulk computed them; the allocations as they are now)
+            allocated = np.array(self.allocator.allocations(running), dtype=np.int64)
+        lengths, finals, total_length, durations, clock = plan.lengths, plan.finals, plan.total_length, \
+            plan.durations, plan.clock
+        num_steps = len(durations)
         if scheduler.next_arrival_s is not None and not through:
             num_steps = 1 + int(clock[1:-1].searchsorted(scheduler.next_arrival_s, side="left"))
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
@@ -135,7 +142,30 @@ class BulkAdvance:
         self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
                                      total_length + n * num_steps)
         checked_seconds(float(np.add.reduce(durations[:num_steps])))  # (an infinity anywhere shows in the sum)
-        return float(clock[num_steps])
+        end = float(clock[num_steps])
+        if self.resumes and not self.allocator.windowed and num_steps < len(durations):
+            self._rest = BulkPlan(lengths + num_steps, finals, total_length + n * num_steps, durations[num_steps:],
+                                  clock[num_steps:], plan.capped, self._state(end))
+        return end
+
+    def _plan(self, now: float, lengths: np.ndarray, finals: np.ndarray, num_steps: int) -> BulkPlan:
+        """A fresh bulk's inputs: each step's time and the clock at each step's end, for up to ``num_steps``
+        steps."""
+        n = len(lengths)
+        total_length = int(np.add.reduce(lengths))  # (``ndarray.sum`` goes through a Python wrapper)
+        # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
+        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
+        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+        checked_seconds(float(np.minimum.reduce(durations)))  # (a NaN anywhere makes the min NaN)
+        return BulkPlan(lengths, finals, total_length, durations, step_clock(now, durations),
+                        num_steps == bulk_step_cap(n), None)
+
+    def _state(self, now: float) -> ReplayState:
+        """What changes on the replay when anything but a bulk's own steps happens: the clock, the steps taken,
+        the requests running, the slots in use, the queue's head and length."""
+        scheduler = self.scheduler
+        return (now, self.accounting.num_steps, len(scheduler.running), self.allocator.used_slots,
+                scheduler.waiting[0] if scheduler.waiting else None, len(scheduler.waiting))
 
     def _record(self, clock: np.ndarray, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
                 external: int, start: int, stop: int, saturated: bool, first: int = 0) -> None:
@@ -160,6 +190,43 @@ class BulkAdvance:
         self.accounting.record(began, duration, slots, saturated, stop - start, n)
 
 
+# The clock, the steps taken, the requests running, the slots in use, the queue's head and length
+ReplayState = tuple[float, int, int, int, LiveRequest | None, int]
+
+
+@dataclass(frozen=True)
+class BulkPlan:
+    """A bulk's inputs from its first step on: the running requests' lengths and final lengths, their sum, each
+    step's time and the clock at each step boundary ([k] durations, [k + 1] times). What a bulk cut short leaves
+    (``BulkAdvance._rest``) is the same plan from the cut on, as a bulk starting there would compute it (the same
+    contexts, so the same times; the clock by the same additions), for as long as the replay is in ``state``.
+
+    ``capped``: the plan may stop short of the first finish (at the bound on a bulk's size): a fresh one from a later
+    step may run longer."""
+
+    lengths: np.ndarray  # [n] int64
+    finals: np.ndarray  # [n] int64
+    total_length: int
+    durations: np.ndarray  # [k] float64
+    clock: np.ndarray  # [k + 1] float64
+    capped: bool
+    state: ReplayState | None
+
+    def resumes(self, state: ReplayState, stop_s: float | None, *, queued_behind: bool) -> bool:
+        """Whether a bulk from ``state``, stopping before the step that starts at or after ``stop_s`` (None: none),
+        takes the steps of this plan: nothing changed since it was cut but, where ``queued_behind`` (FCFS),
+        requests queued behind the same waiting head (which stays held back: the bulk's premise, as for a bulk
+        through arrivals), and the plan covers those steps."""
+        if self.state is None or state[:5] != self.state[:5]:
+            return False
+        if state[5] != self.state[5] and not (queued_behind and state[4] is not None):
+            return False
+        if not self.capped:
+            return True
+        num_steps = len(self.durations)  # (a fresh plan may run longer: the stop must come before this one's end)
+        return stop_s is not None and int(self.clock[1:num_steps].searchsorted(stop_s, side="left")) < num_steps - 1
+
+
 def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The running requests' computed lengths, allocated slots and final lengths: what ``Allocator.bulk_profile``
     reads."""
@@ -170,8 +237,12 @@ def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.n
 
 def max_bulk_steps(running: list[LiveRequest]) -> int:
     """The most decode steps one bulk may take: none past the first finish, and a bounded profile."""
-    return min(min([r.output_tokens - r.num_generated for r in running]), MAX_BULK_STEPS,
-               max(1, MAX_BULK_CELLS // len(running)))
+    return min(min([r.output_tokens - r.num_generated for r in running]), bulk_step_cap(len(running)))
+
+
+def bulk_step_cap(num_running: int) -> int:
+    """The most decode steps one bulk of ``num_running`` requests may take, finishes aside (a bounded profile)."""
+    return min(MAX_BULK_STEPS, max(1, MAX_BULK_CELLS // num_running))
 
 
 def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
