@@ -71,16 +71,16 @@ class BulkAdvance:
             if self.allocator.windowed and self.allocator.shared_slots:
                 return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
             lengths, allocated, finals = decode_state(self.allocator, running)
-            plan = self._plan(now, lengths, finals, max_bulk_steps(running))
-        else:  # (the lengths and times as the cut bulk computed them; the allocations as they are now)
-            allocated = np.array(self.allocator.allocations(running), dtype=np.int64)
-        lengths, finals, total_length, durations, clock = plan.lengths, plan.finals, plan.total_length, \
-            plan.durations, plan.clock
+            plan = self._plan(now, lengths, allocated, finals, max_bulk_steps(running))
+        total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
+            plan.clock
         num_steps = len(durations)
         if scheduler.next_arrival_s is not None and not through:
             num_steps = 1 + int(clock[1:-1].searchsorted(scheduler.next_arrival_s, side="left"))
-        profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
-        num_steps = profile.num_steps
+        profile = plan.profile
+        if profile is None:  # (a fresh plan, of the arrays above: only as far as this bulk goes)
+            profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
+        num_steps = min(num_steps, profile.num_steps)
         if num_steps == 0:
             return None
         # The steps at whose start requests arrive (the parts of the bulk), and the external fragmentation from each
@@ -104,7 +104,7 @@ class BulkAdvance:
         external = externals[0]
         peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
         if self.allocator.windowed:
-            grown = profile.allocated - int(allocated.sum())  # slots taken since the start: per step, or one number
+            grown = profile.allocated - allocated_sum  # slots taken since the start: per step, or one number
             if scheduler.waiting:
                 grown = np.broadcast_to(grown, num_steps)
                 headroom = scheduler.admission_headroom()
@@ -127,7 +127,7 @@ class BulkAdvance:
             if scheduler.waiting:
                 per_step = profile.allocated  # (``np.broadcast_to`` costs more than the rest of this test)
                 grown = (per_step[:num_steps] if isinstance(per_step, np.ndarray) else np.full(num_steps, per_step)) \
-                    - int(np.add.reduce(allocated))
+                    - allocated_sum
                 num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
             # One record a run of steps that no arrival and no change of saturation splits, as a bulk starting
             # at each arrival would record them
@@ -143,22 +143,25 @@ class BulkAdvance:
                                      total_length + n * num_steps)
         checked_seconds(float(np.add.reduce(durations[:num_steps])))  # (an infinity anywhere shows in the sum)
         end = float(clock[num_steps])
-        if self.resumes and not self.allocator.windowed and num_steps < len(durations):
-            self._rest = BulkPlan(lengths + num_steps, finals, total_length + n * num_steps, durations[num_steps:],
-                                  clock[num_steps:], plan.capped, self._state(end))
+        if plan.profile is not None and num_steps < len(durations):
+            self._rest = plan.rest(num_steps, n, self._state(end))
         return end
 
-    def _plan(self, now: float, lengths: np.ndarray, finals: np.ndarray, num_steps: int) -> BulkPlan:
+    def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+              num_steps: int) -> BulkPlan:
         """A fresh bulk's inputs: each step's time and the clock at each step's end, for up to ``num_steps``
-        steps."""
+        steps; where a cut bulk may resume, the allocation profile of them all (else the bulk profiles only the
+        steps it takes)."""
         n = len(lengths)
         total_length = int(np.add.reduce(lengths))  # (``ndarray.sum`` goes through a Python wrapper)
         # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
         contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
         durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
         checked_seconds(float(np.minimum.reduce(durations)))  # (a NaN anywhere makes the min NaN)
-        return BulkPlan(lengths, finals, total_length, durations, step_clock(now, durations),
-                        num_steps == bulk_step_cap(n), None)
+        profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps) \
+            if self.resumes and not self.allocator.windowed else None
+        return BulkPlan(total_length, int(np.add.reduce(allocated)), durations, step_clock(now, durations),
+                        num_steps == bulk_step_cap(n), profile, None)
 
     def _state(self, now: float) -> ReplayState:
         """What changes on the replay when anything but a bulk's own steps happens: the clock, the steps taken,
@@ -196,21 +199,35 @@ ReplayState = tuple[float, int, int, int, LiveRequest | None, int]
 
 @dataclass(frozen=True)
 class BulkPlan:
-    """A bulk's inputs from its first step on: the running requests' lengths and final lengths, their sum, each
-    step's time and the clock at each step boundary ([k] durations, [k + 1] times). What a bulk cut short leaves
-    (``BulkAdvance._rest``) is the same plan from the cut on, as a bulk starting there would compute it (the same
-    contexts, so the same times; the clock by the same additions), for as long as the replay is in ``state``.
+    """A bulk's inputs from its first step on: the running requests' total length and allocated slots, each step's
+    time and the clock at each step boundary ([k] durations, [k + 1] times), and, where a cut bulk may resume, the
+    allocation profile of those steps. What a bulk cut short leaves (``BulkAdvance._rest``, ``rest``) is the same
+    plan from the cut on, as a bulk starting there computes it, for as long as the replay stays in ``state``: the
+    same contexts, so the same times; the clock by the same additions; the profile's later steps, which a profile
+    from the cut repeats (without sliding windows the pool's free blocks change by the bulk's own growth only, so
+    the steps it can grow end where they did: ``tests/sim/test_bulk_resume.py``).
 
     ``capped``: the plan may stop short of the first finish (at the bound on a bulk's size): a fresh one from a later
     step may run longer."""
 
-    lengths: np.ndarray  # [n] int64
-    finals: np.ndarray  # [n] int64
     total_length: int
+    allocated_sum: int
     durations: np.ndarray  # [k] float64
     clock: np.ndarray  # [k + 1] float64
     capped: bool
+    profile: BulkProfile | None
     state: ReplayState | None
+
+    def rest(self, num_steps: int, num_running: int, state: ReplayState) -> BulkPlan:
+        """The plan after its first ``num_steps`` steps, left in ``state``."""
+        profile = self.profile
+        assert profile is not None and 0 < num_steps <= profile.num_steps, "only a bulk's own steps are cut"
+        allocated = profile.allocated if isinstance(profile.allocated, int) else int(profile.allocated[num_steps - 1])
+        later = BulkProfile(profile.num_steps - num_steps, _later(profile.allocated, num_steps),
+                            _later(profile.internal, num_steps),
+                            None if profile.tokens is None else profile.tokens[num_steps:])
+        return BulkPlan(self.total_length + num_running * num_steps, allocated, self.durations[num_steps:],
+                        self.clock[num_steps:], self.capped, later, state)
 
     def resumes(self, state: ReplayState, stop_s: float | None, *, queued_behind: bool) -> bool:
         """Whether a bulk from ``state``, stopping before the step that starts at or after ``stop_s`` (None: none),
@@ -225,6 +242,11 @@ class BulkPlan:
             return True
         num_steps = len(self.durations)  # (a fresh plan may run longer: the stop must come before this one's end)
         return stop_s is not None and int(self.clock[1:num_steps].searchsorted(stop_s, side="left")) < num_steps - 1
+
+
+def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
+    """A ``BulkProfile`` series after its first ``num_steps`` steps (per step, or one constant)."""
+    return values[num_steps:] if isinstance(values, np.ndarray) else values
 
 
 def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
