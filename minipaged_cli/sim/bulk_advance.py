@@ -236,7 +236,7 @@ class BulkPlan:
         through arrivals), and the plan covers those steps."""
         if self.state is None or state[:5] != self.state[:5]:
             return False
-        if state[5] != self.state[5] and not (queued_behind and state[4] is not None):
+        if state[5] != self.state[5] and not queued_behind:  # (behind the same head: ``state[4]``)
             return False
         if not self.capped:
             return True
