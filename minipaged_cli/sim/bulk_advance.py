@@ -205,7 +205,7 @@ class BulkPlan:
     plan from the cut on, as a bulk starting there computes it, for as long as the replay stays in ``state``: the
     same contexts, so the same times; the clock by the same additions; the profile's later steps, which a profile
     from the cut repeats (without sliding windows the pool's free blocks change by the bulk's own growth only, so
-    the steps it can grow end where they did: ``tests/sim/test_bulk_resume.py``).
+    the steps it can grow end where they did: ``tests/fleet/test_fleet_fast_paths.py``).
 
     ``capped``: the plan may stop short of the first finish (at the bound on a bulk's size): a fresh one from a later
     step may run longer."""

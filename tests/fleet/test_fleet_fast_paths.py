@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
@@ -166,19 +166,26 @@ def test_a_round_robin_fleet_routes_every_request_before_the_replays(rows: list,
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(long_requests, st.integers(2, 5), st.sampled_from(["least-loaded", "prefix-aware"]), st.sampled_from([40, 400]),
-       st.sampled_from([bulk_advance.MAX_BULK_STEPS, 3, 8]))
+       st.sampled_from([bulk_advance.MAX_BULK_STEPS, 3, 8]), st.sampled_from([1024, 2]))
+# (a head that the batch's limit holds back behind decodes that the other replica's requests cut: a resumed bulk
+# counts the saturated steps from the slots the cut one had grown)
+@example([(0.0, 222, 20, ()), (0.0, 100, 20, ()), (0.0, 182, 20, ()), (0.0, 100, 20, ()), (0.001, 177, 20, ()),
+          (0.05, 100, 20, ())], 2, "least-loaded", 40, bulk_advance.MAX_BULK_STEPS, 2)
 def test_a_bulk_cut_by_another_replicas_request_resumes_as_a_fresh_one(rows: list, num_replicas: int, router: str,
-                                                                      num_blocks: int, max_bulk_steps: int) -> None:
+                                                                      num_blocks: int, max_bulk_steps: int,
+                                                                      max_num_seqs: int) -> None:
     # A router that reads the replicas stops every busy replica at every arrival; the request goes to one, the
     # others resume the bulk they were cut in (long decodes on small pools: preemptions, a held-back head with
-    # requests queued behind it, finishes at a cut; a bulk's bound on its steps short of the first finish, where a
-    # resumed one may not go as far as a fresh one). The reference starts every bulk afresh; the replicas'
+    # requests queued behind it, finishes at a cut; a head that the batch's limit holds back, saturated once the
+    # decodes' blocks take its room; a bulk's bound on its steps short of the first finish, where a resumed one may
+    # not go as far as a fresh one). The reference starts every bulk afresh; the replicas'
     # timelines (a point a pass) show that each pass ends where it did.
     assume(any(p + o <= 560 for _, p, o, _ in rows))
     rows.sort(key=lambda row: row[0])
     trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
                   {"a": 32, "b": 48, "c": 16})
-    spec = FleetConfig((ReplicaPool("replicas", num_replicas, config(num_blocks, max_model_len=560)),),
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas,
+                                    config(num_blocks, max_model_len=560, max_num_seqs=max_num_seqs)),),
                        RouterConfig(router), log_decisions=True, record_timeline=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bulk_advance, "MAX_BULK_STEPS", max_bulk_steps)
