@@ -11,6 +11,11 @@ The clock moves by the same float additions the single steps make (``step_clock`
 ...), not by ``now + (d1 + d2 + ...)``: the two round differently, and on a clock of whole-millisecond steps a
 step end and an arrival (a finish plus a think time) would tie on one path and not on the other
 (0.013999999999999999 against 0.014), and the two paths would send and admit in a different order.
+
+A fleet's replica (``fleet/replica.py``) stops its bulk at every request the fleet routes, to any replica, where a
+router reads the replicas; most go to other replicas, and nothing changed on this one. There the bulk resumes where
+it stopped (``BulkPlan``): the step times, the clock and the allocation profile that the cut bulk computed are what
+a fresh bulk from there computes.
 """
 
 from __future__ import annotations
@@ -63,9 +68,10 @@ class BulkAdvance:
         # that starts at or after the next arrival, which may admit that request.
         through = self.through_arrivals and bool(scheduler.waiting) and not self.allocator.windowed \
             and not scheduler.cache_aware_window
+        stop_s = None if through else scheduler.next_arrival_s
         plan, self._rest = self._rest, None
-        if plan is None or not plan.resumes(self._state(now), None if through else scheduler.next_arrival_s,
-                                            queued_behind=not scheduler.cache_aware_window):
+        # (a resumed plan needs no new test: nothing changed since the cut, where the bulk's premise held)
+        if plan is None or not plan.resumes(self._state(now), stop_s, queued_behind=not scheduler.cache_aware_window):
             if not scheduler.can_bulk:
                 return None  # (nothing running and a head that does not fit: the single step rejects it)
             if self.allocator.windowed and self.allocator.shared_slots:
@@ -75,8 +81,8 @@ class BulkAdvance:
         total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
             plan.clock
         num_steps = len(durations)
-        if scheduler.next_arrival_s is not None and not through:
-            num_steps = 1 + int(clock[1:-1].searchsorted(scheduler.next_arrival_s, side="left"))
+        if stop_s is not None:
+            num_steps = 1 + int(clock[1:-1].searchsorted(stop_s, side="left"))
         profile = plan.profile
         if profile is None:  # (a fresh plan, of the arrays above: only as far as this bulk goes)
             profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
@@ -222,7 +228,8 @@ class BulkPlan:
         """The plan after its first ``num_steps`` steps, left in ``state``."""
         profile = self.profile
         assert profile is not None and 0 < num_steps <= profile.num_steps, "only a bulk's own steps are cut"
-        allocated = profile.allocated if isinstance(profile.allocated, int) else int(profile.allocated[num_steps - 1])
+        allocated = int(profile.allocated[num_steps - 1]) if isinstance(profile.allocated, np.ndarray) \
+            else profile.allocated
         later = BulkProfile(profile.num_steps - num_steps, _later(profile.allocated, num_steps),
                             _later(profile.internal, num_steps),
                             None if profile.tokens is None else profile.tokens[num_steps:])
