@@ -203,7 +203,7 @@ class BulkAdvance:
 ReplayState = tuple[float, int, int, int, LiveRequest | None, int]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass's ``__init__`` costs a call a field; none is changed)
 class BulkPlan:
     """A bulk's inputs from its first step on: the running requests' total length and allocated slots, each step's
     time and the clock at each step boundary ([k] durations, [k + 1] times), and, where a cut bulk may resume, the
