@@ -63,21 +63,17 @@ class BulkAdvance:
         scheduler = self.scheduler
         running = scheduler.running
         n = len(running)
-        # Behind a waiting head an arrival joins the queue's tail and changes no step (the head stays held back:
-        # free memory only shrinks without windows, the batch stays as it is); else the bulk stops before the step
-        # that starts at or after the next arrival, which may admit that request.
-        through = self.through_arrivals and bool(scheduler.waiting) and not self.allocator.windowed \
-            and not scheduler.cache_aware_window
-        stop_s = None if through else scheduler.next_arrival_s
         plan, self._rest = self._rest, None
         # (a resumed plan needs no new test: nothing changed since the cut, where the bulk's premise held)
-        if plan is None or not plan.resumes(self._state(now), stop_s, queued_behind=not scheduler.cache_aware_window):
+        if plan is None or not plan.resumes(self._state(now), self._stop()[1],
+                                            queued_behind=not scheduler.cache_aware_window):
             if not scheduler.can_bulk:
                 return None  # (nothing running and a head that does not fit: the single step rejects it)
             if self.allocator.windowed and self.allocator.shared_slots:
                 return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
             lengths, allocated, finals = decode_state(self.allocator, running)
             plan = self._plan(now, lengths, allocated, finals, max_bulk_steps(running))
+        through, stop_s = self._stop()
         total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
             plan.clock
         num_steps = len(durations)
@@ -152,6 +148,18 @@ class BulkAdvance:
         if plan.profile is not None and num_steps < len(durations):
             self._rest = plan.rest(num_steps, n, self._state(end))
         return end
+
+    def _stop(self) -> tuple[bool, float | None]:
+        """Whether the bulk runs on through arrivals, and the moment before which it stops otherwise (the next
+        arrival; None: none).
+
+        Behind a waiting head an arrival joins the queue's tail and changes no step (the head stays held back: free
+        memory only shrinks without windows, the batch stays as it is); else the bulk stops before the step that
+        starts at or after the next arrival, which may admit that request."""
+        scheduler = self.scheduler
+        through = self.through_arrivals and bool(scheduler.waiting) and not self.allocator.windowed \
+            and not scheduler.cache_aware_window
+        return through, None if through else scheduler.next_arrival_s
 
     def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
               num_steps: int) -> BulkPlan:
