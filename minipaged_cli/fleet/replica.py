@@ -99,6 +99,9 @@ class Replica:
         # loop runs between; ``sent_all`` gives the replay its own choice back)
         self.through_arrivals = self.replay.bulk_advance.through_arrivals
         self.replay.bulk_advance.through_arrivals = False
+        # (where nothing but its steps changes a replica between passes, as where its bulks may run through
+        # arrivals: no tiers, layout or step cap, a bulk that another replica's request cut goes on where it stopped)
+        self.replay.bulk_advance.resumes = self.through_arrivals
         scheduler.fleet_indices = self.fleet_indices
         scheduler.next_sequence_id = num_fleet_requests  # (forked samples numbered after every request)
         self.events: KvEvents | None = None

@@ -2,21 +2,24 @@
 step at a time as set operations against one count per key folded event by event, key by key
 (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
 reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap
-(under round-robin, every request routed before the replays start), those events and those keys against the clock's
-scan of every replica, the counted events and every key, on random workloads under every router, decision for
-decision and figure for figure."""
+(under round-robin, every request routed before the replays start; a bulk advance that another replica's request cut
+resuming where it stopped), those events and those keys against the clock's scan of every replica, the counted events,
+every key and fresh bulks, on random workloads under every router, decision for decision and figure for figure."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import HealthCheck, assume, given, settings
+import pytest
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import Fleet, FleetResult
 from minipaged_cli.fleet.kv_events import CountedKvEvents, KvEvents
 from minipaged_cli.fleet.prompt_keys import PromptKeys
+from minipaged_cli.sim import bulk_advance
+from minipaged_cli.sim.bulk_advance import BulkAdvance
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, Trace
@@ -76,13 +79,14 @@ def test_keys_built_as_far_as_a_lookup_reaches_are_all_the_keys(case: tuple) -> 
 def replay(trace: Trace, spec: FleetConfig, *, reference: bool) -> FleetResult:
     """``run_fleet``; the ``reference``: the clock scans every replica each pass, requests are routed as they are
     sent, the KV events are told each of the pool's events and count key by key (a subscriber: the pool takes its
-    readable paths, in their order)."""
+    readable paths, in their order), every bulk advance starts afresh."""
     fleet = Fleet(trace, spec)
     if reference:
         fleet.clock.scan = True
         fleet.routes_ahead = False
         fleet.lazy_keys = False
         for replica in fleet.replicas:
+            replica.replay.bulk_advance.resumes = False
             if replica.events is not None:
                 pool = replica.replay.allocator.manager.pool  # type: ignore[attr-defined]
                 pool.events.log = None
@@ -158,3 +162,58 @@ def test_a_round_robin_fleet_routes_every_request_before_the_replays(rows: list,
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
     assert fast.records == reference.records
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_requests, st.integers(2, 5), st.sampled_from(["least-loaded", "prefix-aware"]), st.sampled_from([40, 400]),
+       st.sampled_from([bulk_advance.MAX_BULK_STEPS, 3, 8]), st.sampled_from([1024, 2]))
+# (a head that the batch's limit holds back behind decodes that the other replica's requests cut: a resumed bulk
+# counts the saturated steps from the slots the cut one had grown)
+@example([(0.0, 222, 20, ()), (0.0, 100, 20, ()), (0.0, 182, 20, ()), (0.0, 100, 20, ()), (0.001, 177, 20, ()),
+          (0.05, 100, 20, ())], 2, "least-loaded", 40, bulk_advance.MAX_BULK_STEPS, 2)
+def test_a_bulk_cut_by_another_replicas_request_resumes_as_a_fresh_one(rows: list, num_replicas: int, router: str,
+                                                                      num_blocks: int, max_bulk_steps: int,
+                                                                      max_num_seqs: int) -> None:
+    # A router that reads the replicas stops every busy replica at every arrival; the request goes to one, the
+    # others resume the bulk they were cut in (long decodes on small pools: preemptions, a held-back head with
+    # requests queued behind it, finishes at a cut; a head that the batch's limit holds back, saturated once the
+    # decodes' blocks take its room; a bulk's bound on its steps short of the first finish, where a resumed one may
+    # not go as far as a fresh one). The reference starts every bulk afresh; the replicas'
+    # timelines (a point a pass) show that each pass ends where it did.
+    assume(any(p + o <= 560 for _, p, o, _ in rows))
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
+                  {"a": 32, "b": 48, "c": 16})
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas,
+                                    config(num_blocks, max_model_len=560, max_num_seqs=max_num_seqs)),),
+                       RouterConfig(router), log_decisions=True, record_timeline=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bulk_advance, "MAX_BULK_STEPS", max_bulk_steps)
+        resuming, fresh = Fleet(trace, spec), Fleet(trace, spec)
+        for replica in fresh.replicas:
+            replica.replay.bulk_advance.resumes = False
+        fast, reference = resuming.run(), fresh.run()
+    assert [r.timeline for r in resuming.replicas] == [r.timeline for r in fresh.replicas]
+    assert fast.decisions == reference.decisions
+    assert fast.to_dict() == reference.to_dict()
+    assert fast.records == reference.records
+
+
+def test_bulks_resume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two long decodes, one a replica, and short requests every 50 ms, each sent to one replica and cutting the
+    other's bulk: that one resumes (at most one fresh bulk less a request, at least ten here), the same figures."""
+    rows = [(0.0, 200, 400, ()), (0.0, 200, 400, ())] + [(0.05 * i, 100, 2, ()) for i in range(1, 20)]
+    trace = Trace("cuts", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)), {})
+    spec = FleetConfig((ReplicaPool("replicas", 2, config(4000, max_model_len=1000)),), RouterConfig("least-loaded"),
+                       log_decisions=True)
+    plans: list[int] = []
+    fresh_plan = BulkAdvance._plan
+    monkeypatch.setattr(BulkAdvance, "_plan", lambda self, *args: plans.append(1) or fresh_plan(self, *args))
+    fast = Fleet(trace, spec).run()
+    num_resuming = len(plans)
+    fresh = Fleet(trace, spec)
+    for replica in fresh.replicas:
+        replica.replay.bulk_advance.resumes = False
+    reference = fresh.run()
+    assert len(plans) - 2 * num_resuming >= 10
+    assert fast.decisions == reference.decisions and fast.to_dict() == reference.to_dict()
