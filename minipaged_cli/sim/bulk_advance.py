@@ -64,16 +64,16 @@ class BulkAdvance:
         running = scheduler.running
         n = len(running)
         plan, self._rest = self._rest, None
+        stop = None if plan is None else self._stop()  # (a pass with nothing to resume asks can_bulk first)
         # (a resumed plan needs no new test: nothing changed since the cut, where the bulk's premise held)
-        if plan is None or not plan.resumes(self._state(now), self._stop()[1],
-                                            queued_behind=not scheduler.cache_aware_window):
+        if stop is None or not plan.resumes(self._state(now), stop[1], queued_behind=not scheduler.cache_aware_window):
             if not scheduler.can_bulk:
                 return None  # (nothing running and a head that does not fit: the single step rejects it)
             if self.allocator.windowed and self.allocator.shared_slots:
                 return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
             lengths, allocated, finals = decode_state(self.allocator, running)
             plan = self._plan(now, lengths, allocated, finals, max_bulk_steps(running))
-        through, stop_s = self._stop()
+        through, stop_s = stop or self._stop()
         total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
             plan.clock
         num_steps = len(durations)
