@@ -87,7 +87,9 @@ def parse_yaml(text: str, source: str) -> Any:
 def parse_json(text: str, source: str, where: str | None = None) -> Any:
     """The JSON value in ``text``, duplicate keys refused; ``where`` places ``text`` in its file (a JSONL line)."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_pairs)
+        if text.startswith("\ufeff"):  # (``json.loads``'s own refusal, which the shared decoder skips)
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return _DECODER.decode(text)
     except DuplicateKeyError as repeat:
         raise (repeat if where is not None else _located(repeat, text)).input_error(source, where) from None
     except json.JSONDecodeError as error:
@@ -178,6 +180,10 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         key = next(k for i, (k, _) in enumerate(pairs) if any(k == other for other, _ in pairs[:i]))
         raise DuplicateKeyError(key, 0, 0)
     return document
+
+
+# One decoder for every document: ``json.loads`` with a hook builds a decoder a call (a JSONL trace is a call a line)
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs)
 
 
 def _located(repeat: DuplicateKeyError, text: str) -> DuplicateKeyError:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -158,7 +159,7 @@ def _mooncake_blocks(prompt: int, hash_ids: Any, segments: dict[str, int], sourc
                          has_value=True)
     num_whole = prompt // MOONCAKE_BLOCK_TOKENS
     prefix = [f"h{block_id}" for block_id in hash_ids[:num_whole]]
-    segments.update(dict.fromkeys(prefix, MOONCAKE_BLOCK_TOKENS))
+    segments.update(zip(prefix, itertools.repeat(MOONCAKE_BLOCK_TOKENS)))
     last_tokens = prompt - num_whole * MOONCAKE_BLOCK_TOKENS
     if last_tokens and len(hash_ids) > num_whole:
         name = f"h{hash_ids[num_whole]}:{last_tokens}"

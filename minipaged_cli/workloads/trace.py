@@ -156,13 +156,13 @@ def make_trace(
         seen.add(request.id)
         if request.id in turns:  # (its segments were checked with its session)
             continue
-        prefix_tokens = 0
-        for segment in request.prefix:
-            if segment not in segments:
-                raise InputError(f"unknown segment{did_you_mean(segment, segments, cutoff=0.5)}; define it under "
-                                 "'segments'", source=source, where=where, field="prefix",
-                                 value=segment, has_value=True)
-            prefix_tokens += segments[segment]
+        try:
+            prefix_tokens = sum([segments[segment] for segment in request.prefix])
+        except KeyError:
+            segment = next(segment for segment in request.prefix if segment not in segments)
+            raise InputError(f"unknown segment{did_you_mean(segment, segments, cutoff=0.5)}; define it under "
+                             "'segments'", source=source, where=where, field="prefix",
+                             value=segment, has_value=True) from None
         if prefix_tokens > request.prompt_tokens:
             raise InputError(f"prefix segments hold {prefix_tokens} tokens, more than the prompt's "
                              f"{request.prompt_tokens}", source=source, where=where, field="prefix",
