@@ -89,6 +89,31 @@ class Router:
             self.index.sent(replica.index, keys.all())
         return replica, Decision(at, fleet_index, replica.index, scores)
 
+    def route(self, fleet_index: int, keys: PromptKeys | None, at: float, session: str | None = None) -> Replica:
+        """``choose``'s replica, without the decision's scores: under ``prefix-aware`` over the replicas' KV events,
+        a replica whose index lacks the prompt's ``best``-th key (the best match so far) holds fewer than ``best``
+        leading blocks, so it can neither beat nor tie the best and its match is not counted (every arrival scores
+        every replica; most match less than the best). Any other router: ``choose``'s."""
+        if self.config.name != "prefix-aware" or self.index is not None or keys is None:
+            return self.choose(fleet_index, keys, at, session)[0]
+        replicas = self.replicas
+        states = [r.state_at(at) for r in replicas]  # (each replica's KV events published as of ``at``)
+        candidates = [i for i, state in enumerate(states) if state.num_waiting == 0] or range(len(replicas))
+        best, tied = -1, []
+        for i in candidates:
+            events = replicas[i].events
+            if events is None:
+                matched = 0
+            elif best > 0 and not events.holds(keys.keys[best - 1]):
+                continue  # (fewer than ``best`` leading blocks: ``keys`` holds the first ``best`` already)
+            else:
+                matched = keys.matched(events.matched_blocks)
+            if matched > best:
+                best, tied = matched, [i]
+            elif matched == best:
+                tied.append(i)
+        return replicas[min(tied, key=lambda i: (replicas[i].load(states[i]), i))]
+
     def _scores(self, keys: PromptKeys | None, states: list[ReplicaState], loads: list[tuple[int, float, int]],
                 last_served: int) -> list[float]:
         name = self.config.name
