@@ -19,7 +19,7 @@ from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import Fleet, FleetResult
 from minipaged_cli.fleet.kv_events import CountedKvEvents, KvEvents
 from minipaged_cli.fleet.prompt_keys import PromptKeys
-from minipaged_cli.fleet.replica import Replica
+from minipaged_cli.fleet.replica import Replica, ReplicaState
 from minipaged_cli.fleet.routers import Router
 from minipaged_cli.sim import bulk_advance
 from minipaged_cli.sim.bulk_advance import BulkAdvance
@@ -119,6 +119,49 @@ def test_the_fleets_fast_paths_are_its_references(rows: list, num_replicas: int,
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
     assert fast.records == reference.records
+
+
+class IndexedReplica:
+    """What a router reads of a replica: its state as of a step's end, its load and its published KV events."""
+
+    def __init__(self, index: int, state: ReplicaState, load: tuple[int, float, int], events: KvEvents) -> None:
+        self.index, self.state, self._load, self.events = index, state, load, events
+
+    def state_at(self, at: float) -> ReplicaState:
+        return self.state
+
+    def load(self, state: ReplicaState) -> tuple[int, float, int]:
+        return self._load
+
+
+@st.composite
+def indexed_replicas(draw: st.DrawFn) -> tuple[PromptKeys, list[IndexedReplica]]:
+    """A prompt's keys and replicas whose indexes hold its first keys (with gaps, or a key past a gap), loads from a
+    few values (ties), some without room."""
+    request, segments, block_size, _ = draw(prompts_and_caches())
+    full = PromptKeys(request, 3, segments, block_size, lazy=False).all()
+    replicas = []
+    for index in range(draw(st.integers(1, 8))):
+        held = draw(st.integers(0, len(full)))
+        keys = set(full[:held]) - set(draw(st.lists(st.sampled_from(full), max_size=2)) if full else [])
+        keys |= set(draw(st.lists(st.sampled_from(full), max_size=2)) if full else [])
+        events = KvEvents()
+        twice = draw(st.lists(st.sampled_from(sorted(keys)), max_size=2)) if keys else []
+        events.log.stored = [*keys, *twice]
+        events.publish()  # (some keys counted twice: ``others``)
+        state = ReplicaState(draw(st.sampled_from([0, 0, 1])), 0, 0.0, 0)
+        load = (draw(st.integers(0, 2)), draw(st.sampled_from([0.0, 0.5])), draw(st.integers(0, 1)))
+        replicas.append(IndexedReplica(index, state, load, events))
+    return PromptKeys(request, 3, segments, block_size), replicas
+
+
+@settings(max_examples=500, deadline=None)
+@given(indexed_replicas())
+def test_the_prefix_routers_pruned_search_is_its_full_scores_choice(case: tuple) -> None:
+    keys, replicas = case
+    router = Router(RouterConfig("prefix-aware"), replicas)  # type: ignore[arg-type]
+    full = PromptKeys(keys.request, 3, keys.segments, keys.block_size, lazy=False)
+    assert router.route(0, keys, 0.0) is router.choose(0, full, 0.0)[0]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
