@@ -51,8 +51,9 @@ class KeyLog:
         """The pool is about to overwrite ``blocks``: the keys they carry (``block_hash``, per block) in this group
         (``block_group``, per block; None: the pool has one group)."""
         if block_group is None:
-            if len(blocks) > 1:  # (the keys gathered in C; a block without one, None, is rare: its keys filtered)
+            if len(blocks) > 1:  # (the keys gathered in C; a block without one, None, is rare: then filtered)
                 keys = itemgetter(*blocks)(block_hash)
+                # (``all`` is a truth test in C: it also stops at a key 0, which the filter keeps)
                 self.removed += keys if all(keys) else [key for key in keys if key is not None]
             elif blocks and (key := block_hash[blocks[0]]) is not None:
                 self.removed.append(key)
