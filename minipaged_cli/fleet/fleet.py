@@ -159,10 +159,12 @@ class Fleet:
         keys = PromptKeys(self.trace.requests[fleet_index], fleet_index, self.trace.segments,
                           router.replicas[0].config.block_size, lazy=self.lazy_keys) \
             if router.needs_block_hashes else None
-        replica, decision = router.choose(fleet_index, keys, at, self.sessions[fleet_index])
-        self.routed[fleet_index].append((router, replica))
         if self.config.log_decisions:
+            replica, decision = router.choose(fleet_index, keys, at, self.sessions[fleet_index])
             self.decisions.append(decision)
+        else:
+            replica = router.route(fleet_index, keys, at, self.sessions[fleet_index])
+        self.routed[fleet_index].append((router, replica))
         return replica
 
     def _finished(self, replica: Replica) -> None:

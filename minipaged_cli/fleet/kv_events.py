@@ -94,6 +94,10 @@ class KvEvents:
         elif count:
             self.others[key] = count
 
+    def holds(self, key: Hashable) -> bool:
+        """Whether the published index counts ``key``."""
+        return key in self.ones or key in self.others
+
     def matched_blocks(self, block_hashes: Sequence[Hashable]) -> int:
         """How many of ``block_hashes``, from the first, the published index holds (a prefix hit stops at the
         first miss). The keys counted once are tested in C (``takewhile``) until the first that is not."""
@@ -147,6 +151,9 @@ class CountedKvEvents:
                 else:
                     del counts[key]
         self.pending.clear()
+
+    def holds(self, key: Hashable) -> bool:
+        return key in self._counts
 
     def matched_blocks(self, block_hashes: Sequence[Hashable]) -> int:
         counts = self._counts

@@ -89,6 +89,36 @@ class Router:
             self.index.sent(replica.index, keys.all())
         return replica, Decision(at, fleet_index, replica.index, scores)
 
+    def route(self, fleet_index: int, keys: PromptKeys | None, at: float, session: str | None = None) -> Replica:
+        """``choose``'s replica, without the decision's scores. Under ``prefix-aware`` over the replicas' KV events,
+        a replica's match is counted only where it may change the choice: the best match so far (``best`` leading
+        blocks) and the least loaded replica with it (``winner``, ``choose``'s tie-break) are kept, and a replica
+        whose index lacks the prompt's ``best``-th key holds fewer than ``best`` leading blocks (it neither beats
+        nor ties); one that lacks the next key cannot beat the best, and only a tie with a lighter load than the
+        winner's would take it. (Every arrival reads every replica; most hold the same leading blocks.) Any other
+        router: ``choose``'s."""
+        if self.config.name != "prefix-aware" or self.index is not None or keys is None:
+            return self.choose(fleet_index, keys, at, session)[0]
+        replicas = self.replicas
+        states = [r.state_at(at) for r in replicas]  # (each replica's KV events published as of ``at``)
+        candidates = [i for i, state in enumerate(states) if state.num_waiting == 0] or range(len(replicas))
+        best, winner = -1, (0, 0.0, 0, 0)  # (the best match so far, the (load, position) that takes it)
+        for i in candidates:
+            replica = replicas[i]
+            events, load = replica.events, (*replica.load(states[i]), i)
+            if events is None:
+                matched = 0
+            else:
+                # (``keys.matched`` built the keys past the best match, or all of them: a next key, or none)
+                if best >= 0 and not (best < len(keys.keys) and events.holds(keys.keys[best])):  # (cannot beat)
+                    may_tie = best == 0 or events.holds(keys.keys[best - 1])
+                    if not (may_tie and load < winner):
+                        continue  # (nor take a tie from the winner)
+                matched = keys.matched(events.matched_blocks)
+            if matched > best or (matched == best and load < winner):
+                best, winner = matched, load
+        return replicas[winner[-1]]
+
     def _scores(self, keys: PromptKeys | None, states: list[ReplicaState], loads: list[tuple[int, float, int]],
                 last_served: int) -> list[float]:
         name = self.config.name

@@ -13,6 +13,7 @@ vLLM: vllm/v1/core/block_pool.py::BlockPool._maybe_evict_cached_block
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from operator import itemgetter
 from typing import Protocol
 
 
@@ -50,7 +51,12 @@ class KeyLog:
         """The pool is about to overwrite ``blocks``: the keys they carry (``block_hash``, per block) in this group
         (``block_group``, per block; None: the pool has one group)."""
         if block_group is None:
-            self.removed += [key for block in blocks if (key := block_hash[block]) is not None]
+            if len(blocks) > 1:  # (the keys gathered in C; a block without one, None, is rare: then filtered)
+                keys = itemgetter(*blocks)(block_hash)
+                # (``all`` is a truth test in C: it also stops at a key 0, which the filter keeps)
+                self.removed += keys if all(keys) else [key for key in keys if key is not None]
+            elif blocks and (key := block_hash[blocks[0]]) is not None:
+                self.removed.append(key)
         else:
             group = self.group
             self.removed += [key for block in blocks

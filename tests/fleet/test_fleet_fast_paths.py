@@ -1,7 +1,8 @@
 """The fleet's fast paths against their readable references: KV events read from the pool's key log and folded a
 step at a time as set operations against one count per key folded event by event, key by key
 (``CountedKvEvents``), on random event streams; a prompt's keys built as far as a lookup
-reaches against all of them built at once, on random prompts and caches; and a whole fleet with the clock's heap
+reaches against all of them built at once, on random prompts and caches; the prefix router's search that counts no
+match that cannot reach the best against every replica's score; and a whole fleet with the clock's heap
 (under round-robin, every request routed before the replays start; a bulk advance that another replica's request cut
 resuming where it stopped), those events and those keys against the clock's scan of every replica, the counted events,
 every key and fresh bulks, on random workloads under every router, decision for decision and figure for figure."""
@@ -18,6 +19,8 @@ from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import Fleet, FleetResult
 from minipaged_cli.fleet.kv_events import CountedKvEvents, KvEvents
 from minipaged_cli.fleet.prompt_keys import PromptKeys
+from minipaged_cli.fleet.replica import Replica, ReplicaState
+from minipaged_cli.fleet.routers import Router
 from minipaged_cli.sim import bulk_advance
 from minipaged_cli.sim.bulk_advance import BulkAdvance
 from minipaged_cli.sim.config import SimConfig
@@ -44,6 +47,7 @@ def test_set_folded_events_are_the_key_by_key_counts(stream: list[tuple[str, lis
             assert not fast.ones & fast.others.keys() and 0 not in fast.others.values()
         elif name == "query":
             assert fast.matched_blocks(block_hashes) == counted.matched_blocks(block_hashes)
+            assert [fast.holds(key) for key in block_hashes] == [key in counted.counts for key in block_hashes]
         else:  # (the pool appends an event's keys to its log: a step's events in one list each)
             (fast.log.stored if name == "cached" else fast.log.removed).extend(block_hashes)
             getattr(counted, name)(block_hashes, list(range(len(block_hashes))))
@@ -115,6 +119,81 @@ def test_the_fleets_fast_paths_are_its_references(rows: list, num_replicas: int,
     assert fast.decisions == reference.decisions
     assert fast.to_dict() == reference.to_dict()
     assert fast.records == reference.records
+
+
+class IndexedReplica:
+    """What a router reads of a replica: its state as of a step's end, its load and its published KV events."""
+
+    def __init__(self, index: int, state: ReplicaState, load: tuple[int, float, int], events: KvEvents) -> None:
+        self.index, self.state, self._load, self.events = index, state, load, events
+
+    def state_at(self, at: float) -> ReplicaState:
+        return self.state
+
+    def load(self, state: ReplicaState) -> tuple[int, float, int]:
+        return self._load
+
+
+@st.composite
+def indexed_replicas(draw: st.DrawFn) -> tuple[PromptKeys, list[IndexedReplica]]:
+    """A prompt's keys and replicas whose indexes hold its first keys (with gaps, or a key past a gap), loads from a
+    few values (ties), some without room."""
+    request, segments, block_size, _ = draw(prompts_and_caches())
+    full = PromptKeys(request, 3, segments, block_size, lazy=False).all()
+    replicas = []
+    for index in range(draw(st.integers(1, 8))):
+        held = draw(st.integers(0, len(full)))
+        keys = set(full[:held]) - set(draw(st.lists(st.sampled_from(full), max_size=2)) if full else [])
+        keys |= set(draw(st.lists(st.sampled_from(full), max_size=2)) if full else [])
+        events = KvEvents()
+        twice = draw(st.lists(st.sampled_from(sorted(keys)), max_size=2)) if keys else []
+        events.log.stored = [*keys, *twice]
+        events.publish()  # (some keys counted twice: ``others``)
+        state = ReplicaState(draw(st.sampled_from([0, 0, 1])), 0, 0.0, 0)
+        load = (draw(st.integers(0, 2)), draw(st.sampled_from([0.0, 0.5])), draw(st.integers(0, 1)))
+        replicas.append(IndexedReplica(index, state, load, events))
+    return PromptKeys(request, 3, segments, block_size), replicas
+
+
+@settings(max_examples=500, deadline=None)
+@given(indexed_replicas())
+def test_the_prefix_routers_pruned_search_is_its_full_scores_choice(case: tuple) -> None:
+    keys, replicas = case
+    router = Router(RouterConfig("prefix-aware"), replicas)  # type: ignore[arg-type]
+    full = PromptKeys(keys.request, 3, keys.segments, keys.block_size, lazy=False)
+    assert router.route(0, keys, 0.0) is router.choose(0, full, 0.0)[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, st.integers(1, 5), st.sampled_from([40, 400]))
+def test_the_prefix_routers_pruned_search_takes_the_replica_of_its_full_scores(rows: list, num_replicas: int,
+                                                                                num_blocks: int) -> None:
+    # Without a decision log the prefix router counts no match that cannot reach the best so far (``Router.route``):
+    # at every arrival it takes the replica that ``choose`` picks from every replica's score (shared prefixes on
+    # small pools: matches of every length, ties, replicas without room), and the fleet's figures are the logged
+    # run's
+    rows.sort(key=lambda row: row[0])
+    trace = Trace("random", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)),
+                  {"a": 32, "b": 48, "c": 16})
+    spec = FleetConfig((ReplicaPool("replicas", num_replicas, config(num_blocks, max_model_len=400)),),
+                       RouterConfig("prefix-aware"))
+    same: list[bool] = []
+    route = Router.route
+
+    def checked(router: Router, fleet_index: int, keys: PromptKeys | None, at: float,
+                session: str | None = None) -> Replica:
+        replica = route(router, fleet_index, keys, at, session)
+        full = PromptKeys(trace.requests[fleet_index], fleet_index, trace.segments, 16, lazy=False)
+        same.append(replica is router.choose(fleet_index, full, at, session)[0])
+        return replica
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Router, "route", checked)
+        pruned = Fleet(trace, spec).run()
+    assert same and all(same)
+    logged = Fleet(trace, replace(spec, log_decisions=True)).run()
+    assert pruned.records == logged.records
+    assert {**pruned.to_dict(), "decisions": None} == {**logged.to_dict(), "decisions": None}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
