@@ -146,10 +146,13 @@ class Scheduler:
         prompts still mid-prefill (the most common no on long prompts), are; the head's test, which looks its
         prompt up in the prefix cache, comes last."""
         running = self.running
-        return bool(running) and len(running) < self.engine.max_batched_tokens \
-            and not (self.cache_aware_window and len(self.waiting) > 1) \
-            and all(live.num_computed >= live.num_prefill_tokens for live in reversed(running)) \
-            and not self._head_admissible()
+        if not running or len(running) >= self.engine.max_batched_tokens \
+                or (self.cache_aware_window and len(self.waiting) > 1):
+            return False
+        for live in reversed(running):  # (a loop: ``all`` over a generator costs a resume per request)
+            if live.num_computed < live.num_prefill_tokens:
+                return False
+        return not self._head_admissible()
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
