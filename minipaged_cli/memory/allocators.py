@@ -38,11 +38,12 @@ class Holding:
     prompt_tokens: int
     output_tokens: int
     block_hashes: list[Hashable] = field(default_factory=list, repr=False)
+    # Tokens whose KV is ever written: the last sampled token is never fed back. (Stored, not a property: a bulk
+    # advance reads it of every running request; the lengths that size it never change.)
+    final_length: int = field(init=False, repr=False)
 
-    @property
-    def final_length(self) -> int:
-        """Tokens whose KV is ever written: the last sampled token is never fed back."""
-        return self.prompt_tokens + self.output_tokens - 1
+    def __post_init__(self) -> None:
+        self.final_length = self.prompt_tokens + self.output_tokens - 1
 
 
 @dataclass(frozen=True)
