@@ -161,7 +161,7 @@ class BulkAdvance:
             and not scheduler.cache_aware_window
         return through, None if through else scheduler.next_arrival_s
 
-    def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+    def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray | int, finals: np.ndarray,
               num_steps: int) -> BulkPlan:
         """A fresh bulk's inputs: each step's time and the clock at each step's end, for up to ``num_steps``
         steps; where a cut bulk may resume, the allocation profile of them all (else the bulk profiles only the
@@ -264,11 +264,11 @@ def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
     return values[num_steps:] if isinstance(values, np.ndarray) else values
 
 
-def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The running requests' computed lengths, allocated slots and final lengths: what ``Allocator.bulk_profile``
-    reads."""
-    return (np.array([r.num_computed for r in running], dtype=np.int64),
-            np.array(allocator.allocations(running), dtype=np.int64),
+def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray | int,
+                                                                            np.ndarray]:
+    """The running requests' computed lengths, allocated slots (``Allocator.bulk_allocations``: each one's, or
+    their sum) and final lengths: what ``Allocator.bulk_profile`` reads."""
+    return (np.array([r.num_computed for r in running], dtype=np.int64), allocator.bulk_allocations(running),
             np.array([r.final_length for r in running], dtype=np.int64))
 
 
