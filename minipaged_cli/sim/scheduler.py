@@ -142,17 +142,17 @@ class Scheduler:
         Under cache-aware admission, one request waits at most: the reorder of two may put either first, at any
         step (the cache's usage and hits move).
 
-        Asked before every step: the pass over ``running`` starts from the end, where the latest admitted, the
-        prompts still mid-prefill (the most common no on long prompts), are; the head's test, which looks its
-        prompt up in the prefix cache, comes last."""
+        Asked before every step: the head's test (its prompt's hit is memoised) comes before the pass over
+        ``running``, since a head that fits is the most common no (a request arrived while nothing waited); the
+        pass starts from the end, where the latest admitted, the prompts still mid-prefill, are."""
         running = self.running
         if not running or len(running) >= self.engine.max_batched_tokens \
-                or (self.cache_aware_window and len(self.waiting) > 1):
+                or (self.cache_aware_window and len(self.waiting) > 1) or self._head_admissible():
             return False
-        for live in reversed(running):  # (a loop: ``all`` over a generator costs a resume per request)
+        for live in reversed(running):  # noqa: SIM110 - a loop: ``all`` over a generator resumes it per request
             if live.num_computed < live.num_prefill_tokens:
                 return False
-        return not self._head_admissible()
+        return True
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
