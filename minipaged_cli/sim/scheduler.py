@@ -142,14 +142,17 @@ class Scheduler:
         Under cache-aware admission, one request waits at most: the reorder of two may put either first, at any
         step (the cache's usage and hits move).
 
-        Asked before every step: the head's test (its prompt's hit is memoised) comes before the pass over
-        ``running``, since a head that fits is the most common no (a request arrived while nothing waited); the
-        pass starts from the end, where the latest admitted, the prompts still mid-prefill, are."""
+        Asked before every step, the common noes first: the latest admitted request (the end of ``running``) still
+        mid-prefill (a long prompt's chunks), then a head that fits (a request arrived while nothing waited; its
+        prompt's hit is memoised), and only then the pass over the other running requests."""
         running = self.running
         if not running or len(running) >= self.engine.max_batched_tokens \
-                or (self.cache_aware_window and len(self.waiting) > 1) or self._head_admissible():
+                or (self.cache_aware_window and len(self.waiting) > 1):
             return False
-        for live in reversed(running):  # noqa: SIM110 - a loop: ``all`` over a generator resumes it per request
+        latest = running[-1]
+        if latest.num_computed < latest.num_prefill_tokens or self._head_admissible():
+            return False
+        for live in running:  # noqa: SIM110 - a loop: ``all`` over a generator resumes it per request
             if live.num_computed < live.num_prefill_tokens:
                 return False
         return True
