@@ -38,11 +38,12 @@ class Holding:
     prompt_tokens: int
     output_tokens: int
     block_hashes: list[Hashable] = field(default_factory=list, repr=False)
+    # Tokens whose KV is ever written: the last sampled token is never fed back. (Stored, not a property: a bulk
+    # advance reads it of every running request; the lengths that size it never change.)
+    final_length: int = field(init=False, repr=False)
 
-    @property
-    def final_length(self) -> int:
-        """Tokens whose KV is ever written: the last sampled token is never fed back."""
-        return self.prompt_tokens + self.output_tokens - 1
+    def __post_init__(self) -> None:
+        self.final_length = self.prompt_tokens + self.output_tokens - 1
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,11 @@ class Allocator(ABC):
         past = [slots - holding.final_length for slots, holding in zip(allocated, holdings, strict=True)]
         return sum(allocated), sum(slots for slots in past if slots > 0)
 
+    def bulk_allocations(self, holdings: Sequence[Holding]) -> np.ndarray | int:
+        """What ``bulk_profile`` reads of the requests' allocations: ``allocations`` ([n] int64), or their sum where
+        the strategy's profile reads only that (``paged``: the pool counts it, without a pass over the requests)."""
+        return np.array(self.allocations(holdings), dtype=np.int64)
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         """Slots holding the K/V of the request's first ``num_tokens`` tokens (read only when ``windowed``)."""
         raise NotImplementedError(f"{self.name} keeps every token: its token states are the lengths")
@@ -192,9 +198,10 @@ class Allocator(ABC):
     def used_slots(self) -> int: ...
 
     @abstractmethod
-    def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+    def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray | int, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
-        """For running requests of ``lengths`` holding ``allocated`` slots, each writing one token a step."""
+        """For running requests of ``lengths`` holding ``allocated`` slots (each request's, or their sum where
+        ``bulk_allocations`` gives it), each writing one token a step."""
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:  # noqa: B027 - a no-op by default
         """Apply ``num_steps`` decode steps of a ``bulk_profile`` (the contiguous extents already hold them)."""

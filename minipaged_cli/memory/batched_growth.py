@@ -76,15 +76,15 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     num_taken, num_free = 0, pool.free_blocks.num_free
     # Each sequence's lengths move as it is seen (one pass: a step's decodes are most of a replay's calls), and move
     # back where the call then answers None.
-    num_grown = len(sequence_ids)
-    for done, sequence_id in enumerate(sequence_ids):
-        try:
-            state = sequences[sequence_id]
-        except KeyError:  # (unknown: ``grow``'s own path, and its error)
-            return _undo(sequences, sequence_ids[:done], num_tokens)
+    try:
+        states = [sequences[sequence_id] for sequence_id in sequence_ids]
+    except KeyError:  # (unknown: ``grow``'s own path, and its error)
+        return None
+    num_grown = len(states)
+    for done, state in enumerate(states):
         length = state.sequence_length
         if state.num_computed_tokens != length or state.num_loading_tokens:  # (reserved ahead, loading: ``grow``)
-            return _undo(sequences, sequence_ids[:done], num_tokens)
+            return _undo(states[:done], num_tokens)
         new_length = length + num_tokens
         # (the common case, a step inside its last block, first; without a window every group's table holds as
         # many blocks as the first, none null, so the held blocks count them without a look at the tables)
@@ -106,7 +106,7 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
                 keys += state.block_hashes[state.num_cached_blocks[g]:stop]
         for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
             if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
-                return _undo(sequences, sequence_ids[:num_grown], num_tokens)
+                return _undo(states[:num_grown], num_tokens)
     if takes:
         taken: list[int] = []
         pool.take(num_taken, taken)
@@ -131,9 +131,8 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     return num_grown
 
 
-def _undo(sequences: dict[Hashable, SequenceState], sequence_ids: Sequence[Hashable], num_tokens: int) -> None:
+def _undo(states: Sequence[SequenceState], num_tokens: int) -> None:
     """``grow_together``'s answer where it cannot grow the sequences together: the lengths of those it moved,
-    ``sequence_ids``, moved back (all their tokens were computed)."""
-    for sequence_id in sequence_ids:
-        state = sequences[sequence_id]
+    ``states``, moved back (all their tokens were computed)."""
+    for state in states:
         state.sequence_length = state.num_computed_tokens = state.sequence_length - num_tokens

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 
 
 
-def full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.ndarray, allocated: np.ndarray,
-                           finals: np.ndarray, num_steps: int) -> BulkProfile:
-    """``Allocator.bulk_profile`` of one full-attention group: the steps whose new blocks the free blocks cover."""
+def full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.ndarray,
+                           allocated: np.ndarray | int, finals: np.ndarray, num_steps: int) -> BulkProfile:
+    """``Allocator.bulk_profile`` of one full-attention group: the steps whose new blocks the free blocks cover.
+    ``allocated``: each request's slots, or their sum (all it reads)."""
     # [n, k] matrix of the slots each request holds during each step, ceil((L + j) / B) * B for j = 1..k; the
     # caller keeps n * k small. (Written in as few numpy calls as it takes: at a handful of running requests,
     # each call's fixed cost is the bulk of the time.)
@@ -40,9 +41,10 @@ def full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.nd
 
 
 
-def windowed_profile(manager: KVBlockManager, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+def windowed_profile(manager: KVBlockManager, lengths: np.ndarray, allocated: np.ndarray | int, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
-    """``Allocator.bulk_profile`` under KV cache groups: every group's entries, less a sliding group's null ones."""
+    """``Allocator.bulk_profile`` under KV cache groups: every group's entries, less a sliding group's null ones.
+    ``allocated``: each request's slots, or their sum (all it reads)."""
     # During step j a request of length L_j = L + j (after the step's growth) holds ceil(L_j / B) entries per
     # group; a sliding group slid with L_j - 1 computed, so max(0, L_j - W) // B of them are null blocks. (As
     # few numpy calls as it takes: at a handful of running requests each call's fixed cost is most of the time.)
@@ -64,7 +66,8 @@ def windowed_profile(manager: KVBlockManager, lengths: np.ndarray, allocated: np
         entries_sum = np.add.reduce(entry_slots, axis=0) // block_size  # [k]
         entries_now = int(np.add.reduce((lengths + (block_size - 1)) // block_size))
         if groups * (int(entries_sum[-1]) - entries_now) > free:
-            net = (allocated_slots - int(allocated.sum())) // block_size  # [k] blocks taken minus freed by then
+            # [k] blocks taken minus freed by then
+            net = (allocated_slots - int(np.add.reduce(allocated))) // block_size
             new_entries = groups * np.diff(entries_sum, prepend=entries_now)
             fits = np.concatenate(([0], net[:-1])) + new_entries <= free
             num_ok = int(np.argmin(fits)) if not fits.all() else num_steps

@@ -177,6 +177,9 @@ class PagedAllocator(Allocator):
                      for state in manager.past_final.values()])
         return super().allocation_sums(holdings)
 
+    def bulk_allocations(self, holdings: Sequence[Holding]) -> int:
+        return self.allocation_sums(holdings)[0]  # (the profiles read only the sum)
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)
 
@@ -199,7 +202,7 @@ class PagedAllocator(Allocator):
     def used_slots(self) -> int:
         return self.manager.num_used_blocks * self.block_size
 
-    def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+    def bulk_profile(self, lengths: np.ndarray, allocated: np.ndarray | int, finals: np.ndarray,
                      num_steps: int) -> BulkProfile:
         if self.windowed:
             return bulk.windowed_profile(self.manager, lengths, allocated, finals, num_steps)

@@ -104,6 +104,7 @@ class BulkAdvance:
         # back in the steps whose new blocks eat its headroom. Without sliding windows free space only shrinks
         # here, so that is one run from the first held step on; windows free blocks too, so it comes and goes.
         external = externals[0]
+        seconds = 0.0  # (the parts' times: an infinity anywhere shows in the sum)
         peak_used = None  # (where windows free blocks the peak may come before the last step; else the end's)
         if self.allocator.windowed:
             grown = profile.allocated - allocated_sum  # slots taken since the start: per step, or one number
@@ -118,10 +119,10 @@ class BulkAdvance:
                     held_back = held_back[:num_steps]
                 changes = np.flatnonzero(held_back[1:] != held_back[:-1]) + 1 if held_back.any() else ()
                 for start, stop in itertools.pairwise([0, *changes, num_steps]):
-                    self._record(clock, profile, durations, total_length, n, external, start, stop,
-                                 bool(held_back[start]))
+                    seconds += self._record(clock, profile, durations, total_length, n, external, start, stop,
+                                            bool(held_back[start]))
             else:  # nothing waits: nothing is held back
-                self._record(clock, profile, durations, total_length, n, external, 0, num_steps, False)
+                seconds += self._record(clock, profile, durations, total_length, n, external, 0, num_steps, False)
             peak_used = self.allocator.used_slots + (int(grown[:num_steps].max()) if isinstance(grown, np.ndarray)
                                                      else grown)
         else:
@@ -135,15 +136,15 @@ class BulkAdvance:
             # at each arrival would record them
             for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})):
                 part = bisect.bisect_right(parts, start) - 1
-                self._record(clock, profile, durations, total_length, n, externals[part], start, stop,
-                             start >= num_free, parts[part])
+                seconds += self._record(clock, profile, durations, total_length, n, externals[part], start, stop,
+                                        start >= num_free, parts[part])
         self.allocator.advance(running, num_steps)
         for live in running:
             live.num_computed += num_steps
             live.num_generated += num_steps
         self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
                                      total_length + n * num_steps)
-        checked_seconds(float(np.add.reduce(durations[:num_steps])))  # (an infinity anywhere shows in the sum)
+        checked_seconds(seconds)
         end = float(clock[num_steps])
         if plan.profile is not None and num_steps < len(durations):
             self._rest = plan.rest(num_steps, n, self._state(end))
@@ -161,7 +162,7 @@ class BulkAdvance:
             and not scheduler.cache_aware_window
         return through, None if through else scheduler.next_arrival_s
 
-    def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray,
+    def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray | int, finals: np.ndarray,
               num_steps: int) -> BulkPlan:
         """A fresh bulk's inputs: each step's time and the clock at each step's end, for up to ``num_steps``
         steps; where a cut bulk may resume, the allocation profile of them all (else the bulk profiles only the
@@ -185,10 +186,10 @@ class BulkAdvance:
                 scheduler.waiting[0] if scheduler.waiting else None, len(scheduler.waiting))
 
     def _record(self, clock: np.ndarray, profile: BulkProfile, durations: np.ndarray, total_length: int, n: int,
-                external: int, start: int, stop: int, saturated: bool, first: int = 0) -> None:
+                external: int, start: int, stop: int, saturated: bool, first: int = 0) -> float:
         """Record steps ``start`` to ``stop`` of an advance whose steps start at ``clock``: time integrals of
         the category inputs; ``first``: the step that part of the advance starts at (its tokens are summed as from
-        there, as an advance starting there sums them).
+        there, as an advance starting there sums them). Returns the steps' time.
 
         The shared slots stay constant: no admission, fork or release until the last step."""
         part = durations[start:stop]
@@ -205,6 +206,7 @@ class BulkAdvance:
         )
         began = float(clock[start])
         self.accounting.record(began, duration, slots, saturated, stop - start, n)
+        return duration
 
 
 # The clock, the steps taken, the requests running, the slots in use, the queue's head and length
@@ -264,11 +266,11 @@ def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
     return values[num_steps:] if isinstance(values, np.ndarray) else values
 
 
-def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The running requests' computed lengths, allocated slots and final lengths: what ``Allocator.bulk_profile``
-    reads."""
-    return (np.array([r.num_computed for r in running], dtype=np.int64),
-            np.array(allocator.allocations(running), dtype=np.int64),
+def decode_state(allocator: Allocator, running: list[LiveRequest]) -> tuple[np.ndarray, np.ndarray | int,
+                                                                            np.ndarray]:
+    """The running requests' computed lengths, allocated slots (``Allocator.bulk_allocations``: each one's, or
+    their sum) and final lengths: what ``Allocator.bulk_profile`` reads."""
+    return (np.array([r.num_computed for r in running], dtype=np.int64), allocator.bulk_allocations(running),
             np.array([r.final_length for r in running], dtype=np.int64))
 
 

@@ -142,14 +142,20 @@ class Scheduler:
         Under cache-aware admission, one request waits at most: the reorder of two may put either first, at any
         step (the cache's usage and hits move).
 
-        Asked before every step: the pass over ``running`` starts from the end, where the latest admitted, the
-        prompts still mid-prefill (the most common no on long prompts), are; the head's test, which looks its
-        prompt up in the prefix cache, comes last."""
+        Asked before every step, the common noes first: the latest admitted request (the end of ``running``) still
+        mid-prefill (a long prompt's chunks), then a head that fits (a request arrived while nothing waited; its
+        prompt's hit is memoised), and only then the pass over the other running requests."""
         running = self.running
-        return bool(running) and len(running) < self.engine.max_batched_tokens \
-            and not (self.cache_aware_window and len(self.waiting) > 1) \
-            and all(live.num_computed >= live.num_prefill_tokens for live in reversed(running)) \
-            and not self._head_admissible()
+        if not running or len(running) >= self.engine.max_batched_tokens \
+                or (self.cache_aware_window and len(self.waiting) > 1):
+            return False
+        latest = running[-1]
+        if latest.num_computed < latest.num_prefill_tokens or self._head_admissible():
+            return False
+        for live in running:  # noqa: SIM110 - a loop: ``all`` over a generator resumes it per request
+            if live.num_computed < live.num_prefill_tokens:
+                return False
+        return True
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""

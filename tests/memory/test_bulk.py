@@ -2,8 +2,10 @@
 memo (``HitsMemo``) against ``search_hits`` and, for a waiting head asked again, against its map read key by key,
 ``BlockPool.cache_fresh`` against ``cache``, a bulk decode (``bulk.advance_windowed``, through ``decode_in_bulk`` or
 in lockstep) against one ``grow`` per request and step, ``bulk.full_attention_profile`` against a count per request
-and step, and ``num_blocks_to_allocate`` against a count per block. (``BlockPool.release_split``:
-``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``: ``tests/memory/test_bulk_decode.py``.)"""
+and step (handed each request's allocations or their sum, ``PagedAllocator.bulk_allocations``, which is
+checked against ``allocated`` asked of each), and ``num_blocks_to_allocate`` against a count per block.
+(``BlockPool.release_split``: ``tests/memory/test_block_pool_release.py``; ``bulk.windowed_profile``:
+``tests/memory/test_bulk_decode.py``.)"""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.bulk import advance_windowed, full_attention_profile
 from minipaged_cli.memory.kv_groups import KVCacheGroup
+from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.memory.prefix import hash_blocks
 from minipaged_cli.memory.sequence import NULL_BLOCK
 from minipaged_cli.memory.single_type import SingleTypeManager
@@ -204,6 +208,38 @@ def test_the_full_attention_profile_counts_each_request_and_step(seed: int) -> N
     assert list(profile.internal) == [sum(max(-(-(length + j) // block_size) * block_size - final, 0)
                                           for length, final in zip(lengths, finals, strict=True))
                                       for j in range(1, num_ok + 1)]
+    # Handed the allocations' sum (``PagedAllocator.bulk_allocations``), the profile is the same
+    summed = full_attention_profile(block_size, num_free, np.array(lengths, dtype=np.int64), int(allocated.sum()),
+                                    np.array(finals, dtype=np.int64), num_steps)
+    assert summed.num_steps == num_ok
+    assert list(summed.allocated) == list(profile.allocated) and list(summed.internal) == list(profile.internal)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10**6), prefix_caching=st.booleans())
+def test_the_paged_bulk_allocations_are_the_sum_over_the_requests(seed: int, prefix_caching: bool) -> None:
+    # What a bulk reads of the running requests' allocations is their sum, counted by the pool, after every
+    # admission (sharing cached blocks), growth and release: the reference is ``allocated`` asked of each.
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 4, 16])
+    allocator = PagedAllocator(rng.randint(8, 60), block_size, prefix_caching=prefix_caching)
+    running: list[Holding] = []
+    for sequence_id in range(30):
+        action = rng.random()
+        if action < 0.4 or not running:
+            prompt = rng.randint(1, 40)
+            keys = hash_blocks([("doc", rng.randint(0, 2), i) for i in range(prompt // block_size)])
+            holding = Holding(sequence_id, prompt, rng.randint(1, 20), keys if prefix_caching else [])
+            if allocator.can_admit(holding, prompt):
+                allocator.admit(holding, prompt)
+                running.append(holding)
+        elif action < 0.8:
+            holding = rng.choice(running)
+            length = allocator.manager.sequences[holding.sequence_id].sequence_length
+            allocator.try_grow(holding, length, length + rng.randint(1, 5))
+        else:
+            allocator.release(running.pop(rng.randrange(len(running))))
+        assert allocator.bulk_allocations(running) == sum(allocator.allocated(holding) for holding in running)
 
 
 @settings(max_examples=200, deadline=None)
