@@ -94,6 +94,18 @@ def test_a_mooncake_line_repeating_a_key_is_refused_naming_its_line(tmp_path: Pa
     assert str(caught.value) == f"{path}: line 2: output_length: duplicate key; write each key once"
 
 
+def test_a_jsonl_trace_saved_with_a_byte_order_mark_is_refused_as_json_loads_refuses_it(tmp_path: Path) -> None:
+    # (the reader's one shared decoder skips json.loads's own check: the message must stay json.loads's)
+    line = '{"timestamp": 0, "input_length": 10, "output_length": 2}'
+    path = tmp_path / "m.jsonl"
+    path.write_text(line + "\n", encoding="utf-8-sig")
+    with pytest.raises(json.JSONDecodeError) as reference:
+        json.loads("\ufeff" + line)
+    with pytest.raises(InputError) as caught:
+        load_trace(path)
+    assert str(caught.value) == f"{path}: line 1: not valid JSON: {reference.value.msg}"
+
+
 def test_what_is_not_a_repeat_still_reads() -> None:
     # A merge key (<<) may be overridden; equal keys in different mappings are no repeat.
     assert parse_yaml("x: &x {a: 1, b: 2}\ny:\n  <<: *x\n  a: 3\n", "f") == {"x": {"a": 1, "b": 2},
