@@ -62,6 +62,11 @@ class BulkProfile:
     tokens: np.ndarray | None = None  # [num_steps] token-state slots (``Allocator.token_slots``); None: the lengths
 
 
+def total_slots(allocated: np.ndarray | int) -> int:
+    """Σ of what ``Allocator.bulk_allocations`` gives: each request's slots, or their sum already (then as is)."""
+    return allocated if isinstance(allocated, int) else int(np.add.reduce(allocated))
+
+
 @dataclass(frozen=True)
 class BlockCounters:
     """Block-pool events over a replay (all 0 for strategies without blocks)."""

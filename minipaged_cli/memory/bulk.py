@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minipaged_cli.memory.allocators import BulkProfile
+from minipaged_cli.memory.allocators import BulkProfile, total_slots
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
@@ -33,7 +33,7 @@ def full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.nd
     allocated_matrix = (lengths[:, None] + rounded_up) // block_size * block_size
     allocated_per_step = np.add.reduce(allocated_matrix, axis=0)  # (``ndarray.sum`` goes through a Python wrapper)
     # Steps whose new blocks, (allocated_per_step - Σ allocated) // B, the free blocks cover.
-    limit = int(np.add.reduce(allocated)) + block_size * (num_free_blocks + 1) - 1
+    limit = total_slots(allocated) + block_size * (num_free_blocks + 1) - 1
     num_ok = int(allocated_per_step.searchsorted(limit, side="right"))
     past_final = allocated_matrix[:, :num_ok] - finals[:, None]
     internal = np.add.reduce(np.maximum(past_final, 0, out=past_final), axis=0)
@@ -67,7 +67,7 @@ def windowed_profile(manager: KVBlockManager, lengths: np.ndarray, allocated: np
         entries_now = int(np.add.reduce((lengths + (block_size - 1)) // block_size))
         if groups * (int(entries_sum[-1]) - entries_now) > free:
             # [k] blocks taken minus freed by then
-            net = (allocated_slots - int(np.add.reduce(allocated))) // block_size
+            net = (allocated_slots - total_slots(allocated)) // block_size
             new_entries = groups * np.diff(entries_sum, prepend=entries_now)
             fits = np.concatenate(([0], net[:-1])) + new_entries <= free
             num_ok = int(np.argmin(fits)) if not fits.all() else num_steps

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minipaged_cli.memory.allocators import Allocator, BulkProfile
+from minipaged_cli.memory.allocators import Allocator, BulkProfile, total_slots
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.live_request import LiveRequest
@@ -175,7 +175,7 @@ class BulkAdvance:
         checked_seconds(float(np.minimum.reduce(durations)))  # (a NaN anywhere makes the min NaN)
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps) \
             if self.resumes and not self.allocator.windowed else None
-        return BulkPlan(total_length, int(np.add.reduce(allocated)), durations, step_clock(now, durations),
+        return BulkPlan(total_length, total_slots(allocated), durations, step_clock(now, durations),
                         num_steps == bulk_step_cap(n), profile, None)
 
     def _state(self, now: float) -> ReplayState:
