@@ -1,5 +1,6 @@
-"""Host C++ built at run time into a shared library, cached per source version and CPU in ~/.cache/minipaged: the
-CUDA kernels' CPU emulation (``emulation``) and the native CPU attention (``native``)."""
+"""Host C++ built at run time into a shared library, cached per source version and CPU in ~/.cache/minipaged
+(``native_build.cache_dir``): the CUDA kernels' CPU emulation (``emulation``) and the native CPU attention
+(``native``)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,7 @@ import tempfile
 from pathlib import Path
 
 from minipaged_cli.dataplane import kernels
-
-
-def cache_dir() -> Path:
-    """~/.cache/minipaged (or $XDG_CACHE_HOME), or the temporary directory where home is not writable."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "minipaged"
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        base = Path(tempfile.gettempdir()) / f"minipaged-{os.getuid()}"
-        base.mkdir(parents=True, exist_ok=True)
-    return base
+from minipaged_cli.native_build import cache_dir
 
 
 def cpu_identity() -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
+from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.free_queue import FreeBlockQueue
 from minipaged_cli.memory.pool_events import PoolEvents
 
@@ -60,6 +61,7 @@ class BlockPool:
         self.cache_version = 0  # moves whenever a cache map changes (what a memo of hits is valid for)
         # Who is told what is cached and evicted (memory/pool_events.py): the tiers below the GPU, a fleet's router
         self.events = PoolEvents()
+        self.loops = pool_loops.loops()  # the per-block loops: compiled where this machine builds them
 
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
@@ -67,8 +69,7 @@ class BlockPool:
         refs = self.ref_counts
         blocks, from_back = self.take_free(count)
         kept = count - from_back  # (from the front or never handed out: no hash; with prefix caching, none)
-        for block in blocks[:kept]:
-            refs[block] = 1
+        self.loops.set_refs(refs, blocks[:kept], 1)
         if from_back:
             self._hold_evicting(blocks[kept:] if kept else blocks)
         table.extend(blocks)
@@ -117,8 +118,7 @@ class BlockPool:
         to_back = self.unreference(keyed)
         refs, num_freed = self.ref_counts, len(to_back)
         for part in keyless:
-            for block in part:
-                refs[block] = 0
+            self.loops.set_refs(refs, part, 0)
             self.free_blocks.prepend(part)
             num_freed += len(part)
         self.free_blocks.append(to_back)
@@ -132,13 +132,9 @@ class BlockPool:
         it, was two passes over millions of blocks.)"""
         blocks = tables[0] if len(tables) == 1 else list(itertools.chain.from_iterable(tables))
         refs = self.ref_counts
-        for block in blocks:
-            if refs[block] != 1:
-                break
-            refs[block] = 0
-        else:
+        first_shared = self.loops.free_unshared(refs, blocks)
+        if first_shared == len(blocks):
             return blocks
-        first_shared = blocks.index(block)  # (no block is in two tables, nor twice in one)
         rest = blocks[first_shared:]
         for block in rest:
             refs[block] -= 1
@@ -180,11 +176,10 @@ class BlockPool:
                 groups[block] = group
         cached, duplicates, hashes = self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash
         num_entries = len(cached)
-        add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
-        for key, block in zip(block_hashes, blocks, strict=True):
-            hashes[block] = key
-            if add(key, block) != block:  # (cached in the group already)
-                duplicates.setdefault(key, []).append(block)
+        met = 0
+        while (met := self.loops.enter_keys(None, hashes, cached, block_hashes, blocks, 0, met)) < len(block_hashes):
+            duplicates.setdefault(block_hashes[met], []).append(blocks[met])  # (cached in the group already)
+            met += 1
         if len(cached) != num_entries:
             self.cache_version += len(cached) - num_entries
 
@@ -280,15 +275,9 @@ class BlockPool:
                 hashes[block] = None
             return len(cached_blocks)
         if self.num_groups == 1:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
-            cached = maps[0]
-            num_entries = len(cached)
-            for block in blocks:
-                refs[block] = 1
-                block_hash = hashes[block]
-                if block_hash is not None:
-                    del cached[block_hash]
-                    hashes[block] = None
-            return num_entries - len(cached)
+            num_entries = len(maps[0])
+            self.loops.hold_evicting(refs, hashes, maps[0], blocks)
+            return num_entries - len(maps[0])
         evicted = 0
         for block in blocks:
             refs[block] = 1

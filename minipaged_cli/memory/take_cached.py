@@ -57,16 +57,10 @@ def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Seq
         log.cached(0, block_hashes)
     table.extend(blocks)
     num_entries = len(cached)
-    num_duplicates = 0
-    add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
-    for key, block in zip(block_hashes, table[first:first + len(block_hashes)], strict=True):
-        refs[block] = 1
-        old = hashes[block]
-        if old is not None:
-            del cached[old]
-        hashes[block] = key
-        if add(key, block) != block:  # (met an entry: rare)
-            num_duplicates += _evict_for(pool, key, block, blocks)
+    num_duplicates = met = 0
+    while (met := pool.loops.enter_keys(refs, hashes, cached, block_hashes, table, first, met)) < len(block_hashes):
+        num_duplicates += _evict_for(pool, block_hashes[met], table[first + met], blocks)  # (met an entry: rare)
+        met += 1
     pool.drop_entries(blocks[max(first + len(block_hashes) - (len(table) - count), 0):])  # (taken, not cached)
     # (each key made an entry or a duplicate; the rest of the change in size is the entries evicted)
     num_new = len(block_hashes) - num_duplicates

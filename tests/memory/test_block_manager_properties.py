@@ -12,7 +12,14 @@ import copy
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from minipaged_cli.dataplane.block_tables import append_slots
 from minipaged_cli.memory.block_manager import KVBlockManager
@@ -23,6 +30,9 @@ from minipaged_cli.memory.sequence import (
     OutOfBlocksError,
     UnknownSequenceError,
 )
+from tests.memory.conftest import LOOP_KINDS
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 SEQUENCE_IDS = st.integers(min_value=0, max_value=7)
 
@@ -107,5 +117,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert self.manager.num_unfilled_slots == expected_unfilled
 
 
-TestBlockManagerMachine = BlockManagerMachine.TestCase
-TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+def test_the_block_manager_keeps_its_invariants() -> None:
+    run_state_machine_as_test(BlockManagerMachine,
+                              settings=settings(max_examples=150, stateful_step_count=40, deadline=None))

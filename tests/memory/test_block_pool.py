@@ -5,6 +5,9 @@ first, their content evicted. (The caching fast path, ``BlockPool.cache_fresh``:
 from __future__ import annotations
 
 from minipaged_cli.memory.block_pool import BlockPool
+from tests.memory.conftest import LOOP_KINDS
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 
 def _pool_with_history() -> BlockPool:

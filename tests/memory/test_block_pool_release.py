@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
+from tests.memory.conftest import LOOP_KINDS
 from tests.memory.test_bulk import prompts_sharing_documents
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 NUM_BLOCKS = 24
 

@@ -19,6 +19,9 @@ from minipaged_cli.memory.bulk import decode_in_bulk
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.paged import PagedAllocator
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
+from tests.memory.conftest import LOOP_KINDS
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 LAYOUTS = ((SLIDING_ATTENTION, FULL_ATTENTION), (SLIDING_ATTENTION, SLIDING_ATTENTION, FULL_ATTENTION),
            (FULL_ATTENTION, SLIDING_ATTENTION))

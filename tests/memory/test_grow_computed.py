@@ -16,7 +16,10 @@ from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
+from tests.memory.conftest import LOOP_KINDS
 from tests.memory.test_bulk_decode import state
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 
 def progress(manager: KVBlockManager) -> dict:

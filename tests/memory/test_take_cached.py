@@ -18,7 +18,10 @@ from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.memory.take_cached import take_cached
+from tests.memory.conftest import LOOP_KINDS
 from tests.memory.test_pool_events import Logged
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 
 def pool_state(pool: BlockPool) -> tuple:

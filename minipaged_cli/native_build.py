@@ -1,0 +1,59 @@
+"""Native code built at run time and cached in ~/.cache/minipaged: the cache's place (``cache_dir``), and CPython
+extensions of one C file (``build_extension``: the block pool's loops). The data plane's host C++ libraries are
+built by ``dataplane/build.py`` into the same directory."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+
+def cache_dir() -> Path:
+    """~/.cache/minipaged (or $XDG_CACHE_HOME), or the temporary directory where home is not writable."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "minipaged"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        base = Path(tempfile.gettempdir()) / f"minipaged-{os.getuid()}"
+        base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def build_extension(name: str, source: Path) -> ModuleType:
+    """Compile ``source`` (C defining ``PyInit_<name>``) into an extension module for this interpreter, unless one
+    built from the same source for the same Python is cached, and import it. RuntimeError when there is no C
+    compiler or no ``Python.h`` (a Python installed without its headers), or when the build fails."""
+    include = sysconfig.get_paths()["include"]
+    flags = ["-O2", "-shared", "-fPIC", f"-I{include}"]
+    if sys.platform == "darwin":  # (the interpreter's symbols resolve when it loads the module)
+        flags += ["-undefined", "dynamic_lookup"]
+    digest = hashlib.sha256(" ".join([sys.version, *flags]).encode())
+    digest.update(source.read_bytes())
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    target = cache_dir() / f"{name}_{digest.hexdigest()[:16]}{suffix}"
+    if not target.is_file():
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise RuntimeError(f"{name} needs a C compiler (cc); none found")
+        if not Path(include, "Python.h").is_file():
+            raise RuntimeError(f"{name} needs Python's headers ({include}/Python.h): this Python has none")
+        import subprocess
+
+        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+            built = Path(scratch) / target.name
+            result = subprocess.run([compiler, *flags, str(source), "-o", str(built)], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
+            built.replace(target)  # atomic: a concurrent build never sees half a file
+    spec = importlib.util.spec_from_file_location(name, target)
+    assert spec is not None and spec.loader is not None, f"{target} is not an extension module"
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,129 @@
+"""The block pool's compiled loops (``memory/pool_loops.c``) against their Python reference
+(``memory/pool_loops.py``): on random pools (reference counts, the key each block carries, a cache map whose
+entries agree with them, block ids past CPython's cached small ints) and random calls, the same result, the same
+lists and the same map, its entries' order included; and on a broken pool (a key with no entry, a block id past
+the lists) the same error, the lists left as the Python loop leaves them at the same block. Which implementation
+a pool gets: ``loops()`` and ``MINIPAGED_NATIVE``."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.memory import pool_loops
+from minipaged_cli.memory.block_pool import BlockPool
+from tests.memory.conftest import compiled_loops
+
+
+def fresh(value: int) -> int:
+    """``value`` as an int object of its own (an id past 256 is one in a real pool: the cached small ints aside,
+    equal ids need not be the same object)."""
+    return int(str(value))
+
+
+def random_state(rng: random.Random) -> tuple[list[int], list, dict]:
+    """refs, hashes, cached: each block carries a distinct key (ints and tuples) or none, and ``cached`` maps each
+    carried key to its block, in a random order; sometimes broken (a carried key missing from the map, keys mapped
+    to blocks that do not carry them)."""
+    num_blocks = rng.choice([rng.randint(1, 12), rng.randint(250, 300)])
+    refs = [rng.choice([0, 1, 1, 2, 3]) for _ in range(num_blocks)]
+    keys = rng.sample([*range(40), *((i, "k") for i in range(20))], 60)
+    hashes: list = [keys.pop() if keys and rng.random() < 0.5 else None for _ in range(num_blocks)]
+    carriers = [block for block, key in enumerate(hashes) if key is not None]
+    rng.shuffle(carriers)
+    cached = {hashes[block]: fresh(block) for block in carriers}
+    if carriers and rng.random() < 0.05:
+        del cached[hashes[rng.choice(carriers)]]
+    if rng.random() < 0.1:  # a key cached by a block that does not carry it
+        cached.update((key, fresh(rng.randrange(num_blocks))) for key in rng.sample(range(40), 5) if key not in cached)
+    return refs, hashes, cached
+
+
+def random_blocks(rng: random.Random, num_blocks: int, count: int) -> list[int]:
+    """``count`` block ids (fresh objects), now and then one past the pool."""
+    blocks = [fresh(rng.randrange(num_blocks)) for _ in range(count)]
+    if blocks and rng.random() < 0.05:
+        blocks[rng.randrange(count)] = num_blocks + rng.randint(0, 3)
+    return blocks
+
+
+def run_both(call: str, state: tuple, *args: object) -> None:
+    """``call`` of each implementation on its own copy of ``state`` (refs, hashes, cached; the first may be None)
+    and ``args``: the same result or error, and the same state after, the map's order included."""
+    outcomes = []
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        mine = copy.deepcopy(state)
+        try:
+            result: object = getattr(loops, call)(*mine, *args)
+        except (IndexError, KeyError) as error:
+            result = type(error)
+        outcomes.append((result, [list(part.items()) if isinstance(part, dict) else part for part in mine]))
+    assert outcomes[0] == outcomes[1]
+
+
+@settings(max_examples=500)
+@given(st.integers(0, 2**32 - 1))
+def test_enter_keys_matches_the_python_loop(seed: int) -> None:
+    rng = random.Random(seed)
+    refs, hashes, cached = random_state(rng)
+    count = rng.randint(0, 12)
+    keys = [rng.choice([*range(50), *((i, "k") for i in range(25))]) for _ in range(count)]
+    table = random_blocks(rng, len(refs), count + rng.randint(0, 4))
+    offset = rng.randint(0, len(table) - count)
+    run_both("enter_keys", (refs if rng.random() < 0.7 else None, hashes, cached), keys, table, offset,
+             rng.randint(0, count))
+
+
+@settings(max_examples=300)
+@given(st.integers(0, 2**32 - 1))
+def test_hold_evicting_matches_the_python_loop(seed: int) -> None:
+    rng = random.Random(seed)
+    refs, hashes, cached = random_state(rng)
+    blocks = random_blocks(rng, len(refs), rng.randint(0, 12))
+    run_both("hold_evicting", (refs, hashes, cached), blocks)
+
+
+@settings(max_examples=300)
+@given(st.integers(0, 2**32 - 1))
+def test_reference_count_loops_match_the_python_loops(seed: int) -> None:
+    rng = random.Random(seed)
+    refs, _, _ = random_state(rng)
+    blocks = random_blocks(rng, len(refs), rng.randint(0, 12))
+    run_both("free_unshared", (refs,), blocks)
+    run_both("set_refs", (refs,), blocks, rng.choice([0, 1]))
+
+
+def test_the_python_loops_read_a_key_met_as_the_caller_resolves_it() -> None:
+    """Worked by hand: block 2 takes key "a", which block 0 already caches: enter_keys stops there (index 1), having
+    held block 2 and dropped its old key "x"; block 3 is untouched."""
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        refs, hashes, cached = [1, 0, 0, 0], ["a", None, "x", None], {"a": 0, "x": 2}
+        assert loops.enter_keys(refs, hashes, cached, ["b", "a", "c"], [1, 2, 3], 0, 0) == 1
+        assert (refs, hashes, cached) == ([1, 1, 1, 0], ["a", "b", "a", None], {"a": 0, "b": 1})
+
+
+def test_an_entry_of_the_same_block_is_no_meeting() -> None:
+    """Block 300's id as two int objects (past the cached small ints): a key whose entry is block 300 already is
+    not met when block 300 takes it (Python compares the ids' values, not the objects)."""
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        hashes, cached = [None] * 301, {"a": fresh(300)}
+        assert loops.enter_keys(None, hashes, cached, ["a"], [fresh(300)], 0, 0) == 1
+        assert hashes[300] == "a" and cached == {"a": 300}
+
+
+def test_loops_follows_minipaged_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = compiled_loops()
+    monkeypatch.setenv("MINIPAGED_NATIVE", "0")
+    assert pool_loops.loops() is pool_loops.PYTHON
+    assert BlockPool(4).loops is pool_loops.PYTHON
+    monkeypatch.delenv("MINIPAGED_NATIVE")
+    assert pool_loops.loops() is compiled
+    monkeypatch.setattr(pool_loops, "_compiled", lambda: RuntimeError("no C compiler"))
+    assert pool_loops.loops() is pool_loops.PYTHON  # (no compiler: the Python loops, silently)
+    monkeypatch.setenv("MINIPAGED_NATIVE", "1")
+    with pytest.raises(RuntimeError, match=r"MINIPAGED_NATIVE=1.*no C compiler"):
+        pool_loops.loops()
