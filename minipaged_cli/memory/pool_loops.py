@@ -28,10 +28,11 @@ def enter_keys(refs: list[int] | None, hashes: list[Hashable | None], cached: di
                keys: Sequence[Hashable], table: Sequence[int], offset: int, start: int) -> int:
     """For i from ``start``: block ``table[offset + i]`` is held once (where ``refs`` is given), drops the entry of
     the key it carried, if any, takes ``keys[i]`` and becomes its entry unless the key has one. Returns the first i
-    whose key has another block's entry (the caller resolves that one and goes on from i + 1), else len(keys)."""
+    whose key has another block's entry (the caller resolves that one and goes on from i + 1), else len(keys).
+    (A table holds a block once.)"""
     add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
-    for i, key, block in zip(range(start, len(keys)), keys[start:], table[offset + start:offset + len(keys)],
-                             strict=True):
+    blocks = table[offset + start:offset + len(keys)]
+    for key, block in zip(keys[start:], blocks, strict=True):
         if refs is not None:
             refs[block] = 1
         old = hashes[block]
@@ -39,7 +40,7 @@ def enter_keys(refs: list[int] | None, hashes: list[Hashable | None], cached: di
             del cached[old]
         hashes[block] = key
         if add(key, block) != block:
-            return i
+            return start + blocks.index(block)  # (rare: no count kept per block for it)
     return len(keys)
 
 
@@ -56,10 +57,10 @@ def hold_evicting(refs: list[int], hashes: list[Hashable | None], cached: dict[H
 
 def free_unshared(refs: list[int], blocks: Sequence[int]) -> int:
     """Count each of ``blocks`` down from 1 to 0 up to the first held more than once; returns its index (else
-    len(blocks)), its count and the rest's unchanged."""
-    for i, block in enumerate(blocks):
+    len(blocks)), its count and the rest's unchanged. (No block is in ``blocks`` twice.)"""
+    for block in blocks:
         if refs[block] != 1:
-            return i
+            return blocks.index(block)
         refs[block] = 0
     return len(blocks)
 

@@ -44,8 +44,10 @@ def random_state(rng: random.Random) -> tuple[list[int], list, dict]:
 
 
 def random_blocks(rng: random.Random, num_blocks: int, count: int) -> list[int]:
-    """``count`` block ids (fresh objects), now and then one past the pool."""
-    blocks = [fresh(rng.randrange(num_blocks)) for _ in range(count)]
+    """``count`` distinct block ids (fresh objects; a table holds a block once), or as many as the pool has; now
+    and then one past the pool."""
+    blocks = [fresh(block) for block in rng.sample(range(num_blocks), min(count, num_blocks))]
+    count = len(blocks)
     if blocks and rng.random() < 0.05:
         blocks[rng.randrange(count)] = num_blocks + rng.randint(0, 3)
     return blocks
@@ -70,9 +72,9 @@ def run_both(call: str, state: tuple, *args: object) -> None:
 def test_enter_keys_matches_the_python_loop(seed: int) -> None:
     rng = random.Random(seed)
     refs, hashes, cached = random_state(rng)
-    count = rng.randint(0, 12)
+    table = random_blocks(rng, len(refs), rng.randint(0, 16))
+    count = rng.randint(0, len(table))
     keys = [rng.choice([*range(50), *((i, "k") for i in range(25))]) for _ in range(count)]
-    table = random_blocks(rng, len(refs), count + rng.randint(0, 4))
     offset = rng.randint(0, len(table) - count)
     run_both("enter_keys", (refs if rng.random() < 0.7 else None, hashes, cached), keys, table, offset,
              rng.randint(0, count))
