@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from minipaged_cli.memory.block_pool import num_blocks_for
-from minipaged_cli.memory.sequence import OutOfBlocksError, SequenceState
+from minipaged_cli.memory import pool_loops
+from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.memory.take_cached import note_past_final
 
 if TYPE_CHECKING:
@@ -69,35 +69,15 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     pool, block_size = manager.pool, manager.block_size
     if manager.window is not None or manager.num_forks or pool.events.has_subscribers or num_tokens < 1:
         return None
-    sequences, num_groups = manager.sequences, len(manager.groups)
+    num_groups = len(manager.groups)
     cached_groups = manager.cached_group_ids if manager.enable_prefix_caching else []
-    first_cached = cached_groups[0] if cached_groups else None
-    takes, fills = [], []  # (state, new blocks a group); (state, full blocks)
-    num_taken, num_free = 0, pool.free_blocks.num_free
     # Each sequence's lengths move as it is seen (one pass: a step's decodes are most of a replay's calls), and move
     # back where the call then answers None.
-    try:
-        states = [sequences[sequence_id] for sequence_id in sequence_ids]
-    except KeyError:  # (unknown: ``grow``'s own path, and its error)
+    grown = pool.loops.grow_lengths(manager.sequences, sequence_ids, num_tokens, block_size, num_groups,
+                                    pool.free_blocks.num_free, cached_groups[0] if cached_groups else -1)
+    if grown is None:  # (unknown, reserved ahead, loading: ``grow``'s own path)
         return None
-    num_grown = len(states)
-    for done, state in enumerate(states):
-        length = state.sequence_length
-        if state.num_computed_tokens != length or state.num_loading_tokens:  # (reserved ahead, loading: ``grow``)
-            return _undo(states[:done], num_tokens)
-        new_length = length + num_tokens
-        # (the common case, a step inside its last block, first; without a window every group's table holds as
-        # many blocks as the first, none null, so the held blocks count them without a look at the tables)
-        if new_length * num_groups > state.num_held_blocks * block_size:
-            per_group = num_blocks_for(new_length, block_size) - state.num_held_blocks // num_groups
-            if num_taken + per_group * num_groups > num_free:
-                num_grown = done  # (one at a time, this one's take fails: it and the rest stay as they are)
-                break
-            num_taken += per_group * num_groups
-            takes.append((state, per_group))
-        if first_cached is not None and new_length // block_size > state.num_cached_blocks[first_cached]:
-            fills.append((state, min(new_length // block_size, len(state.block_hashes))))
-        state.sequence_length = state.num_computed_tokens = new_length
+    states, num_grown, num_taken, takes, fills = grown
     if fills:  # (most single steps fill no block)
         group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
         for g in cached_groups:
@@ -106,7 +86,8 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
                 keys += state.block_hashes[state.num_cached_blocks[g]:stop]
         for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
             if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
-                return _undo(states[:num_grown], num_tokens)
+                pool_loops.move_lengths(states[:num_grown], -num_tokens)
+                return None
     if takes:
         taken: list[int] = []
         pool.take(num_taken, taken)
@@ -130,9 +111,3 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
                 pool.cache_fresh(group_keys[g], blocks, g)
     return num_grown
 
-
-def _undo(states: Sequence[SequenceState], num_tokens: int) -> None:
-    """``grow_together``'s answer where it cannot grow the sequences together: the lengths of those it moved,
-    ``states``, moved back (all their tokens were computed)."""
-    for state in states:
-        state.sequence_length = state.num_computed_tokens = state.sequence_length - num_tokens

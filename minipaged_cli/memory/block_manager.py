@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
-from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.coordinator import KVCacheCoordinator
 from minipaged_cli.memory.fork import CopyOnWrite
 from minipaged_cli.memory.invariants import block_manager_violations
@@ -40,6 +40,7 @@ from minipaged_cli.memory.sequence import (
     OutOfBlocksError,
     SequenceState,
     UnknownSequenceError,
+    num_blocks_for,
 )
 from minipaged_cli.memory.take_cached import take_computed
 from minipaged_cli.workloads.presets import FULL_ATTENTION

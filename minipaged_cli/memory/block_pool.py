@@ -24,11 +24,6 @@ from minipaged_cli.memory.free_queue import FreeBlockQueue
 from minipaged_cli.memory.pool_events import PoolEvents
 
 
-def num_blocks_for(num_tokens: int, block_size: int) -> int:
-    """ceil(num_tokens / block_size): blocks a sequence of that length holds."""
-    return -(-num_tokens // block_size)
-
-
 class BlockPool:
     """``num_blocks`` physical blocks; per-block state exists only for the ``num_touched`` ever handed out.
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Sequence
 
-from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.kv_groups import KVCacheGroup, sliding_admission_blocks
-from minipaged_cli.memory.sequence import SequenceState
+from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 from minipaged_cli.memory.single_type import FullAttentionManager, SlidingWindowManager, num_free, tail_first
 
 SearchHits = Callable[[Sequence[Hashable], int], tuple[list[list[int]], int]]

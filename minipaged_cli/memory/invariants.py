@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
-from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
-from minipaged_cli.memory.sequence import NULL_BLOCK, SequenceState
+from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.sequence import NULL_BLOCK, SequenceState, num_blocks_for
 
 
 class BlockTables(Protocol):

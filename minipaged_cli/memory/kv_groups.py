@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from minipaged_cli.memory.block_pool import num_blocks_for
+from minipaged_cli.memory.sequence import num_blocks_for
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION, ModelSpec
 
 

@@ -1,11 +1,13 @@
-/* The block pool's per-block loops compiled: the same functions, arguments and results as the Python reference
+/* The memory plane's hottest loops compiled: the same functions, arguments and results as the Python reference
  * in pool_loops.py, which builds this file at run time (CPython's C API, no other library) and checks it there
- * (tests/memory/test_pool_loops.py drives both on random pools and compares every list and map).
+ * (tests/memory/test_pool_loops.py drives both on random pools and sequences and compares every list, map and
+ * length).
  *
  * The pool keeps its per-block state in Python lists indexed by block id (``refs``: reference counts,
  * ``hashes``: the key a block is cached under, or None) and its prefix cache in a dict (key -> block). A replay
  * with prefix caching moves millions of blocks through them; in Python each block costs a few bytecodes per list
- * or dict operation, here only the operations themselves.
+ * or dict operation, here only the operations themselves. grow_lengths reads and writes a SequenceState's slots
+ * through their member definitions (bound once), as its attribute access does, without a lookup per sequence.
  *
  * Sequences arrive as lists or tuples (PySequence_Fast: others are copied once). Every block id is checked against
  * the list it indexes (IndexError, as Python's would be); an error leaves the lists as the Python loop leaves them at
@@ -13,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 static PyObject *ZERO, *ONE;  /* the ints 0 and 1 (CPython's cached small ints) */
 
@@ -166,11 +169,172 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* SequenceState's slots that grow_lengths reads and writes, bound once (bind_sequence_state): a slot is read and
+ * written through its member definition, without a lookup by name per sequence. */
+static PyTypeObject *STATE_TYPE;
+static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES;
+
+static PyMemberDef *slot(PyObject *cls, const char *name) {
+    PyObject *descriptor = PyObject_GetAttrString(cls, name);
+    if (descriptor == NULL)
+        return NULL;
+    PyMemberDef *member = NULL;
+    if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type))
+        member = ((PyMemberDescrObject *)descriptor)->d_member;  /* (the class keeps its descriptor alive) */
+    else
+        PyErr_Format(PyExc_TypeError, "%s is not a slot of the sequence state", name);
+    Py_DECREF(descriptor);
+    return member;
+}
+
+static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
+    if (!PyType_Check(cls))
+        return PyErr_Format(PyExc_TypeError, "bind_sequence_state takes the class");
+    if (!(LENGTH = slot(cls, "sequence_length")) || !(COMPUTED = slot(cls, "num_computed_tokens")) ||
+        !(LOADING = slot(cls, "num_loading_tokens")) || !(HELD = slot(cls, "num_held_blocks")) ||
+        !(CACHED_BLOCKS = slot(cls, "num_cached_blocks")) || !(BLOCK_HASHES = slot(cls, "block_hashes")))
+        return NULL;
+    Py_INCREF(cls);
+    Py_XSETREF(STATE_TYPE, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
+/* The int in a slot of ``state`` (-1 with an error set where it is none, or not an int below 2**63). */
+static long long read_int(PyObject *state, PyMemberDef *member) {
+    PyObject *value = PyMember_GetOne((const char *)state, member);
+    if (value == NULL)
+        return -1;
+    long long number = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return number;
+}
+
+/* Both lengths of each of ``states[:count]`` moved by ``delta`` (all their tokens computed). */
+static int move_lengths(PyObject *states, Py_ssize_t count, long long delta) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *state = PyList_GET_ITEM(states, i);
+        long long length = read_int(state, LENGTH);
+        if (length == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *moved = PyLong_FromLongLong(length + delta);
+        if (moved == NULL)
+            return -1;
+        int failed = PyMember_SetOne((char *)state, LENGTH, moved) < 0 ||
+                     PyMember_SetOne((char *)state, COMPUTED, moved) < 0;
+        Py_DECREF(moved);
+        if (failed)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *grow_lengths(PyObject *self, PyObject *args) {
+    PyObject *sequences, *ids_arg;
+    long long num_tokens, block_size, num_groups, num_free;
+    Py_ssize_t cached_group;
+    if (!PyArg_ParseTuple(args, "O!OLLLLn:grow_lengths", &PyDict_Type, &sequences, &ids_arg, &num_tokens, &block_size,
+                          &num_groups, &num_free, &cached_group))
+        return NULL;
+    if (STATE_TYPE == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "grow_lengths: bind_sequence_state first");
+    PyObject *ids = PySequence_Fast(ids_arg, "grow_lengths: sequence_ids must be a sequence");
+    if (ids == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    PyObject *states = PyList_New(n), *takes = PyList_New(0), *fills = PyList_New(0), *result = NULL;
+    if (states == NULL || takes == NULL || fills == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *state = PyDict_GetItemWithError(sequences, PySequence_Fast_GET_ITEM(ids, i));  /* borrowed */
+        if (state == NULL) {
+            if (!PyErr_Occurred())
+                result = Py_NewRef(Py_None);  /* an unknown sequence: the caller's ``grow`` raises */
+            goto done;
+        }
+        if (!Py_IS_TYPE(state, STATE_TYPE)) {
+            PyErr_Format(PyExc_TypeError, "grow_lengths: a %s, not the bound sequence state", Py_TYPE(state)->tp_name);
+            goto done;
+        }
+        PyList_SET_ITEM(states, i, Py_NewRef(state));
+    }
+    Py_ssize_t num_grown = n;
+    long long num_taken = 0;
+    for (Py_ssize_t done = 0; done < n; done++) {
+        PyObject *state = PyList_GET_ITEM(states, done);
+        long long length = read_int(state, LENGTH), computed = read_int(state, COMPUTED),
+                  loading = read_int(state, LOADING), held = read_int(state, HELD);
+        if (PyErr_Occurred())
+            goto done;
+        if (computed != length || loading) {  /* reserved ahead, loading: ``grow``, one at a time */
+            if (move_lengths(states, done, -num_tokens) == 0)
+                result = Py_NewRef(Py_None);
+            goto done;
+        }
+        long long new_length = length + num_tokens;
+        if (new_length * num_groups > held * block_size) {
+            long long per_group = (new_length + block_size - 1) / block_size - held / num_groups;
+            if (num_taken + per_group * num_groups > num_free) {
+                num_grown = done;  /* (one at a time, this one's take fails: it and the rest stay as they are) */
+                break;
+            }
+            num_taken += per_group * num_groups;
+            PyObject *take = Py_BuildValue("(OL)", state, per_group);
+            if (take == NULL || PyList_Append(takes, take) < 0) {
+                Py_XDECREF(take);
+                goto done;
+            }
+            Py_DECREF(take);
+        }
+        if (cached_group >= 0) {
+            PyObject *cached = PyMember_GetOne((const char *)state, CACHED_BLOCKS);
+            if (cached == NULL)
+                goto done;
+            PyObject *count = PySequence_GetItem(cached, cached_group);
+            Py_DECREF(cached);
+            long long num_cached = count == NULL ? -1 : PyLong_AsLongLong(count);
+            Py_XDECREF(count);
+            if (num_cached == -1 && PyErr_Occurred())
+                goto done;
+            if (new_length / block_size > num_cached) {
+                PyObject *hashes = PyMember_GetOne((const char *)state, BLOCK_HASHES);
+                Py_ssize_t num_hashes = hashes == NULL ? -1 : PyObject_Length(hashes);
+                Py_XDECREF(hashes);
+                if (num_hashes < 0)
+                    goto done;
+                long long stop = new_length / block_size < num_hashes ? new_length / block_size : num_hashes;
+                PyObject *fill = Py_BuildValue("(OL)", state, stop);
+                if (fill == NULL || PyList_Append(fills, fill) < 0) {
+                    Py_XDECREF(fill);
+                    goto done;
+                }
+                Py_DECREF(fill);
+            }
+        }
+        PyObject *grown = PyLong_FromLongLong(new_length);
+        if (grown == NULL)
+            goto done;
+        int failed = PyMember_SetOne((char *)state, LENGTH, grown) < 0 ||
+                     PyMember_SetOne((char *)state, COMPUTED, grown) < 0;
+        Py_DECREF(grown);
+        if (failed)
+            goto done;
+    }
+    result = Py_BuildValue("(OnLOO)", states, num_grown, num_taken, takes, fills);
+done:
+    Py_DECREF(ids);
+    Py_XDECREF(states);
+    Py_XDECREF(takes);
+    Py_XDECREF(fills);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS, NULL},
     {"hold_evicting", hold_evicting, METH_VARARGS, NULL},
     {"free_unshared", free_unshared, METH_VARARGS, NULL},
     {"set_refs", set_refs, METH_VARARGS, NULL},
+    {"bind_sequence_state", bind_sequence_state, METH_O, NULL},
+    {"grow_lengths", grow_lengths, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

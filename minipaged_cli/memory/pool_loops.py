@@ -1,13 +1,16 @@
-"""The block pool's per-block loops (``BlockPool``, ``take_cached``): here in Python, the reference, and compiled from
-``pool_loops.c`` (CPython's C API) where this machine can build it: the same functions, arguments and results.
+"""The memory plane's hottest loops: the block pool's per-block ones (``BlockPool``, ``take_cached``) and a step's
+pass over its decoding sequences (``grow_lengths``, for ``batched_growth.grow_together``). Here in Python, the
+reference, and compiled from ``pool_loops.c`` (CPython's C API) where this machine can build it: the same
+functions, arguments and results.
 
 A replay with prefix caching moves every prompt's blocks through these loops (the Mooncake trace: 9 million
-blocks), each block a few list and dict operations; in Python the interpreter's bytecodes around those operations
-cost more than the operations. ``loops()`` picks the compiled ones, built once per Python and cached in
-~/.cache/minipaged (``native_build.build_extension``), and these where there is no C compiler or no ``Python.h``.
-``MINIPAGED_NATIVE=0`` keeps these; ``MINIPAGED_NATIVE=1`` fails where the build does (the tests' setting). The two
-make the same decisions: ``tests/memory/test_pool_loops.py`` drives both over random pools and compares every list
-and map, and the pool's property tests run under each.
+blocks), each block a few list and dict operations, and every running sequence through ``grow_lengths`` at every
+step (two million times on that trace); in Python the interpreter's bytecodes around those operations cost more than
+the operations. ``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
+(``native_build.build_extension``), and these where there is no C compiler or no ``Python.h``.
+``MINIPAGED_NATIVE=0`` keeps these; ``MINIPAGED_NATIVE=1`` fails where the build does. The two make the same
+decisions: ``tests/memory/test_pool_loops.py`` drives both over random pools and sequences and compares every list,
+map and length, and the pool's and the growth's property tests run under each.
 
 The pool's per-block state: ``refs[block]`` its reference count, ``hashes[block]`` the key it is cached under (None:
 none); ``cached`` maps a key to the block a hit gets.
@@ -22,6 +25,8 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+
+from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 
 
 def enter_keys(refs: list[int] | None, hashes: list[Hashable | None], cached: dict[Hashable, int],
@@ -71,6 +76,49 @@ def set_refs(refs: list[int], blocks: Sequence[int], value: int) -> None:
         refs[block] = value
 
 
+def grow_lengths(sequences: dict[Hashable, SequenceState], sequence_ids: Sequence[Hashable], num_tokens: int,
+                 block_size: int, num_groups: int, num_free: int, cached_group: int
+                 ) -> tuple[list[SequenceState], int, int, list[tuple[SequenceState, int]],
+                            list[tuple[SequenceState, int]]] | None:
+    """``batched_growth.grow_together``'s pass over the sequences: each one's lengths moved by ``num_tokens``, in
+    order, up to the first whose new blocks the ``num_free`` free blocks cannot cover. Returns the states, how many
+    grew, the blocks they take, and (state, blocks per group) for each that takes blocks and (state, its full blocks)
+    for each that fills a block group ``cached_group`` caches (-1: none); None, nothing changed, for an unknown
+    sequence or one with tokens reserved ahead or loading (``grow`` one at a time)."""
+    try:
+        states = [sequences[sequence_id] for sequence_id in sequence_ids]
+    except KeyError:
+        return None
+    takes, fills = [], []
+    num_grown, num_taken = len(states), 0
+    for done, state in enumerate(states):
+        length = state.sequence_length
+        if state.num_computed_tokens != length or state.num_loading_tokens:
+            move_lengths(states[:done], -num_tokens)
+            return None
+        new_length = length + num_tokens
+        # (the common case, a step inside its last block, first; without a window every group's table holds as
+        # many blocks as the first, none null, so the held blocks count them without a look at the tables)
+        if new_length * num_groups > state.num_held_blocks * block_size:
+            per_group = num_blocks_for(new_length, block_size) - state.num_held_blocks // num_groups
+            if num_taken + per_group * num_groups > num_free:
+                num_grown = done  # (one at a time, this one's take fails: it and the rest stay as they are)
+                break
+            num_taken += per_group * num_groups
+            takes.append((state, per_group))
+        if cached_group >= 0 and new_length // block_size > state.num_cached_blocks[cached_group]:
+            fills.append((state, min(new_length // block_size, len(state.block_hashes))))
+        state.sequence_length = state.num_computed_tokens = new_length
+    return states, num_grown, num_taken, takes, fills
+
+
+def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
+    """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
+    moves undone."""
+    for state in states:
+        state.sequence_length = state.num_computed_tokens = state.sequence_length + delta
+
+
 @dataclass(frozen=True)
 class Loops:
     """One implementation of each loop: a pool holds one (functions, not a module: a pool deep-copies)."""
@@ -79,6 +127,7 @@ class Loops:
     hold_evicting: Callable[..., None]
     free_unshared: Callable[..., int]
     set_refs: Callable[..., None]
+    grow_lengths: Callable[..., tuple | None]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:
@@ -91,9 +140,11 @@ def _compiled() -> Loops | RuntimeError:
     from minipaged_cli.native_build import build_extension
 
     try:
-        return Loops.of(build_extension("_pool_loops", Path(__file__).with_suffix(".c")))
+        module = build_extension("_pool_loops", Path(__file__).with_suffix(".c"))
     except RuntimeError as error:
         return error
+    module.bind_sequence_state(SequenceState)
+    return Loops.of(module)
 
 
 def loops() -> Loops:

@@ -35,6 +35,11 @@ class UncomputedForkError(BlockManagerError):
     """``fork`` of a sequence whose reserved tokens are not all computed yet."""
 
 
+
+def num_blocks_for(num_tokens: int, block_size: int) -> int:
+    """ceil(num_tokens / block_size): blocks a sequence of that length holds."""
+    return -(-num_tokens // block_size)
+
 @dataclass(slots=True)
 class SequenceState:
     """One live sequence: how many tokens it holds and where they are.

@@ -20,8 +20,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Hashable, Iterable, Sequence
 
-from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
-from minipaged_cli.memory.sequence import NULL_BLOCK, SequenceState
+from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.sequence import NULL_BLOCK, SequenceState, num_blocks_for
 
 
 def tail_first(table: list[int], start: int, stop: int) -> list[int]:

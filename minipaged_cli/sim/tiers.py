@@ -64,9 +64,10 @@ from collections.abc import Hashable, Sequence
 from itertools import compress
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.block_pool import BlockPool, num_blocks_for
+from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.kv_groups import KVCacheGroup, block_bytes
 from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.memory.sequence import num_blocks_for
 from minipaged_cli.memory.tier_store import TIER_STORES
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.settings import TierSettings

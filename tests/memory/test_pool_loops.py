@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.sequence import SequenceState
 from tests.memory.conftest import compiled_loops
 
 
@@ -89,6 +90,45 @@ def test_the_block_loops_match_the_python_loops(seed: int) -> None:
     run_both("hold_evicting", (refs, hashes, cached), blocks)
     run_both("free_unshared", (refs,), blocks)
     run_both("set_refs", (refs,), blocks, rng.choice([0, 1]))
+
+
+def random_sequences(rng: random.Random) -> tuple[dict[int, SequenceState], list[int]]:
+    """Sequences mostly decoding (every token computed), now and then one with tokens reserved ahead or loading;
+    the ids a step grows, now and then one unknown."""
+    sequences = {}
+    for sequence_id in range(rng.randint(0, 8)):
+        length = rng.randint(0, 70)
+        state = SequenceState(sequence_id, sequence_length=length, block_hashes=list(range(rng.randint(0, 6))),
+                              num_computed_tokens=length if rng.random() < 0.95 else rng.randint(0, length),
+                              num_loading_tokens=0 if rng.random() < 0.95 else rng.randint(1, 8),
+                              num_cached_blocks=[rng.randint(0, 5)], num_held_blocks=rng.randint(0, 6))
+        sequences[sequence_id] = state
+    ids = rng.sample(list(sequences), rng.randint(0, len(sequences)))
+    if rng.random() < 0.05:
+        ids.insert(rng.randint(0, len(ids)), 99)
+    return sequences, ids
+
+
+@settings(max_examples=500)
+@given(st.integers(0, 2**32 - 1))
+def test_grow_lengths_matches_the_python_loop(seed: int) -> None:
+    """The same answer (states, how many grew, blocks taken, takes, fills, each state named by its id) and the same
+    lengths after, whether the step grows, stops at a take the free blocks cannot cover, or undoes its moves."""
+    rng = random.Random(seed)
+    sequences, ids = random_sequences(rng)
+    args = (ids, rng.randint(1, 20), rng.choice([1, 2, 4, 16]), rng.randint(1, 2), rng.randint(0, 12),
+            rng.choice([-1, 0]))
+    outcomes = []
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        mine = copy.deepcopy(sequences)
+        answer = loops.grow_lengths(mine, *args)
+        if answer is not None:
+            states, num_grown, num_taken, takes, fills = answer
+            answer = ([state.sequence_id for state in states], num_grown, num_taken,
+                      [(state.sequence_id, count) for state, count in takes],
+                      [(state.sequence_id, stop) for state, stop in fills])
+        outcomes.append((answer, [(state.sequence_length, state.num_computed_tokens) for state in mine.values()]))
+    assert outcomes[0] == outcomes[1]
 
 
 def test_the_python_loops_read_a_key_met_as_the_caller_resolves_it() -> None:
