@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.allocators import BulkProfile, total_slots
 
 if TYPE_CHECKING:
@@ -25,7 +26,20 @@ if TYPE_CHECKING:
 def full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.ndarray,
                            allocated: np.ndarray | int, finals: np.ndarray, num_steps: int) -> BulkProfile:
     """``Allocator.bulk_profile`` of one full-attention group: the steps whose new blocks the free blocks cover.
-    ``allocated``: each request's slots, or their sum (all it reads)."""
+    ``allocated``: each request's slots, or their sum (all it reads). Compiled where ``pool_loops`` builds (a bulk
+    of a few steps spends more in NumPy's calls than in their arithmetic); ``python_full_attention_profile`` is
+    its reference."""
+    module = pool_loops.compiled()
+    if module is None:
+        return python_full_attention_profile(block_size, num_free_blocks, lengths, allocated, finals, num_steps)
+    num_ok, per_step, internal = module.full_attention_profile(block_size, num_free_blocks, lengths, finals,
+                                                               total_slots(allocated), num_steps)
+    return BulkProfile(num_ok, np.frombuffer(per_step, dtype=np.int64), np.frombuffer(internal, dtype=np.int64))
+
+
+def python_full_attention_profile(block_size: int, num_free_blocks: int, lengths: np.ndarray,
+                                  allocated: np.ndarray | int, finals: np.ndarray, num_steps: int) -> BulkProfile:
+    """``full_attention_profile`` in NumPy."""
     # [n, k] matrix of the slots each request holds during each step, ceil((L + j) / B) * B for j = 1..k; the
     # caller keeps n * k small. (Written in as few numpy calls as it takes: at a handful of running requests,
     # each call's fixed cost is the bulk of the time.)

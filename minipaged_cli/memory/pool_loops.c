@@ -328,6 +328,74 @@ done:
     return result;
 }
 
+/* An int64 column (a C-contiguous buffer of 8-byte ints: a NumPy int64 array), or -1 with an error set. */
+static int int64_column(PyObject *array, Py_buffer *view, const char *what) {
+    if (PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    const char *format = view->format == NULL ? "B" : view->format;
+    if (view->itemsize != 8 || view->ndim != 1 || (strcmp(format, "l") != 0 && strcmp(format, "q") != 0)) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "full_attention_profile: %s must be a 1-d int64 array", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *full_attention_profile(PyObject *self, PyObject *args) {
+    PyObject *lengths_arg, *finals_arg;
+    long long allocated_sum, block_size, num_free, num_steps;
+    if (!PyArg_ParseTuple(args, "LLOOLL:full_attention_profile", &block_size, &num_free, &lengths_arg,
+                          &finals_arg, &allocated_sum, &num_steps))
+        return NULL;
+    if (block_size < 1 || num_steps < 0)
+        return PyErr_Format(PyExc_ValueError, "full_attention_profile: block size %lld, %lld steps", block_size,
+                            num_steps);
+    Py_buffer lengths_view, finals_view;
+    if (int64_column(lengths_arg, &lengths_view, "lengths") < 0)
+        return NULL;
+    if (int64_column(finals_arg, &finals_view, "finals") < 0) {
+        PyBuffer_Release(&lengths_view);
+        return NULL;
+    }
+    PyObject *result = NULL, *allocated = NULL, *internal = NULL;
+    Py_ssize_t n = lengths_view.len / 8;
+    if (finals_view.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "full_attention_profile: as many finals as lengths");
+        goto done;
+    }
+    const long long *lengths = lengths_view.buf, *finals = finals_view.buf;
+    /* Steps whose new blocks the free blocks cover: Σ allocated during the step stays within this */
+    long long limit = allocated_sum + block_size * (num_free + 1) - 1;
+    allocated = PyByteArray_FromStringAndSize(NULL, num_steps * 8);
+    internal = PyByteArray_FromStringAndSize(NULL, num_steps * 8);
+    if (allocated == NULL || internal == NULL)
+        goto done;
+    long long *per_step = (long long *)PyByteArray_AS_STRING(allocated);
+    long long *past_final = (long long *)PyByteArray_AS_STRING(internal);
+    long long num_ok = 0;
+    for (long long j = 1; j <= num_steps; j++, num_ok++) {
+        long long slots = 0, past = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {  /* ceil((L + j) / B) * B slots during step j */
+            long long held = (lengths[i] + j + block_size - 1) / block_size * block_size;
+            slots += held;
+            past += held > finals[i] ? held - finals[i] : 0;
+        }
+        if (slots > limit)  /* (the slots only grow with j: no later step fits either) */
+            break;
+        per_step[num_ok] = slots;
+        past_final[num_ok] = past;
+    }
+    if (PyByteArray_Resize(allocated, num_ok * 8) < 0 || PyByteArray_Resize(internal, num_ok * 8) < 0)
+        goto done;
+    result = Py_BuildValue("(LOO)", num_ok, allocated, internal);
+done:
+    Py_XDECREF(allocated);
+    Py_XDECREF(internal);
+    PyBuffer_Release(&lengths_view);
+    PyBuffer_Release(&finals_view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS, NULL},
     {"hold_evicting", hold_evicting, METH_VARARGS, NULL},
@@ -335,6 +403,7 @@ static PyMethodDef methods[] = {
     {"set_refs", set_refs, METH_VARARGS, NULL},
     {"bind_sequence_state", bind_sequence_state, METH_O, NULL},
     {"grow_lengths", grow_lengths, METH_VARARGS, NULL},
+    {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

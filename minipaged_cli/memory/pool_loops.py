@@ -135,8 +135,8 @@ class Loops:
 
 
 @cache
-def _compiled() -> Loops | RuntimeError:
-    """The compiled loops, or why they could not be built (asked once a process)."""
+def _compiled() -> tuple[ModuleType, Loops] | RuntimeError:
+    """The compiled module and its loops, or why they could not be built (asked once a process)."""
     from minipaged_cli.native_build import build_extension
 
     try:
@@ -144,18 +144,27 @@ def _compiled() -> Loops | RuntimeError:
     except RuntimeError as error:
         return error
     module.bind_sequence_state(SequenceState)
-    return Loops.of(module)
+    return module, Loops.of(module)
+
+
+def compiled() -> ModuleType | None:
+    """The compiled module where it builds (unless ``MINIPAGED_NATIVE=0``), else None: the Python loops serve."""
+    setting = os.environ.get("MINIPAGED_NATIVE", "")
+    if setting == "0":
+        return None
+    built = _compiled()
+    if isinstance(built, RuntimeError):
+        if setting == "1":
+            raise RuntimeError(f"MINIPAGED_NATIVE=1, but the compiled loops (memory/pool_loops.c) did not build: "
+                               f"{built}")
+        return None
+    return built[0]
 
 
 def loops() -> Loops:
     """The compiled loops where they build (unless ``MINIPAGED_NATIVE=0``), else this module's."""
-    setting = os.environ.get("MINIPAGED_NATIVE", "")
-    compiled = PYTHON if setting == "0" else _compiled()
-    if isinstance(compiled, RuntimeError):
-        if setting == "1":
-            raise RuntimeError(f"MINIPAGED_NATIVE=1, but the block pool's compiled loops did not build: {compiled}")
-        return PYTHON
-    return compiled
+    built = _compiled() if compiled() is not None else None
+    return PYTHON if built is None or isinstance(built, RuntimeError) else built[1]
 
 
 PYTHON = Loops.of(sys.modules[__name__])

@@ -1,8 +1,10 @@
-"""The block pool's loops under test: a module that marks ``pool_loops_kind`` with ``indirect=True`` runs each test
-with the Python loops and again with the compiled ones (``memory/pool_loops.py``); elsewhere a pool takes what
-``pool_loops.loops()`` gives (compiled where the machine builds them)."""
+"""The memory plane's loops under test: a module marked ``LOOP_KINDS`` runs each test with the Python loops and
+again with the compiled ones (``memory/pool_loops.py``: ``loops()`` and ``compiled()``); elsewhere a pool and a
+bulk profile take what those give (compiled where the machine builds them)."""
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import pytest
 
@@ -12,22 +14,30 @@ from tests.conftest import REQUIRE_SHARED, skip_unless_required
 LOOP_KINDS = pytest.mark.parametrize("pool_loops_kind", ["python", "compiled"], indirect=True)
 
 
+def compiled() -> tuple[ModuleType, pool_loops.Loops]:
+    """The compiled module and its loops; the test skips where this machine has no C compiler or no ``Python.h``
+    (fails in CI, and wherever a build ran and failed)."""
+    built = pool_loops._compiled()
+    if isinstance(built, RuntimeError):
+        if "failed" in str(built):
+            pytest.fail(str(built))
+        skip_unless_required(str(built), REQUIRE_SHARED)
+    assert not isinstance(built, RuntimeError)
+    return built
+
+
 def compiled_loops() -> pool_loops.Loops:
-    """The compiled loops; the test skips where this machine has no C compiler or no ``Python.h`` (fails in CI,
-    and wherever a build ran and failed)."""
-    compiled = pool_loops._compiled()
-    if isinstance(compiled, RuntimeError):
-        if "failed" in str(compiled):
-            pytest.fail(str(compiled))
-        skip_unless_required(str(compiled), REQUIRE_SHARED)
-    assert isinstance(compiled, pool_loops.Loops)
-    return compiled
+    return compiled()[1]
 
 
 @pytest.fixture(autouse=True)
 def pool_loops_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
     kind = getattr(request, "param", None)
-    if kind is not None:
-        chosen = pool_loops.PYTHON if kind == "python" else compiled_loops()
+    if kind == "python":
+        monkeypatch.setattr(pool_loops, "loops", lambda: pool_loops.PYTHON)
+        monkeypatch.setattr(pool_loops, "compiled", lambda: None)
+    elif kind == "compiled":
+        module, chosen = compiled()
         monkeypatch.setattr(pool_loops, "loops", lambda: chosen)
+        monkeypatch.setattr(pool_loops, "compiled", lambda: module)
     return kind

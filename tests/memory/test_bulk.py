@@ -26,7 +26,10 @@ from minipaged_cli.memory.prefix import hash_blocks
 from minipaged_cli.memory.sequence import NULL_BLOCK
 from minipaged_cli.memory.single_type import SingleTypeManager
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
+from tests.memory.conftest import LOOP_KINDS
 from tests.memory.test_bulk_decode import scenario, state
+
+pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
 
 
 def prompts_sharing_documents(rng: random.Random) -> list[list[int]]:
