@@ -147,9 +147,15 @@ def _compiled() -> tuple[ModuleType, Loops] | RuntimeError:
     return module, Loops.of(module)
 
 
+@cache
+def native_setting() -> str:
+    """``MINIPAGED_NATIVE`` as the process started ("": unset), read once: a bulk profile asks at every bulk."""
+    return os.environ.get("MINIPAGED_NATIVE", "")
+
+
 def compiled() -> ModuleType | None:
     """The compiled module where it builds (unless ``MINIPAGED_NATIVE=0``), else None: the Python loops serve."""
-    setting = os.environ.get("MINIPAGED_NATIVE", "")
+    setting = native_setting()
     if setting == "0":
         return None
     built = _compiled()
