@@ -29,7 +29,8 @@ def cache_dir() -> Path:
 def build_extension(name: str, source: Path) -> ModuleType:
     """Compile ``source`` (C defining ``PyInit_<name>``) into an extension module for this interpreter, unless one
     built from the same source for the same Python is cached, and import it. RuntimeError when there is no C
-    compiler or no ``Python.h`` (a Python installed without its headers), or when the build fails."""
+    compiler or no ``Python.h`` (a Python installed without its headers), when the build fails or takes over two
+    minutes, when no cache directory can be written, or when the built module does not load."""
     include = sysconfig.get_paths()["include"]
     flags = ["-O2", "-shared", "-fPIC", f"-I{include}"]
     if sys.platform == "darwin":  # (the interpreter's symbols resolve when it loads the module)
@@ -37,7 +38,10 @@ def build_extension(name: str, source: Path) -> ModuleType:
     digest = hashlib.sha256(" ".join([sys.version, *flags]).encode())
     digest.update(source.read_bytes())
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = cache_dir() / f"{name}_{digest.hexdigest()[:16]}{suffix}"
+    try:
+        target = cache_dir() / f"{name}_{digest.hexdigest()[:16]}{suffix}"
+    except OSError as error:
+        raise RuntimeError(f"{name}: no cache directory can be written ({error})") from error
     if not target.is_file():
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         if compiler is None:
@@ -46,14 +50,21 @@ def build_extension(name: str, source: Path) -> ModuleType:
             raise RuntimeError(f"{name} needs Python's headers ({include}/Python.h): this Python has none")
         import subprocess
 
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
-            result = subprocess.run([compiler, *flags, str(source), "-o", str(built)], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
-            built.replace(target)  # atomic: a concurrent build never sees half a file
+        try:
+            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+                built = Path(scratch) / target.name
+                result = subprocess.run([compiler, *flags, str(source), "-o", str(built)], capture_output=True,
+                                        text=True, timeout=120)
+                if result.returncode != 0:
+                    raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
+                built.replace(target)  # atomic: a concurrent build never sees half a file
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise RuntimeError(f"compiling {name} failed: {error}") from error
     spec = importlib.util.spec_from_file_location(name, target)
     assert spec is not None and spec.loader is not None, f"{target} is not an extension module"
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as error:
+        raise RuntimeError(f"{target} does not load: {error}") from error
     return module

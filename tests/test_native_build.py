@@ -1,0 +1,57 @@
+"""``native_build.build_extension``: a C file built once into an importable module and then loaded from the cache,
+and each way a build cannot happen said as a RuntimeError (what ``pool_loops`` turns into the Python loops)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from minipaged_cli.native_build import build_extension
+from tests.conftest import REQUIRE_SHARED, skip_unless_required
+
+ANSWER = """#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_answer", .m_size = -1, .m_methods = methods};
+PyMODINIT_FUNC PyInit__answer(void) { return PyModule_Create(&module); }
+"""
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        skip_unless_required("no C compiler", REQUIRE_SHARED)
+    return tmp_path / "cache" / "minipaged"
+
+
+def test_a_module_is_built_once_then_loaded_from_the_cache(tmp_path: Path, cache: Path) -> None:
+    source = tmp_path / "answer.c"
+    source.write_text(ANSWER)
+    assert build_extension("_answer", source).answer() == 42
+    [built] = cache.iterdir()
+    stamp = built.stat().st_mtime_ns
+    assert build_extension("_answer", source).answer() == 42
+    assert [path.stat().st_mtime_ns for path in cache.iterdir()] == [stamp]  # (not compiled again)
+    source.write_text(ANSWER.replace("42", "43"))  # another source: another build beside it
+    assert build_extension("_answer", source).answer() == 43
+    assert len(list(cache.iterdir())) == 2
+
+
+def test_a_build_that_fails_says_what_the_compiler_said(tmp_path: Path, cache: Path) -> None:
+    source = tmp_path / "broken.c"
+    source.write_text(ANSWER.replace("return PyLong_FromLong(42);", "return undeclared_name;"))
+    with pytest.raises(RuntimeError, match=r"(?s)compiling _answer failed:.*undeclared_name"):
+        build_extension("_answer", source)
+    assert list(cache.iterdir()) == []  # (nothing half-built is cached)
+
+
+def test_a_compiler_that_is_not_there_is_a_failed_build(tmp_path: Path, cache: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    source = tmp_path / "answer.c"
+    source.write_text(ANSWER)
+    with pytest.raises(RuntimeError, match="compiling _answer failed"):
+        build_extension("_answer", source)
