@@ -8,6 +8,8 @@
  * with prefix caching moves millions of blocks through them; in Python each block costs a few bytecodes per list
  * or dict operation, here only the operations themselves. grow_lengths reads and writes a SequenceState's slots
  * through their member definitions (bound once), as its attribute access does, without a lookup per sequence.
+ * full_attention_profile is bulk.py's NumPy profile of a bulk decode (a handful of steps: NumPy's calls cost more
+ * than their arithmetic), checked against it by tests/memory/test_bulk.py.
  *
  * Sequences arrive as lists or tuples (PySequence_Fast: others are copied once). Every block id is checked against
  * the list it indexes (IndexError, as Python's would be); an error leaves the lists as the Python loop leaves them at
