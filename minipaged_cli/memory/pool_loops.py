@@ -170,8 +170,11 @@ def compiled() -> ModuleType | None:
 
 def loops() -> Loops:
     """The compiled loops where they build (unless ``MINIPAGED_NATIVE=0``), else this module's."""
-    built = _compiled() if compiled() is not None else None
-    return PYTHON if built is None or isinstance(built, RuntimeError) else built[1]
+    if compiled() is None:
+        return PYTHON
+    built = _compiled()
+    assert not isinstance(built, RuntimeError), "compiled() answers None where the build failed"
+    return built[1]
 
 
 PYTHON = Loops.of(sys.modules[__name__])
