@@ -263,9 +263,11 @@ static PyObject *grow_lengths(PyObject *self, PyObject *args) {
     long long num_taken = 0;
     for (Py_ssize_t done = 0; done < n; done++) {
         PyObject *state = PyList_GET_ITEM(states, done);
-        long long length = read_int(state, LENGTH), computed = read_int(state, COMPUTED),
-                  loading = read_int(state, LOADING), held = read_int(state, HELD);
-        if (PyErr_Occurred())
+        long long length, computed, loading, held;  /* (each read checked: no call with an error pending) */
+        if (((length = read_int(state, LENGTH)) == -1 && PyErr_Occurred()) ||
+            ((computed = read_int(state, COMPUTED)) == -1 && PyErr_Occurred()) ||
+            ((loading = read_int(state, LOADING)) == -1 && PyErr_Occurred()) ||
+            ((held = read_int(state, HELD)) == -1 && PyErr_Occurred()))
             goto done;
         if (computed != length || loading) {  /* reserved ahead, loading: ``grow``, one at a time */
             if (move_lengths(states, done, -num_tokens) == 0)
