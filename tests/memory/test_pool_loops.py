@@ -1,9 +1,11 @@
-"""The block pool's compiled loops (``memory/pool_loops.c``) against their Python reference
+"""The memory plane's compiled loops (``memory/pool_loops.c``) against their Python reference
 (``memory/pool_loops.py``): on random pools (reference counts, the key each block carries, a cache map whose
 entries agree with them, block ids past CPython's cached small ints) and random calls, the same result, the same
-lists and the same map, its entries' order included; and on a broken pool (a key with no entry, a block id past
-the lists) the same error, the lists left as the Python loop leaves them at the same block. Which implementation
-a pool gets: ``loops()`` and ``MINIPAGED_NATIVE``."""
+lists and the same map, its entries' order included; on a broken pool (a key with no entry, a block id past the
+lists) the same error, the lists left as the Python loop leaves them at the same block; on random decoding
+sequences (some reserved ahead, loading or unknown) the same growth, takes, fills and lengths. Which
+implementation a pool gets: ``loops()`` and ``MINIPAGED_NATIVE``. (The compiled bulk profile is checked in
+``test_bulk.py``.)"""
 
 from __future__ import annotations
 
