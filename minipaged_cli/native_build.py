@@ -1,6 +1,6 @@
-"""Native code built at run time and cached in ~/.cache/minipaged: the cache's place (``cache_dir``), and CPython
-extensions of one C file (``build_extension``: the block pool's loops). The data plane's host C++ libraries are
-built by ``dataplane/build.py`` into the same directory."""
+"""Native code built at run time and cached in ~/.cache/minipaged: the cache's place (``cache_dir``), a compile
+into it (``compile_into``), and CPython extensions of one C file (``build_extension``: the block pool's loops). The
+data plane's host C++ libraries are built by ``dataplane/build.py`` with the same two."""
 
 from __future__ import annotations
 
@@ -51,13 +51,7 @@ def build_extension(name: str, source: Path) -> ModuleType:
         import subprocess
 
         try:
-            with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-                built = Path(scratch) / target.name
-                result = subprocess.run([compiler, *flags, str(source), "-o", str(built)], capture_output=True,
-                                        text=True, timeout=120)
-                if result.returncode != 0:
-                    raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
-                built.replace(target)  # atomic: a concurrent build never sees half a file
+            compile_into(name, [compiler, *flags, str(source)], target, timeout=120)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise RuntimeError(f"compiling {name} failed: {error}") from error
     spec = importlib.util.spec_from_file_location(name, target)
@@ -68,3 +62,17 @@ def build_extension(name: str, source: Path) -> ModuleType:
     except ImportError as error:
         raise RuntimeError(f"{target} does not load: {error}") from error
     return module
+
+
+def compile_into(name: str, command: list[str], target: Path, timeout: float | None = None) -> None:
+    """Run a compiler's ``command`` (all but its output) to write ``target``: built in a scratch directory beside
+    it, then moved in whole (atomic: a concurrent build never sees half a file). RuntimeError with the compiler's
+    message when it fails."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        result = subprocess.run([*command, "-o", str(built)], capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
+        built.replace(target)

@@ -9,12 +9,10 @@ import hashlib
 import os
 import platform
 import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 from minipaged_cli.dataplane import kernels
-from minipaged_cli.native_build import cache_dir
+from minipaged_cli.native_build import cache_dir, compile_into
 
 
 def cpu_identity() -> str:
@@ -45,11 +43,5 @@ def build_library(name: str, sources: tuple[str, ...], main: str, flags: list[st
         compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
         if compiler is None:
             raise RuntimeError(f"{name} needs a C++20 compiler (g++); none found")
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            built = Path(scratch) / target.name
-            command = [compiler, *flags, "-shared", "-fPIC", str(kernels.CUDA_DIR / main), "-o", str(built)]
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
-            built.replace(target)  # atomic: a concurrent build never sees half a file
+        compile_into(name, [compiler, *flags, "-shared", "-fPIC", str(kernels.CUDA_DIR / main)], target)
     return ctypes.CDLL(str(target))
