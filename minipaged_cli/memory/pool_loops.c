@@ -21,16 +21,20 @@
 
 static PyObject *ZERO, *ONE;  /* the ints 0 and 1 (CPython's cached small ints) */
 
+/* Whether ``index`` (a block id) is in ``list``; 0 with IndexError set where it is not. */
+static int in_list(PyObject *list, Py_ssize_t index) {
+    if (index >= 0 && index < PyList_GET_SIZE(list))
+        return 1;
+    PyErr_Format(PyExc_IndexError, "block %zd is not in the pool's lists of %zd", index, PyList_GET_SIZE(list));
+    return 0;
+}
+
 /* ``list[index]`` for a block id read from ``id``; -1 with IndexError or TypeError set where it is not one. */
 static Py_ssize_t block_index(PyObject *list, PyObject *id) {
     Py_ssize_t index = PyLong_AsSsize_t(id);
     if (index == -1 && PyErr_Occurred())
         return -1;
-    if (index < 0 || index >= PyList_GET_SIZE(list)) {
-        PyErr_Format(PyExc_IndexError, "block %zd is not in the pool's lists of %zd", index, PyList_GET_SIZE(list));
-        return -1;
-    }
-    return index;
+    return in_list(list, index) ? index : -1;
 }
 
 /* list[index] = value (a new reference to value; the old item released). */
@@ -69,7 +73,7 @@ static PyObject *enter_keys(PyObject *self, PyObject *args) {
         if (index < 0)
             goto done;
         if (hold) {
-            if (block_index(refs, block) < 0)
+            if (!in_list(refs, index))
                 goto done;
             store(refs, index, ONE);
         }
@@ -106,7 +110,7 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(blocks); i++) {
         PyObject *block = PySequence_Fast_GET_ITEM(blocks, i);
         Py_ssize_t index = block_index(refs, block);
-        if (index < 0 || block_index(hashes, block) < 0)
+        if (index < 0 || !in_list(hashes, index))
             goto error;
         store(refs, index, ONE);
         PyObject *key = PyList_GET_ITEM(hashes, index);
