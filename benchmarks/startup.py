@@ -1,7 +1,9 @@
 """Start-up cost: the CPU seconds of ``minipaged simulate`` on a one-request trace, whole process, against the
 interpreter's own start-up (``python -c pass``, the same run's floor), NumPy's import (which the simulator needs)
 and the import of every library simulate needs (NumPy, Typer, Rich, PyYAML: what no change of ours can remove);
-and of ``minipaged --version`` and ``minipaged --help``, which need none of the simulator.
+and of ``minipaged --version`` and ``minipaged --help``, which need none of the simulator. The two floors import
+NumPy as simulate's process does, with one OpenBLAS thread (``cli/startup.py``'s ``one_blas_thread``), unless the
+environment names a number of threads.
 
     python benchmarks/startup.py [--runs N] [--baseline-path CHECKOUT]
 
@@ -20,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from minipaged_cli.cli.startup import BLAS_THREAD_VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 ONE_REQUEST = ("version: 1\nname: one\ndescription: one request, for start-up\nrequests:\n"
@@ -50,25 +54,29 @@ def main() -> None:
         trace.write_text(ONE_REQUEST)
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(Path(scratch) / "pycache")
+        # (as simulate's process sets it before NumPy loads, where the environment names no number of threads)
+        floor_env = env if any(env.get(name) for name in BLAS_THREAD_VARIABLES) else {**env,
+                                                                                       "OPENBLAS_NUM_THREADS": "1"}
         cli = [sys.executable, "-m", "minipaged_cli"]
         runs = {"simulate": [*cli, "simulate", str(trace)], "--version": [*cli, "--version"],
                 "--help": [*cli, "--help"]}
-        # (label, argv, checkout): the checkout is the working directory and PYTHONPATH, which -m imports from.
-        commands = [("python -c pass", [sys.executable, "-c", "pass"], ROOT),
-                    ("python -c 'import numpy'", [sys.executable, "-c", "import numpy"], ROOT),
-                    ("the libraries' imports", [sys.executable, "-c", LIBRARIES], ROOT)]
+        # (label, argv, checkout, environment): the checkout is the working directory and PYTHONPATH, which -m
+        # imports from.
+        commands = [("python -c pass", [sys.executable, "-c", "pass"], ROOT, env),
+                    ("python -c 'import numpy'", [sys.executable, "-c", "import numpy"], ROOT, floor_env),
+                    ("the libraries' imports", [sys.executable, "-c", LIBRARIES], ROOT, floor_env)]
         for name, argv in runs.items():
-            commands.append((f"{name}, this checkout", argv, ROOT))
+            commands.append((f"{name}, this checkout", argv, ROOT, env))
             if args.baseline_path is not None:
-                commands.append((f"{name}, baseline", argv, args.baseline_path.resolve()))
-        best = {label: float("inf") for label, _, _ in commands}
+                commands.append((f"{name}, baseline", argv, args.baseline_path.resolve(), env))
+        best = {label: float("inf") for label, _, _, _ in commands}
         for run in range(args.runs + 1):
-            for label, argv, checkout in commands:
-                seconds = cpu_seconds(argv, {**env, "PYTHONPATH": str(checkout)}, checkout)
+            for label, argv, checkout, environment in commands:
+                seconds = cpu_seconds(argv, {**environment, "PYTHONPATH": str(checkout)}, checkout)
                 if run > 0:  # the first run of each writes its byte code
                     best[label] = min(best[label], seconds)
     print(f"CPU seconds, best of {args.runs} fresh processes")
-    for label, _, checkout in commands:
+    for label, _, checkout, _ in commands:
         print(f"  {label:<28} {best[label]:7.3f}" + (f"   ({checkout})" if "," in label else ""))
     floor, numpy_s, this_s = best["python -c pass"], best["python -c 'import numpy'"], best["simulate, this checkout"]
     libraries_s = best["the libraries' imports"]

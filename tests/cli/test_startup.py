@@ -1,10 +1,13 @@
 """cli/startup.py: the cyclic collector is paused while the command line and a command import, and left as it was
-after; the command line's own process freezes what the imports allocated, a program that imports it does not."""
+after; the command line's own process freezes what the imports allocated, a program that imports it does not. A
+replay command's own process runs NumPy's OpenBLAS on one thread, unless the user chose a number; a program that
+imports the command line, and a command that runs torch, keep OpenBLAS's default (a thread per core)."""
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +96,73 @@ def test_the_collector_is_left_as_it_was(enabled: bool) -> None:
         assert gc.get_freeze_count() == frozen  # pytest imports it: nothing frozen
     finally:
         (gc.enable if was else gc.disable)()
+
+
+# In a fresh process, with the environment given: build or run a command, then print how many threads the process
+# has (OpenBLAS starts its own when NumPy loads, and keeps them) and what OPENBLAS_NUM_THREADS says.
+_THREADS_AFTER = """
+import json, os, runpy, sys
+how, trace = sys.argv[1:]
+if how == "library":  # a program that imports the command line, builds a command and uses NumPy
+    from minipaged_cli.cli.main import _command
+    _command("simulate")
+    import numpy
+else:  # python -m minipaged_cli COMMAND ...
+    sys.argv = ["minipaged_cli", *how.split(), trace]
+    try:
+        runpy.run_module("minipaged_cli", run_name="__main__", alter_sys=True)
+    except SystemExit as done:
+        assert done.code in (0, None), done.code
+print(json.dumps([len(os.listdir("/proc/self/task")), os.environ.get("OPENBLAS_NUM_THREADS")]))
+"""
+
+
+def _openblas_threads(how: str, tmp_path: Path, **chosen: str) -> tuple[int, str | None]:
+    """(threads, OPENBLAS_NUM_THREADS) of a process that ran ``how``, under an environment with no number of threads
+    but those ``chosen``."""
+    numpy = pytest.importorskip("numpy")
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("counts threads in /proc (Linux)")
+    if "openblas" not in numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]:
+        pytest.skip("NumPy's BLAS is not OpenBLAS")
+    trace = tmp_path / "one.yaml"
+    trace.write_text("version: 1\nname: one\nrequests:\n"
+                     "  - {id: r0, arrival_s: 0.0, prompt_tokens: 100, output_tokens: 10}\n")
+    env = {key: value for key, value in os.environ.items()
+           if key not in {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}}
+    done = subprocess.run([sys.executable, "-c", _THREADS_AFTER, how, str(trace)], capture_output=True, text=True,
+                          cwd=ROOT, env={**env, **chosen})
+    assert done.returncode == 0, done.stderr
+    threads, variable = json.loads(done.stdout.splitlines()[-1])
+    return threads, variable
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.mark.parametrize("command", ["simulate", "convert --help"])
+def test_a_replay_commands_process_runs_openblas_on_one_thread(command: str, tmp_path: Path) -> None:
+    threads, variable = _openblas_threads(command, tmp_path)
+    assert variable == "1"
+    if command == "simulate":  # (it imported NumPy: no thread but the main one)
+        assert threads == 1
+
+
+def test_a_program_that_imports_the_command_line_keeps_openblas_default(tmp_path: Path) -> None:
+    threads, variable = _openblas_threads("library", tmp_path)
+    assert variable is None
+    if _cores() > 1:
+        assert threads > 1  # (a thread per core: what the replay commands' processes are spared)
+
+
+def test_a_command_that_runs_torch_keeps_openblas_default(tmp_path: Path) -> None:
+    assert _openblas_threads("run --help", tmp_path)[1] is None
+
+
+@pytest.mark.parametrize("variable", ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_a_users_number_of_blas_threads_is_kept(variable: str, tmp_path: Path) -> None:
+    if _cores() < 2:
+        pytest.skip("two threads need two cores")
+    threads, _ = _openblas_threads("simulate", tmp_path, **{variable: "2"})
+    assert threads == 2
