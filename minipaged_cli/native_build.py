@@ -1,6 +1,8 @@
 """Native code built at run time and cached in ~/.cache/minipaged: the cache's place (``cache_dir``), a compile
-into it (``compile_into``), and CPython extensions of one C file (``build_extension``: the block pool's loops). The
-data plane's host C++ libraries are built by ``dataplane/build.py`` with the same two."""
+into it (``compile_into``), CPython extensions of one C file (``build_extension``: the block pool's loops, the
+prefix keys), each built once a process (``built``), and which runs, the compiled code or its Python reference
+(``chosen``, after ``MINIPAGED_NATIVE``). The data plane's host C++ libraries are built by ``dataplane/build.py``
+with the first two."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ import shutil
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -76,3 +83,33 @@ def compile_into(name: str, command: list[str], target: Path, timeout: float | N
         if result.returncode != 0:
             raise RuntimeError(f"compiling {name} failed:\n{result.stderr[-4000:]}")
         built.replace(target)
+
+
+@cache
+def built(name: str, source: Path) -> ModuleType | RuntimeError:
+    """``build_extension(name, source)``, or why it failed: tried once a process."""
+    try:
+        return build_extension(name, source)
+    except RuntimeError as error:
+        return error
+
+
+@cache
+def native_setting() -> str:
+    """``MINIPAGED_NATIVE`` as the process started ("": unset), read once: a bulk profile asks at every bulk."""
+    return os.environ.get("MINIPAGED_NATIVE", "")
+
+
+def chosen(build: Callable[[], T | RuntimeError], source: str) -> T | None:
+    """What ``build`` gives (the compiled code of the C file ``source``, or why it did not build) where it builds,
+    unless ``MINIPAGED_NATIVE=0``; else None, and the Python reference serves, except under ``MINIPAGED_NATIVE=1``:
+    then a RuntimeError with the compiler's message."""
+    setting = native_setting()
+    if setting == "0":
+        return None
+    compiled = build()
+    if isinstance(compiled, RuntimeError):
+        if setting == "1":
+            raise RuntimeError(f"MINIPAGED_NATIVE=1, but {source} did not build: {compiled}")
+        return None
+    return compiled

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from minipaged_cli import native_build
 from minipaged_cli.native_build import build_extension
 from tests.conftest import REQUIRE_SHARED, skip_unless_required
 
@@ -55,3 +56,13 @@ def test_a_compiler_that_is_not_there_is_a_failed_build(tmp_path: Path, cache: P
     source.write_text(ANSWER)
     with pytest.raises(RuntimeError, match="compiling _answer failed"):
         build_extension("_answer", source)
+
+
+def test_minipaged_native_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    native_build.native_setting.cache_clear()
+    monkeypatch.setenv("MINIPAGED_NATIVE", "0")
+    assert native_build.native_setting() == "0"
+    native_build.native_setting.cache_clear()
+    monkeypatch.delenv("MINIPAGED_NATIVE")
+    assert native_build.native_setting() == ""
+    native_build.native_setting.cache_clear()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 
-from minipaged_cli.memory.prefix import block_content_keys
+from minipaged_cli.memory.prefix import segment_keys
 from minipaged_cli.sim.scheduler import content_keys
 from minipaged_cli.workloads.request import Request
 
@@ -63,6 +63,4 @@ class PromptKeys:
         if self.request.runs or self.num_segments >= len(prefix):
             self.all()
             return
-        segments = self.segments
-        self.keys = block_content_keys([(name, segments[name]) for name in prefix[:self.num_segments]],
-                                       self.block_size)
+        self.keys = segment_keys(prefix[:self.num_segments], self.segments, (), self.block_size)

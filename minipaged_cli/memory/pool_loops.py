@@ -19,7 +19,6 @@ none); ``cached`` maps a key to the block a hit gets.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, fields
@@ -27,6 +26,7 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from minipaged_cli import native_build
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 
 
@@ -138,34 +138,17 @@ class Loops:
 @cache
 def _compiled() -> tuple[ModuleType, Loops] | RuntimeError:
     """The compiled module and its loops, or why they could not be built (asked once a process)."""
-    from minipaged_cli.native_build import build_extension
-
-    try:
-        module = build_extension("_pool_loops", Path(__file__).with_suffix(".c"))
-    except RuntimeError as error:
-        return error
+    module = native_build.built("_pool_loops", Path(__file__).with_suffix(".c"))
+    if isinstance(module, RuntimeError):
+        return module
     module.bind_sequence_state(SequenceState)
     return module, Loops.of(module)
 
 
-@cache
-def native_setting() -> str:
-    """``MINIPAGED_NATIVE`` as the process started ("": unset), read once: a bulk profile asks at every bulk."""
-    return os.environ.get("MINIPAGED_NATIVE", "")
-
-
 def compiled() -> ModuleType | None:
     """The compiled module where it builds (unless ``MINIPAGED_NATIVE=0``), else None: the Python loops serve."""
-    setting = native_setting()
-    if setting == "0":
-        return None
-    built = _compiled()
-    if isinstance(built, RuntimeError):
-        if setting == "1":
-            raise RuntimeError(f"MINIPAGED_NATIVE=1, but the compiled loops (memory/pool_loops.c) did not build: "
-                               f"{built}")
-        return None
-    return built[0]
+    built = native_build.chosen(_compiled, "memory/pool_loops.c")
+    return None if built is None else built[0]
 
 
 def loops() -> Loops:

@@ -3,13 +3,24 @@
 Equal keys mean equal content of the whole prefix up to and including the block: a block's key hashes its parent's
 key with its own content. ``hash_blocks`` keys blocks of token ids one by one; ``block_content_keys`` keys a token
 stream described by labelled runs (a shared segment, a request's own tokens) without a Python step per block.
+
+``block_content_keys`` and ``segment_keys`` run compiled (``prefix_keys.c``, built as ``native_build`` builds the
+pool's loops, and the same keys: the C writes ``content_hash``'s pickle and digest itself) where the machine builds
+it, unless ``MINIPAGED_NATIVE=0``; ``python_block_content_keys`` and ``python_segment_keys`` are their reference,
+and serve elsewhere.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from minipaged_cli import native_build
 
 _BLAKE2B_64 = hashlib.blake2b(digest_size=8)  # (never updated: ``content_hash`` updates copies)
 _KEY_BITS = 60
@@ -45,6 +56,25 @@ def token_block_contents(token_ids: Sequence[int], block_size: int) -> list[tupl
 
 
 def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) -> list[int]:
+    """``python_block_content_keys``, compiled where the machine builds it (a replay keys every prompt it admits:
+    each run's digest costs a microsecond in Python, a quarter of that compiled)."""
+    return _keys_functions()[0](runs, block_size)
+
+
+def segment_keys(prefix: Sequence[Hashable], segments: Mapping[Hashable, int], own: Iterable[tuple[Hashable, int]],
+                 block_size: int) -> list[int]:
+    """``python_segment_keys``, compiled where the machine builds it."""
+    return _keys_functions()[1](prefix, segments, own, block_size)
+
+
+def python_segment_keys(prefix: Sequence[Hashable], segments: Mapping[Hashable, int],
+                        own: Iterable[tuple[Hashable, int]], block_size: int) -> list[int]:
+    """``block_content_keys`` of the shared segments that ``prefix`` names, each ``segments[name]`` tokens long,
+    then of the runs ``own``: a request's stream (no list of the segments' runs built first)."""
+    return python_block_content_keys(itertools.chain(((name, segments[name]) for name in prefix), own), block_size)
+
+
+def python_block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) -> list[int]:
     """Content keys of the full blocks of a token stream made of labelled runs (a segment name, or a request's
     own tokens) of the given lengths.
 
@@ -86,3 +116,23 @@ def block_content_keys(runs: Iterable[tuple[Hashable, int]], block_size: int) ->
             pieces = [(label, start + whole * block_size, length)]
             filled = length - pieces[0][1]
     return keys
+
+
+@cache
+def _compiled() -> ModuleType | RuntimeError:
+    """The compiled module, told its reference (what it hands the content it does not pickle itself), or why it
+    could not be built (asked once a process)."""
+    module = native_build.built("_prefix_keys", Path(__file__).with_name("prefix_keys.c"))
+    if not isinstance(module, RuntimeError):
+        module.bind(content_hash, python_block_content_keys, python_segment_keys)
+    return module
+
+
+@cache
+def _keys_functions() -> tuple[Callable[..., list[int]], Callable[..., list[int]]]:
+    """``block_content_keys`` and ``segment_keys``: compiled where they build (unless ``MINIPAGED_NATIVE=0``), else
+    the references."""
+    module = native_build.chosen(_compiled, "memory/prefix_keys.c")
+    if module is None:
+        return python_block_content_keys, python_segment_keys
+    return module.block_content_keys, module.segment_keys

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.prefix import block_content_keys
+from minipaged_cli.memory.prefix import segment_keys
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.clients import OPEN_LOOP, Arrivals, Clients
@@ -451,12 +451,12 @@ def content_keys(request: Request, request_index: int, sample: int, segments: di
     """Keys of a sequence's full blocks: its shared segments, then its own prompt tokens, then the output of this
     sample. Only the segments can match another request's; the rest lets a recomputed sequence find its own blocks
     while they are still cached. A session's turn names its history and input as later turns name them, then its
-    output. (A fleet's router names a request's blocks with it too.) The runs are streamed, not listed: a
-    Mooncake prompt is dozens of segments, and every admitted request's keys are built."""
-    lengths = [segments[name] for name in request.prefix]
+    output. (A fleet's router names a request's blocks with it too.) The segments' runs are not listed
+    (``segment_keys``): a Mooncake prompt is dozens of segments, and every admitted request's keys are built."""
     if request.runs:
         own = [*request.runs, (request.output_label, request.output_tokens)]
     else:
-        own = [(("prompt", request_index), request.prompt_tokens - sum(lengths)),
+        shared = sum(map(segments.__getitem__, request.prefix))  # (a name missing raises KeyError, as it would below)
+        own = [(("prompt", request_index), request.prompt_tokens - shared),
                (request.output_segment or ("output", request_index, sample), request.output_tokens)]
-    return block_content_keys(itertools.chain(zip(request.prefix, lengths, strict=True), own), block_size)
+    return segment_keys(request.prefix, segments, own, block_size)

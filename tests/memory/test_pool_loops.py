@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli import native_build
 from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.sequence import SequenceState
@@ -153,23 +154,13 @@ def test_an_entry_of_the_same_block_is_no_meeting() -> None:
 
 def test_loops_follows_minipaged_native(monkeypatch: pytest.MonkeyPatch) -> None:
     compiled = compiled_loops()
-    monkeypatch.setattr(pool_loops, "native_setting", lambda: "0")
+    monkeypatch.setattr(native_build, "native_setting", lambda: "0")
     assert pool_loops.loops() is pool_loops.PYTHON and pool_loops.compiled() is None
     assert BlockPool(4).loops is pool_loops.PYTHON
-    monkeypatch.setattr(pool_loops, "native_setting", lambda: "")
+    monkeypatch.setattr(native_build, "native_setting", lambda: "")
     assert pool_loops.loops() is compiled
     monkeypatch.setattr(pool_loops, "_compiled", lambda: RuntimeError("no C compiler"))
     assert pool_loops.loops() is pool_loops.PYTHON  # (no compiler: the Python loops, silently)
-    monkeypatch.setattr(pool_loops, "native_setting", lambda: "1")
+    monkeypatch.setattr(native_build, "native_setting", lambda: "1")
     with pytest.raises(RuntimeError, match=r"MINIPAGED_NATIVE=1.*no C compiler"):
         pool_loops.loops()
-
-
-def test_minipaged_native_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    pool_loops.native_setting.cache_clear()
-    monkeypatch.setenv("MINIPAGED_NATIVE", "0")
-    assert pool_loops.native_setting() == "0"
-    pool_loops.native_setting.cache_clear()
-    monkeypatch.delenv("MINIPAGED_NATIVE")
-    assert pool_loops.native_setting() == ""
-    pool_loops.native_setting.cache_clear()

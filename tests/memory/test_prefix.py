@@ -1,16 +1,31 @@
 """``block_content_keys`` (a key per full block of a stream of labelled runs, one digest a run) against the naive
 chained hash of every block's tokens: two blocks get equal keys exactly when the streams hold the same tokens up
-to and including them, whatever the runs' lengths, alignment and repeats."""
+to and including them, whatever the runs' lengths, alignment and repeats. Each test runs with the reference
+(``python_block_content_keys``) and with the compiled version (``prefix_keys.c``)."""
 
 from __future__ import annotations
 
 import hashlib
 import pickle
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli.memory import prefix
 from minipaged_cli.memory.prefix import block_content_keys, content_hash, hash_blocks, token_block_contents
+from tests.memory.test_prefix_keys import compiled
+
+
+@pytest.fixture(autouse=True, params=["python", "compiled"])
+def keys_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``block_content_keys`` as the reference, then as the compiled version."""
+    module = prefix if request.param == "python" else compiled()
+    chosen = (getattr(module, f"{'python_' * (module is prefix)}block_content_keys"),
+              getattr(module, f"{'python_' * (module is prefix)}segment_keys"))
+    monkeypatch.setattr(prefix, "_keys_functions", lambda: chosen)
+    return request.param
+
 
 RUNS = st.lists(st.tuples(st.sampled_from(["a", "b", ("prompt", 1)]), st.integers(0, 40)), max_size=6)
 
@@ -98,3 +113,13 @@ def test_a_negative_run_keys_no_block_but_moves_the_chain() -> None:
     pieced = content_hash(run_key - 2, (("b", -32, -20), ("c", 0, 4)))
     assert block_content_keys([("b", -20), ("c", 36)], 16) == [pieced, content_hash(pieced, ("c", 4)),
                                                                content_hash(pieced, ("c", 4)) + 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(names=st.lists(st.sampled_from(["a", "b", ("prompt", 1)]), max_size=6), own=RUNS,
+       block_size=st.sampled_from([1, 3, 16]))
+def test_segment_keys_are_the_keys_of_the_runs_listed(names: list[object], own: list[tuple[object, int]],
+                                                      block_size: int) -> None:
+    segments: dict[object, int] = {"a": 5, "b": 16, ("prompt", 1): 33}
+    listed = [(name, segments[name]) for name in names] + own
+    assert prefix.segment_keys(tuple(names), segments, own, block_size) == block_content_keys(listed, block_size)
