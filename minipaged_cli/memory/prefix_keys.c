@@ -138,6 +138,17 @@ static int memo_get(Pickle *p, PyObject *obj) {
     return 0;
 }
 
+static int bit_length(unsigned long long x) {
+#if defined(__GNUC__) || defined(__clang__)
+    return x ? 64 - __builtin_clzll(x) : 0;
+#else
+    int bits = 0;
+    for (; x; x >>= 1)
+        bits++;
+    return bits;
+#endif
+}
+
 static int save_int(Pickle *p, long long value) {
     uint8_t out[11];  /* LONG1: the opcode, the size, 9 bytes at most */
     if (value >= 0 && value <= 0xff) {
@@ -159,7 +170,7 @@ static int save_int(Pickle *p, long long value) {
     }
     /* LONG1: two's complement, little-endian, in (bits of |value|) / 8 + 1 bytes, less a redundant sign byte */
     unsigned long long magnitude = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
-    int bits = 64 - __builtin_clzll(magnitude);
+    int bits = bit_length(magnitude);
     int size = bits / 8 + 1;
     out[0] = 0x8a;
     for (int j = 0; j < size; j++)
