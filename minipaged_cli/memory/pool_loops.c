@@ -59,10 +59,8 @@ static Py_ssize_t peek_index(PyObject *list, PyObject *id) {
 }
 
 /* Block ``i`` of ``blocks`` is next: fetch the int of block i + AHEAD, and the slots of block i + AHEAD / 2 in
- * ``first`` and ``second`` (NULL: none). */
+ * ``first`` and ``second`` (NULL: none). (Each loop asks only where its pool has FETCH_FROM blocks.) */
 static void prefetch(PyObject *blocks, Py_ssize_t i, Py_ssize_t n, PyObject *first, PyObject *second) {
-    if (PyList_GET_SIZE(first) < FETCH_FROM)
-        return;
     if (i + AHEAD < n)
         PREFETCH(PySequence_Fast_GET_ITEM(blocks, i + AHEAD));
     if (i + AHEAD / 2 < n) {
@@ -77,7 +75,7 @@ static void prefetch(PyObject *blocks, Py_ssize_t i, Py_ssize_t n, PyObject *fir
 
 /* The key block i + 2 carries in ``hashes`` (its slot fetched two blocks ago), fetched. */
 static void prefetch_key(PyObject *blocks, Py_ssize_t i, Py_ssize_t n, PyObject *hashes) {
-    if (PyList_GET_SIZE(hashes) >= FETCH_FROM && i + 2 < n) {
+    if (i + 2 < n) {
         Py_ssize_t index = peek_index(hashes, PySequence_Fast_GET_ITEM(blocks, i + 2));
         if (index >= 0)
             PREFETCH(PyList_GET_ITEM(hashes, index));
@@ -109,14 +107,17 @@ static PyObject *enter_keys(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(keys), i = start;
+    const int ahead = PyList_GET_SIZE(hashes) >= FETCH_FROM;
     if (offset < 0 || start < 0 || offset + n > PySequence_Fast_GET_SIZE(table)) {
         PyErr_Format(PyExc_IndexError, "enter_keys: %zd keys from %zd past the table's %zd blocks", n, offset,
                      PySequence_Fast_GET_SIZE(table));
         goto done;
     }
     for (; i < n; i++) {
-        prefetch(table, offset + i, offset + n, hashes, hold ? refs : NULL);
-        prefetch_key(table, offset + i, offset + n, hashes);
+        if (ahead) {
+            prefetch(table, offset + i, offset + n, hashes, hold ? refs : NULL);
+            prefetch_key(table, offset + i, offset + n, hashes);
+        }
         PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *block = PySequence_Fast_GET_ITEM(table, offset + i);
         Py_ssize_t index = block_index(hashes, block);
         if (index < 0)
@@ -157,9 +158,12 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
     if (blocks == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
+    const int ahead = PyList_GET_SIZE(hashes) >= FETCH_FROM;
     for (Py_ssize_t i = 0; i < n; i++) {
-        prefetch(blocks, i, n, hashes, refs);
-        prefetch_key(blocks, i, n, hashes);
+        if (ahead) {
+            prefetch(blocks, i, n, hashes, refs);
+            prefetch_key(blocks, i, n, hashes);
+        }
         PyObject *block = PySequence_Fast_GET_ITEM(blocks, i);
         Py_ssize_t index = block_index(refs, block);
         if (index < 0 || !in_list(hashes, index))
@@ -188,8 +192,10 @@ static PyObject *free_unshared(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), i = 0;
+    const int ahead = PyList_GET_SIZE(refs) >= FETCH_FROM;
     for (; i < n; i++) {
-        prefetch(blocks, i, n, refs, NULL);
+        if (ahead)
+            prefetch(blocks, i, n, refs, NULL);
         Py_ssize_t index = block_index(refs, PySequence_Fast_GET_ITEM(blocks, i));
         if (index < 0)
             goto done;
@@ -217,8 +223,10 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
     if (blocks == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
+    const int ahead = PyList_GET_SIZE(refs) >= FETCH_FROM;
     for (Py_ssize_t i = 0; i < n; i++) {
-        prefetch(blocks, i, n, refs, NULL);
+        if (ahead)
+            prefetch(blocks, i, n, refs, NULL);
         Py_ssize_t index = block_index(refs, PySequence_Fast_GET_ITEM(blocks, i));
         if (index < 0) {
             Py_DECREF(blocks);
