@@ -1,7 +1,6 @@
 """The memory plane's compiled loops (``memory/pool_loops.c``) against their Python reference
 (``memory/pool_loops.py``): on random pools (reference counts, the key each block carries, a cache map whose
-entries agree with them, block ids past CPython's cached small ints, pools large enough that the compiled loops fetch
-the blocks ahead) and random calls, the same result, the same
+entries agree with them, block ids past CPython's cached small ints) and random calls, the same result, the same
 lists and the same map, its entries' order included; on a broken pool (a key with no entry, a block id past the
 lists) the same error, the lists left as the Python loop leaves them at the same block; on random decoding
 sequences (some reserved ahead, loading or unknown) the same growth, takes, fills and lengths. Which
@@ -34,9 +33,7 @@ def random_state(rng: random.Random) -> tuple[list[int], list, dict]:
     """refs, hashes, cached: each block carries a distinct key (ints and tuples) or none, and ``cached`` maps each
     carried key to its block, in a random order; sometimes broken (a carried key missing from the map, keys mapped
     to blocks that do not carry them)."""
-    # (a pool of 16,384 blocks or more: the compiled loops fetch the blocks ahead, ``FETCH_FROM``)
-    num_blocks = rng.choice([rng.randint(1, 12), rng.randint(250, 300)]) if rng.random() < 0.9 else \
-        rng.randint(16_384, 16_400)
+    num_blocks = rng.choice([rng.randint(1, 12), rng.randint(250, 300)])
     refs = [rng.choice([0, 1, 1, 2, 3]) for _ in range(num_blocks)]
     keys = rng.sample([*range(40), *((i, "k") for i in range(20))], 60)
     hashes: list = [keys.pop() if keys and rng.random() < 0.5 else None for _ in range(num_blocks)]
