@@ -73,41 +73,28 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     cached_groups = manager.cached_group_ids if manager.enable_prefix_caching else []
     # Each sequence's lengths move as it is seen (one pass: a step's decodes are most of a replay's calls), and move
     # back where the call then answers None.
-    grown = pool.loops.grow_lengths(manager.sequences, sequence_ids, num_tokens, block_size, num_groups,
-                                    pool.free_blocks.num_free, cached_groups[0] if cached_groups else -1)
+    loops = pool.loops
+    grown = loops.grow_lengths(manager.sequences, sequence_ids, num_tokens, block_size, num_groups,
+                               pool.free_blocks.num_free, cached_groups[0] if cached_groups else -1)
     if grown is None:  # (unknown, reserved ahead, loading: ``grow``'s own path)
         return None
     states, num_grown, num_taken, takes, fills = grown
-    if fills:  # (most single steps fill no block)
-        group_keys: list[list[Hashable]] = [[] for _ in manager.groups]
-        for g in cached_groups:
-            keys = group_keys[g]
-            for state, stop in fills:
-                keys += state.block_hashes[state.num_cached_blocks[g]:stop]
-        for keys, cached in zip(group_keys, pool.cached_blocks, strict=True):
-            if keys and (len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys)):
-                pool_loops.move_lengths(states[:num_grown], -num_tokens)
-                return None
+    group_keys: dict[int, list[Hashable]] = {}
+    for g in cached_groups if fills else ():  # (most single steps fill no block)
+        keys = loops.fill_keys(fills, g, pool.cached_blocks[g])
+        if keys is None:
+            pool_loops.move_lengths(states[:num_grown], -num_tokens)
+            return None
+        group_keys[g] = keys
     if takes:
         taken: list[int] = []
         pool.take(num_taken, taken)
-        position = 0
-        for state, per_group in takes:  # group by group, as ``_take``
-            for table in state.block_tables:
-                table += taken[position:position + per_group]
-                position += per_group
-            state.num_held_blocks += per_group * num_groups
+        loops.hand_out(takes, taken, num_groups)
         if num_groups == 1:
             note_past_final(manager, [state for state, _ in takes])
-    if fills:  # (the blocks in the order the calls one by one cache them; each group's map its own)
-        for g in cached_groups:
-            blocks: list[int] = []
-            for state, stop in fills:
-                cached = state.num_cached_blocks
-                blocks += state.block_tables[g][cached[g]:stop]
-                if stop > cached[g]:
-                    cached[g] = stop
-            if blocks:
-                pool.cache_fresh(group_keys[g], blocks, g)
+    for g, keys in group_keys.items():  # (the blocks in the order the calls one by one cache them; each group's map)
+        blocks = loops.fill_blocks(fills, g)
+        if blocks:
+            pool.cache_fresh(keys, blocks, g)
     return num_grown
 

@@ -228,10 +228,10 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* SequenceState's slots that grow_lengths reads and writes, bound once (bind_sequence_state): a slot is read and
+/* SequenceState's slots that grow_lengths and the passes after it read and write, bound once (bind_sequence_state): a slot is read and
  * written through its member definition, without a lookup by name per sequence. */
 static PyTypeObject *STATE_TYPE;
-static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES;
+static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES, *BLOCK_TABLES;
 
 static PyMemberDef *slot(PyObject *cls, const char *name) {
     PyObject *descriptor = PyObject_GetAttrString(cls, name);
@@ -251,7 +251,8 @@ static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
         return PyErr_Format(PyExc_TypeError, "bind_sequence_state takes the class");
     if (!(LENGTH = slot(cls, "sequence_length")) || !(COMPUTED = slot(cls, "num_computed_tokens")) ||
         !(LOADING = slot(cls, "num_loading_tokens")) || !(HELD = slot(cls, "num_held_blocks")) ||
-        !(CACHED_BLOCKS = slot(cls, "num_cached_blocks")) || !(BLOCK_HASHES = slot(cls, "block_hashes")))
+        !(CACHED_BLOCKS = slot(cls, "num_cached_blocks")) || !(BLOCK_HASHES = slot(cls, "block_hashes")) ||
+        !(BLOCK_TABLES = slot(cls, "block_tables")))
         return NULL;
     Py_INCREF(cls);
     Py_XSETREF(STATE_TYPE, (PyTypeObject *)cls);
@@ -389,6 +390,153 @@ done:
     return result;
 }
 
+/* A pair (state, number) of grow_lengths' takes or fills: the state (borrowed; TypeError where it is not the bound
+ * sequence state) and the number. NULL with an error set where the pair is not one. */
+static PyObject *pair(PyObject *item, long long *number) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2)
+        return PyErr_Format(PyExc_TypeError, "expected (state, int) pairs");
+    PyObject *state = PyTuple_GET_ITEM(item, 0);
+    if (STATE_TYPE == NULL || !Py_IS_TYPE(state, STATE_TYPE))
+        return PyErr_Format(PyExc_TypeError, "a %s, not the bound sequence state", Py_TYPE(state)->tp_name);
+    *number = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+    return *number == -1 && PyErr_Occurred() ? NULL : state;
+}
+
+/* ``state.<member>[group]`` as an int (-1 with an error set where it fails). */
+static long long read_item(PyObject *state, PyMemberDef *member, Py_ssize_t group) {
+    PyObject *items = PyMember_GetOne((const char *)state, member);
+    if (items == NULL)
+        return -1;
+    PyObject *item = PySequence_GetItem(items, group);
+    Py_DECREF(items);
+    if (item == NULL)
+        return -1;
+    long long number = PyLong_AsLongLong(item);
+    Py_DECREF(item);
+    return number;
+}
+
+/* ``state.<member>[start:stop]`` (or ``state.<member>[group][start:stop]`` where ``group`` >= 0) added to the end of
+ * ``out``; -1 with an error set where it fails. */
+static int extend_by_slice(PyObject *out, PyObject *state, PyMemberDef *member, Py_ssize_t group, long long start,
+                           long long stop) {
+    PyObject *items = PyMember_GetOne((const char *)state, member);
+    if (items != NULL && group >= 0)
+        Py_SETREF(items, PySequence_GetItem(items, group));
+    if (items == NULL)
+        return -1;
+    PyObject *part = PySequence_GetSlice(items, (Py_ssize_t)start, (Py_ssize_t)stop);
+    Py_DECREF(items);
+    if (part == NULL)
+        return -1;
+    Py_ssize_t size = PyList_GET_SIZE(out);
+    int failed = PyList_SetSlice(out, size, size, part);
+    Py_DECREF(part);
+    return failed;
+}
+
+static PyObject *fill_keys(PyObject *self, PyObject *args) {
+    PyObject *fills, *cached;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "O!nO!:fill_keys", &PyList_Type, &fills, &group, &PyDict_Type, &cached))
+        return NULL;
+    PyObject *keys = PyList_New(0);
+    for (Py_ssize_t i = 0; keys != NULL && i < PyList_GET_SIZE(fills); i++) {
+        long long stop, start;
+        PyObject *state = pair(PyList_GET_ITEM(fills, i), &stop);
+        if (state == NULL || ((start = read_item(state, CACHED_BLOCKS, group)) == -1 && PyErr_Occurred()) ||
+                extend_by_slice(keys, state, BLOCK_HASHES, -1, start, stop) < 0)
+            Py_CLEAR(keys);
+    }
+    if (keys == NULL)
+        return NULL;
+    PyObject *distinct = PySet_New(keys);
+    if (distinct == NULL) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    int met = PySet_GET_SIZE(distinct) != PyList_GET_SIZE(keys);  /* a key twice */
+    Py_DECREF(distinct);
+    for (Py_ssize_t i = 0; !met && i < PyList_GET_SIZE(keys); i++) {
+        met = PyDict_Contains(cached, PyList_GET_ITEM(keys, i));  /* a key with an entry */
+        if (met < 0) {
+            Py_DECREF(keys);
+            return NULL;
+        }
+    }
+    if (met) {
+        Py_DECREF(keys);
+        Py_RETURN_NONE;
+    }
+    return keys;
+}
+
+static PyObject *hand_out(PyObject *self, PyObject *args) {
+    PyObject *takes, *taken;
+    long long num_groups;
+    if (!PyArg_ParseTuple(args, "O!O!L:hand_out", &PyList_Type, &takes, &PyList_Type, &taken, &num_groups))
+        return NULL;
+    Py_ssize_t position = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(takes); i++) {
+        long long per_group, held;
+        PyObject *state = pair(PyList_GET_ITEM(takes, i), &per_group);
+        if (state == NULL)
+            return NULL;
+        PyObject *tables = PyMember_GetOne((const char *)state, BLOCK_TABLES);
+        PyObject *each = tables == NULL ? NULL : PyObject_GetIter(tables);
+        Py_XDECREF(tables);
+        if (each == NULL)
+            return NULL;
+        PyObject *table;
+        while ((table = PyIter_Next(each)) != NULL) {  /* table += taken[position:position + per_group] */
+            PyObject *part = PyList_GetSlice(taken, position, position + (Py_ssize_t)per_group);
+            PyObject *grown = part == NULL ? NULL : PyNumber_InPlaceAdd(table, part);
+            Py_XDECREF(part);
+            Py_DECREF(table);
+            if (grown == NULL)
+                break;
+            Py_DECREF(grown);
+            position += (Py_ssize_t)per_group;
+        }
+        Py_DECREF(each);
+        if (PyErr_Occurred() || ((held = read_int(state, HELD)) == -1 && PyErr_Occurred()))
+            return NULL;
+        PyObject *count = PyLong_FromLongLong(held + per_group * num_groups);
+        int failed = count == NULL || PyMember_SetOne((char *)state, HELD, count) < 0;
+        Py_XDECREF(count);
+        if (failed)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *fill_blocks(PyObject *self, PyObject *args) {
+    PyObject *fills;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "O!n:fill_blocks", &PyList_Type, &fills, &group))
+        return NULL;
+    PyObject *blocks = PyList_New(0);
+    for (Py_ssize_t i = 0; blocks != NULL && i < PyList_GET_SIZE(fills); i++) {
+        long long stop, start;
+        PyObject *state = pair(PyList_GET_ITEM(fills, i), &stop);
+        if (state == NULL || ((start = read_item(state, CACHED_BLOCKS, group)) == -1 && PyErr_Occurred()) ||
+                extend_by_slice(blocks, state, BLOCK_TABLES, group, start, stop) < 0) {
+            Py_CLEAR(blocks);
+            break;
+        }
+        if (stop > start) {  /* num_cached_blocks[group] = stop */
+            PyObject *counts = PyMember_GetOne((const char *)state, CACHED_BLOCKS);
+            PyObject *moved = counts == NULL ? NULL : PyLong_FromLongLong(stop);
+            int failed = moved == NULL || PySequence_SetItem(counts, group, moved) < 0;
+            Py_XDECREF(moved);
+            Py_XDECREF(counts);
+            if (failed)
+                Py_CLEAR(blocks);
+        }
+    }
+    return blocks;
+}
+
 /* An int64 column (a C-contiguous buffer of 8-byte ints: a NumPy int64 array), or -1 with an error set. */
 static int int64_column(PyObject *array, Py_buffer *view, const char *what) {
     if (PyObject_GetBuffer(array, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
@@ -464,6 +612,9 @@ static PyMethodDef methods[] = {
     {"set_refs", set_refs, METH_VARARGS, NULL},
     {"bind_sequence_state", bind_sequence_state, METH_O, NULL},
     {"grow_lengths", grow_lengths, METH_VARARGS, NULL},
+    {"fill_keys", fill_keys, METH_VARARGS, NULL},
+    {"hand_out", hand_out, METH_VARARGS, NULL},
+    {"fill_blocks", fill_blocks, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

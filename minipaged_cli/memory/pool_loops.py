@@ -7,7 +7,8 @@ reference, in NumPy, is ``bulk.python_full_attention_profile``: ``compiled()`` h
 A replay with prefix caching moves every prompt's blocks through these loops (the Mooncake trace: 9 million
 blocks), each block a few list and dict operations, and every running sequence through ``grow_lengths`` at every
 step (two million times on that trace); in Python the interpreter's bytecodes around those operations cost more than
-the operations. ``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
+the operations. (The passes after ``grow_lengths`` too: ``fill_keys``, ``hand_out``, ``fill_blocks``.)
+``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
 (``native_build.build_extension``), and these where there is no C compiler or no ``Python.h``.
 ``MINIPAGED_NATIVE=0`` keeps these; ``MINIPAGED_NATIVE=1`` fails where the build does. The two make the same
 decisions: ``tests/memory/test_pool_loops.py`` drives both over random pools and sequences and compares every list,
@@ -113,6 +114,42 @@ def grow_lengths(sequences: dict[Hashable, SequenceState], sequence_ids: Sequenc
     return states, num_grown, num_taken, takes, fills
 
 
+def fill_keys(fills: list[tuple[SequenceState, int]], group: int,
+              cached: dict[Hashable, int]) -> list[Hashable] | None:
+    """The keys of the blocks that ``grow_lengths``' ``fills`` fill in ``group`` (each (state, stop): its keys from
+    the group's ``num_cached_blocks`` to ``stop``), in order; None where one is among them twice or ``cached`` has
+    an entry for one (``grow_together`` then grows the sequences one at a time)."""
+    keys: list[Hashable] = []
+    for state, stop in fills:
+        keys += state.block_hashes[state.num_cached_blocks[group]:stop]
+    if len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys):
+        return None
+    return keys
+
+
+def hand_out(takes: list[tuple[SequenceState, int]], taken: list[int], num_groups: int) -> None:
+    """The blocks ``taken`` onto the tables of ``grow_lengths``' ``takes`` (each (state, blocks per group)), in
+    order and group by group, as ``KVBlockManager._take`` puts them; each state's held blocks counted."""
+    position = 0
+    for state, per_group in takes:
+        for table in state.block_tables:
+            table += taken[position:position + per_group]
+            position += per_group
+        state.num_held_blocks += per_group * num_groups
+
+
+def fill_blocks(fills: list[tuple[SequenceState, int]], group: int) -> list[int]:
+    """The blocks whose keys ``fill_keys`` gave, in its order; each state's ``num_cached_blocks[group]`` moved to
+    its stop."""
+    blocks: list[int] = []
+    for state, stop in fills:
+        cached = state.num_cached_blocks
+        blocks += state.block_tables[group][cached[group]:stop]
+        if stop > cached[group]:
+            cached[group] = stop
+    return blocks
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -129,6 +166,9 @@ class Loops:
     free_unshared: Callable[..., int]
     set_refs: Callable[..., None]
     grow_lengths: Callable[..., tuple | None]
+    fill_keys: Callable[..., list | None]
+    hand_out: Callable[..., None]
+    fill_blocks: Callable[..., list[int]]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

@@ -3,7 +3,8 @@
 entries agree with them, block ids past CPython's cached small ints) and random calls, the same result, the same
 lists and the same map, its entries' order included; on a broken pool (a key with no entry, a block id past the
 lists) the same error, the lists left as the Python loop leaves them at the same block; on random decoding
-sequences (some reserved ahead, loading or unknown) the same growth, takes, fills and lengths. Which
+sequences (some reserved ahead, loading or unknown) the same growth, takes, fills and lengths, and the same keys,
+tables and counts from the passes after it. Which
 implementation a pool gets: ``loops()`` and ``MINIPAGED_NATIVE``. (The compiled bulk profile is checked in
 ``test_bulk.py``.)"""
 
@@ -132,6 +133,69 @@ def test_grow_lengths_matches_the_python_loop(seed: int) -> None:
                       [(state.sequence_id, stop) for state, stop in fills])
         outcomes.append((answer, [(state.sequence_length, state.num_computed_tokens) for state in mine.values()]))
     assert outcomes[0] == outcomes[1]
+
+
+def random_fills_and_takes(rng: random.Random) -> tuple[dict[int, SequenceState], list, list, int]:
+    """Sequences of one or two groups with tables, keys and cached counts; fills (state, stop) and takes (state,
+    blocks per group) over some of them, as ``grow_lengths`` lists them (stops from below the cached count to past
+    the keys), and the number of groups."""
+    num_groups = rng.choice([1, 1, 2])
+    sequences = {}
+    for sequence_id in range(rng.randint(0, 6)):
+        num_blocks = rng.randint(0, 8)
+        sequences[sequence_id] = SequenceState(
+            sequence_id, block_tables=[[fresh(rng.randrange(1000)) for _ in range(num_blocks)]
+                                       for _ in range(num_groups)],
+            block_hashes=[rng.choice([*range(30), (1, "k"), (2, "k")]) for _ in range(rng.randint(0, 8))],
+            num_cached_blocks=[rng.randint(0, 5) for _ in range(num_groups)], num_held_blocks=rng.randint(0, 10))
+    states = list(sequences.values())
+    fills = [(state, rng.randint(0, 9)) for state in rng.sample(states, rng.randint(0, len(states)))]
+    takes = [(state, rng.randint(0, 3)) for state in rng.sample(states, rng.randint(0, len(states)))]
+    return sequences, fills, takes, num_groups
+
+
+def named(sequences: dict[int, SequenceState]) -> list:
+    """What the passes change: each state's tables, held blocks and cached counts."""
+    return [(state.block_tables, state.num_held_blocks, state.num_cached_blocks) for state in sequences.values()]
+
+
+@settings(max_examples=500)
+@given(st.integers(0, 2**32 - 1))
+def test_the_passes_after_grow_lengths_match_the_python_loops(seed: int) -> None:
+    """fill_keys (the keys filled, or None where one repeats or is cached), hand_out (the taken blocks onto the
+    tables, group by group) and fill_blocks (the blocks filled, the cached counts moved): the same answers and
+    states."""
+    rng = random.Random(seed)
+    sequences, fills, takes, num_groups = random_fills_and_takes(rng)
+    cached = {key: fresh(500 + key) for key in rng.sample(range(30), rng.choice([0, 0, 3]))}
+    taken = [fresh(2000 + i) for i in range(sum(count for _, count in takes) * num_groups + rng.randint(0, 2))]
+    group = rng.randrange(num_groups)
+    outcomes = []
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        mine = copy.deepcopy((sequences, fills, takes))
+        keys = loops.fill_keys(mine[1], group, dict(cached))
+        loops.hand_out(mine[2], list(taken), num_groups)
+        blocks = loops.fill_blocks(mine[1], group)
+        outcomes.append((keys, blocks, named(mine[0])))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_the_passes_after_grow_lengths_worked_by_hand() -> None:
+    """Two sequences of one group: the first fills blocks 1 and 2 (keys "b", "c"), the second block 0 (key "x");
+    the first takes two blocks, the second one. A repeated key, or one already cached, answers None."""
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        first = SequenceState(0, block_tables=[[10, 11, 12]], block_hashes=["a", "b", "c"], num_cached_blocks=[1],
+                              num_held_blocks=3)
+        second = SequenceState(1, block_tables=[[20]], block_hashes=["x"], num_cached_blocks=[0], num_held_blocks=1)
+        fills = [(first, 3), (second, 1)]
+        assert loops.fill_keys(fills, 0, {"a": 10}) == ["b", "c", "x"]
+        assert loops.fill_keys(fills, 0, {"x": 7}) is None
+        assert loops.fill_keys([(first, 3), (first, 3)], 0, {}) is None
+        loops.hand_out([(first, 2), (second, 1)], [30, 31, 32], 1)
+        assert (first.block_tables, second.block_tables) == ([[10, 11, 12, 30, 31]], [[20, 32]])
+        assert (first.num_held_blocks, second.num_held_blocks) == (5, 2)
+        assert loops.fill_blocks(fills, 0) == [11, 12, 20]
+        assert (first.num_cached_blocks, second.num_cached_blocks) == ([3], [1])
 
 
 def test_the_python_loops_read_a_key_met_as_the_caller_resolves_it() -> None:
