@@ -6,7 +6,8 @@
  * The pool keeps its per-block state in Python lists indexed by block id (``refs``: reference counts,
  * ``hashes``: the key a block is cached under, or None) and its prefix cache in a dict (key -> block). A replay
  * with prefix caching moves millions of blocks through them; in Python each block costs a few bytecodes per list
- * or dict operation, here only the operations themselves. grow_lengths reads and writes a SequenceState's slots
+ * or dict operation, here only the operations themselves; and they fetch the memory of the blocks ahead (below).
+ * grow_lengths, and the passes after it (fill_keys, hand_out, fill_blocks), read and write a SequenceState's slots
  * through their member definitions (bound once), as its attribute access does, without a lookup per sequence.
  * full_attention_profile is bulk.py's NumPy profile of a bulk decode (a handful of steps: NumPy's calls cost more
  * than their arithmetic), checked against it by tests/memory/test_bulk.py.
@@ -435,6 +436,18 @@ static int extend_by_slice(PyObject *out, PyObject *state, PyMemberDef *member, 
     return failed;
 }
 
+/* The fill ``fill`` (state, stop) in group ``group``: the items of the state's ``member`` (its keys, or its table in
+ * the group where ``of_group``) from the group's cached count to the stop, added to ``out``. The state (borrowed),
+ * the count and the stop read; NULL with an error set where it fails. */
+static PyObject *add_filled(PyObject *out, PyObject *fill, Py_ssize_t group, PyMemberDef *member, int of_group,
+                            long long *start, long long *stop) {
+    PyObject *state = pair(fill, stop);
+    if (state == NULL || ((*start = read_item(state, CACHED_BLOCKS, group)) == -1 && PyErr_Occurred()) ||
+            extend_by_slice(out, state, member, of_group ? group : -1, *start, *stop) < 0)
+        return NULL;
+    return state;
+}
+
 static PyObject *fill_keys(PyObject *self, PyObject *args) {
     PyObject *fills, *cached;
     Py_ssize_t group;
@@ -442,10 +455,8 @@ static PyObject *fill_keys(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *keys = PyList_New(0);
     for (Py_ssize_t i = 0; keys != NULL && i < PyList_GET_SIZE(fills); i++) {
-        long long stop, start;
-        PyObject *state = pair(PyList_GET_ITEM(fills, i), &stop);
-        if (state == NULL || ((start = read_item(state, CACHED_BLOCKS, group)) == -1 && PyErr_Occurred()) ||
-                extend_by_slice(keys, state, BLOCK_HASHES, -1, start, stop) < 0)
+        long long start, stop;
+        if (add_filled(keys, PyList_GET_ITEM(fills, i), group, BLOCK_HASHES, 0, &start, &stop) == NULL)
             Py_CLEAR(keys);
     }
     if (keys == NULL)
@@ -517,10 +528,9 @@ static PyObject *fill_blocks(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *blocks = PyList_New(0);
     for (Py_ssize_t i = 0; blocks != NULL && i < PyList_GET_SIZE(fills); i++) {
-        long long stop, start;
-        PyObject *state = pair(PyList_GET_ITEM(fills, i), &stop);
-        if (state == NULL || ((start = read_item(state, CACHED_BLOCKS, group)) == -1 && PyErr_Occurred()) ||
-                extend_by_slice(blocks, state, BLOCK_TABLES, group, start, stop) < 0) {
+        long long start, stop;
+        PyObject *state = add_filled(blocks, PyList_GET_ITEM(fills, i), group, BLOCK_TABLES, 1, &start, &stop);
+        if (state == NULL) {
             Py_CLEAR(blocks);
             break;
         }

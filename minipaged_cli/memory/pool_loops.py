@@ -1,5 +1,6 @@
 """The memory plane's hottest loops: the block pool's per-block ones (``BlockPool``, ``take_cached``) and a step's
-pass over its decoding sequences (``grow_lengths``, for ``batched_growth.grow_together``). Here in Python, the
+passes over its decoding sequences (``grow_lengths``, then ``fill_keys``, ``hand_out`` and ``fill_blocks``, for
+``batched_growth.grow_together``). Here in Python, the
 reference, and compiled from ``pool_loops.c`` (CPython's C API) where this machine can build it: the same
 functions, arguments and results. (The compiled module also holds ``bulk.full_attention_profile``, whose
 reference, in NumPy, is ``bulk.python_full_attention_profile``: ``compiled()`` hands out the module.)
@@ -7,8 +8,7 @@ reference, in NumPy, is ``bulk.python_full_attention_profile``: ``compiled()`` h
 A replay with prefix caching moves every prompt's blocks through these loops (the Mooncake trace: 9 million
 blocks), each block a few list and dict operations, and every running sequence through ``grow_lengths`` at every
 step (two million times on that trace); in Python the interpreter's bytecodes around those operations cost more than
-the operations. (The passes after ``grow_lengths`` too: ``fill_keys``, ``hand_out``, ``fill_blocks``.)
-``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
+the operations. ``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
 (``native_build.build_extension``), and these where there is no C compiler or no ``Python.h``.
 ``MINIPAGED_NATIVE=0`` keeps these; ``MINIPAGED_NATIVE=1`` fails where the build does. The two make the same
 decisions: ``tests/memory/test_pool_loops.py`` drives both over random pools and sequences and compares every list,

@@ -5,25 +5,31 @@ bulk profile take what those give (compiled where the machine builds them)."""
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TypeVar
 
 import pytest
 
 from minipaged_cli.memory import pool_loops
 from tests.conftest import REQUIRE_SHARED, skip_unless_required
 
+T = TypeVar("T")
 LOOP_KINDS = pytest.mark.parametrize("pool_loops_kind", ["python", "compiled"], indirect=True)
 
 
-def compiled() -> tuple[ModuleType, pool_loops.Loops]:
-    """The compiled module and its loops; the test skips where this machine has no C compiler or no ``Python.h``
-    (fails in CI, and wherever a build ran and failed)."""
-    built = pool_loops._compiled()
+def usable(built: T | RuntimeError) -> T:
+    """A compiled module (or what holds it) where it built; the test skips where this machine has no C compiler or no
+    ``Python.h`` (fails in CI, and wherever a build ran and failed)."""
     if isinstance(built, RuntimeError):
         if "failed" in str(built):
             pytest.fail(str(built))
         skip_unless_required(str(built), REQUIRE_SHARED)
     assert not isinstance(built, RuntimeError)
     return built
+
+
+def compiled() -> tuple[ModuleType, pool_loops.Loops]:
+    """The compiled module and its loops (``usable``)."""
+    return usable(pool_loops._compiled())
 
 
 def compiled_loops() -> pool_loops.Loops:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from minipaged_cli import native_build
 from minipaged_cli.memory import prefix as prefix_module
-from tests.conftest import REQUIRE_SHARED, skip_unless_required
+from tests.memory.conftest import usable
 
 # Objects that recur by identity (what a replay's labels are: the trace's segment names, a request's own labels).
 SHARED: list[Any] = ["h0", "prompt", ("prompt", 3), ("output", 3, 0), "é", ("prompt", ("h0", 2))]
@@ -34,15 +34,8 @@ PARENTS = st.one_of(st.none(), st.integers(0, 2**61), st.integers(-2**65, 2**65)
 
 
 def compiled() -> ModuleType:
-    """The compiled module; the test skips where this machine has no C compiler or no ``Python.h`` (fails in CI,
-    and wherever a build ran and failed)."""
-    built = prefix_module._compiled()
-    if isinstance(built, RuntimeError):
-        if "failed" in str(built):
-            pytest.fail(str(built))
-        skip_unless_required(str(built), REQUIRE_SHARED)
-    assert not isinstance(built, RuntimeError)
-    return built
+    """The compiled module (``usable``: skips where this machine cannot build it)."""
+    return usable(prefix_module._compiled())
 
 
 def outcome(function: Callable[..., Any], *args: Any) -> Any:
