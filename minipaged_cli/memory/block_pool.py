@@ -72,13 +72,8 @@ class BlockPool:
 
     def reference(self, *blocks: int) -> None:
         """One more table holds each of ``blocks`` (a fork; a prompt's hits, one call): a free one is revived."""
-        refs, revived = self.ref_counts, []
-        for block in blocks:
-            if refs[block]:
-                self.num_shared_references += 1
-            else:
-                revived.append(block)
-            refs[block] += 1
+        revived, num_shared = self.loops.add_references(self.ref_counts, blocks)
+        self.num_shared_references += num_shared
         if revived:
             self.free_blocks.remove(*revived)
 
@@ -139,14 +134,7 @@ class BlockPool:
 
     def lookup(self, block_hashes: Iterable[Hashable], group: int = 0) -> list[int]:
         """The blocks holding the longest cached run of ``block_hashes`` from its start, in ``group``'s map."""
-        hits = []
-        get = self.cached_blocks[group].get
-        for block_hash in block_hashes:
-            block = get(block_hash)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        return self.loops.lookup(self.cached_blocks[group], block_hashes)
 
     def cache(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
         """``blocks[i]`` now holds the content ``block_hashes[i]`` names, in ``group``. A block already cached keeps

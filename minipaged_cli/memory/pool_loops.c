@@ -208,6 +208,54 @@ done:
     return result;
 }
 
+static PyObject *lookup(PyObject *self, PyObject *args) {
+    PyObject *cached, *keys_arg;
+    if (!PyArg_ParseTuple(args, "O!O:lookup", &PyDict_Type, &cached, &keys_arg))
+        return NULL;
+    PyObject *keys = PyObject_GetIter(keys_arg);  /* (walked up to the first miss, not listed) */
+    if (keys == NULL)
+        return NULL;
+    PyObject *hits = PyList_New(0), *key;
+    while (hits != NULL && (key = PyIter_Next(keys)) != NULL) {
+        PyObject *block = PyDict_GetItemWithError(cached, key);  /* borrowed */
+        Py_DECREF(key);
+        if (block == NULL || block == Py_None)  /* (a miss ends the hit; an error, the call) */
+            break;
+        if (PyList_Append(hits, block) < 0)
+            Py_CLEAR(hits);
+    }
+    Py_DECREF(keys);
+    if (PyErr_Occurred())
+        Py_CLEAR(hits);
+    return hits;
+}
+
+static PyObject *add_references(PyObject *self, PyObject *args) {
+    PyObject *refs, *blocks_arg;
+    if (!PyArg_ParseTuple(args, "O!O:add_references", &PyList_Type, &refs, &blocks_arg))
+        return NULL;
+    PyObject *blocks = PySequence_Fast(blocks_arg, "add_references: blocks must be a sequence");
+    if (blocks == NULL)
+        return NULL;
+    PyObject *revived = PyList_New(0);
+    Py_ssize_t num_shared = 0, n = PySequence_Fast_GET_SIZE(blocks);
+    for (Py_ssize_t i = 0; revived != NULL && i < n; i++) {
+        PyObject *block = PySequence_Fast_GET_ITEM(blocks, i);
+        Py_ssize_t index = block_index(refs, block);
+        int held = index < 0 ? -1 : PyObject_IsTrue(PyList_GET_ITEM(refs, index));
+        PyObject *more = held < 0 ? NULL : PyNumber_Add(PyList_GET_ITEM(refs, index), ONE);
+        if (more == NULL || (!held && PyList_Append(revived, block) < 0)) {
+            Py_XDECREF(more);
+            Py_CLEAR(revived);
+            break;
+        }
+        num_shared += held;
+        PyList_SetItem(refs, index, more);  /* (takes ``more``, releases the old count) */
+    }
+    Py_DECREF(blocks);
+    return revived == NULL ? NULL : Py_BuildValue("(Nn)", revived, num_shared);
+}
+
 static PyObject *set_refs(PyObject *self, PyObject *args) {
     PyObject *refs, *blocks_arg, *value;
     if (!PyArg_ParseTuple(args, "O!OO:set_refs", &PyList_Type, &refs, &blocks_arg, &value))
@@ -620,6 +668,8 @@ static PyMethodDef methods[] = {
     {"hold_evicting", hold_evicting, METH_VARARGS, NULL},
     {"free_unshared", free_unshared, METH_VARARGS, NULL},
     {"set_refs", set_refs, METH_VARARGS, NULL},
+    {"lookup", lookup, METH_VARARGS, NULL},
+    {"add_references", add_references, METH_VARARGS, NULL},
     {"bind_sequence_state", bind_sequence_state, METH_O, NULL},
     {"grow_lengths", grow_lengths, METH_VARARGS, NULL},
     {"fill_keys", fill_keys, METH_VARARGS, NULL},

@@ -1,4 +1,5 @@
-"""The memory plane's hottest loops: the block pool's per-block ones (``BlockPool``, ``take_cached``) and a step's
+"""The memory plane's hottest loops: the block pool's per-block ones (``BlockPool``, ``take_cached``: a prompt's keys
+entered, its hit looked up and held, evicted entries dropped, counts set) and a step's
 passes over its decoding sequences (``grow_lengths``, then ``fill_keys``, ``hand_out`` and ``fill_blocks``, for
 ``batched_growth.grow_together``). Here in Python, the
 reference, and compiled from ``pool_loops.c`` (CPython's C API) where this machine can build it: the same
@@ -21,7 +22,7 @@ none); ``cached`` maps a key to the block a hit gets.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -70,6 +71,32 @@ def free_unshared(refs: list[int], blocks: Sequence[int]) -> int:
             return blocks.index(block)
         refs[block] = 0
     return len(blocks)
+
+
+def lookup(cached: dict[Hashable, int], keys: Iterable[Hashable]) -> list[int]:
+    """The entries of ``keys`` in ``cached``, from the first key up to the first without one (a prompt's hit)."""
+    hits = []
+    get = cached.get
+    for key in keys:
+        block = get(key)
+        if block is None:
+            break
+        hits.append(block)
+    return hits
+
+
+def add_references(refs: list[int], blocks: Sequence[int]) -> tuple[list[int], int]:
+    """One more holder for each of ``blocks``: those no one held (in order: the caller takes them off the free
+    queue), and how many others were held already."""
+    revived = []
+    num_shared = 0
+    for block in blocks:
+        if refs[block]:
+            num_shared += 1
+        else:
+            revived.append(block)
+        refs[block] += 1
+    return revived, num_shared
 
 
 def set_refs(refs: list[int], blocks: Sequence[int], value: int) -> None:
@@ -165,6 +192,8 @@ class Loops:
     hold_evicting: Callable[..., None]
     free_unshared: Callable[..., int]
     set_refs: Callable[..., None]
+    lookup: Callable[..., list[int]]
+    add_references: Callable[..., tuple[list[int], int]]
     grow_lengths: Callable[..., tuple | None]
     fill_keys: Callable[..., list | None]
     hand_out: Callable[..., None]

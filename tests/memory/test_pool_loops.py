@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -85,6 +86,16 @@ def test_enter_keys_matches_the_python_loop(seed: int) -> None:
              rng.randint(0, count))
 
 
+class Walked:
+    """An iterable that is not a list (each walk a fresh iterator): ``lookup`` walks it up to the first miss."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+    def __iter__(self) -> Iterator:
+        return iter(self.items)
+
+
 @settings(max_examples=500)
 @given(st.integers(0, 2**32 - 1))
 def test_the_block_loops_match_the_python_loops(seed: int) -> None:
@@ -94,6 +105,12 @@ def test_the_block_loops_match_the_python_loops(seed: int) -> None:
     run_both("hold_evicting", (refs, hashes, cached), blocks)
     run_both("free_unshared", (refs,), blocks)
     run_both("set_refs", (refs,), blocks, rng.choice([0, 1]))
+    run_both("add_references", (refs,), blocks + blocks[:rng.randint(0, 2)])  # (a block twice: revived, then shared)
+    carried = [key for key in hashes if key is not None]
+    keys = rng.sample(carried, len(carried)) + [rng.choice([*range(50), (3, "k")]) for _ in range(rng.randint(0, 3))]
+    run_both("lookup", (cached,), keys[:rng.randint(0, len(keys))])
+    run_both("lookup", (cached,), Walked(keys))
+
 
 
 def random_sequences(rng: random.Random) -> tuple[dict[int, SequenceState], list[int]]:
