@@ -21,6 +21,10 @@ admitted request, and requests (prompt + output) up to 131,072 tokens (``max_mod
 longest fit) or the pool's size in tokens where that is smaller: a longer request can never finish, and given one the
 Rust core stops ("replay invariant violated: ... effect-free zero-duration pass").
 
+minipaged's processes load compiled byte code, as the core's do (``pip install`` compiles an installed package's;
+this checkout's is compiled once, before the first row, into its ``__pycache__`` folders, whatever
+``PYTHONDONTWRITEBYTECODE`` says): a fresh compile of the package is no part of a replay.
+
 Each row runs ``--repeats`` pairs, the two commands alternating (which goes first alternates too), and reports the
 median CPU seconds (user + system, the child process's own ``os.wait4`` accounting) and peak resident memory of
 each side, the prefix hit % and preemptions of the last pair, and the median of the pairs' ratios minipaged / core.
@@ -143,11 +147,19 @@ def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
     return argv
 
 
-def run_minipaged(row: Row, trace: Path) -> Run:
+def compiled_env(checkout: Path = CHECKOUT) -> dict[str, str]:
+    """The environment minipaged's processes run in: ``checkout`` on the path, its modules' byte code compiled
+    where an import finds it (``python -m compileall``, run here: it writes the files whatever
+    ``PYTHONDONTWRITEBYTECODE`` says; an installed package's come so from ``pip install``)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "minipaged_cli")], check=True,
+                   stdout=subprocess.DEVNULL)
+    return {**os.environ, "PYTHONPATH": str(checkout)}
+
+
+def run_minipaged(row: Row, trace: Path, env: dict[str, str]) -> Run:
     with tempfile.TemporaryDirectory() as scratch:
         json_path = Path(scratch) / "result.json"
-        cpu_s, peak_mb = timed_process(minipaged_argv(row, trace, json_path),
-                                          {**os.environ, "PYTHONPATH": str(CHECKOUT)})
+        cpu_s, peak_mb = timed_process(minipaged_argv(row, trace, json_path), env)
         result = json.loads(json_path.read_text())
     figures = result["fleet"] if row.replicas > 1 else result["strategies"]["paged"]
     return Run(cpu_s, peak_mb, figures["prefix_cache_hit_pct"], figures["num_preemptions"],
@@ -164,13 +176,13 @@ class Profile:
     files: list[tuple[str, float]]
 
 
-def profile_minipaged(row: Row, trace: Path, top: int) -> Profile:
+def profile_minipaged(row: Row, trace: Path, top: int, env: dict[str, str]) -> Profile:
     """One more minipaged run of ``row``, under cProfile: its ``top`` functions and files by self time."""
     with tempfile.TemporaryDirectory() as scratch:
         stats_path = Path(scratch) / "run.prof"
         argv = minipaged_argv(row, trace, Path(scratch) / "result.json")
         argv[1:1] = ["-m", "cProfile", "-o", str(stats_path)]
-        timed_process(argv, {**os.environ, "PYTHONPATH": str(CHECKOUT)})
+        timed_process(argv, env)
         # {(file, line, function): (primitive calls, calls, self seconds, cumulative seconds, callers)}
         stats = pstats.Stats(str(stats_path)).stats  # type: ignore[attr-defined]
     functions: dict[str, float] = {}
@@ -285,7 +297,8 @@ class Measured:
     core: list[Run]
 
 
-def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None) -> Measured:
+def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None,
+                env: dict[str, str]) -> Measured:
     minipaged: list[Run] = []
     core: list[Run] = []
     for repeat in range(repeats):
@@ -293,7 +306,7 @@ def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None) 
         sides = ["minipaged", "core"] if repeat % 2 == 0 else ["core", "minipaged"]
         for side in sides:
             if side == "minipaged":
-                minipaged.append(run_minipaged(row, trace))
+                minipaged.append(run_minipaged(row, trace, env))
             elif dynamo_python is not None:
                 core.append(run_dynamo(dynamo_python, row, trace))
         print(f"  {row.name} pair {repeat + 1}/{repeats}: minipaged {minipaged[-1].cpu_s:.2f} s"
@@ -344,7 +357,8 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
     text = ("# minipaged against Dynamo's Rust simulator core\n\n"
             "NVIDIA Dynamo's simulator core (`ai-dynamo-runtime` 1.6.1, driven through `ai-dynamo` 1.6.1's "
             "`dynamo.replay`) and `minipaged simulate` on the same traces and pools, with the same settings: "
-            f"{settings}. Each simulator runs as a whole process, start-up included; CPU seconds are user + "
+            f"{settings}. Each simulator runs as a whole process, start-up included, loading compiled byte code "
+            "(the core's compiled by `pip install`, minipaged's once before the first run); CPU seconds are user + "
             f"system time, medians of {repeats} paired runs (the two commands alternating), and the ratio is the "
             "median of the pairs' ratios minipaged / core. Hit % and preemptions are the last pair's. "
             "The core's hit % is its `first_admission_prefix_cache_reused_ratio` (prompt tokens found cached at a "
@@ -391,14 +405,15 @@ def main() -> None:
         print(skipped)
     profiles: list[Profile] = []
     with tempfile.TemporaryDirectory() as scratch:
+        env = compiled_env()
         measured = []
         for row in chosen:
             trace = args.traces / row.trace
             if row.trace == AZURE:
                 trace = mooncake_jsonl(trace, Path(scratch) / "azure_conv.jsonl")
-            measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python))
+            measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python, env))
             if args.profile > 0:
-                profiles.append(profile_minipaged(row, trace, args.profile))
+                profiles.append(profile_minipaged(row, trace, args.profile, env))
     rows = [table_row(m) for m in measured]
     widths = [max(len(cell) for cell in column) for column in zip(HEADER, *rows, strict=True)]
     for row in [HEADER, *rows]:

@@ -4,8 +4,10 @@ line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +82,29 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     printed_shares = [line.split(None, 1) for line in done.stdout.splitlines()[-11:-1]]
     assert [(name, f"{float(pct):.1f}") for pct, name in printed_shares] == \
         [(name, f"{pct:.1f}") for name, pct in [*functions, *files]]
+
+
+
+def test_minipaged_runs_load_byte_code_compiled_before_them(tmp_path: Path) -> None:
+    """The core's package comes compiled by ``pip install``; minipaged's processes get the same: the checkout's
+    modules are compiled before any runs, and a process loads them from there, ``PYTHONDONTWRITEBYTECODE`` or not
+    (a copy of the package stands for the checkout)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peer_speed
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    shutil.copytree(ROOT / "minipaged_cli", tmp_path / "minipaged_cli",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    env = {**peer_speed.compiled_env(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    assert env["PYTHONPATH"] == str(tmp_path)
+    compiled = {path: path.stat().st_mtime_ns for path in (tmp_path / "minipaged_cli").rglob("*.pyc")}
+    assert len(compiled) == len(list((tmp_path / "minipaged_cli").rglob("*.py")))
+    # (``-v`` names each module's code object as it loads it: from its .pyc, or compiled from the source)
+    done = subprocess.run([sys.executable, "-v", "-c", "import minipaged_cli.sim.replay"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, check=True)
+    loaded = [line for line in done.stderr.splitlines() if line.startswith("# code object from")]
+    replay = tmp_path / "minipaged_cli" / "sim" / "replay.py"
+    assert f"# code object from '{importlib.util.cache_from_source(str(replay))}'" in loaded
+    assert not [line for line in loaded if str(tmp_path) in line and not line.endswith(".pyc'")]
+    assert {path: path.stat().st_mtime_ns for path in compiled} == compiled  # (read, not written again)
