@@ -105,28 +105,29 @@ class StrategyMetrics:
 
 
 class MemoryIntegrator:
-    """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps."""
+    """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps (Python
+    floats, added one by one in the order NumPy's element-wise sum adds them)."""
 
     def __init__(self) -> None:
         self.weight = {"saturated": 0.0, "busy": 0.0}
-        self.sums = {key: np.zeros(len(CATEGORIES) + 1) for key in self.weight}
+        self.sums = {key: [0.0] * (len(CATEGORIES) + 1) for key in self.weight}
 
-    def add(self, duration: float, integrals: np.ndarray, saturated: bool) -> None:
+    def add(self, duration: float, integrals: Sequence[float], saturated: bool) -> None:
         """``integrals``: Σ duration * slots over the steps, per category and (last) allocated slots."""
         for key in ("saturated", "busy") if saturated else ("busy",):
             self.weight[key] += duration
-            self.sums[key] += integrals
+            self.sums[key] = [total + value for total, value in zip(self.sums[key], integrals, strict=True)]
 
     def averages(self, capacity: int) -> tuple[str, np.ndarray]:
         key = "saturated" if self.weight["saturated"] > 0 else "busy"
         if self.weight[key] == 0:  # nothing ever ran: all memory stayed free
-            return key, category_slots(0, 0, 0, 0, 100.0)
-        averages = 100.0 * self.sums[key] / self.weight[key] / capacity
+            return key, np.array(category_slots(0, 0, 0, 0, 100.0), dtype=np.float64)
+        averages = 100.0 * np.array(self.sums[key], dtype=np.float64) / self.weight[key] / capacity
         return key, np.where(np.abs(averages) < 1e-9, 0.0, averages)  # no "-0.0" from rounding
 
 
 def current_categories(running: Sequence[LiveRequest], allocator: Allocator, external: int,
-                       live_tokens: int | None = None) -> np.ndarray:
+                       live_tokens: int | None = None) -> tuple[float, ...]:
     """The memory categories now, in slots, for the running requests (``category_slots``'s layout).
     ``live_tokens``: Σ of their computed tokens, where the caller has it."""
     if allocator.windowed:  # a token's K/V in each group that holds it; the tail past F in each group
@@ -176,7 +177,7 @@ class Accounting:
 
     # -- steps -----------------------------------------------------------------------------------------------
 
-    def record(self, now: float, duration: float, integrals: np.ndarray, saturated: bool, num_steps: int,
+    def record(self, now: float, duration: float, integrals: Sequence[float], saturated: bool, num_steps: int,
                batch_size: int) -> None:
         """Steps lasting ``duration`` in all, from ``now``; ``integrals``: Σ duration * slots per category."""
         self.integrator.add(duration, integrals, saturated)

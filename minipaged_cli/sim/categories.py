@@ -21,8 +21,6 @@ reports the whole tail as ``tail_waste_pct``, a share of the allocated slots, no
 
 from __future__ import annotations
 
-import numpy as np
-
 CATEGORIES = ("token_state", "reserved_future", "internal_frag", "external_frag", "free")
 LABELS = {
     "token_state": "token states",
@@ -35,17 +33,17 @@ USED = len(CATEGORIES)  # index of the used slots, after the five categories, in
 
 
 def category_slots(tokens: float, allocated: float, internal: float, external: float, capacity: float,
-                   shared: float = 0.0) -> np.ndarray:
+                   shared: float = 0.0) -> tuple[float, ...]:
     """[token_state, reserved_future, internal_frag, external_frag, free, used] in slots (or slot-seconds: the
     formulas are linear, so integrals over time go in and come out the same way).
 
     ``tokens`` = Σ L and ``allocated`` = Σ A over live requests, ``internal`` = Σ max(A - F, 0), ``external`` the
-    external fragmentation, ``shared`` = S, the slots the per-request sums count more than once.
+    external fragmentation, ``shared`` = S, the slots the per-request sums count more than once. (A tuple of
+    numbers, not an array: a replay records one a step, and NumPy's cost a call is most of six numbers' work.)
     """
     token_state = tokens - shared
     used = allocated - shared
-    return np.array([token_state, used - token_state - internal, internal, external, capacity - used - external,
-                     used], dtype=np.float64)
+    return token_state, used - token_state - internal, internal, external, capacity - used - external, used
 
 
 def tail_waste_pct(unused_slot_time: float, allocated_slot_time: float) -> float:

@@ -156,7 +156,8 @@ class Replay:
         live_tokens = sum([r.num_computed for r in running])  # (a list: a generator costs a resume per item)
         categories = current_categories(running, self.allocator, self.scheduler.external_fragmentation(),
                                         live_tokens)
-        self.accounting.record(self.now, duration, duration * categories, decision.saturated, 1, len(running))
+        self.accounting.record(self.now, duration, [duration * slots for slots in categories], decision.saturated,
+                               1, len(running))
         self.accounting.note_busiest(running, self.allocator.used_slots, live_tokens)
         self.now += duration
         for live, _ in chunks:
