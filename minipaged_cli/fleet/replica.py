@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from minipaged_cli.fleet.kv_events import KvEvents
 from minipaged_cli.sim.accounting import StrategyMetrics
-from minipaged_cli.sim.bulk_advance import decode_state, max_bulk_steps
+from minipaged_cli.sim.bulk_advance import decode_state
 from minipaged_cli.sim.clients import OPEN_LOOP
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
@@ -177,7 +177,7 @@ class Replica:
             return self.ready_s
         running = scheduler.running
         remaining = min(live.output_tokens - live.num_generated for live in running)
-        grown = allocator.bulk_profile(*decode_state(allocator, running), max_bulk_steps(running)).num_steps
+        grown = allocator.bulk_profile(*decode_state(allocator, running)).num_steps
         return self.now + min(remaining, grown) * self.min_step_s
 
     def send(self, request: Request, fleet_index: int, at: float) -> None:

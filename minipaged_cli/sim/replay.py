@@ -69,6 +69,7 @@ class Replay:
             from minipaged_cli.sim.tiers import TieredCache
             self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
+        self.passes = self.bulk_advance.loops  # (a step's passes over its running requests: ``request_loops``)
         self.now = 0.0
         self.layout: LayoutRecorder | None = None
         if config.outputs.record_layout:  # (layout.py and session_report.py: imported by the replays that use them)
@@ -144,16 +145,14 @@ class Replay:
                             copies=decision.copies, forks=decision.forks, loads=loads, stores=stores,
                             tiers=self.tiers)
             self.on_step(work, self.allocator)
-        for live in decoders:
-            live.num_computed += 1
-            live.num_generated += 1
+        self.passes.advance(decoders, 1)
         for live, chunk in chunks:
             live.num_computed += chunk
             if live.prefill_done:
                 live.num_generated += 1
                 if live.first_token_s is None:
                     live.first_token_s = self.now + duration
-        live_tokens = sum([r.num_computed for r in running])  # (a list: a generator costs a resume per item)
+        live_tokens = self.passes.computed_total(running)
         categories = current_categories(running, self.allocator, self.scheduler.external_fragmentation(),
                                         live_tokens)
         self.accounting.record(self.now, duration, [duration * slots for slots in categories], decision.saturated,
@@ -174,7 +173,7 @@ class Replay:
             prefill_tokens=sum(c for _, c in chunks),
             prefill_attended=sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks),
             prefill_context=sum(r.num_computed + c for r, c in chunks),
-            decodes=len(decoders), decode_context=sum([r.num_computed for r in decoders]) + len(decoders),
+            decodes=len(decoders), decode_context=self.passes.computed_total(decoders) + len(decoders),
             copied_tokens=decision.copied_tokens)
         transfer = self.step_time.swap_seconds(decision.swapped_tokens) if self.tiers is None else decision.transfer_s
         return checked_seconds(float(seconds) + transfer)

@@ -1,0 +1,194 @@
+/* A step's passes over its running requests compiled: the same functions, arguments and results as the Python
+ * reference in request_loops.py, which builds this file at run time (CPython's C API, no other library) and checks
+ * it there (tests/sim/test_request_loops.py drives both on random requests and compares every figure).
+ *
+ * Each pass reads or writes a few int slots of every running request (a LiveRequest: a slots dataclass), bound once
+ * by bind_live_request: a slot is read and written at its offset, as the slot's descriptor does, without a lookup by
+ * name per request. An unset slot raises AttributeError, as Python does, and an error leaves the requests before it
+ * changed, as the Python loop leaves them; an item of another class raises AttributeError before any request moves.
+ * The counts are ints: a slot holding another number raises TypeError, where Python would add it, and a count past
+ * 2**63 OverflowError, where Python's ints would grow (a replay's stay far below).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+static PyTypeObject *REQUEST_TYPE;
+static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL;  /* the slots' offsets in a request */
+
+static Py_ssize_t slot_offset(PyObject *cls, const char *name) {
+    PyObject *descriptor = PyObject_GetAttrString(cls, name);
+    if (descriptor == NULL)
+        return -1;
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type) &&
+        ((PyMemberDescrObject *)descriptor)->d_member->type == T_OBJECT_EX)
+        offset = ((PyMemberDescrObject *)descriptor)->d_member->offset;
+    else
+        PyErr_Format(PyExc_TypeError, "%s is not a slot of the request", name);
+    Py_DECREF(descriptor);
+    return offset;
+}
+
+static PyObject *bind_live_request(PyObject *self, PyObject *cls) {
+    if (!PyType_Check(cls))
+        return PyErr_Format(PyExc_TypeError, "bind_live_request takes the class");
+    if ((COMPUTED = slot_offset(cls, "num_computed")) < 0 || (GENERATED = slot_offset(cls, "num_generated")) < 0 ||
+        (OUTPUT = slot_offset(cls, "output_tokens")) < 0 || (FINAL = slot_offset(cls, "final_length")) < 0)
+        return NULL;
+    Py_INCREF(cls);
+    Py_XSETREF(REQUEST_TYPE, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
+/* The list or tuple of requests ``arg`` (a new reference), each checked to be of the bound class; NULL, an error
+ * set, else. */
+static PyObject *requests_of(PyObject *arg, const char *function) {
+    if (REQUEST_TYPE == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "%s: bind_live_request first", function);
+    PyObject *requests = PySequence_Fast(arg, "requests must be a sequence");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
+        if (!PyObject_TypeCheck(request, REQUEST_TYPE)) {
+            PyErr_Format(PyExc_AttributeError, "%s: item %zd is a %.100s, not a %.100s: no request's counts",
+                         function, i, Py_TYPE(request)->tp_name, REQUEST_TYPE->tp_name);
+            Py_DECREF(requests);
+            return NULL;
+        }
+    }
+    return requests;
+}
+
+/* The slot at ``offset`` of ``request`` (borrowed), or NULL with AttributeError set where it is unset. */
+static PyObject *slot(PyObject *request, Py_ssize_t offset) {
+    PyObject *value = *(PyObject **)((char *)request + offset);
+    if (value == NULL)
+        PyErr_Format(PyExc_AttributeError, "a request's slot at %zd is unset", offset);
+    return value;
+}
+
+/* The int in a slot as a C number; -1 with an error set where it is none (or past 2**63). */
+static long long slot_int(PyObject *request, Py_ssize_t offset) {
+    PyObject *value = slot(request, offset);
+    if (value == NULL)
+        return -1;
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "a request's count is a %.100s, not an int", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    return PyLong_AsLongLong(value);
+}
+
+/* ``request.<slot at offset> += delta``; -1 with an error set where it fails. */
+static int add_to_slot(PyObject *request, Py_ssize_t offset, long long delta) {
+    long long value = slot_int(request, offset), sum;
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (__builtin_add_overflow(value, delta, &sum)) {
+        PyErr_SetString(PyExc_OverflowError, "a request's count passed 2**63");
+        return -1;
+    }
+    PyObject *moved = PyLong_FromLongLong(sum);
+    if (moved == NULL)
+        return -1;
+    Py_SETREF(*(PyObject **)((char *)request + offset), moved);
+    return 0;
+}
+
+static PyObject *advance(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    long long num_steps;
+    if (!PyArg_ParseTuple(args, "OL:advance", &arg, &num_steps))
+        return NULL;
+    PyObject *requests = requests_of(arg, "advance");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
+        if (add_to_slot(request, COMPUTED, num_steps) < 0 || add_to_slot(request, GENERATED, num_steps) < 0) {
+            Py_DECREF(requests);
+            return NULL;
+        }
+    }
+    Py_DECREF(requests);
+    Py_RETURN_NONE;
+}
+
+static PyObject *computed_total(PyObject *self, PyObject *arg) {
+    PyObject *requests = requests_of(arg, "computed_total");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long computed = slot_int(PySequence_Fast_GET_ITEM(requests, i), COMPUTED);
+        if ((computed == -1 && PyErr_Occurred()) || __builtin_add_overflow(total, computed, &total)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_OverflowError, "the requests' lengths sum past 2**63");
+            Py_DECREF(requests);
+            return NULL;
+        }
+    }
+    Py_DECREF(requests);
+    return PyLong_FromLongLong(total);
+}
+
+static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
+    PyObject *requests = requests_of(arg, "decode_lengths");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    PyObject *lengths = PyList_New(n), *finals = PyList_New(n), *result = NULL;
+    if (lengths == NULL || finals == NULL)
+        goto done;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_lengths: no requests");
+        goto done;
+    }
+    long long fewest = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
+        PyObject *computed = slot(request, COMPUTED), *final = slot(request, FINAL);
+        if (computed == NULL || final == NULL)
+            goto done;
+        long long output = slot_int(request, OUTPUT), generated = slot_int(request, GENERATED), left;
+        if ((output == -1 || generated == -1) && PyErr_Occurred())
+            goto done;
+        if (__builtin_sub_overflow(output, generated, &left)) {
+            PyErr_SetString(PyExc_OverflowError, "a request's tokens left pass 2**63");
+            goto done;
+        }
+        if (i == 0 || left < fewest)
+            fewest = left;
+        Py_INCREF(computed);
+        PyList_SET_ITEM(lengths, i, computed);
+        Py_INCREF(final);
+        PyList_SET_ITEM(finals, i, final);
+    }
+    result = Py_BuildValue("OOL", lengths, finals, fewest);
+done:
+    Py_XDECREF(lengths);
+    Py_XDECREF(finals);
+    Py_DECREF(requests);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"bind_live_request", bind_live_request, METH_O, NULL},
+    {"advance", advance, METH_VARARGS, NULL},
+    {"computed_total", computed_total, METH_O, NULL},
+    {"decode_lengths", decode_lengths, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_request_loops", .m_doc = NULL, .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__request_loops(void) {
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,54 @@
+"""A step's passes over its running requests: the decodes' lengths moved on, the lengths summed, and what a bulk
+advance reads of each (``sim/replay.py``, ``sim/bulk_advance.py``). Here in Python, the reference, and compiled
+from ``request_loops.c`` (CPython's C API) where this machine can build it, as ``memory/pool_loops.py`` builds the
+pool's loops: the same functions, arguments and results. ``MINIPAGED_NATIVE=0`` keeps these.
+
+Every step and every bulk passes over all its running requests (a hundred on a loaded engine), though nothing but
+two counts changes for most; in Python the bytecodes of those passes cost a replay of the Azure trace a tenth of its
+time. ``tests/sim/test_request_loops.py`` drives both on random requests and compares every figure.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from minipaged_cli import native_build
+from minipaged_cli.sim.live_request import LiveRequest
+
+
+def advance(requests: Sequence[LiveRequest], num_steps: int) -> None:
+    """Each request computes and generates ``num_steps`` more tokens (decode steps)."""
+    for request in requests:
+        request.num_computed += num_steps
+        request.num_generated += num_steps
+
+
+def computed_total(requests: Sequence[LiveRequest]) -> int:
+    """Σ of the requests' computed tokens."""
+    return sum([request.num_computed for request in requests])  # (a list: a generator costs a resume per item)
+
+
+def decode_lengths(requests: Sequence[LiveRequest]) -> tuple[list[int], list[int], int]:
+    """The requests' computed and final lengths, and the fewest tokens any has left to generate (some must run)."""
+    if not requests:
+        raise ValueError("decode_lengths: no requests")
+    return ([request.num_computed for request in requests], [request.final_length for request in requests],
+            min([request.output_tokens - request.num_generated for request in requests]))
+
+
+@cache
+def _compiled() -> ModuleType | RuntimeError:
+    """The compiled module, bound to ``LiveRequest``'s slots, or why it could not be built (asked once a process)."""
+    module = native_build.built("_request_loops", Path(__file__).with_suffix(".c"))
+    if not isinstance(module, RuntimeError):
+        module.bind_live_request(LiveRequest)
+    return module
+
+
+def loops() -> ModuleType:
+    """The compiled passes where they build (unless ``MINIPAGED_NATIVE=0``), else this module's."""
+    return native_build.chosen(_compiled, "sim/request_loops.c") or sys.modules[__name__]

@@ -1,0 +1,106 @@
+"""A step's compiled passes over its running requests (``sim/request_loops.c``) against their Python reference
+(``sim/request_loops.py``): on random requests (counts past CPython's cached small ints, the same request listed
+twice) the same results and the same counts after; on a broken request (an unset count, one that is not an int, an
+object that is not a request) the same error, the requests before it moved as the Python loop leaves them; and a
+whole replay the same under either."""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.sim import request_loops
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.replay import replay
+from minipaged_cli.workloads.presets import load_gpu, load_model
+from minipaged_cli.workloads.trace import Request, make_trace
+from tests.memory.conftest import usable
+
+PYTHON = sys.modules[request_loops.__name__]
+
+
+def compiled():
+    return usable(request_loops._compiled())
+
+
+def random_requests(rng: random.Random) -> list[LiveRequest]:
+    requests = []
+    for index in range(rng.randint(1, 40)):
+        prompt, output = rng.randint(1, 5000), rng.randint(1, 3000)
+        requests.append(LiveRequest(index, prompt, output, num_computed=rng.randint(0, prompt + output),
+                                    num_generated=rng.randint(0, output)))
+    if rng.random() < 0.2:  # one request listed twice: moved twice, as the Python loop moves it
+        requests.append(rng.choice(requests))
+    return requests
+
+
+def counts(requests: list[LiveRequest]) -> list[tuple[int, ...]]:
+    return [(r.num_computed, r.num_generated, r.output_tokens, r.final_length) for r in requests]
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), num_steps=st.integers(0, 5000))
+def test_the_compiled_passes_match_the_python_ones(seed: int, num_steps: int) -> None:
+    module = compiled()
+    python_requests = random_requests(random.Random(seed))
+    compiled_requests = copy.deepcopy(python_requests)  # (a request listed twice stays one object)
+    assert module.decode_lengths(compiled_requests) == PYTHON.decode_lengths(python_requests)
+    assert module.computed_total(compiled_requests) == PYTHON.computed_total(python_requests)
+    module.advance(compiled_requests, num_steps)
+    PYTHON.advance(python_requests, num_steps)
+    assert counts(compiled_requests) == counts(python_requests)
+    assert module.computed_total(tuple(compiled_requests)) == PYTHON.computed_total(python_requests)
+    assert module.computed_total([]) == PYTHON.computed_total([]) == 0
+
+
+def broken(kind: str) -> object:
+    if kind == "not a request":
+        return object()
+    request = LiveRequest(7, 10, 5, num_computed=3)
+    del request.num_generated
+    return request
+
+
+@pytest.mark.parametrize("kind", ["unset", "not a request"])
+def test_a_broken_request_raises_as_python_does(kind: str) -> None:
+    module = compiled()
+    for passes in (PYTHON, module):
+        requests = [LiveRequest(1, 10, 5, num_computed=4, num_generated=1), broken(kind)]
+        with pytest.raises(AttributeError):
+            passes.advance(requests, 3)
+        moved = (requests[0].num_computed, requests[0].num_generated)
+        # (an unset count: the request before it moved, as the Python loop leaves it; another class: the compiled
+        # passes check every item's class before they move any)
+        assert moved == ((4, 1) if kind == "not a request" and passes is module else (7, 4))
+        with pytest.raises(AttributeError):
+            passes.decode_lengths(requests)
+        with pytest.raises(ValueError, match="no requests"):
+            passes.decode_lengths([])
+
+
+def test_the_compiled_passes_take_int_counts_only() -> None:
+    request = LiveRequest(1, 10, 5, num_computed=4, num_generated=1)
+    request.num_computed = 4.5
+    with pytest.raises(TypeError, match="not an int"):
+        compiled().computed_total([request])
+
+
+def test_a_replay_makes_the_same_decisions_and_figures_under_either(monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled()
+    rng = random.Random(5)
+    requests = [Request(f"r{i}", rng.uniform(0, 2.0), rng.randint(1, 1500), rng.randint(1, 400)) for i in range(60)]
+    trace = make_trace("t", requests, source="test")
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=300, block_size=16,
+                          max_model_len=4096)
+    results = {}
+    for name, passes in (("python", PYTHON), ("compiled", compiled())):
+        monkeypatch.setattr(request_loops, "loops", lambda passes=passes: passes)
+        results[name] = replay(trace, config, "paged").to_dict()
+    assert results["python"]["num_preemptions"] > 0 and results["python"]["completed_requests"] == 60
+    assert results["python"] == results["compiled"]
