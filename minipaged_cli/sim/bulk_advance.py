@@ -58,7 +58,6 @@ class BulkAdvance:
         # replica turns it on: every request the fleet routes cuts its bulks, and most go to other replicas)
         self.resumes = False
         self._rest: BulkPlan | None = None  # what the last bulk left, where it was cut short
-        self.loops = request_loops.loops()  # (the passes over the running requests)
 
     def advance(self, now: float) -> float | None:
         """Run and record the decode-only steps from ``now`` up to the next event; the clock at the last one's end,
@@ -74,7 +73,7 @@ class BulkAdvance:
                 return None  # (nothing running and a head that does not fit: the single step rejects it)
             if self.allocator.windowed and self.allocator.shared_slots:
                 return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
-            lengths, allocated, finals, most_steps = decode_state(self.allocator, running, self.loops)
+            lengths, allocated, finals, most_steps = decode_state(self.allocator, running, scheduler.passes)
             plan = self._plan(now, lengths, allocated, finals, most_steps)
         through, stop_s = stop or self._stop()
         total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
@@ -142,7 +141,7 @@ class BulkAdvance:
                 seconds += self._record(clock, profile, durations, total_length, n, externals[part], start, stop,
                                         start >= num_free, parts[part])
         self.allocator.advance(running, num_steps)
-        self.loops.advance(running, num_steps)
+        scheduler.passes.advance(running, num_steps)
         self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
                                      total_length + n * num_steps)
         checked_seconds(seconds)
@@ -267,12 +266,12 @@ def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
     return values[num_steps:] if isinstance(values, np.ndarray) else values
 
 
-def decode_state(allocator: Allocator, running: list[LiveRequest], loops: ModuleType = request_loops,
+def decode_state(allocator: Allocator, running: list[LiveRequest], passes: ModuleType = request_loops,
                  ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int]:
     """The running requests' computed lengths, allocated slots (``Allocator.bulk_allocations``: each one's, or
     their sum) and final lengths: what ``Allocator.bulk_profile`` reads; and the most decode steps one bulk may take
-    (none past the first finish, and a bounded profile). ``loops``: ``request_loops`` or its compiled passes."""
-    lengths, finals, fewest_left = loops.decode_lengths(running)
+    (none past the first finish, and a bounded profile). ``passes``: ``request_loops`` or its compiled passes."""
+    lengths, finals, fewest_left = passes.decode_lengths(running)
     return (np.array(lengths, dtype=np.int64), allocator.bulk_allocations(running), np.array(finals, dtype=np.int64),
             min(fewest_left, bulk_step_cap(len(running))))
 

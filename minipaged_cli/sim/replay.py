@@ -69,7 +69,7 @@ class Replay:
             from minipaged_cli.sim.tiers import TieredCache
             self.tiers = self.scheduler.tiers = TieredCache.under(allocator, config, self.step_time)
         self.bulk_advance = BulkAdvance(self.scheduler, allocator, self.step_time, self.accounting)
-        self.passes = self.bulk_advance.loops  # (a step's passes over its running requests: ``request_loops``)
+        self.passes = self.scheduler.passes  # (a step's passes over its running requests: ``request_loops``)
         self.now = 0.0
         self.layout: LayoutRecorder | None = None
         if config.outputs.record_layout:  # (layout.py and session_report.py: imported by the replays that use them)

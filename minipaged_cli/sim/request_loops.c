@@ -14,7 +14,7 @@
 #include <structmember.h>
 
 static PyTypeObject *REQUEST_TYPE;
-static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL;  /* the slots' offsets in a request */
+static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL, PREFILL, LOADING;  /* the slots' offsets in a request */
 
 static Py_ssize_t slot_offset(PyObject *cls, const char *name) {
     PyObject *descriptor = PyObject_GetAttrString(cls, name);
@@ -34,7 +34,8 @@ static PyObject *bind_live_request(PyObject *self, PyObject *cls) {
     if (!PyType_Check(cls))
         return PyErr_Format(PyExc_TypeError, "bind_live_request takes the class");
     if ((COMPUTED = slot_offset(cls, "num_computed")) < 0 || (GENERATED = slot_offset(cls, "num_generated")) < 0 ||
-        (OUTPUT = slot_offset(cls, "output_tokens")) < 0 || (FINAL = slot_offset(cls, "final_length")) < 0)
+        (OUTPUT = slot_offset(cls, "output_tokens")) < 0 || (FINAL = slot_offset(cls, "final_length")) < 0 ||
+        (PREFILL = slot_offset(cls, "num_prefill_tokens")) < 0 || (LOADING = slot_offset(cls, "loading_tokens")) < 0)
         return NULL;
     Py_INCREF(cls);
     Py_XSETREF(REQUEST_TYPE, (PyTypeObject *)cls);
@@ -177,11 +178,87 @@ done:
     return result;
 }
 
+static PyObject *finished(PyObject *self, PyObject *arg) {
+    PyObject *requests = requests_of(arg, "finished");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    PyObject *done = PyList_New(0);
+    for (Py_ssize_t i = 0; done != NULL && i < n; i++) {
+        PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
+        long long generated = slot_int(request, GENERATED), output = slot_int(request, OUTPUT);
+        if (((generated == -1 || output == -1) && PyErr_Occurred()) ||
+            (generated >= output && PyList_Append(done, request) < 0))
+            Py_CLEAR(done);
+    }
+    Py_DECREF(requests);
+    return done;
+}
+
+/* Whether ``request`` decodes: its prompt computed (num_computed >= num_prefill_tokens) and nothing loading; -1
+ * with an error set where a slot fails. */
+static int decodes(PyObject *request, int loading_too) {
+    long long computed = slot_int(request, COMPUTED), prefill = slot_int(request, PREFILL);
+    if ((computed == -1 || prefill == -1) && PyErr_Occurred())
+        return -1;
+    if (computed < prefill)
+        return 0;
+    if (!loading_too)
+        return 1;
+    long long loading = slot_int(request, LOADING);
+    if (loading == -1 && PyErr_Occurred())
+        return -1;
+    return loading == 0;
+}
+
+static PyObject *decode_run_end(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "Onn:decode_run_end", &arg, &start, &stop))
+        return NULL;
+    if (start < 0)
+        return PyErr_Format(PyExc_ValueError, "decode_run_end: start %zd < 0", start);
+    PyObject *requests = requests_of(arg, "decode_run_end");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t end = start;
+    if (stop > PySequence_Fast_GET_SIZE(requests))
+        stop = PySequence_Fast_GET_SIZE(requests);
+    for (; end < stop; end++) {
+        int decoding = decodes(PySequence_Fast_GET_ITEM(requests, end), 1);
+        if (decoding < 0) {
+            Py_DECREF(requests);
+            return NULL;
+        }
+        if (!decoding)
+            break;
+    }
+    Py_DECREF(requests);
+    return PyLong_FromSsize_t(end);
+}
+
+static PyObject *all_prefilled(PyObject *self, PyObject *arg) {
+    PyObject *requests = requests_of(arg, "all_prefilled");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    int all = 1;
+    for (Py_ssize_t i = 0; all == 1 && i < n; i++)
+        all = decodes(PySequence_Fast_GET_ITEM(requests, i), 0);
+    Py_DECREF(requests);
+    if (all < 0)
+        return NULL;
+    return PyBool_FromLong(all);
+}
+
 static PyMethodDef methods[] = {
     {"bind_live_request", bind_live_request, METH_O, NULL},
     {"advance", advance, METH_VARARGS, NULL},
     {"computed_total", computed_total, METH_O, NULL},
     {"decode_lengths", decode_lengths, METH_O, NULL},
+    {"finished", finished, METH_O, NULL},
+    {"decode_run_end", decode_run_end, METH_VARARGS, NULL},
+    {"all_prefilled", all_prefilled, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

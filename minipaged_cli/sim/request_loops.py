@@ -40,6 +40,33 @@ def decode_lengths(requests: Sequence[LiveRequest]) -> tuple[list[int], list[int
             min([request.output_tokens - request.num_generated for request in requests]))
 
 
+def finished(requests: Sequence[LiveRequest]) -> list[LiveRequest]:
+    """The requests that have generated all their tokens, in order."""
+    return [request for request in requests if request.num_generated >= request.output_tokens]
+
+
+def decode_run_end(requests: Sequence[LiveRequest], start: int, stop: int) -> int:
+    """The first index from ``start`` on, before ``stop`` (and the list's end), whose request does not decode (its
+    prompt not all computed, or tokens loading); where every one does, that bound (``start`` where it is past it)."""
+    if start < 0:
+        raise ValueError(f"decode_run_end: start {start} < 0")
+    end, stop = start, min(stop, len(requests))
+    while end < stop:
+        request = requests[end]
+        if request.loading_tokens or request.num_computed < request.num_prefill_tokens:
+            break
+        end += 1
+    return end
+
+
+def all_prefilled(requests: Sequence[LiveRequest]) -> bool:
+    """Whether every request has its prompt computed."""
+    for request in requests:  # noqa: SIM110 - a loop: ``all`` over a generator resumes it per request
+        if request.num_computed < request.num_prefill_tokens:
+            return False
+    return True
+
+
 @cache
 def _compiled() -> ModuleType | RuntimeError:
     """The compiled module, bound to ``LiveRequest``'s slots, or why it could not be built (asked once a process)."""

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.allocators import Allocator
 from minipaged_cli.memory.prefix import segment_keys
+from minipaged_cli.sim import request_loops
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.clients import OPEN_LOOP, Arrivals, Clients
@@ -107,6 +108,7 @@ class Scheduler:
         self.cache_aware_window = engine.cache_aware_admission_window if self.keyed else 0
         self.keyed_span = max(self.cache_aware_window, 1)  # the first waiting requests, which have their keys
         self.prefill_cap = 0  # this step's long-prefill threshold
+        self.passes = request_loops.loops()  # (the passes over the running requests, compiled where they build)
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
         self.loads: list[tuple[Hashable, int]] = []  # (hash, GPU block) loaded for the step being scheduled
@@ -152,10 +154,7 @@ class Scheduler:
         latest = running[-1]
         if latest.num_computed < latest.num_prefill_tokens or self._head_admissible():
             return False
-        for live in running:  # noqa: SIM110 - a loop: ``all`` over a generator resumes it per request
-            if live.num_computed < live.num_prefill_tokens:
-                return False
-        return True
+        return self.passes.all_prefilled(running)
 
     def waiting_for_memory(self) -> bool:
         """A step is saturated when the queue's head is held back by memory, not by a batch limit."""
@@ -260,15 +259,8 @@ class Scheduler:
     def _decode_run(self, start: int, budget: int) -> list[LiveRequest]:
         """The running requests from ``start`` on that decode this step (prefill done, nothing loading), as many
         as the budget serves."""
-        running = self.running
-        stop = min(len(running), start + budget)
-        end = start + 1  # (the caller has checked the first)
-        while end < stop:
-            live = running[end]
-            if live.loading_tokens or live.num_computed < live.num_prefill_tokens:
-                break
-            end += 1
-        return running[start:end]
+        # (the caller has checked the first)
+        return self.running[start:self.passes.decode_run_end(self.running, start + 1, start + budget)]
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens a request computes this step: what it has left, at most the long-prefill threshold (while
@@ -348,8 +340,7 @@ class Scheduler:
 
     def finish(self, now: float) -> None:
         """Release every request that has generated all its tokens."""
-        done = [r for r in self.running if r.num_generated >= r.output_tokens]
-        for live in done:
+        for live in self.passes.finished(self.running):
             self.allocator.release(live)
             self.running.remove(live)
             self._sample_done(live, now)

@@ -33,8 +33,13 @@ def random_requests(rng: random.Random) -> list[LiveRequest]:
     requests = []
     for index in range(rng.randint(1, 40)):
         prompt, output = rng.randint(1, 5000), rng.randint(1, 3000)
-        requests.append(LiveRequest(index, prompt, output, num_computed=rng.randint(0, prompt + output),
-                                    num_generated=rng.randint(0, output)))
+        # (mid-prefill, loading, finished ones among the decodes, as a step's running requests may be)
+        prefill = rng.choice([prompt, rng.randint(1, prompt + output)])
+        requests.append(LiveRequest(index, prompt, output,
+                                    num_computed=rng.choice([rng.randint(0, prompt + output), prefill, prefill - 1]),
+                                    num_generated=rng.choice([rng.randint(0, output), output, output - 1]),
+                                    num_prefill_tokens=prefill,
+                                    loading_tokens=rng.choice([0, 0, 0, rng.randint(1, 300)])))
     if rng.random() < 0.2:  # one request listed twice: moved twice, as the Python loop moves it
         requests.append(rng.choice(requests))
     return requests
@@ -52,6 +57,15 @@ def test_the_compiled_passes_match_the_python_ones(seed: int, num_steps: int) ->
     compiled_requests = copy.deepcopy(python_requests)  # (a request listed twice stays one object)
     assert module.decode_lengths(compiled_requests) == PYTHON.decode_lengths(python_requests)
     assert module.computed_total(compiled_requests) == PYTHON.computed_total(python_requests)
+    assert [r.sequence_id for r in module.finished(compiled_requests)] == \
+        [r.sequence_id for r in PYTHON.finished(python_requests)]
+    assert module.all_prefilled(compiled_requests) is PYTHON.all_prefilled(python_requests)
+    assert module.all_prefilled(compiled_requests[:1]) is PYTHON.all_prefilled(python_requests[:1])
+    rng = random.Random(seed + 1)
+    for _ in range(5):
+        start, stop = rng.randint(0, len(python_requests) + 2), rng.randint(0, len(python_requests) + 2)
+        assert module.decode_run_end(compiled_requests, start, stop) == \
+            PYTHON.decode_run_end(python_requests, start, stop)
     module.advance(compiled_requests, num_steps)
     PYTHON.advance(python_requests, num_steps)
     assert counts(compiled_requests) == counts(python_requests)
@@ -63,7 +77,7 @@ def broken(kind: str) -> object:
     if kind == "not a request":
         return object()
     request = LiveRequest(7, 10, 5, num_computed=3)
-    del request.num_generated
+    del request.num_computed, request.num_generated  # (every pass reads one of them)
     return request
 
 
@@ -80,8 +94,13 @@ def test_a_broken_request_raises_as_python_does(kind: str) -> None:
         assert moved == ((4, 1) if kind == "not a request" and passes is module else (7, 4))
         with pytest.raises(AttributeError):
             passes.decode_lengths(requests)
+        for call in (passes.finished, passes.all_prefilled, lambda requests: passes.decode_run_end(requests, 0, 2)):
+            with pytest.raises(AttributeError):
+                call(requests)
         with pytest.raises(ValueError, match="no requests"):
             passes.decode_lengths([])
+        with pytest.raises(ValueError, match="start -1 < 0"):
+            passes.decode_run_end(requests, -1, 2)
 
 
 def test_the_compiled_passes_take_int_counts_only() -> None:
