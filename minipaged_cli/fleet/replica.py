@@ -182,7 +182,7 @@ class Replica:
 
     def send(self, request: Request, fleet_index: int, at: float) -> None:
         """Hand the replica a request that reaches it at ``at`` (mid-step, it waits for the step's end)."""
-        self.requests.append(request if request.arrival_s == at else replace(request, arrival_s=at))
+        self.requests.append(request if request.arrival_s == at else request.arriving_at(at))
         self.fleet_indices.append(fleet_index)
 
     def sent_all(self) -> None:

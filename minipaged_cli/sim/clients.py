@@ -21,7 +21,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.trace import Request, Trace
@@ -154,7 +154,7 @@ class Arrivals:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             self.num_pending -= 1
             request = self.requests[index]
-            yield index, request if request.arrival_s == sent_s else replace(request, arrival_s=sent_s)
+            yield index, request if request.arrival_s == sent_s else request.arriving_at(sent_s)
         self.freed_now = 0
 
     def finished(self, index: int, now: float, *, completed: bool, cached_tokens: int) -> None:

@@ -31,6 +31,13 @@ class Request:
     # as a session's are. One sample only (``n`` = 1); the segment holds ``output_tokens``.
     output_segment: str | None = None
 
+    def arriving_at(self, arrival_s: float) -> Request:
+        """This request arriving at ``arrival_s``: ``dataclasses.replace(self, arrival_s=arrival_s)``, without its
+        pass over the fields (a trace re-timed, or a fleet's requests handed to replicas, is tens of thousands)."""
+        moved = object.__new__(type(self))
+        moved.__dict__.update(self.__dict__, arrival_s=arrival_s)  # (frozen: the attributes are set once, here)
+        return moved
+
     @property
     def total_tokens(self) -> int:
         """prompt + output: what ``--max-model-len`` bounds and what an exact reservation holds."""

@@ -87,9 +87,9 @@ class Trace:
         if time_scale == 1.0:
             return self
         if not self.sessions:
-            return replace(self, requests=tuple(replace(r, arrival_s=r.arrival_s * time_scale)
+            return replace(self, requests=tuple(r.arriving_at(r.arrival_s * time_scale)
                                                 for r in self.requests))
-        return self._rebuilt([replace(r, arrival_s=r.arrival_s * time_scale) for r in self.standalone_requests],
+        return self._rebuilt([r.arriving_at(r.arrival_s * time_scale) for r in self.standalone_requests],
                              [replace(s, start_s=s.start_s * time_scale) for s in self.sessions])
 
     def with_poisson_arrivals(self, rate_per_s: float, seed: int) -> Trace:
@@ -98,13 +98,13 @@ class Trace:
         rng = np.random.default_rng(seed)
         if not self.sessions:
             times = poisson_arrivals(len(self.requests), rate_per_s, rng)
-            requests = tuple(replace(r, arrival_s=float(t)) for r, t in zip(self.requests, times, strict=True))
+            requests = tuple(r.arriving_at(float(t)) for r, t in zip(self.requests, times, strict=True))
             return replace(self, requests=requests)
         units: list[Request | Session] = [*self.standalone_requests, *self.sessions]
         first = {r.id: r.arrival_s for r in self.requests}
         units.sort(key=lambda u: first[u.id] if isinstance(u, Request) else first[u.turn_id(0)])
         times = poisson_arrivals(len(units), rate_per_s, rng)
-        retimed = [replace(u, arrival_s=float(t)) if isinstance(u, Request) else replace(u, start_s=float(t))
+        retimed = [u.arriving_at(float(t)) if isinstance(u, Request) else replace(u, start_s=float(t))
                    for u, t in zip(units, times, strict=True)]
         return self._rebuilt([u for u in retimed if isinstance(u, Request)],
                              [u for u in retimed if isinstance(u, Session)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.workloads.readers import MOONCAKE_BLOCK_TOKENS, _mooncake_blocks, detect_format, load_trace
-from minipaged_cli.workloads.trace import dump_trace, load_yaml_trace
+from minipaged_cli.workloads.trace import Request, dump_trace, load_yaml_trace
 from tests.conftest import ROOT, shared_trace
 
 
@@ -305,3 +306,19 @@ def test_azure_sample_is_the_head_of_the_real_trace() -> None:
         [(r.prompt_tokens, r.output_tokens) for r in real.requests]
     assert all(math.isclose(a.arrival_s, b.arrival_s, abs_tol=1e-6) for a, b in zip(sample.requests, real.requests,
                                                                                     strict=True))
+
+
+@settings(max_examples=100, deadline=None)
+@given(fields=st.tuples(st.text(max_size=5), st.floats(0, 1e6), st.integers(1, 10**6), st.integers(1, 10**6),
+                        st.lists(st.text(max_size=3), max_size=3).map(tuple), st.integers(1, 4),
+                        st.lists(st.tuples(st.text(max_size=3), st.integers(1, 100)), max_size=3).map(tuple),
+                        st.none() | st.text(max_size=3)),
+       arrival_s=st.floats(0, 1e6))
+def test_a_request_moved_in_time_is_the_one_dataclasses_replace_makes(fields: tuple, arrival_s: float) -> None:
+    request = Request(*fields)
+    moved = request.arriving_at(arrival_s)
+    assert moved == dataclasses.replace(request, arrival_s=arrival_s) and type(moved) is Request
+    assert hash(moved) == hash(dataclasses.replace(request, arrival_s=arrival_s))
+    assert request == Request(*fields)  # (the original unchanged)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        moved.arrival_s = 0.0  # type: ignore[misc]
