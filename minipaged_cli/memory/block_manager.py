@@ -194,7 +194,8 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         for group, group_hits in zip(self.groups, hits, strict=True):
             num_null = skipped if group.is_sliding else 0
             kept = group_hits[num_null:]
-            self.pool.reference(*kept)
+            if kept:  # (most prompts miss: nothing to hold)
+                self.pool.reference(*kept)
             tables.append([NULL_BLOCK] * num_null + kept)
             nulls.append(num_null)
         keys = block_hashes if type(block_hashes) is list else list(block_hashes)  # (kept: add_block_hashes copies)

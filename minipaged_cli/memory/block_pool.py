@@ -64,7 +64,8 @@ class BlockPool:
         refs = self.ref_counts
         blocks, from_back = self.take_free(count)
         kept = count - from_back  # (from the front or never handed out: no hash; with prefix caching, none)
-        self.loops.set_refs(refs, blocks[:kept], 1)
+        if kept:
+            self.loops.set_refs(refs, blocks[:kept], 1)
         if from_back:
             self._hold_evicting(blocks[kept:] if kept else blocks)
         table.extend(blocks)
