@@ -266,8 +266,8 @@ def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
     return values[num_steps:] if isinstance(values, np.ndarray) else values
 
 
-def decode_state(allocator: Allocator, running: list[LiveRequest], passes: ModuleType = request_loops,
-                 ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int]:
+def decode_state(allocator: Allocator, running: list[LiveRequest],
+                 passes: ModuleType = request_loops) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int]:
     """The running requests' computed lengths, allocated slots (``Allocator.bulk_allocations``: each one's, or
     their sum) and final lengths: what ``Allocator.bulk_profile`` reads; and the most decode steps one bulk may take
     (none past the first finish, and a bounded profile). ``passes``: ``request_loops`` or its compiled passes."""
