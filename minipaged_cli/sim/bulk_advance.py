@@ -170,13 +170,20 @@ class BulkAdvance:
         n = len(lengths)
         total_length = int(np.add.reduce(lengths))  # (``ndarray.sum`` goes through a Python wrapper)
         # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
-        contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
-        durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
-        checked_seconds(float(np.minimum.reduce(durations)))  # (a NaN anywhere makes the min NaN)
+        terms = self.step_time.decode_step_terms(n)
+        if terms is None:  # (no line in the context: the model's own arrays)
+            contexts = np.arange(total_length + n, total_length + n * (num_steps + 1), n, dtype=np.int64)
+            durations = self.step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+            shortest, clock = float(np.minimum.reduce(durations)), step_clock(now, durations)
+        else:  # (the same floats, compiled where the passes are: a bulk is a handful of steps)
+            buffer, shortest = self.scheduler.passes.decode_clock(now, total_length + n, n, num_steps, *terms)
+            numbers = np.frombuffer(buffer)  # (float64: k durations, then the k + 1 boundaries)
+            durations, clock = numbers[:num_steps], numbers[num_steps:]
+        checked_seconds(shortest)  # (a NaN anywhere makes the min NaN)
         profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps) \
             if self.resumes and not self.allocator.windowed else None
-        return BulkPlan(total_length, total_slots(allocated), durations, step_clock(now, durations),
-                        num_steps == bulk_step_cap(n), profile, None)
+        return BulkPlan(total_length, total_slots(allocated), durations, clock, num_steps == bulk_step_cap(n),
+                        profile, None)
 
     def _state(self, now: float) -> ReplayState:
         """What changes on the replay when anything but a bulk's own steps happens: the clock, the steps taken,

@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 
 static PyTypeObject *REQUEST_TYPE;
 static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL, PREFILL, LOADING;  /* the slots' offsets in a request */
@@ -251,6 +252,61 @@ static PyObject *all_prefilled(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(all);
 }
 
+/* decode_clock: the same floats as request_loops.py's NumPy: each step's time added up in the reference's order, one
+ * IEEE operation at a time (the product through a volatile, so that no compiler fuses it into the sum: a fused
+ * multiply-add rounds once, NumPy twice), and the clock by the same sequential additions as np.add.accumulate. */
+static PyObject *decode_clock(PyObject *self, PyObject *args) {
+    double now, head, per_token;
+    long long first_context, step_context;
+    Py_ssize_t num_steps;
+    PyObject *tails_arg;
+    if (!PyArg_ParseTuple(args, "dLLnddO:decode_clock", &now, &first_context, &step_context, &num_steps, &head,
+                          &per_token, &tails_arg))
+        return NULL;
+    if (num_steps < 0)
+        return PyErr_Format(PyExc_ValueError, "decode_clock: num_steps %zd < 0", num_steps);
+    PyObject *tails = PySequence_Fast(tails_arg, "decode_clock: tails must be a sequence");
+    if (tails == NULL)
+        return NULL;
+    Py_ssize_t num_tails = PySequence_Fast_GET_SIZE(tails);
+    double tail_values[8];
+    if (num_tails > 8) {
+        Py_DECREF(tails);
+        return PyErr_Format(PyExc_ValueError, "decode_clock: %zd tails, at most 8", num_tails);
+    }
+    for (Py_ssize_t t = 0; t < num_tails; t++) {
+        tail_values[t] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(tails, t));
+        if (tail_values[t] == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(tails);
+            return NULL;
+        }
+    }
+    Py_DECREF(tails);
+    PyObject *buffer = PyBytes_FromStringAndSize(NULL, (2 * num_steps + 1) * (Py_ssize_t)sizeof(double));
+    if (buffer == NULL)
+        return NULL;
+    double *durations = (double *)PyBytes_AS_STRING(buffer), *clock = durations + num_steps;
+    double shortest = INFINITY;
+    int any_nan = 0;
+    clock[0] = now;
+    long long context = first_context;
+    for (Py_ssize_t j = 0; j < num_steps; j++, context += step_context) {
+        volatile double reads = (double)context * per_token;
+        double seconds = head + reads;
+        for (Py_ssize_t t = 0; t < num_tails; t++)
+            seconds = seconds + tail_values[t];
+        durations[j] = seconds;
+        clock[j + 1] = clock[j] + seconds;
+        if (isnan(seconds))
+            any_nan = 1;
+        else if (seconds < shortest)
+            shortest = seconds;
+    }
+    PyObject *result = Py_BuildValue("(Od)", buffer, any_nan ? NAN : (num_steps ? shortest : INFINITY));
+    Py_DECREF(buffer);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind_live_request", bind_live_request, METH_O, NULL},
     {"advance", advance, METH_VARARGS, NULL},
@@ -259,6 +315,7 @@ static PyMethodDef methods[] = {
     {"finished", finished, METH_O, NULL},
     {"decode_run_end", decode_run_end, METH_VARARGS, NULL},
     {"all_prefilled", all_prefilled, METH_O, NULL},
+    {"decode_clock", decode_clock, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

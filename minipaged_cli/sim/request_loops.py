@@ -1,20 +1,25 @@
 """A step's passes over its running requests: the decodes' lengths moved on, the lengths summed, and what a bulk
-advance reads of each (``sim/replay.py``, ``sim/bulk_advance.py``). Here in Python, the reference, and compiled
-from ``request_loops.c`` (CPython's C API) where this machine can build it, as ``memory/pool_loops.py`` builds the
-pool's loops: the same functions, arguments and results. ``MINIPAGED_NATIVE=0`` keeps these.
+advance reads of each (``sim/replay.py``, ``sim/bulk_advance.py``); and a bulk's step times and clock. Here in
+Python, the reference, and compiled from ``request_loops.c`` (CPython's C API) where this machine can build it, as
+``memory/pool_loops.py`` builds the pool's loops: the same functions, arguments and results (the clock's floats
+bit for bit). ``MINIPAGED_NATIVE=0`` keeps these.
 
 Every step and every bulk passes over all its running requests (a hundred on a loaded engine), though nothing but
 two counts changes for most; in Python the bytecodes of those passes cost a replay of the Azure trace a tenth of its
-time. ``tests/sim/test_request_loops.py`` drives both on random requests and compares every figure.
+time, and a bulk of a few steps spends more on NumPy's calls than on their arithmetic.
+``tests/sim/test_request_loops.py`` drives both on random requests and compares every figure.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+
+import numpy as np
 
 from minipaged_cli import native_build
 from minipaged_cli.sim.live_request import LiveRequest
@@ -65,6 +70,21 @@ def all_prefilled(requests: Sequence[LiveRequest]) -> bool:
         if request.num_computed < request.num_prefill_tokens:
             return False
     return True
+
+
+def decode_clock(now: float, first_context: int, step_context: int, num_steps: int, head: float, per_token: float,
+                 tails: tuple[float, ...]) -> tuple[bytes, float]:
+    """A run of ``num_steps`` decode steps from ``now`` whose step j (from 0) reads ``first_context + j *
+    step_context`` tokens of K/V and lasts ``head + context * per_token`` plus each of ``tails`` in turn
+    (``StepTimeModel.decode_step_terms``): the steps' times, then the clock at each step boundary (``now``, then each
+    step's end, added one step at a time), as 2 * num_steps + 1 float64s; and the shortest step's time (NaN where
+    one is NaN)."""
+    contexts = np.arange(first_context, first_context + step_context * num_steps, step_context, dtype=np.int64)
+    durations = head + contexts * per_token
+    for tail in tails:
+        durations = durations + tail
+    clock = np.add.accumulate(np.concatenate(([now], durations)))
+    return np.concatenate((durations, clock)).tobytes(), float(np.minimum.reduce(durations)) if num_steps else math.inf
 
 
 @cache

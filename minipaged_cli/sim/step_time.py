@@ -137,6 +137,7 @@ class StepTimeModel:
         self.sliding_kv_per_token = self.kv_per_token * self.sliding_share
         self.host_per_token = model.kv_bytes_per_token / gpu.host_bandwidth_bytes_per_s
         self.overhead_s = gpu.step_overhead_s
+        self._decode_terms: dict[int, tuple[float, float, tuple[float, ...]]] = {}  # (``decode_step_terms``)
 
     def step_seconds(self, *, new_tokens: Any, sequences: int, prefill_tokens: int = 0, prefill_attended: float = 0,
                      prefill_context: int = 0, decodes: int = 0, decode_context: Any = 0,
@@ -154,6 +155,20 @@ class StepTimeModel:
                 + self.decode_attention_seconds(decodes, decode_context)
                 + self.cache_write_seconds(new_tokens) + 2 * copied_tokens * self.kv_per_token
                 + self.overhead_s)
+
+    def decode_step_terms(self, decodes: int) -> tuple[float, float, tuple[float, ...]] | None:
+        """A decode-only step of ``decodes`` sequences reading ``context`` tokens of K/V, as ``step_seconds`` adds
+        it up: ``head + context * per_token``, then each of ``tails`` added in turn (the same floats, in the same
+        order); None where its time is no such line (a calibration's decode table, a sliding window's share)."""
+        if self.sliding_share or (self.calibration is not None and self.calibration.decode_attention is not None):
+            return None
+        terms = self._decode_terms.get(decodes)
+        if terms is None:  # (a replay's bulks ask for a few batch sizes, again and again)
+            head = (self.linear_seconds(decodes) + self.elementwise_seconds(decodes) + decodes
+                    * self.lm_head_per_sequence + self.lm_head_weights + self.prefill_attention_seconds(0, 0, 0))
+            terms = self._decode_terms[decodes] = (head, self.kv_per_token, (
+                self.cache_write_seconds(decodes), 2 * 0 * self.kv_per_token, self.overhead_s))
+        return terms
 
     def linear_seconds(self, tokens: Any) -> Any:
         return self._per_token_term("linear", tokens)

@@ -7,20 +7,26 @@ whole replay the same under either."""
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import random
 import sys
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.sim import request_loops
+from minipaged_cli.sim.bulk_advance import step_clock
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.replay import replay
+from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, make_trace
 from tests.memory.conftest import usable
+from tests.sim.test_step_time import _synthetic_calibration as synthetic_calibration
 
 PYTHON = sys.modules[request_loops.__name__]
 
@@ -94,9 +100,11 @@ def test_a_broken_request_raises_as_python_does(kind: str) -> None:
         assert moved == ((4, 1) if kind == "not a request" and passes is module else (7, 4))
         with pytest.raises(AttributeError):
             passes.decode_lengths(requests)
-        for call in (passes.finished, passes.all_prefilled, lambda requests: passes.decode_run_end(requests, 0, 2)):
+        for call in (passes.finished, passes.all_prefilled):
             with pytest.raises(AttributeError):
                 call(requests)
+        with pytest.raises(AttributeError):
+            passes.decode_run_end(requests, 0, 2)
         with pytest.raises(ValueError, match="no requests"):
             passes.decode_lengths([])
         with pytest.raises(ValueError, match="start -1 < 0"):
@@ -123,3 +131,50 @@ def test_a_replay_makes_the_same_decisions_and_figures_under_either(monkeypatch:
         results[name] = replay(trace, config, "paged").to_dict()
     assert results["python"]["num_preemptions"] > 0 and results["python"]["completed_requests"] == 60
     assert results["python"] == results["compiled"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_clock_is_numpys_to_the_bit(seed: int) -> None:
+    rng = random.Random(seed)
+    tails = tuple(rng.choice([0.0, -0.0, rng.uniform(0, 1e-3), rng.uniform(-1e-3, 1e-3)])
+                  for _ in range(rng.randint(0, 4)))
+    args = (rng.uniform(0, 1e5), rng.randint(0, 10**9), rng.randint(1, 10**4), rng.choice([0, 1, rng.randint(2, 300)]),
+            rng.uniform(-1e-3, 1e-2), rng.choice([rng.uniform(0, 1e-6), rng.uniform(-1e-9, 1e-9)]), tails)
+    if rng.random() < 0.05:  # a NaN in the model: the shortest step is NaN on both
+        args = (*args[:4], math.nan, *args[5:])
+    compiled_numbers, compiled_shortest = compiled().decode_clock(*args)
+    numbers, shortest = PYTHON.decode_clock(*args)
+    assert compiled_numbers == numbers
+    assert repr(compiled_shortest) == repr(shortest)  # (NaN and the infinity of no step included)
+
+
+MODELS = [("qwen3-8b", "h200"), ("llama-2-7b", "h100"), ("llama-3.1-70b", "h200"), ("gemma-3-27b", "h200"),
+          ("gpt-oss-20b", "h200")]
+
+
+@pytest.mark.parametrize(("model", "gpu"), MODELS)
+@pytest.mark.parametrize("calibration", [None, "without decode table", "with decode table"])
+def test_a_bulks_clock_from_the_models_terms_is_step_seconds_to_the_bit(model: str, gpu: str,
+                                                                       calibration: str | None) -> None:
+    """``StepTimeModel.decode_step_terms`` adds a decode step up as ``step_seconds`` does: the clock both passes
+    build from it is the model's own arrays and ``step_clock``, bit for bit; and it is None exactly where a step's
+    time is no line in its context (a sliding window's share, a calibration's decode table)."""
+    spec = load_model(model)
+    table = None if calibration is None else synthetic_calibration(spec)
+    if calibration == "without decode table":
+        table = dataclasses.replace(table, decode_attention=None)
+    step_time = StepTimeModel(spec, load_gpu(gpu), table)
+    rng = random.Random(f"{model} {calibration}")
+    for _ in range(20):
+        n, total, num_steps, now = rng.randint(1, 300), rng.randint(0, 10**6), rng.randint(1, 200), rng.uniform(0, 1e4)
+        terms = step_time.decode_step_terms(n)
+        assert (terms is None) == (bool(spec.num_sliding_layers) or calibration == "with decode table")
+        if terms is None:
+            continue
+        contexts = np.arange(total + n, total + n * (num_steps + 1), n, dtype=np.int64)
+        durations = step_time.step_seconds(new_tokens=n, sequences=n, decodes=n, decode_context=contexts)
+        expected = np.concatenate((durations, step_clock(now, durations))).tobytes()
+        for passes in (PYTHON, compiled()):
+            numbers, shortest = passes.decode_clock(now, total + n, n, num_steps, *terms)
+            assert numbers == expected and shortest == float(durations.min())
