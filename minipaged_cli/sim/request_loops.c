@@ -254,7 +254,8 @@ static PyObject *all_prefilled(PyObject *self, PyObject *arg) {
 
 /* decode_clock: the same floats as request_loops.py's NumPy: each step's time added up in the reference's order, one
  * IEEE operation at a time (the product through a volatile, so that no compiler fuses it into the sum: a fused
- * multiply-add rounds once, NumPy twice), and the clock by the same sequential additions as np.add.accumulate. */
+ * multiply-add rounds once, NumPy twice), and the clock by the same sequential additions as np.add.accumulate. At
+ * most 8 tails (the step-time model has 3). */
 static PyObject *decode_clock(PyObject *self, PyObject *args) {
     double now, head, per_token;
     long long first_context, step_context;

@@ -78,7 +78,7 @@ def decode_clock(now: float, first_context: int, step_context: int, num_steps: i
     step_context`` tokens of K/V and lasts ``head + context * per_token`` plus each of ``tails`` in turn
     (``StepTimeModel.decode_step_terms``): the steps' times, then the clock at each step boundary (``now``, then each
     step's end, added one step at a time), as 2 * num_steps + 1 float64s; and the shortest step's time (NaN where
-    one is NaN)."""
+    one is NaN, infinity where there is none)."""
     contexts = np.arange(first_context, first_context + step_context * num_steps, step_context, dtype=np.int64)
     durations = head + contexts * per_token
     for tail in tails:
