@@ -105,8 +105,8 @@ class StrategyMetrics:
 
 
 class MemoryIntegrator:
-    """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps (Python
-    floats, added one by one in the order NumPy's element-wise sum adds them)."""
+    """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps (lists of
+    Python floats, added to element by element)."""
 
     def __init__(self) -> None:
         self.weight = {"saturated": 0.0, "busy": 0.0}

@@ -164,10 +164,12 @@ class StepTimeModel:
             return None
         terms = self._decode_terms.get(decodes)
         if terms is None:  # (a replay's bulks ask for a few batch sizes, again and again)
-            head = (self.linear_seconds(decodes) + self.elementwise_seconds(decodes) + decodes
-                    * self.lm_head_per_sequence + self.lm_head_weights + self.prefill_attention_seconds(0, 0, 0))
-            terms = self._decode_terms[decodes] = (head, self.kv_per_token, (
-                self.cache_write_seconds(decodes), 2 * 0 * self.kv_per_token, self.overhead_s))
+            head = (self.linear_seconds(decodes) + self.elementwise_seconds(decodes)
+                    + decodes * self.lm_head_per_sequence + self.lm_head_weights
+                    + self.prefill_attention_seconds(0, 0, 0))
+            # (after the K/V reads: the cache writes, the copies' term of no copy, the overhead)
+            tails = (self.cache_write_seconds(decodes), 2 * 0 * self.kv_per_token, self.overhead_s)
+            terms = self._decode_terms[decodes] = (head, self.kv_per_token, tails)
         return terms
 
     def linear_seconds(self, tokens: Any) -> Any:
