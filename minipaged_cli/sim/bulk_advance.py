@@ -279,8 +279,8 @@ def decode_state(allocator: Allocator, running: list[LiveRequest],
     their sum) and final lengths: what ``Allocator.bulk_profile`` reads; and the most decode steps one bulk may take
     (none past the first finish, and a bounded profile). ``passes``: ``request_loops`` or its compiled passes."""
     lengths, finals, fewest_left = passes.decode_lengths(running)
-    return (np.array(lengths, dtype=np.int64), allocator.bulk_allocations(running), np.array(finals, dtype=np.int64),
-            min(fewest_left, bulk_step_cap(len(running))))
+    return (np.frombuffer(lengths, dtype=np.int64), allocator.bulk_allocations(running),
+            np.frombuffer(finals, dtype=np.int64), min(fewest_left, bulk_step_cap(len(running))))
 
 
 def bulk_step_cap(num_running: int) -> int:

@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <math.h>
+#include <stdint.h>
 
 static PyTypeObject *REQUEST_TYPE;
 static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL, PREFILL, LOADING;  /* the slots' offsets in a request */
@@ -144,21 +145,22 @@ static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
     if (requests == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
-    PyObject *lengths = PyList_New(n), *finals = PyList_New(n), *result = NULL;
+    PyObject *result = NULL;
+    PyObject *lengths = PyBytes_FromStringAndSize(NULL, n * 8), *finals = PyBytes_FromStringAndSize(NULL, n * 8);
     if (lengths == NULL || finals == NULL)
         goto done;
     if (n == 0) {
         PyErr_SetString(PyExc_ValueError, "decode_lengths: no requests");
         goto done;
     }
+    int64_t *length_values = (int64_t *)PyBytes_AS_STRING(lengths);
+    int64_t *final_values = (int64_t *)PyBytes_AS_STRING(finals);
     long long fewest = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
-        PyObject *computed = slot(request, COMPUTED), *final = slot(request, FINAL);
-        if (computed == NULL || final == NULL)
-            goto done;
+        long long computed = slot_int(request, COMPUTED), final = slot_int(request, FINAL);
         long long output = slot_int(request, OUTPUT), generated = slot_int(request, GENERATED), left;
-        if ((output == -1 || generated == -1) && PyErr_Occurred())
+        if ((computed == -1 || final == -1 || output == -1 || generated == -1) && PyErr_Occurred())
             goto done;
         if (__builtin_sub_overflow(output, generated, &left)) {
             PyErr_SetString(PyExc_OverflowError, "a request's tokens left pass 2**63");
@@ -166,10 +168,8 @@ static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
         }
         if (i == 0 || left < fewest)
             fewest = left;
-        Py_INCREF(computed);
-        PyList_SET_ITEM(lengths, i, computed);
-        Py_INCREF(final);
-        PyList_SET_ITEM(finals, i, final);
+        length_values[i] = computed;
+        final_values[i] = final;
     }
     result = Py_BuildValue("OOL", lengths, finals, fewest);
 done:

@@ -37,11 +37,13 @@ def computed_total(requests: Sequence[LiveRequest]) -> int:
     return sum([request.num_computed for request in requests])  # (a list: a generator costs a resume per item)
 
 
-def decode_lengths(requests: Sequence[LiveRequest]) -> tuple[list[int], list[int], int]:
-    """The requests' computed and final lengths, and the fewest tokens any has left to generate (some must run)."""
+def decode_lengths(requests: Sequence[LiveRequest]) -> tuple[bytes, bytes, int]:
+    """The requests' computed and final lengths (each as int64s, the bytes of a NumPy array: ``np.frombuffer``
+    reads them without a conversion per item), and the fewest tokens any has left to generate (some must run)."""
     if not requests:
         raise ValueError("decode_lengths: no requests")
-    return ([request.num_computed for request in requests], [request.final_length for request in requests],
+    return (np.array([request.num_computed for request in requests], dtype=np.int64).tobytes(),
+            np.array([request.final_length for request in requests], dtype=np.int64).tobytes(),
             min([request.output_tokens - request.num_generated for request in requests]))
 
 
