@@ -171,14 +171,22 @@ class PagedAllocator(Allocator):
         place of a pass over all (the accounting asks every step); else the sums over ``holdings``, the reference
         (``tests/memory/test_paged.py`` checks the two agree)."""
         manager, block_size = self.manager, self.block_size
-        if not self.windowed and not manager.num_forks and len(holdings) == len(manager.sequences):
+        if self._all_live(holdings):
             return (manager.num_used_blocks + manager.num_shared_references) * block_size, \
                 sum([len(state.block_tables[0]) * block_size - state.final_length  # type: ignore[operator]
                      for state in manager.past_final.values()])
         return super().allocation_sums(holdings)
 
     def bulk_allocations(self, holdings: Sequence[Holding]) -> int:
-        return self.allocation_sums(holdings)[0]  # (the profiles read only the sum)
+        """Σ allocated alone (the profiles read only the sum): the pool's count, where ``allocation_sums`` reads it."""
+        if self._all_live(holdings):
+            return (self.manager.num_used_blocks + self.manager.num_shared_references) * self.block_size
+        return self.allocation_sums(holdings)[0]
+
+    def _all_live(self, holdings: Sequence[Holding]) -> bool:
+        """Whether ``holdings`` are all the live sequences (as many, each live), of one full-attention table each and
+        no fork: where the pool's counts are their sums."""
+        return not self.windowed and not self.manager.num_forks and len(holdings) == len(self.manager.sequences)
 
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         return self.manager.num_held_tokens(holding.sequence_id, num_tokens)

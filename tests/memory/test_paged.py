@@ -115,8 +115,10 @@ def test_allocation_sums_from_the_pool_equal_the_per_request_sums(seed: int) -> 
             allocator.release(holding)
             del lengths[holding.sequence_id]
         assert allocator.allocation_sums(live) == naive_allocation_sums(allocator, live)
+        assert allocator.bulk_allocations(live) == naive_allocation_sums(allocator, live)[0]
         some = live[:rng.randint(0, len(live))]  # (not all the live ones: the pass over them)
         assert allocator.allocation_sums(some) == naive_allocation_sums(allocator, some)
+        assert allocator.bulk_allocations(some) == naive_allocation_sums(allocator, some)[0]
         assert manager.past_final == {
             s.sequence_id: s for s in manager.sequences.values()
             if len(s.block_table) * block_size > s.final_length}  # type: ignore[operator]
