@@ -1,6 +1,7 @@
-/* A step's passes over its running requests compiled: the same functions, arguments and results as the Python
- * reference in request_loops.py, which builds this file at run time (CPython's C API, no other library) and checks
- * it there (tests/sim/test_request_loops.py drives both on random requests and compares every figure).
+/* A step's passes over its running requests compiled, and a bulk's step times and clock (decode_clock, below): the
+ * same functions, arguments and results as the Python reference in request_loops.py, which builds this file at run
+ * time (CPython's C API, no other library) and checks it there (tests/sim/test_request_loops.py drives both on
+ * random requests and compares every figure, the clock's bit for bit).
  *
  * Each pass reads or writes a few int slots of every running request (a LiveRequest: a slots dataclass), bound once
  * by bind_live_request: a slot is read and written at its offset, as the slot's descriptor does, without a lookup by
