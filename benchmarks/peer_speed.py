@@ -150,9 +150,13 @@ def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
 def compiled_env(checkout: Path = CHECKOUT) -> dict[str, str]:
     """The environment minipaged's processes run in: ``checkout`` on the path, its modules' byte code compiled
     where an import finds it (``python -m compileall``, run here: it writes the files whatever
-    ``PYTHONDONTWRITEBYTECODE`` says; an installed package's come so from ``pip install``)."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "minipaged_cli")], check=True,
-                   stdout=subprocess.DEVNULL)
+    ``PYTHONDONTWRITEBYTECODE`` says; an installed package's come so from ``pip install``). Where the checkout
+    cannot be written, the runs compile what they import, as they would without this."""
+    compiled = subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "minipaged_cli")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if compiled.returncode:
+        print(f"note: {checkout / 'minipaged_cli'}'s byte code could not be written; each run compiles what it "
+              "imports", file=sys.stderr)
     return {**os.environ, "PYTHONPATH": str(checkout)}
 
 
