@@ -175,10 +175,9 @@ class Replica:
         if scheduler.waiting or self.arrivals.has_pending or not scheduler.can_bulk \
                 or (allocator.windowed and allocator.shared_slots):
             return self.ready_s
-        running = scheduler.running
-        remaining = min(live.output_tokens - live.num_generated for live in running)
-        grown = allocator.bulk_profile(*decode_state(allocator, running)).num_steps
-        return self.now + min(remaining, grown) * self.min_step_s
+        # (the profile's steps stop at the first finish: ``decode_state`` bounds them by the fewest tokens left)
+        grown = allocator.bulk_profile(*decode_state(allocator, scheduler.running, scheduler.passes)).num_steps
+        return self.now + grown * self.min_step_s
 
     def send(self, request: Request, fleet_index: int, at: float) -> None:
         """Hand the replica a request that reaches it at ``at`` (mid-step, it waits for the step's end)."""

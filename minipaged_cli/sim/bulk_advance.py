@@ -28,10 +28,10 @@ from types import ModuleType
 import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, total_slots
-from minipaged_cli.sim import request_loops
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.request_loops import step_clock
 from minipaged_cli.sim.scheduler import Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.step_work import checked_seconds
@@ -274,7 +274,7 @@ def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
 
 
 def decode_state(allocator: Allocator, running: list[LiveRequest],
-                 passes: ModuleType = request_loops) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int]:
+                 passes: ModuleType) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int]:
     """The running requests' computed lengths, allocated slots (``Allocator.bulk_allocations``: each one's, or
     their sum) and final lengths: what ``Allocator.bulk_profile`` reads; and the most decode steps one bulk may take
     (none past the first finish, and a bounded profile). ``passes``: ``request_loops`` or its compiled passes."""
@@ -286,15 +286,6 @@ def decode_state(allocator: Allocator, running: list[LiveRequest],
 def bulk_step_cap(num_running: int) -> int:
     """The most decode steps one bulk of ``num_running`` requests may take, finishes aside (a bounded profile)."""
     return min(MAX_BULK_STEPS, max(1, MAX_BULK_CELLS // num_running))
-
-
-def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
-    """The clock at each boundary of the steps lasting ``durations`` from ``now`` (``now``, then each step's end),
-    added one step at a time as the single-step path adds them (``np.add.accumulate`` adds in order; ``now`` plus
-    a ``cumsum`` of the durations alone rounds otherwise).
-
-    [k] durations -> [k + 1] times"""
-    return np.add.accumulate(np.concatenate(([now], durations)))
 
 
 def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:

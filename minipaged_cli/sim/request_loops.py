@@ -85,8 +85,17 @@ def decode_clock(now: float, first_context: int, step_context: int, num_steps: i
     durations = head + contexts * per_token
     for tail in tails:
         durations = durations + tail
-    clock = np.add.accumulate(np.concatenate(([now], durations)))
-    return np.concatenate((durations, clock)).tobytes(), float(np.minimum.reduce(durations)) if num_steps else math.inf
+    shortest = float(np.minimum.reduce(durations)) if num_steps else math.inf
+    return np.concatenate((durations, step_clock(now, durations))).tobytes(), shortest
+
+
+def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
+    """The clock at each boundary of the steps lasting ``durations`` from ``now`` (``now``, then each step's end),
+    added one step at a time as the single-step path adds them (``np.add.accumulate`` adds in order; ``now`` plus
+    a ``cumsum`` of the durations alone rounds otherwise).
+
+    [k] durations -> [k + 1] times"""
+    return np.add.accumulate(np.concatenate(([now], durations)))
 
 
 @cache

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.sim import request_loops
-from minipaged_cli.sim.bulk_advance import step_clock
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.replay import replay
+from minipaged_cli.sim.request_loops import step_clock
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, make_trace
