@@ -38,7 +38,6 @@ from minipaged_cli.sim.step_work import checked_seconds
 
 MAX_BULK_STEPS = 4096
 MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
-_STEPS = np.arange(1, MAX_BULK_STEPS + 1, dtype=np.int64)
 
 
 class BulkAdvance:
@@ -199,14 +198,14 @@ class BulkAdvance:
         there, as an advance starting there sums them). Returns the steps' time.
 
         The shared slots stay constant: no admission, fork or release until the last step."""
-        part = durations[start:stop]
-        duration = float(np.add.reduce(part))
-        tokens = (total_length + n * first) * duration + n * float(part @ _STEPS[start - first:stop - first]) \
-            if profile.tokens is None else _integral(profile.tokens, part, duration, start, stop)
+        duration, weighted, allocated, internal, tokens = self.scheduler.passes.bulk_integrals(
+            durations, start, stop, first, profile.allocated, profile.internal, profile.tokens)
+        if tokens is None:  # (the lengths: total_length + n * (j - first + 1) during step j)
+            tokens = (total_length + n * first) * duration + n * weighted
         slots = category_slots(
             tokens,
-            _integral(profile.allocated, part, duration, start, stop),
-            _integral(profile.internal, part, duration, start, stop),
+            allocated,
+            internal,
             external * duration,
             self.allocator.capacity_tokens * duration,
             self.allocator.shared_slots * duration,
@@ -287,8 +286,3 @@ def bulk_step_cap(num_running: int) -> int:
     """The most decode steps one bulk of ``num_running`` requests may take, finishes aside (a bounded profile)."""
     return min(MAX_BULK_STEPS, max(1, MAX_BULK_CELLS // num_running))
 
-
-def _integral(values: np.ndarray | int, durations: np.ndarray, duration: float, start: int, stop: int) -> float:
-    """Σ durations * values over steps ``start`` to ``stop`` of a ``BulkProfile`` series (per step, or one
-    constant: then no array is built)."""
-    return float(values[start:stop] @ durations) if isinstance(values, np.ndarray) else values * duration

@@ -15,6 +15,7 @@
 #include <structmember.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static PyTypeObject *REQUEST_TYPE;
 static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL, PREFILL, LOADING;  /* the slots' offsets in a request */
@@ -309,6 +310,75 @@ static PyObject *decode_clock(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* One BulkProfile series over steps [start, stop): Σ d_j * values[j] in step order (each product through a
+ * volatile, as decode_clock's), or, for a number, that number times ``duration``; -1 with an error set where it
+ * is neither an int64 array covering the steps nor a number. */
+static int series_integral(PyObject *values, const double *part, Py_ssize_t start, Py_ssize_t count, double duration,
+                           double *integral) {
+    if (!PyObject_CheckBuffer(values)) {
+        double number = PyFloat_AsDouble(values);
+        if (number == -1.0 && PyErr_Occurred())
+            return -1;
+        *integral = number * duration;
+        return 0;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    int ok = view.itemsize == 8 && view.format != NULL && (strcmp(view.format, "l") == 0 ||
+                                                          strcmp(view.format, "q") == 0);
+    if (!ok || start + count > view.len / 8) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "bulk_integrals: a series must be int64 covering steps %zd to %zd", start,
+                     start + count);
+        return -1;
+    }
+    const int64_t *series = (const int64_t *)view.buf + start;
+    double total = 0.0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        volatile double product = (double)series[j] * part[j];
+        total = total + product;
+    }
+    PyBuffer_Release(&view);
+    *integral = total;
+    return 0;
+}
+
+/* bulk_integrals: request_loops.py's sums, in its order, one IEEE operation at a time. */
+static PyObject *bulk_integrals(PyObject *self, PyObject *args) {
+    Py_buffer durations;
+    Py_ssize_t start, stop, first;
+    PyObject *allocated, *internal, *tokens;
+    if (!PyArg_ParseTuple(args, "y*nnnOOO:bulk_integrals", &durations, &start, &stop, &first, &allocated, &internal,
+                          &tokens))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t num_steps = durations.len / (Py_ssize_t)sizeof(double);
+    if (start < 0 || stop < start || stop > num_steps) {
+        PyErr_Format(PyExc_IndexError, "bulk_integrals: steps %zd to %zd of %zd", start, stop, num_steps);
+        goto done;
+    }
+    const double *part = (const double *)durations.buf + start;
+    Py_ssize_t count = stop - start;
+    double duration = 0.0, weighted = 0.0, allocated_integral, internal_integral, tokens_integral = 0.0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        volatile double product = part[j] * (double)(start + j - first + 1);
+        duration = duration + part[j];
+        weighted = weighted + product;
+    }
+    if (series_integral(allocated, part, start, count, duration, &allocated_integral) < 0 ||
+        series_integral(internal, part, start, count, duration, &internal_integral) < 0 ||
+        (tokens != Py_None && series_integral(tokens, part, start, count, duration, &tokens_integral) < 0))
+        goto done;
+    if (tokens == Py_None)
+        result = Py_BuildValue("(ddddO)", duration, weighted, allocated_integral, internal_integral, Py_None);
+    else
+        result = Py_BuildValue("(ddddd)", duration, weighted, allocated_integral, internal_integral, tokens_integral);
+done:
+    PyBuffer_Release(&durations);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind_live_request", bind_live_request, METH_O, NULL},
     {"advance", advance, METH_VARARGS, NULL},
@@ -318,6 +388,7 @@ static PyMethodDef methods[] = {
     {"decode_run_end", decode_run_end, METH_VARARGS, NULL},
     {"all_prefilled", all_prefilled, METH_O, NULL},
     {"decode_clock", decode_clock, METH_VARARGS, NULL},
+    {"bulk_integrals", bulk_integrals, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -89,6 +89,38 @@ def decode_clock(now: float, first_context: int, step_context: int, num_steps: i
     return np.concatenate((durations, step_clock(now, durations))).tobytes(), shortest
 
 
+def bulk_integrals(durations: np.ndarray, start: int, stop: int, first: int, allocated: np.ndarray | int,
+                   internal: np.ndarray | int, tokens: np.ndarray | None) -> tuple[float, float, float, float,
+                                                                                   float | None]:
+    """Steps ``start`` to ``stop`` of a bulk whose steps last ``durations`` (``BulkAdvance._record``): their time
+    Σ d_j, the weight Σ d_j * (j - first + 1) of the tokens each step adds since step ``first``, and Σ d_j * s_j of
+    each ``BulkProfile`` series s (per step, an int64 array; or one number: it times the time; ``tokens`` None:
+    None). Each sum runs in step order, a product and an addition at a time (the compiled one's floats bit for
+    bit)."""
+    if not 0 <= start <= stop <= len(durations):
+        raise IndexError(f"bulk_integrals: steps {start} to {stop} of {len(durations)}")
+    part = durations[start:stop].tolist()
+    duration = weighted = 0.0
+    for weight, seconds in enumerate(part, start=start - first + 1):
+        duration += seconds
+        weighted += seconds * weight
+    return (duration, weighted, _series_integral(allocated, part, duration, start),
+            _series_integral(internal, part, duration, start),
+            None if tokens is None else _series_integral(tokens, part, duration, start))
+
+
+def _series_integral(values: np.ndarray | int, part: list[float], duration: float, start: int) -> float:
+    """Σ d_j * values[j] over the steps from ``start`` lasting ``part``; a number (not an array) times ``duration``."""
+    if not isinstance(values, np.ndarray):
+        return float(values) * duration
+    if values.dtype != np.int64 or start + len(part) > len(values):
+        raise ValueError(f"bulk_integrals: a series must be int64 covering steps {start} to {start + len(part)}")
+    total = 0.0
+    for value, seconds in zip(values[start:start + len(part)].tolist(), part, strict=True):
+        total += float(value) * seconds
+    return total
+
+
 def step_clock(now: float, durations: np.ndarray) -> np.ndarray:
     """The clock at each boundary of the steps lasting ``durations`` from ``now`` (``now``, then each step's end),
     added one step at a time as the single-step path adds them (``np.add.accumulate`` adds in order; ``now`` plus

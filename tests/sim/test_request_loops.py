@@ -11,6 +11,7 @@ import dataclasses
 import math
 import random
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -152,6 +153,58 @@ def test_the_compiled_clock_is_numpys_to_the_bit(seed: int) -> None:
     assert compiled_numbers == numbers
     assert repr(compiled_shortest) == repr(shortest)  # (NaN and the infinity of no step included)
 
+
+
+def random_series(rng: random.Random, num_steps: int) -> np.ndarray | int:
+    """A ``BulkProfile`` series: one count a step (slots up to a large pool's), or one count for all."""
+    if rng.random() < 0.3:
+        return rng.randint(0, 10**9)
+    return np.array([rng.randint(0, 10**9) for _ in range(num_steps)], dtype=np.int64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_bulks_integrals_are_the_sums_of_its_steps(seed: int) -> None:
+    """``bulk_integrals``: compiled and Python agree to the bit (NaN and infinities included), and both are the
+    sums worked step by step in exact rational arithmetic, to a float's rounding."""
+    rng = random.Random(seed)
+    num_steps = rng.choice([1, 2, rng.randint(3, 10), rng.randint(11, 4096)])
+    cut = rng.choice([0, rng.randint(1, 50)])  # (a plan cut short reads its later steps: a view into its array)
+    durations = np.array([rng.choice([rng.uniform(1e-3, 0.2), rng.uniform(0, 1e-6)])
+                          for _ in range(cut + num_steps)])[cut:]
+    if rng.random() < 0.03:
+        durations[rng.randrange(num_steps)] = rng.choice([math.nan, math.inf])
+    start = rng.randint(0, num_steps)
+    stop, first = rng.randint(start, num_steps), rng.randint(0, start)
+    allocated, internal = random_series(rng, num_steps), random_series(rng, num_steps)
+    tokens = rng.choice([None, random_series(rng, num_steps)])
+    args = (durations, start, stop, first, allocated, internal, tokens)
+    got = compiled().bulk_integrals(*args)
+    assert repr(got) == repr(PYTHON.bulk_integrals(*args))
+    if not np.isfinite(durations[start:stop]).all():
+        return
+    part = [Fraction(float(d)) for d in durations[start:stop]]
+
+    def exact(values: np.ndarray | int | None) -> float | None:
+        if values is None:
+            return None
+        per_step = [values] * len(part) if isinstance(values, int) else values[start:stop].tolist()
+        return float(sum(d * v for d, v in zip(part, per_step, strict=True)))
+
+    expected = (float(sum(part)), float(sum(d * (start + j - first + 1) for j, d in enumerate(part))),
+                exact(allocated), exact(internal), exact(tokens))
+    for value, want in zip(got, expected, strict=True):
+        assert value == pytest.approx(want, rel=1e-12, abs=1e-300) if want is not None else value is None
+
+
+def test_bulk_integrals_refuse_a_series_that_is_not_one_count_a_step() -> None:
+    durations = np.full(4, 0.01)
+    for passes in (PYTHON, compiled()):
+        with pytest.raises((IndexError, ValueError)):
+            passes.bulk_integrals(durations, 0, 5, 0, 0, 0, None)
+        for series in (np.zeros(4), np.zeros(3, dtype=np.int64)):  # (floats; too few steps)
+            with pytest.raises(ValueError):
+                passes.bulk_integrals(durations, 0, 4, 0, series, 0, None)
 
 MODELS = [("qwen3-8b", "h200"), ("llama-2-7b", "h100"), ("llama-3.1-70b", "h200"), ("gemma-3-27b", "h200"),
           ("gpt-oss-20b", "h200")]
