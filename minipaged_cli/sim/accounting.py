@@ -7,6 +7,7 @@ The scheduler and the replay loop report events here; ``metrics`` turns them int
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,10 +114,14 @@ class MemoryIntegrator:
         self.sums = {key: [0.0] * (len(CATEGORIES) + 1) for key in self.weight}
 
     def add(self, duration: float, integrals: Sequence[float], saturated: bool) -> None:
-        """``integrals``: Σ duration * slots over the steps, per category and (last) allocated slots."""
-        for key in ("saturated", "busy") if saturated else ("busy",):
-            self.weight[key] += duration
-            self.sums[key] = [total + value for total, value in zip(self.sums[key], integrals, strict=True)]
+        """``integrals``: Σ duration * slots over the steps, per category and (last) allocated slots (one number each:
+        ``category_slots``' six)."""
+        weight, sums = self.weight, self.sums
+        if saturated:
+            weight["saturated"] += duration
+            sums["saturated"] = list(map(operator.add, sums["saturated"], integrals))  # (C's loop: a call a step)
+        weight["busy"] += duration
+        sums["busy"] = list(map(operator.add, sums["busy"], integrals))
 
     def averages(self, capacity: int) -> tuple[str, np.ndarray]:
         key = "saturated" if self.weight["saturated"] > 0 else "busy"
