@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.sequence import OutOfBlocksError
-from minipaged_cli.memory.take_cached import note_past_final
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
@@ -89,9 +88,7 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     if takes:
         taken: list[int] = []
         pool.take(num_taken, taken)
-        loops.hand_out(takes, taken, num_groups)
-        if num_groups == 1:
-            note_past_final(manager, [state for state, _ in takes])
+        loops.hand_out(takes, taken, num_groups, manager.past_final if num_groups == 1 else None, block_size)
     for g, keys in group_keys.items():  # (the blocks in the order the calls one by one cache them; each group's map)
         blocks = loops.fill_blocks(fills, g)
         if blocks:

@@ -280,7 +280,7 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
 /* SequenceState's slots that grow_lengths and the passes after it read and write, bound once (bind_sequence_state): a slot is read and
  * written through its member definition, without a lookup by name per sequence. */
 static PyTypeObject *STATE_TYPE;
-static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES, *BLOCK_TABLES;
+static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES, *BLOCK_TABLES, *FINAL, *SEQUENCE_ID;
 
 static PyMemberDef *slot(PyObject *cls, const char *name) {
     PyObject *descriptor = PyObject_GetAttrString(cls, name);
@@ -301,7 +301,8 @@ static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
     if (!(LENGTH = slot(cls, "sequence_length")) || !(COMPUTED = slot(cls, "num_computed_tokens")) ||
         !(LOADING = slot(cls, "num_loading_tokens")) || !(HELD = slot(cls, "num_held_blocks")) ||
         !(CACHED_BLOCKS = slot(cls, "num_cached_blocks")) || !(BLOCK_HASHES = slot(cls, "block_hashes")) ||
-        !(BLOCK_TABLES = slot(cls, "block_tables")))
+        !(BLOCK_TABLES = slot(cls, "block_tables")) || !(FINAL = slot(cls, "final_length")) ||
+        !(SEQUENCE_ID = slot(cls, "sequence_id")))
         return NULL;
     Py_INCREF(cls);
     Py_XSETREF(STATE_TYPE, (PyTypeObject *)cls);
@@ -530,11 +531,33 @@ static PyObject *fill_keys(PyObject *self, PyObject *args) {
     return keys;
 }
 
+/* Whether ``state``'s first table holds slots past its final length (none: 0); -1 with an error set. */
+static int past_its_final(PyObject *state, long long block_size) {
+    PyObject *final = PyMember_GetOne((const char *)state, FINAL);
+    if (final == NULL)
+        return -1;
+    int past = 0;
+    if (final != Py_None) {
+        PyObject *tables = PyMember_GetOne((const char *)state, BLOCK_TABLES);
+        PyObject *first = tables == NULL ? NULL : PySequence_GetItem(tables, 0);
+        Py_XDECREF(tables);
+        Py_ssize_t length = first == NULL ? -1 : PyObject_Length(first);
+        Py_XDECREF(first);
+        long long limit = length < 0 ? -1 : PyLong_AsLongLong(final);
+        past = length < 0 || (limit == -1 && PyErr_Occurred()) ? -1 : (long long)length * block_size > limit;
+    }
+    Py_DECREF(final);
+    return past;
+}
+
 static PyObject *hand_out(PyObject *self, PyObject *args) {
-    PyObject *takes, *taken;
-    long long num_groups;
-    if (!PyArg_ParseTuple(args, "O!O!L:hand_out", &PyList_Type, &takes, &PyList_Type, &taken, &num_groups))
+    PyObject *takes, *taken, *past_final = Py_None;
+    long long num_groups, block_size = 0;
+    if (!PyArg_ParseTuple(args, "O!O!L|OL:hand_out", &PyList_Type, &takes, &PyList_Type, &taken, &num_groups,
+                          &past_final, &block_size))
         return NULL;
+    if (past_final != Py_None && !PyDict_Check(past_final))
+        return PyErr_Format(PyExc_TypeError, "hand_out: past_final must be a dict or None");
     Py_ssize_t position = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(takes); i++) {
         long long per_group, held;
@@ -565,6 +588,14 @@ static PyObject *hand_out(PyObject *self, PyObject *args) {
         Py_XDECREF(count);
         if (failed)
             return NULL;
+        if (past_final != Py_None) {
+            int past = past_its_final(state, block_size);
+            PyObject *id = past == 1 ? PyMember_GetOne((const char *)state, SEQUENCE_ID) : NULL;
+            failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
+            Py_XDECREF(id);
+            if (failed)
+                return NULL;
+        }
     }
     Py_RETURN_NONE;
 }

@@ -154,15 +154,21 @@ def fill_keys(fills: list[tuple[SequenceState, int]], group: int,
     return keys
 
 
-def hand_out(takes: list[tuple[SequenceState, int]], taken: list[int], num_groups: int) -> None:
+def hand_out(takes: list[tuple[SequenceState, int]], taken: list[int], num_groups: int,
+             past_final: dict[Hashable, SequenceState] | None = None, block_size: int = 0) -> None:
     """The blocks ``taken`` onto the tables of ``grow_lengths``' ``takes`` (each (state, blocks per group)), in
-    order and group by group, as ``KVBlockManager._take`` puts them; each state's held blocks counted."""
+    order and group by group, as ``KVBlockManager._take`` puts them; each state's held blocks counted; and, where
+    ``past_final`` is given (the manager's, one group), each state whose table now holds slots past its
+    ``final_length`` listed in it by its id, as ``take_cached.note_past_final`` lists it."""
     position = 0
     for state, per_group in takes:
         for table in state.block_tables:
             table += taken[position:position + per_group]
             position += per_group
         state.num_held_blocks += per_group * num_groups
+        if (past_final is not None and state.final_length is not None
+                and len(state.block_tables[0]) * block_size > state.final_length):
+            past_final[state.sequence_id] = state
 
 
 def fill_blocks(fills: list[tuple[SequenceState, int]], group: int) -> list[int]:

@@ -164,7 +164,8 @@ def random_fills_and_takes(rng: random.Random) -> tuple[dict[int, SequenceState]
             sequence_id, block_tables=[[fresh(rng.randrange(1000)) for _ in range(num_blocks)]
                                        for _ in range(num_groups)],
             block_hashes=[rng.choice([*range(30), (1, "k"), (2, "k")]) for _ in range(rng.randint(0, 8))],
-            num_cached_blocks=[rng.randint(0, 5) for _ in range(num_groups)], num_held_blocks=rng.randint(0, 10))
+            num_cached_blocks=[rng.randint(0, 5) for _ in range(num_groups)], num_held_blocks=rng.randint(0, 10),
+            final_length=rng.choice([None, rng.randint(0, 200)]))
     states = list(sequences.values())
     fills = [(state, rng.randint(0, 9)) for state in rng.sample(states, rng.randint(0, len(states)))]
     takes = [(state, rng.randint(0, 3)) for state in rng.sample(states, rng.randint(0, len(states)))]
@@ -187,13 +188,16 @@ def test_the_passes_after_grow_lengths_match_the_python_loops(seed: int) -> None
     cached = {key: fresh(500 + key) for key in rng.sample(range(30), rng.choice([0, 0, 3]))}
     taken = [fresh(2000 + i) for i in range(sum(count for _, count in takes) * num_groups + rng.randint(0, 2))]
     group = rng.randrange(num_groups)
+    listing, block_size = rng.random() < 0.5, rng.choice([1, 16])  # (states past their final length: a dict)
     outcomes = []
     for loops in (pool_loops.PYTHON, compiled_loops()):
         mine = copy.deepcopy((sequences, fills, takes))
         keys = loops.fill_keys(mine[1], group, dict(cached))
-        loops.hand_out(mine[2], list(taken), num_groups)
+        past_final = {"listed before": None} if listing else None
+        loops.hand_out(mine[2], list(taken), num_groups, past_final, block_size)
         blocks = loops.fill_blocks(mine[1], group)
-        outcomes.append((keys, blocks, named(mine[0])))
+        outcomes.append((keys, blocks, named(mine[0]),
+                         None if past_final is None else [(k, v and v.sequence_id) for k, v in past_final.items()]))
     assert outcomes[0] == outcomes[1]
 
 
@@ -208,7 +212,10 @@ def test_the_passes_after_grow_lengths_worked_by_hand() -> None:
         assert loops.fill_keys(fills, 0, {"a": 10}) == ["b", "c", "x"]
         assert loops.fill_keys(fills, 0, {"x": 7}) is None
         assert loops.fill_keys([(first, 3), (first, 3)], 0, {}) is None
-        loops.hand_out([(first, 2), (second, 1)], [30, 31, 32], 1)
+        first.final_length, second.final_length = 80, 20  # (after the take: 5 blocks of 16 slots, 2)
+        past_final: dict = {}
+        loops.hand_out([(first, 2), (second, 1)], [30, 31, 32], 1, past_final, 16)
+        assert past_final == {1: second}  # (80 slots hold the first's 80 tokens; 32 pass the second's 20)
         assert (first.block_tables, second.block_tables) == ([[10, 11, 12, 30, 31]], [[20, 32]])
         assert (first.num_held_blocks, second.num_held_blocks) == (5, 2)
         assert loops.fill_blocks(fills, 0) == [11, 12, 20]
