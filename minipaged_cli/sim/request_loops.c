@@ -310,24 +310,34 @@ static PyObject *decode_clock(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Whether a buffer ``view`` holds float64s ("d") or, ``integers``, int64s ("l" or "q"). */
+static int holds(const Py_buffer *view, int integers) {
+    if (view->itemsize != 8 || view->format == NULL)
+        return 0;
+    return integers ? strcmp(view->format, "l") == 0 || strcmp(view->format, "q") == 0
+                    : strcmp(view->format, "d") == 0;
+}
+
 /* One BulkProfile series over steps [start, stop): Σ d_j * values[j] in step order (each product through a
- * volatile, as decode_clock's), or, for a number, that number times ``duration``; -1 with an error set where it
- * is neither an int64 array covering the steps nor a number. */
+ * volatile, as decode_clock's), or, for a number (a NumPy scalar included: a buffer of no dimension), that number
+ * times ``duration``; -1 with an error set where it is neither an int64 array covering the steps nor a number. */
 static int series_integral(PyObject *values, const double *part, Py_ssize_t start, Py_ssize_t count, double duration,
                            double *integral) {
-    if (!PyObject_CheckBuffer(values)) {
+    Py_buffer view;
+    if (PyObject_CheckBuffer(values)) {
+        if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        if (view.ndim == 0)
+            PyBuffer_Release(&view);
+    }
+    if (!PyObject_CheckBuffer(values) || view.ndim == 0) {
         double number = PyFloat_AsDouble(values);
         if (number == -1.0 && PyErr_Occurred())
             return -1;
         *integral = number * duration;
         return 0;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    int ok = view.itemsize == 8 && view.format != NULL && (strcmp(view.format, "l") == 0 ||
-                                                          strcmp(view.format, "q") == 0);
-    if (!ok || start + count > view.len / 8) {
+    if (!holds(&view, 1) || view.ndim != 1 || start + count > view.len / 8) {
         PyBuffer_Release(&view);
         PyErr_Format(PyExc_ValueError, "bulk_integrals: a series must be int64 covering steps %zd to %zd", start,
                      start + count);
@@ -348,12 +358,17 @@ static int series_integral(PyObject *values, const double *part, Py_ssize_t star
 static PyObject *bulk_integrals(PyObject *self, PyObject *args) {
     Py_buffer durations;
     Py_ssize_t start, stop, first;
-    PyObject *allocated, *internal, *tokens;
-    if (!PyArg_ParseTuple(args, "y*nnnOOO:bulk_integrals", &durations, &start, &stop, &first, &allocated, &internal,
-                          &tokens))
+    PyObject *durations_arg, *allocated, *internal, *tokens;
+    if (!PyArg_ParseTuple(args, "OnnnOOO:bulk_integrals", &durations_arg, &start, &stop, &first, &allocated, &internal,
+                          &tokens) ||
+        PyObject_GetBuffer(durations_arg, &durations, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t num_steps = durations.len / (Py_ssize_t)sizeof(double);
+    if (!holds(&durations, 0) || durations.ndim != 1) {
+        PyErr_SetString(PyExc_TypeError, "bulk_integrals: the durations must be float64s");
+        goto done;
+    }
     if (start < 0 || stop < start || stop > num_steps) {
         PyErr_Format(PyExc_IndexError, "bulk_integrals: steps %zd to %zd of %zd", start, stop, num_steps);
         goto done;

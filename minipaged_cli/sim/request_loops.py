@@ -97,6 +97,8 @@ def bulk_integrals(durations: np.ndarray, start: int, stop: int, first: int, all
     each ``BulkProfile`` series s (per step, an int64 array; or one number: it times the time; ``tokens`` None:
     None). Each sum runs in step order, a product and an addition at a time (the compiled one's floats bit for
     bit)."""
+    if durations.dtype != np.float64 or durations.ndim != 1:
+        raise TypeError("bulk_integrals: the durations must be float64s")
     if not 0 <= start <= stop <= len(durations):
         raise IndexError(f"bulk_integrals: steps {start} to {stop} of {len(durations)}")
     part = durations[start:stop].tolist()
@@ -110,10 +112,11 @@ def bulk_integrals(durations: np.ndarray, start: int, stop: int, first: int, all
 
 
 def _series_integral(values: np.ndarray | int, part: list[float], duration: float, start: int) -> float:
-    """Σ d_j * values[j] over the steps from ``start`` lasting ``part``; a number (not an array) times ``duration``."""
-    if not isinstance(values, np.ndarray):
+    """Σ d_j * values[j] over the steps from ``start`` lasting ``part``; a number (a NumPy scalar or an array of no
+    dimension too) times ``duration``."""
+    if not isinstance(values, np.ndarray) or values.ndim == 0:
         return float(values) * duration
-    if values.dtype != np.int64 or start + len(part) > len(values):
+    if values.dtype != np.int64 or values.ndim != 1 or start + len(part) > len(values):
         raise ValueError(f"bulk_integrals: a series must be int64 covering steps {start} to {start + len(part)}")
     total = 0.0
     for value, seconds in zip(values[start:start + len(part)].tolist(), part, strict=True):

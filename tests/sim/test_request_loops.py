@@ -205,6 +205,11 @@ def test_bulk_integrals_refuse_a_series_that_is_not_one_count_a_step() -> None:
         for series in (np.zeros(4), np.zeros(3, dtype=np.int64)):  # (floats; too few steps)
             with pytest.raises(ValueError):
                 passes.bulk_integrals(durations, 0, 4, 0, series, 0, None)
+        with pytest.raises(TypeError):
+            passes.bulk_integrals(durations.astype(np.float32), 0, 4, 0, 0, 0, None)
+        # (a NumPy scalar, or an array of no dimension, is one number for every step)
+        duration, _, allocated, internal, _ = passes.bulk_integrals(durations, 0, 4, 0, np.int64(3), np.array(5), None)
+        assert (allocated, internal) == (3 * duration, 5 * duration)
 
 MODELS = [("qwen3-8b", "h200"), ("llama-2-7b", "h100"), ("llama-3.1-70b", "h200"), ("gemma-3-27b", "h200"),
           ("gpt-oss-20b", "h200")]
