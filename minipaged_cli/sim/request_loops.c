@@ -324,13 +324,15 @@ static int holds(const Py_buffer *view, int integers) {
 static int series_integral(PyObject *values, const double *part, Py_ssize_t start, Py_ssize_t count, double duration,
                            double *integral) {
     Py_buffer view;
+    int is_array = 0;
     if (PyObject_CheckBuffer(values)) {
         if (PyObject_GetBuffer(values, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
             return -1;
-        if (view.ndim == 0)
+        is_array = view.ndim != 0;
+        if (!is_array)
             PyBuffer_Release(&view);
     }
-    if (!PyObject_CheckBuffer(values) || view.ndim == 0) {
+    if (!is_array) {
         double number = PyFloat_AsDouble(values);
         if (number == -1.0 && PyErr_Occurred())
             return -1;
