@@ -531,7 +531,7 @@ static PyObject *fill_keys(PyObject *self, PyObject *args) {
     return keys;
 }
 
-/* Whether ``state``'s first table holds slots past its final length (none: 0); -1 with an error set. */
+/* SequenceState.holds_past_final through the bound slots: 1 or 0; -1 with an error set. */
 static int past_its_final(PyObject *state, long long block_size) {
     PyObject *final = PyMember_GetOne((const char *)state, FINAL);
     if (final == NULL)

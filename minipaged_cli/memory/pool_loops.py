@@ -166,8 +166,7 @@ def hand_out(takes: list[tuple[SequenceState, int]], taken: list[int], num_group
             table += taken[position:position + per_group]
             position += per_group
         state.num_held_blocks += per_group * num_groups
-        if (past_final is not None and state.final_length is not None
-                and len(state.block_tables[0]) * block_size > state.final_length):
+        if past_final is not None and state.holds_past_final(block_size):
             past_final[state.sequence_id] = state
 
 

@@ -76,3 +76,8 @@ class SequenceState:
     def block_table(self) -> list[int]:
         """Group 0's table (a single-group model's only one: what a data plane addresses)."""
         return self.block_tables[0]
+
+    def holds_past_final(self, block_size: int) -> bool:
+        """Whether group 0's table holds slots past ``final_length`` (never where that is not known): what a
+        manager's ``past_final`` lists."""
+        return self.final_length is not None and len(self.block_tables[0]) * block_size > self.final_length

@@ -40,7 +40,7 @@ def note_past_final(manager: KVCacheCoordinator, states: Iterable[SequenceState]
     ``final_length`` in ``manager.past_final``."""
     block_size, past_final = manager.block_size, manager.past_final
     for state in states:
-        if state.final_length is not None and len(state.block_tables[0]) * block_size > state.final_length:
+        if state.holds_past_final(block_size):
             past_final[state.sequence_id] = state
 
 
