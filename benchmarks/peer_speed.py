@@ -32,12 +32,15 @@ Dynamo's hit % is its ``first_admission_prefix_cache_reused_ratio`` (prompt toke
 first admitted, over all prompt tokens: minipaged's ``prefix_cache_hits / prefix_cache_queries``), its preemptions
 the sum over its replay telemetry's intervals.
 
-``--profile N`` runs minipaged once more per row under cProfile and lists, under the table, the N functions and the
-N files of the package (or libraries) with the most self time: where minipaged's time goes. (cProfile's own cost
-falls on every call, so it inflates the share of functions called millions of times; the order is what it shows.)
+``--planes`` runs minipaged once more per row under py-spy (``pip install -e ".[bench]"``) and splits its CPU into
+the package's planes (``plane_samples.py``): start-up and output, trace load, scheduling, steps and accounting, and
+the memory plane, each as seconds of the row's median beside the core's whole run. ``--profile N`` runs it once more
+under cProfile and lists the N functions and the N files of the package (or libraries) with the most self time.
+(cProfile's own cost falls on every call, so it inflates the share of functions called millions of times; the order
+is what it shows. The planes' samples cost the process nothing.)
 
     python benchmarks/peer_speed.py [--traces DIR] [--rows NAME,...] [--repeats N] [--dynamo-python PYTHON]
-        [--profile N] [--markdown PATH]
+        [--planes] [--profile N] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -51,9 +54,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from plane_samples import PLANES, SAMPLES_PER_S, sample_planes
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 MOONCAKE = "mooncake_conversation_trace.jsonl"
@@ -299,6 +304,7 @@ class Measured:
     row: Row
     minipaged: list[Run]
     core: list[Run]
+    planes: dict[str, int] | None = None  # one more minipaged run's py-spy samples per plane (``--planes``)
 
 
 def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None,
@@ -339,6 +345,43 @@ def table_row(measured: Measured) -> list[str]:
             f"{ratio:.2f}x ({verdict})"]
 
 
+PLANES_HEADER = ["row", "core CPU s", "minipaged CPU s", *PLANES]
+
+
+def planes_row(measured: Measured) -> list[str]:
+    """A row's plane split: each plane's share of the samples, as seconds of minipaged's median CPU seconds and as
+    %, beside the core's median (``-`` where it was skipped)."""
+    assert measured.planes is not None
+    cpu_s = statistics.median(r.cpu_s for r in measured.minipaged)
+    total = sum(measured.planes.values()) or 1
+    core = f"{statistics.median(r.cpu_s for r in measured.core):.2f}" if measured.core else "-"
+    return [measured.row.label, core, f"{cpu_s:.2f}",
+            *(f"{cpu_s * measured.planes[plane] / total:.2f} ({100 * measured.planes[plane] / total:.0f}%)"
+              for plane in PLANES)]
+
+
+def planes_section(split: list[list[str]], skipped: str | None) -> str:
+    """The page's plane split: what the samples are, the rule that sorts them, and the table (or why it is missing)."""
+    text = ("\n## Where minipaged's CPU goes, by plane\n\n"
+            f"One more run of each row, sampled by py-spy from outside the process, up to {SAMPLES_PER_S:,} times a "
+            "second (so the calls it samples cost nothing more). A sample goes to the first of these with a frame on "
+            "its stack: an import (start-up); the memory plane (`minipaged_cli/memory/`: the block manager, the pool "
+            "and their compiled loops); scheduling, steps and accounting (`sim/`, `fleet/`: the replay loop, the "
+            "scheduler, the bulk advance, the step-time model, the accounting, a fleet's router); the trace's reading "
+            "(`workloads/`, `input_files.py`). The rest (the interpreter, the command line, the tables and the JSON) "
+            "is start-up and output. Each plane's seconds are its share of the samples times minipaged's median CPU "
+            "seconds above (`benchmarks/plane_samples.py`).\n\n")
+    if skipped is not None:
+        return text + skipped + "\n"
+    return text + "\n".join(markdown_table(PLANES_HEADER, split)) + "\n"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule, a line a row."""
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def profile_lines(profile: Profile) -> list[str]:
     """A row's profile on the page: its functions and its files by self time."""
     lines = [f"### {profile.row.label}", "", "| function (self time) | % | file (self time) | % |", "|---|---|---|---|"]
@@ -348,11 +391,10 @@ def profile_lines(profile: Profile) -> list[str]:
 
 
 def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | None,
-             profiles: list[Profile] | None = None) -> str:
+             profiles: list[Profile] | None = None, planes: str | None = None) -> str:
     """The docs page: what ran, the command that reproduces it, the table, what could not be matched, and where
-    minipaged's time goes (``profiles``)."""
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    minipaged's time goes (``planes``: ``planes_section``'s text; ``profiles``)."""
+    lines = markdown_table(HEADER, rows)
     settings = (f"{BLOCK_SIZE}-token blocks, an {MAX_BATCHED_TOKENS:,}-token budget a step, at most "
                 f"{MAX_NUM_SEQS:,} sequences, prefix caching on, recompute preemption of the latest admitted "
                 f"request, requests (prompt + output) up to {MAX_MODEL_LEN:,} tokens or the pool's size in tokens "
@@ -375,6 +417,8 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
     if skipped is not None:
         text += skipped + "\n\n"
     text += "\n".join(lines) + "\n\nWhat the two cannot share:\n\n" + "".join(f"- {line}\n" for line in UNMATCHED)
+    if planes is not None:
+        text += planes
     if profiles:
         text += ("\n## Where minipaged's time goes\n\n"
                  "One more run of each row under cProfile: the functions and the files (of the package, else the "
@@ -383,6 +427,14 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
                  "per-block work) read higher than they run without it.\n\n")
         text += "\n".join(line for profile in profiles for line in profile_lines(profile))
     return text
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """A table on stdout: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
+                        for i, (cell, width) in enumerate(zip(row, widths, strict=True))))
 
 
 def main() -> None:
@@ -395,6 +447,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="paired runs per row")
     parser.add_argument("--dynamo-python", default=sys.executable,
                         help="a Python that imports dynamo.replay (default: this one)")
+    parser.add_argument("--planes", action="store_true",
+                        help="sample one more minipaged run per row with py-spy: its CPU split into the planes")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile one more minipaged run per row: its N functions and files with most self time")
     parser.add_argument("--markdown", type=Path, help="write the table here, as the docs page")
@@ -408,6 +462,7 @@ def main() -> None:
     if skipped is not None:
         print(skipped)
     profiles: list[Profile] = []
+    planes_skipped: str | None = None
     with tempfile.TemporaryDirectory() as scratch:
         env = compiled_env()
         measured = []
@@ -416,13 +471,21 @@ def main() -> None:
             if row.trace == AZURE:
                 trace = mooncake_jsonl(trace, Path(scratch) / "azure_conv.jsonl")
             measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python, env))
+            if args.planes and planes_skipped is None:
+                sampled = sample_planes(minipaged_argv(row, trace, Path(scratch) / "planes.json"), env, CHECKOUT)
+                if isinstance(sampled, str):
+                    planes_skipped = sampled
+                    print(sampled)
+                else:
+                    measured[-1] = replace(measured[-1], planes=sampled)
             if args.profile > 0:
                 profiles.append(profile_minipaged(row, trace, args.profile, env))
     rows = [table_row(m) for m in measured]
-    widths = [max(len(cell) for cell in column) for column in zip(HEADER, *rows, strict=True)]
-    for row in [HEADER, *rows]:
-        print("  ".join(cell.ljust(width) if i == 0 else cell.rjust(width)
-                        for i, (cell, width) in enumerate(zip(row, widths, strict=True))))
+    print_table(HEADER, rows)
+    split = [planes_row(m) for m in measured if m.planes is not None]
+    if split:
+        print()
+        print_table(PLANES_HEADER, split)
     for profile in profiles:
         print(f"\nminipaged's self time, % of a profiled run of {profile.row.label}")
         for name, pct in [*profile.functions, *profile.files]:
@@ -431,10 +494,13 @@ def main() -> None:
         command = f"python benchmarks/peer_speed.py --repeats {args.repeats} --dynamo-python PYTHON"
         if args.rows != parser.get_default("rows"):
             command += f" --rows {args.rows}"
+        if args.planes:
+            command += " --planes"
         if args.profile > 0:
             command += f" --profile {args.profile}"
         command += f" --markdown {args.markdown}"
-        args.markdown.write_text(markdown(rows, command, args.repeats, skipped, profiles))
+        planes = planes_section(split, planes_skipped) if args.planes else None
+        args.markdown.write_text(markdown(rows, command, args.repeats, skipped, profiles, planes))
         print(f"markdown: {args.markdown}")
 
 

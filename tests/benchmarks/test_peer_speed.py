@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,8 +34,8 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     # This interpreter has no Dynamo packages (the test environment never installs them): the column is skipped.
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_speed.py"), "--traces", str(tmp_path),
                            "--rows", "mooncake-3640", "--repeats", "1", "--dynamo-python", sys.executable,
-                           "--profile", "5", "--markdown", str(page)], env=env, capture_output=True, text=True,
-                          timeout=300)
+                           "--planes", "--profile", "5", "--markdown", str(page)], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     skip_lines = [line for line in done.stdout.splitlines() if "Dynamo column skipped" in line]
     assert len(skip_lines) == 1 and "pip install ai-dynamo-runtime==1.6.1" in skip_lines[0]
@@ -49,12 +51,15 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     paged = json.loads(result.read_text())["strategies"]["paged"]
     assert paged["num_preemptions"] > 0 and paged["prefix_cache_hits"] > 0  # the figures under test are not zeros
 
+    # (the table, then where py-spy samples here, the plane split)
+    sampled = shutil.which("py-spy") is not None
     printed = [line for line in done.stdout.splitlines() if line.startswith("Mooncake conversation, 3,640 blocks")]
-    assert len(printed) == 1
+    assert len(printed) == 1 + sampled
     text = page.read_text()
     assert skip_lines[0] in text and "python benchmarks/peer_speed.py --repeats 1" in text
-    assert "--profile 5" in text
-    rows = [line for line in text.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
+    assert "--planes --profile 5" in text
+    above = text.split("What the two cannot share", 1)[0]  # (the plane split lists the row again)
+    rows = [line for line in above.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
     core_cpu, cpu, core_peak, peak, hit, preemptions, completed, ratio = cells[1:]
@@ -65,6 +70,22 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     assert float(cpu) > 0 and float(peak) > 0
     assert printed[0].split() == ["Mooncake", "conversation,", "3,640", "blocks", "-", cpu, "-", peak,
                                   *hit.split(), *preemptions.split(), *completed.split(), "-"]
+
+    # The plane split: where py-spy samples here, the run's CPU seconds split into the four planes (their seconds
+    # sum to the row's, their shares to 100%, each rounded), as printed; else the one line that says why not.
+    planes = text.split("## Where minipaged's CPU goes, by plane", 1)[1].split("## Where minipaged's time goes")[0]
+    split = [line for line in planes.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
+    if not sampled:
+        assert not split and "Plane split skipped: py-spy is not installed" in planes
+    else:
+        assert len(split) == 1
+        cells = [cell.strip() for cell in split[0].strip("|").split("|")]
+        assert cells[1:3] == ["-", cpu]
+        seconds = [float(cell.split()[0]) for cell in cells[3:]]
+        shares = [float(cell.split()[1].strip("(%)")) for cell in cells[3:]]
+        assert len(seconds) == 4 and sum(seconds) == pytest.approx(float(cpu), abs=0.021)
+        assert sum(shares) == pytest.approx(100, abs=2) and shares[0] > 0
+        assert printed[1].split()[4:] == ["-", cpu, *" ".join(cells[3:]).split()]
 
     # The profile: five functions and five files, most self time first, as printed; a file's share holds at least
     # those of its functions listed, and no share list sums above the whole run.
