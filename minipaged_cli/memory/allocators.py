@@ -160,6 +160,10 @@ class Allocator(ABC):
         """The step that writes the request's first ``num_computed`` tokens has run (prefix caching publishes
         full blocks only then)."""
 
+    def name_private(self, holding: Holding, block_hashes: list[Hashable]) -> None:  # noqa: B027 - no keys, no-op
+        """The request's blocks that carry ``pool_loops.PRIVATE`` take their keys, ``block_hashes`` (its own, in
+        full): it may ask for its own content again (``Scheduler._drop``)."""
+
     @abstractmethod
     def release(self, holding: Holding) -> None: ...
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.free_queue import FreeBlockQueue
 from minipaged_cli.memory.pool_events import PoolEvents
+from minipaged_cli.memory.pool_loops import PRIVATE
 
 
 class BlockPool:
@@ -167,11 +168,23 @@ class BlockPool:
         if len(cached) != num_entries:
             self.cache_version += len(cached) - num_entries
 
+    def name_private(self, block_hashes: Sequence[Hashable], blocks: Sequence[int]) -> None:
+        """Each of ``blocks`` that carries ``PRIVATE`` takes its key in ``block_hashes`` and the entry that
+        ``cache`` gave it (one group): its sequence may ask for that content again. (No other block carries a
+        private key: none is its entry already.)"""
+        hashes, cached = self.block_hash, self.cached_blocks[0]
+        for key, block in zip(block_hashes, blocks, strict=True):
+            if hashes[block] is PRIVATE:
+                hashes[block] = key
+                cached[key] = block
+        self.cache_version += 1
+
     def reset_cache(self) -> bool:
         """Drop every cache entry; refuses (False, nothing changed) while a table holds a cached block. Free
         blocks keep their place in the queue, as in vLLM."""
         blocks = [block for cached, duplicates in zip(self.cached_blocks, self.duplicate_blocks, strict=True)
                   for block in itertools.chain(cached.values(), itertools.chain.from_iterable(duplicates.values()))]
+        blocks += [block for block, key in enumerate(self.block_hash) if key is PRIVATE]  # (cached, in no map)
         if any(self.ref_counts[block] for block in blocks):
             return False
         for block in blocks:
@@ -255,19 +268,19 @@ class BlockPool:
             cached_blocks = [block for block in blocks if hashes[block] is not None]
             for block in cached_blocks:
                 group = groups[block]
-                drop_entry(maps[group], self.duplicate_blocks[group], hashes[block], block)
+                if hashes[block] is not PRIVATE:
+                    drop_entry(maps[group], self.duplicate_blocks[group], hashes[block], block)
                 hashes[block] = None
             return len(cached_blocks)
         if self.num_groups == 1:  # the usual case, and the hot loop of a replay with prefix caching: one block a hash
-            num_entries = len(maps[0])
-            self.loops.hold_evicting(refs, hashes, maps[0], blocks)
-            return num_entries - len(maps[0])
+            return self.loops.hold_evicting(refs, hashes, maps[0], blocks)
         evicted = 0
         for block in blocks:
             refs[block] = 1
             block_hash = hashes[block]
             if block_hash is not None:
-                del maps[groups[block]][block_hash]
+                if block_hash is not PRIVATE:
+                    del maps[groups[block]][block_hash]
                 hashes[block] = None
                 evicted += 1
         return evicted
@@ -282,7 +295,7 @@ def enter(cached: dict[Hashable, int], duplicates: dict[Hashable, list[int]], bl
         if block_hash[block] is not None:
             continue
         block_hash[block] = key
-        if add(key, block) != block:  # (cached elsewhere already: ``block`` carried no hash)
+        if key is not PRIVATE and add(key, block) != block:  # (cached elsewhere already: ``block`` carried no hash)
             duplicates.setdefault(key, []).append(block)
     return len(cached) - num_entries
 

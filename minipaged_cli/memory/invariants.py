@@ -12,6 +12,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.sequence import NULL_BLOCK, SequenceState, num_blocks_for
 
 
@@ -157,7 +158,7 @@ def _cache_violations(pool: BlockPool, touched: int) -> list[str]:
     entries += [(h, b) for h, blocks in duplicates.items() for b in blocks]
     if any(not 0 <= b < touched or block_keys[b] != h for h, b in entries) or \
             len({b for _, b in entries}) != len(entries) or \
-            sum(h is not None for h in block_keys) != len(entries) or \
+            sum(h is not None and h is not PRIVATE for h in block_keys) != len(entries) or \
             any(h not in cached or not blocks for h, blocks in duplicates.items()):
         return ["the prefix-cache map and the blocks' hashes disagree: an entry survived eviction"]
     return []

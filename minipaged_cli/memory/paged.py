@@ -9,7 +9,7 @@ allocated nor a token state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
@@ -153,6 +153,9 @@ class PagedAllocator(Allocator):
 
     def mark_computed(self, holding: Holding, num_computed: int) -> None:
         self.manager.mark_computed(holding.sequence_id, num_computed)
+
+    def name_private(self, holding: Holding, block_hashes: list[Hashable]) -> None:
+        self.manager.name_private(holding.sequence_id, block_hashes)
 
     def release(self, holding: Holding) -> None:
         self.manager.release_sequence(holding.sequence_id)

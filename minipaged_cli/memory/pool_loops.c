@@ -21,6 +21,7 @@
 #include <structmember.h>
 
 static PyObject *ZERO, *ONE;  /* the ints 0 and 1 (CPython's cached small ints) */
+static PyObject *PRIVATE;  /* pool_loops.PRIVATE (bind_private): a key carried without an entry */
 
 /* Whether ``index`` (a block id) is in ``list``; 0 with IndexError set where it is not. */
 static int in_list(PyObject *list, Py_ssize_t index) {
@@ -126,9 +127,11 @@ static PyObject *enter_keys(PyObject *self, PyObject *args) {
             store(refs, index, ONE);
         }
         PyObject *old = PyList_GET_ITEM(hashes, index);
-        if (old != Py_None && PyDict_DelItem(cached, old) < 0)
+        if (old != Py_None && old != PRIVATE && PyDict_DelItem(cached, old) < 0)
             goto done;
         store(hashes, index, key);
+        if (key == PRIVATE)
+            continue;
         PyObject *entry = PyDict_SetDefault(cached, key, block);  /* borrowed */
         if (entry == NULL)
             goto done;
@@ -155,7 +158,7 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
     PyObject *blocks = PySequence_Fast(blocks_arg, "hold_evicting: blocks must be a sequence");
     if (blocks == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), keyed = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         prefetch(blocks, i, n, hashes, refs);
         prefetch_key(blocks, i, n, hashes);
@@ -166,16 +169,40 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
         store(refs, index, ONE);
         PyObject *key = PyList_GET_ITEM(hashes, index);
         if (key != Py_None) {
-            if (PyDict_DelItem(cached, key) < 0)
+            if (key != PRIVATE && PyDict_DelItem(cached, key) < 0)
                 goto error;
             store(hashes, index, Py_None);
+            keyed++;
         }
     }
     Py_DECREF(blocks);
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(keyed);
 error:
     Py_DECREF(blocks);
     return NULL;
+}
+
+static PyObject *count_keys(PyObject *self, PyObject *args) {
+    PyObject *hashes, *blocks_arg;
+    if (!PyArg_ParseTuple(args, "O!O:count_keys", &PyList_Type, &hashes, &blocks_arg))
+        return NULL;
+    PyObject *blocks = PySequence_Fast(blocks_arg, "count_keys: blocks must be a sequence");
+    if (blocks == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), keyed = 0, private = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        prefetch(blocks, i, n, hashes, NULL);
+        Py_ssize_t index = block_index(hashes, PySequence_Fast_GET_ITEM(blocks, i));
+        if (index < 0) {
+            Py_DECREF(blocks);
+            return NULL;
+        }
+        PyObject *key = PyList_GET_ITEM(hashes, index);
+        keyed += key != Py_None && key != PRIVATE;
+        private += key == PRIVATE;
+    }
+    Py_DECREF(blocks);
+    return Py_BuildValue("nn", keyed, private);
 }
 
 static PyObject *free_unshared(PyObject *self, PyObject *args) {
@@ -515,9 +542,14 @@ static PyObject *fill_keys(PyObject *self, PyObject *args) {
         Py_DECREF(keys);
         return NULL;
     }
-    int met = PySet_GET_SIZE(distinct) != PyList_GET_SIZE(keys);  /* a key twice */
+    Py_ssize_t num_private = 0;  /* (PRIVATE is no key twice, and has no entry) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
+        num_private += PyList_GET_ITEM(keys, i) == PRIVATE;
+    int met = PySet_GET_SIZE(distinct) - (num_private > 0) != PyList_GET_SIZE(keys) - num_private;  /* a key twice */
     Py_DECREF(distinct);
     for (Py_ssize_t i = 0; !met && i < PyList_GET_SIZE(keys); i++) {
+        if (PyList_GET_ITEM(keys, i) == PRIVATE)
+            continue;
         met = PyDict_Contains(cached, PyList_GET_ITEM(keys, i));  /* a key with an entry */
         if (met < 0) {
             Py_DECREF(keys);
@@ -694,9 +726,17 @@ done:
     return result;
 }
 
+static PyObject *bind_private(PyObject *self, PyObject *key) {
+    Py_INCREF(key);
+    Py_XSETREF(PRIVATE, key);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS, NULL},
     {"hold_evicting", hold_evicting, METH_VARARGS, NULL},
+    {"count_keys", count_keys, METH_VARARGS, NULL},
+    {"bind_private", bind_private, METH_O, NULL},
     {"free_unshared", free_unshared, METH_VARARGS, NULL},
     {"set_refs", set_refs, METH_VARARGS, NULL},
     {"lookup", lookup, METH_VARARGS, NULL},

@@ -16,7 +16,8 @@ decisions: ``tests/memory/test_pool_loops.py`` drives both over random pools and
 map and length, and the pool's and the growth's property tests run under each.
 
 The pool's per-block state: ``refs[block]`` its reference count, ``hashes[block]`` the key it is cached under (None:
-none); ``cached`` maps a key to the block a hit gets.
+none); ``cached`` maps a key to the block a hit gets. A block may carry ``PRIVATE`` instead of its key: content no
+other sequence asks for, cached (counted, queued and evicted as any cached block) with no entry in ``cached``.
 """
 
 from __future__ import annotations
@@ -32,10 +33,30 @@ from minipaged_cli import native_build
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 
 
+class _Private:
+    """The type of ``PRIVATE``: one instance, which a copy or a pickle keeps (the loops test it by identity)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PRIVATE"
+
+    def __reduce__(self) -> str:
+        return "PRIVATE"
+
+
+# The key a block carries in place of its own where no other sequence can ask for its content (the scheduler's
+# ``private_keys``): the pool caches the block, queues it among the cached and counts its eviction, with no entry
+# in a cache map, so that no dict is written for it when it fills nor when it is evicted. A lookup never finds it:
+# as no lookup would find its key.
+PRIVATE = _Private()
+
+
 def enter_keys(refs: list[int] | None, hashes: list[Hashable | None], cached: dict[Hashable, int],
                keys: Sequence[Hashable], table: Sequence[int], offset: int, start: int) -> int:
     """For i from ``start``: block ``table[offset + i]`` is held once (where ``refs`` is given), drops the entry of
-    the key it carried, if any, takes ``keys[i]`` and becomes its entry unless the key has one. Returns the first i
+    the key it carried, if any, takes ``keys[i]`` and becomes its entry unless the key has one (or is ``PRIVATE``).
+    Returns the first i
     whose key has another block's entry (the caller resolves that one and goes on from i + 1), else len(keys).
     (A table holds a block once.)"""
     add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
@@ -44,23 +65,35 @@ def enter_keys(refs: list[int] | None, hashes: list[Hashable | None], cached: di
         if refs is not None:
             refs[block] = 1
         old = hashes[block]
-        if old is not None:
+        if old is not None and old is not PRIVATE:
             del cached[old]
         hashes[block] = key
-        if add(key, block) != block:
+        if key is not PRIVATE and add(key, block) != block:
             return start + blocks.index(block)  # (rare: no count kept per block for it)
     return len(keys)
 
 
 def hold_evicting(refs: list[int], hashes: list[Hashable | None], cached: dict[Hashable, int],
-                  blocks: Sequence[int]) -> None:
-    """Hold each of ``blocks`` once and drop the entry of the key it carries, if any (one cache map, no duplicates)."""
+                  blocks: Sequence[int]) -> int:
+    """Hold each of ``blocks`` once and drop the key it carries, if any, and its entry (one cache map, no
+    duplicates); how many carried one."""
+    keyed = 0
     for block in blocks:
         refs[block] = 1
         key = hashes[block]
         if key is not None:
-            del cached[key]
+            if key is not PRIVATE:
+                del cached[key]
             hashes[block] = None
+            keyed += 1
+    return keyed
+
+
+def count_keys(hashes: list[Hashable | None], blocks: Sequence[int]) -> tuple[int, int]:
+    """How many of ``blocks`` carry a key of their own, and how many ``PRIVATE``."""
+    keys = [hashes[block] for block in blocks]
+    private = sum(key is PRIVATE for key in keys)
+    return len(keys) - keys.count(None) - private, private
 
 
 def free_unshared(refs: list[int], blocks: Sequence[int]) -> int:
@@ -149,7 +182,8 @@ def fill_keys(fills: list[tuple[SequenceState, int]], group: int,
     keys: list[Hashable] = []
     for state, stop in fills:
         keys += state.block_hashes[state.num_cached_blocks[group]:stop]
-    if len(set(keys)) != len(keys) or not cached.keys().isdisjoint(keys):
+    entered = [key for key in keys if key is not PRIVATE]  # (``PRIVATE`` makes no entry)
+    if len(set(entered)) != len(entered) or not cached.keys().isdisjoint(entered):
         return None
     return keys
 
@@ -194,7 +228,8 @@ class Loops:
     """One implementation of each loop: a pool holds one (functions, not a module: a pool deep-copies)."""
 
     enter_keys: Callable[..., int]
-    hold_evicting: Callable[..., None]
+    hold_evicting: Callable[..., int]
+    count_keys: Callable[..., tuple[int, int]]
     free_unshared: Callable[..., int]
     set_refs: Callable[..., None]
     lookup: Callable[..., list[int]]
@@ -216,6 +251,7 @@ def _compiled() -> tuple[ModuleType, Loops] | RuntimeError:
     if isinstance(module, RuntimeError):
         return module
     module.bind_sequence_state(SequenceState)
+    module.bind_private(PRIVATE)
     return module, Loops.of(module)
 
 

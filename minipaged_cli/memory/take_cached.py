@@ -57,14 +57,16 @@ def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Seq
         log.cached(0, block_hashes)
     table.extend(blocks)
     num_entries = len(cached)
-    num_duplicates = met = 0
+    dropped, private = pool.loops.count_keys(hashes, blocks)  # (each taken block that carries a key loses it)
+    met = 0
     while (met := pool.loops.enter_keys(refs, hashes, cached, block_hashes, table, first, met)) < len(block_hashes):
-        num_duplicates += _evict_for(pool, block_hashes[met], table[first + met], blocks)  # (met an entry: rare)
+        _evict_for(pool, block_hashes[met], table[first + met], blocks)  # (met an entry: rare)
         met += 1
     pool.drop_entries(blocks[max(first + len(block_hashes) - (len(table) - count), 0):])  # (taken, not cached)
-    # (each key made an entry or a duplicate; the rest of the change in size is the entries evicted)
-    num_new = len(block_hashes) - num_duplicates
-    evicted = num_new - (len(cached) - num_entries)
+    # (the taken blocks' entries are dropped, so the change in size is the entries made less those: ``cache_fresh``
+    # counts the same; ``PRIVATE`` makes none)
+    num_new = len(cached) - num_entries + dropped
+    evicted = dropped + private
     pool.num_allocations += count
     if evicted:
         pool.num_evictions += evicted
@@ -72,15 +74,14 @@ def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Seq
     pool.cache_version += num_new
 
 
-def _evict_for(pool: BlockPool, key: Hashable, block: int, taken: list[int]) -> int:
+def _evict_for(pool: BlockPool, key: Hashable, block: int, taken: list[int]) -> None:
     """``key``'s entry met in the pass, for ``block``: where it is a taken block's old entry, not evicted yet, it is
-    evicted now and ``block`` takes the key (as evicting all first, then caching, leaves it); 0. Else ``block`` holds
-    the content a second time (``cache_fresh``'s duplicate); 1."""
+    evicted now and ``block`` takes the key (as evicting all first, then caching, leaves it). Else ``block`` holds
+    the content a second time (``cache_fresh``'s duplicate)."""
     cached, hashes = pool.cached_blocks[0], pool.block_hash
     other = cached[key]
     if not pool.ref_counts[other] and other in taken:  # (a taken block not reached yet: still free, count 0)
         hashes[other] = None
         cached[key] = block
-        return 0
+        return
     pool.duplicate_blocks[0].setdefault(key, []).append(block)
-    return 1

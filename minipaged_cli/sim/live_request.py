@@ -25,6 +25,8 @@ class LiveRequest(Holding):
     # Its blocks' content keys (``block_hashes``) are built: with prefix caching, once it nears the waiting
     # queue's head (``Scheduler._enqueue``), not at arrival.
     keys_built: bool = False
+    # Its keys past the segments another request names are ``pool_loops.PRIVATE`` (``Scheduler._build_keys``)
+    private_keys: bool = False
     num_cached_tokens: int = 0  # prompt tokens that lookup found cached (vLLM's Request.num_cached_tokens)
     forked: bool = False  # its other samples exist (v0: forked after its prefill, or it is one of them; v1: always)
     swapped_slots: int = 0  # slots of its KV in the CPU pool while swapped out

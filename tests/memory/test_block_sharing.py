@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from minipaged_cli.dataplane.block_tables import append_slots
 from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.prefix import hash_blocks, token_block_contents
 from minipaged_cli.memory.sequence import OutOfBlocksError, UncomputedForkError
 
@@ -439,3 +440,30 @@ def test_content_computed_twice_is_cached_twice_and_hits_go_to_the_older_block()
     manager.release_sequence("c")
     assert manager.create_sequence("d", 9, block_hashes=hashes).block_table == [0, 2, 1]
     assert manager.invariants_ok()
+
+
+def test_private_blocks_are_cached_counted_and_evicted_without_an_entry() -> None:
+    """A prompt of 3 full blocks whose last two carry ``PRIVATE`` (no other sequence has their content): the three
+    are cached (to the free queue's back when released), only the first has an entry, the checker accepts it, and
+    taking all three again counts three evictions. Named before the release (a preemption), they hit as any block
+    does; a reset of the cache clears ``PRIVATE`` as it clears keys."""
+    hashes = prompt_hashes(list(range(12)), 4)
+    private = [hashes[0], PRIVATE, PRIVATE]
+    manager = KVBlockManager(4, 4, enable_prefix_caching=True)
+    table = manager.create_sequence("a", 12, block_hashes=private).block_table
+    assert [manager.pool.block_hash[b] for b in table] == private
+    assert manager.pool.cached_blocks[0] == {hashes[0]: table[0]} and manager.invariants_ok()
+    manager.release_sequence("a")
+    assert list(manager.pool.free_blocks)[-3:] == table[::-1] and manager.num_cached_tokens(12, hashes) == 4
+    manager.create_sequence("b", 16)
+    assert manager.pool.num_evictions == 3 and manager.pool.cached_blocks[0] == {} and manager.invariants_ok()
+    manager.release_sequence("b")
+    table = manager.create_sequence("c", 12, block_hashes=private).block_table
+    manager.name_private("c", hashes)
+    assert [manager.pool.block_hash[b] for b in table] == hashes and manager.invariants_ok()
+    manager.release_sequence("c")
+    assert manager.num_cached_tokens(13, hashes) == 12
+    manager.create_sequence("d", 8, block_hashes=[PRIVATE, PRIVATE])
+    manager.release_sequence("d")
+    assert manager.reset_prefix_cache() is True
+    assert all(key is None for key in manager.pool.block_hash) and manager.invariants_ok()

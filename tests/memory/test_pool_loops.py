@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from minipaged_cli import native_build
 from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.sequence import SequenceState
 from tests.memory.conftest import compiled_loops
 
@@ -32,14 +33,15 @@ def fresh(value: int) -> int:
 
 
 def random_state(rng: random.Random) -> tuple[list[int], list, dict]:
-    """refs, hashes, cached: each block carries a distinct key (ints and tuples) or none, and ``cached`` maps each
-    carried key to its block, in a random order; sometimes broken (a carried key missing from the map, keys mapped
-    to blocks that do not carry them)."""
+    """refs, hashes, cached: each block carries a distinct key (ints and tuples), ``PRIVATE`` or none, and ``cached``
+    maps each carried key but ``PRIVATE`` to its block, in a random order; sometimes broken (a carried key missing
+    from the map, keys mapped to blocks that do not carry them)."""
     num_blocks = rng.choice([rng.randint(1, 12), rng.randint(250, 300)])
     refs = [rng.choice([0, 1, 1, 2, 3]) for _ in range(num_blocks)]
     keys = rng.sample([*range(40), *((i, "k") for i in range(20))], 60)
     hashes: list = [keys.pop() if keys and rng.random() < 0.5 else None for _ in range(num_blocks)]
-    carriers = [block for block, key in enumerate(hashes) if key is not None]
+    hashes = [PRIVATE if key is not None and rng.random() < 0.2 else key for key in hashes]
+    carriers = [block for block, key in enumerate(hashes) if key is not None and key is not PRIVATE]
     rng.shuffle(carriers)
     cached = {hashes[block]: fresh(block) for block in carriers}
     if carriers and rng.random() < 0.05:
@@ -80,7 +82,7 @@ def test_enter_keys_matches_the_python_loop(seed: int) -> None:
     refs, hashes, cached = random_state(rng)
     table = random_blocks(rng, len(refs), rng.randint(0, 16))
     count = rng.randint(0, len(table))
-    keys = [rng.choice([*range(50), *((i, "k") for i in range(25))]) for _ in range(count)]
+    keys = [rng.choice([*range(50), *((i, "k") for i in range(25)), *[PRIVATE] * 15]) for _ in range(count)]
     offset = rng.randint(0, len(table) - count)
     run_both("enter_keys", (refs if rng.random() < 0.7 else None, hashes, cached), keys, table, offset,
              rng.randint(0, count))
@@ -102,11 +104,12 @@ def test_the_block_loops_match_the_python_loops(seed: int) -> None:
     rng = random.Random(seed)
     refs, hashes, cached = random_state(rng)
     blocks = random_blocks(rng, len(refs), rng.randint(0, 12))
+    run_both("count_keys", (hashes,), blocks)
     run_both("hold_evicting", (refs, hashes, cached), blocks)
     run_both("free_unshared", (refs,), blocks)
     run_both("set_refs", (refs,), blocks, rng.choice([0, 1]))
     run_both("add_references", (refs,), blocks + blocks[:rng.randint(0, 2)])  # (a block twice: revived, then shared)
-    carried = [key for key in hashes if key is not None]
+    carried = [key for key in hashes if key is not None]  # (``PRIVATE`` among them: a miss)
     keys = rng.sample(carried, len(carried)) + [rng.choice([*range(50), (3, "k")]) for _ in range(rng.randint(0, 3))]
     run_both("lookup", (cached,), keys[:rng.randint(0, len(keys))])
     run_both("lookup", (cached,), Walked(keys))
@@ -119,7 +122,8 @@ def random_sequences(rng: random.Random) -> tuple[dict[int, SequenceState], list
     sequences = {}
     for sequence_id in range(rng.randint(0, 8)):
         length = rng.randint(0, 70)
-        state = SequenceState(sequence_id, sequence_length=length, block_hashes=list(range(rng.randint(0, 6))),
+        keys = [PRIVATE if rng.random() < 0.2 else key for key in range(rng.randint(0, 6))]  # (PRIVATE: no entry)
+        state = SequenceState(sequence_id, sequence_length=length, block_hashes=keys,
                               num_computed_tokens=length if rng.random() < 0.95 else rng.randint(0, length),
                               num_loading_tokens=0 if rng.random() < 0.95 else rng.randint(1, 8),
                               num_cached_blocks=[rng.randint(0, 5)], num_held_blocks=rng.randint(0, 6))
@@ -153,7 +157,8 @@ def test_grow_lengths_matches_the_python_loop(seed: int) -> None:
 
 
 def random_fills_and_takes(rng: random.Random) -> tuple[dict[int, SequenceState], list, list, int]:
-    """Sequences of one or two groups with tables, keys and cached counts; fills (state, stop) and takes (state,
+    """Sequences of one or two groups with tables, keys (``PRIVATE`` among them, as often more than once) and cached
+    counts; fills (state, stop) and takes (state,
     blocks per group) over some of them, as ``grow_lengths`` lists them (stops from below the cached count to past
     the keys), and the number of groups."""
     num_groups = rng.choice([1, 1, 2])
@@ -163,7 +168,8 @@ def random_fills_and_takes(rng: random.Random) -> tuple[dict[int, SequenceState]
         sequences[sequence_id] = SequenceState(
             sequence_id, block_tables=[[fresh(rng.randrange(1000)) for _ in range(num_blocks)]
                                        for _ in range(num_groups)],
-            block_hashes=[rng.choice([*range(30), (1, "k"), (2, "k")]) for _ in range(rng.randint(0, 8))],
+            block_hashes=[rng.choice([*range(30), (1, "k"), (2, "k"), *[PRIVATE] * 8])
+                          for _ in range(rng.randint(0, 8))],
             num_cached_blocks=[rng.randint(0, 5) for _ in range(num_groups)], num_held_blocks=rng.randint(0, 10),
             final_length=rng.choice([None, rng.randint(0, 200)]))
     states = list(sequences.values())
@@ -220,6 +226,25 @@ def test_the_passes_after_grow_lengths_worked_by_hand() -> None:
         assert (first.num_held_blocks, second.num_held_blocks) == (5, 2)
         assert loops.fill_blocks(fills, 0) == [11, 12, 20]
         assert (first.num_cached_blocks, second.num_cached_blocks) == ([3], [1])
+
+
+def test_private_keys_worked_by_hand() -> None:
+    """``PRIVATE`` is carried and counted, never entered nor looked for: block 0 carries it, block 1 key "x". Block 0
+    takes it again, block 1 "a" (dropping "x"), block 2 takes it: one entry, "a". Then all three are evicted: two
+    carried a key, and the map is empty. Twice ``PRIVATE`` among a step's fills is no repeated key."""
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        refs, hashes, cached = [0, 0, 0], [PRIVATE, "x", None], {"x": 1}
+        assert loops.count_keys(hashes, [0, 1, 2]) == (1, 1)
+        assert loops.enter_keys(refs, hashes, cached, [PRIVATE, "a", PRIVATE], [0, 1, 2], 0, 0) == 3
+        assert (refs, hashes, cached) == ([1, 1, 1], [PRIVATE, "a", PRIVATE], {"a": 1})
+        assert loops.lookup(cached, ["a", PRIVATE, "a"]) == [1]
+        refs[:] = [0, 0, 0]
+        assert loops.hold_evicting(refs, hashes, cached, [0, 1, 2]) == 3
+        assert (refs, hashes, cached) == ([1, 1, 1], [None, None, None], {})
+        state = SequenceState(0, block_tables=[[10, 11, 12]], block_hashes=[PRIVATE, PRIVATE, "c"],
+                              num_cached_blocks=[0], num_held_blocks=3)
+        assert loops.fill_keys([(state, 3)], 0, {}) == [PRIVATE, PRIVATE, "c"]
+        assert loops.fill_keys([(state, 3)], 0, {"c": 7}) is None
 
 
 def test_the_python_loops_read_a_key_met_as_the_caller_resolves_it() -> None:

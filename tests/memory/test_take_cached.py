@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from minipaged_cli.memory import block_manager, hash_blocks
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.memory.take_cached import take_cached
 from tests.memory.conftest import LOOP_KINDS
@@ -30,11 +31,11 @@ def pool_state(pool: BlockPool) -> tuple:
 
 
 def random_pool(rng: random.Random) -> tuple[BlockPool, list[int], int]:
-    """A pool whose free queue holds cached blocks (keys from a small alphabet, each cached once) and uncached
-    ones, other tables holding cached blocks, and a table to take onto: its offered blocks, then held ones with no
-    key (a prompt's partly filled last block); the table and how many of it are offered."""
+    """A pool whose free queue holds cached blocks (keys from a small alphabet, each cached once, or ``PRIVATE``)
+    and uncached ones, other tables holding cached blocks, and a table to take onto: its offered blocks, then held
+    ones with no key (a prompt's partly filled last block); the table and how many of it are offered."""
     pool = BlockPool(rng.randint(8, 40), enable_caching=True)
-    keys = rng.sample(range(30), 30)
+    keys: list = [PRIVATE if rng.random() < 0.2 else key for key in rng.sample(range(30), 30)]  # (no entry)
     for _ in range(rng.randint(0, 5)):
         table: list[int] = []
         count = rng.randint(1, 6)
@@ -67,7 +68,7 @@ def test_take_cached_leaves_the_pool_as_take_then_cache_fresh(seed: int) -> None
     # the keys of the held blocks past those offered and of some new ones: old keys of the pool (a taken block's,
     # a block that stays cached), repeats among themselves, fresh ones
     num_keys = rng.randint(len(table) - offered + 1, len(table) - offered + count)
-    new_keys = [rng.choice([rng.randrange(30), rng.randrange(100, 104), 200 + i]) for i in range(num_keys)]
+    new_keys = [rng.choice([rng.randrange(30), rng.randrange(100, 104), 200 + i, PRIVATE]) for i in range(num_keys)]
     expected, expected_table = copy.deepcopy((pool, table))
     told: list[tuple] = []
     expected.events.subscribe(Logged("told", told))

@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.replay import Replay
@@ -18,9 +19,14 @@ from tests.sim.test_replay import SEGMENTS, random_requests
 
 
 def _expected_keys(scheduler: Scheduler, live: LiveRequest) -> list:
-    """The keys the request's blocks are named by, worked out afresh."""
-    return content_keys(live.request, live.request_index, live.sample, scheduler.segments,
+    """The keys the request's blocks are named by, worked out afresh: where it has private keys, ``PRIVATE`` past
+    the ones it shares (which blocks those are: ``tests/sim/test_private_keys.py``)."""
+    keys = content_keys(live.request, live.request_index, live.sample, scheduler.segments,
                         scheduler.cache.block_size)
+    if live.private_keys:
+        shared = len(live.block_hashes) - live.block_hashes.count(PRIVATE)
+        keys[shared:] = [PRIVATE] * (len(keys) - shared)
+    return keys
 
 
 def _keyed(requests: list[LiveRequest]) -> list[int]:
