@@ -18,8 +18,8 @@ from minipaged_cli.fleet.report import FleetFigures, RequestRecord, fleet_figure
 from minipaged_cli.fleet.routers import Decision, Router
 from minipaged_cli.fleet.shared_store import share_tiers
 from minipaged_cli.sim.clients import Arrivals
+from minipaged_cli.sim.private_keys import shared_segments
 from minipaged_cli.sim.replay import check_capacity
-from minipaged_cli.sim.scheduler import segment_uses
 from minipaged_cli.sim.session_report import session_metrics
 from minipaged_cli.workloads.trace import Request, Trace
 
@@ -69,14 +69,14 @@ class Fleet:
                                  or fleet.shared_kv_store or fleet.record_timeline)
         self.replicas: list[Replica] = []
         pools: dict[str, list[Replica]] = {}
-        uses = segment_uses(trace.requests)
+        shared = shared_segments(trace.requests)
         for pool in fleet.pools:
             check_capacity(trace, pool.config, ("paged",))
             for _ in range(pool.num_replicas):
                 replica = Replica(len(self.replicas), pool.config, trace.segments, trace.num_requests,
                                   role=pool.role, kv_events=fleet.router.reads_prefixes
                                   and fleet.router.prefix_index == "precise", record_timeline=fleet.record_timeline,
-                                  read_by_router=fleet.router.reads_replicas, segment_uses=uses)
+                                  read_by_router=fleet.router.reads_replicas, shared_segments=shared)
                 self.replicas.append(replica)
                 pools.setdefault(pool.role, []).append(replica)
         if fleet.shared_kv_store:

@@ -14,7 +14,6 @@ events (``events``, ``kv_events.py``) are published as of then. A bulk advance p
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -84,7 +83,7 @@ class Replica:
 
     def __init__(self, index: int, config: SimConfig, segments: dict[str, int], num_fleet_requests: int, *,
                  role: str = "mixed", kv_events: bool = False, record_timeline: bool = False,
-                 read_by_router: bool = True, segment_uses: Counter[str] | None = None) -> None:
+                 read_by_router: bool = True, shared_segments: set[str] | None = None) -> None:
         self.index = index
         # The fleet's clients send (``fleet.py``); the replica takes what it is sent when it is sent
         self.config = config = replace(config, clients=OPEN_LOOP) if config.clients.kind != "open" else config
@@ -111,9 +110,8 @@ class Replica:
         if kv_events and scheduler.keyed:
             pool = self.replay.allocator.manager.pool  # type: ignore[attr-defined] - keyed: the paged allocator
             self.events = KvEvents.subscribed_to(pool, self.match_group)
-        # (its trace is empty: ``segment_uses``, the fleet trace's counts, where its replay lets blocks carry private
-        # keys and no index of the router is told its keys)
-        scheduler.segment_uses = segment_uses if self.replay.private_keys and self.events is None else None
+        if scheduler.shared_segments is not None:  # (no index of the router is told its keys)
+            scheduler.shared_segments = shared_segments if self.events is None else None
         self._state = self._before = self._read_state()
         # (its state after each pass, which only a router that reads replicas and the timeline read)
         self.keeps_state = read_by_router or record_timeline

@@ -262,14 +262,6 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         if self.enable_prefix_caching:
             self.cache_full_blocks(state)
 
-    def name_private(self, sequence_id: SequenceId, block_hashes: list[Hashable]) -> None:
-        """The sequence's blocks offered to the cache that carry ``pool_loops.PRIVATE`` take their keys from
-        ``block_hashes``, its own in full, which it carries from now on (one full-attention group)."""
-        state = self.sequence(sequence_id)
-        state.block_hashes = block_hashes
-        offered = state.num_cached_blocks[0]
-        self.pool.name_private(block_hashes[:offered], state.block_tables[0][:offered])
-
     def release_sequence(self, sequence_id: SequenceId) -> None:
         """Drop the sequence's reference to each of its blocks (``release_tables``); a block no one else holds
         returns to the free queue."""

@@ -162,7 +162,7 @@ class BlockPool:
         cached, duplicates, hashes = self.cached_blocks[group], self.duplicate_blocks[group], self.block_hash
         num_entries = len(cached)
         met = 0
-        while (met := self.loops.enter_keys(None, hashes, cached, block_hashes, blocks, 0, met)) < len(block_hashes):
+        while (met := self.loops.enter_keys(hashes, cached, block_hashes, blocks, 0, met)) < len(block_hashes):
             duplicates.setdefault(block_hashes[met], []).append(blocks[met])  # (cached in the group already)
             met += 1
         if len(cached) != num_entries:

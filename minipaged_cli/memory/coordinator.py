@@ -234,6 +234,13 @@ class KVCacheCoordinator:
                                 for table, nulls in zip(state.block_tables, state.num_null, strict=True)])
         self.past_final.pop(state.sequence_id, None)
 
+    def name_private(self, state: SequenceState, block_hashes: list[Hashable]) -> None:
+        """The sequence's offered blocks that carry ``pool_loops.PRIVATE`` take their keys from ``block_hashes``,
+        its own in full, which it carries from now on (one full-attention group)."""
+        state.block_hashes = block_hashes
+        offered = state.num_cached_blocks[0]
+        self.pool.name_private(block_hashes[:offered], state.block_tables[0][:offered])
+
     def cache_full_blocks(self, state: SequenceState) -> None:
         """Each cached group offers its blocks that are full, computed and not yet offered to its own map,
         skipping null entries, and counts them as offered.

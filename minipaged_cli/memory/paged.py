@@ -155,7 +155,7 @@ class PagedAllocator(Allocator):
         self.manager.mark_computed(holding.sequence_id, num_computed)
 
     def name_private(self, holding: Holding, block_hashes: list[Hashable]) -> None:
-        self.manager.name_private(holding.sequence_id, block_hashes)
+        self.manager.name_private(self.manager.sequence(holding.sequence_id), block_hashes)
 
     def release(self, holding: Holding) -> None:
         self.manager.release_sequence(holding.sequence_id)

@@ -91,14 +91,11 @@ static void store(PyObject *list, Py_ssize_t index, PyObject *value) {
 }
 
 static PyObject *enter_keys(PyObject *self, PyObject *args) {
-    PyObject *refs, *hashes, *cached, *keys_arg, *table_arg;
+    PyObject *hashes, *cached, *keys_arg, *table_arg;
     Py_ssize_t offset, start;
-    if (!PyArg_ParseTuple(args, "OO!O!OOnn:enter_keys", &refs, &PyList_Type, &hashes, &PyDict_Type, &cached,
-                          &keys_arg, &table_arg, &offset, &start))
+    if (!PyArg_ParseTuple(args, "O!O!OOnn:enter_keys", &PyList_Type, &hashes, &PyDict_Type, &cached, &keys_arg,
+                          &table_arg, &offset, &start))
         return NULL;
-    int hold = refs != Py_None;
-    if (hold && !PyList_Check(refs))
-        return PyErr_Format(PyExc_TypeError, "enter_keys: refs must be a list or None");
     PyObject *keys = PySequence_Fast(keys_arg, "enter_keys: keys must be a sequence");
     if (keys == NULL)
         return NULL;
@@ -115,17 +112,12 @@ static PyObject *enter_keys(PyObject *self, PyObject *args) {
         goto done;
     }
     for (; i < n; i++) {
-        prefetch(table, offset + i, offset + n, hashes, hold ? refs : NULL);
+        prefetch(table, offset + i, offset + n, hashes, NULL);
         prefetch_key(table, offset + i, offset + n, hashes);
         PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *block = PySequence_Fast_GET_ITEM(table, offset + i);
         Py_ssize_t index = block_index(hashes, block);
         if (index < 0)
             goto done;
-        if (hold) {
-            if (!in_list(refs, index))
-                goto done;
-            store(refs, index, ONE);
-        }
         PyObject *old = PyList_GET_ITEM(hashes, index);
         if (old != Py_None && old != PRIVATE && PyDict_DelItem(cached, old) < 0)
             goto done;
@@ -180,29 +172,6 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
 error:
     Py_DECREF(blocks);
     return NULL;
-}
-
-static PyObject *count_keys(PyObject *self, PyObject *args) {
-    PyObject *hashes, *blocks_arg;
-    if (!PyArg_ParseTuple(args, "O!O:count_keys", &PyList_Type, &hashes, &blocks_arg))
-        return NULL;
-    PyObject *blocks = PySequence_Fast(blocks_arg, "count_keys: blocks must be a sequence");
-    if (blocks == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), keyed = 0, private = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        prefetch(blocks, i, n, hashes, NULL);
-        Py_ssize_t index = block_index(hashes, PySequence_Fast_GET_ITEM(blocks, i));
-        if (index < 0) {
-            Py_DECREF(blocks);
-            return NULL;
-        }
-        PyObject *key = PyList_GET_ITEM(hashes, index);
-        keyed += key != Py_None && key != PRIVATE;
-        private += key == PRIVATE;
-    }
-    Py_DECREF(blocks);
-    return Py_BuildValue("nn", keyed, private);
 }
 
 static PyObject *free_unshared(PyObject *self, PyObject *args) {
@@ -735,7 +704,6 @@ static PyObject *bind_private(PyObject *self, PyObject *key) {
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS, NULL},
     {"hold_evicting", hold_evicting, METH_VARARGS, NULL},
-    {"count_keys", count_keys, METH_VARARGS, NULL},
     {"bind_private", bind_private, METH_O, NULL},
     {"free_unshared", free_unshared, METH_VARARGS, NULL},
     {"set_refs", set_refs, METH_VARARGS, NULL},

@@ -45,25 +45,22 @@ class _Private:
         return "PRIVATE"
 
 
-# The key a block carries in place of its own where no other sequence can ask for its content (the scheduler's
-# ``private_keys``): the pool caches the block, queues it among the cached and counts its eviction, with no entry
-# in a cache map, so that no dict is written for it when it fills nor when it is evicted. A lookup never finds it:
-# as no lookup would find its key.
+# The key a block carries in place of its own where no other sequence can ask for its content
+# (``sim/private_keys.py``): the pool caches the block, queues it among the cached and counts its eviction, with no
+# entry in a cache map, so that no dict is written for it when it fills nor when it is evicted. A lookup never finds
+# it, as no lookup would find its key.
 PRIVATE = _Private()
 
 
-def enter_keys(refs: list[int] | None, hashes: list[Hashable | None], cached: dict[Hashable, int],
-               keys: Sequence[Hashable], table: Sequence[int], offset: int, start: int) -> int:
-    """For i from ``start``: block ``table[offset + i]`` is held once (where ``refs`` is given), drops the entry of
-    the key it carried, if any, takes ``keys[i]`` and becomes its entry unless the key has one (or is ``PRIVATE``).
-    Returns the first i
-    whose key has another block's entry (the caller resolves that one and goes on from i + 1), else len(keys).
-    (A table holds a block once.)"""
+def enter_keys(hashes: list[Hashable | None], cached: dict[Hashable, int], keys: Sequence[Hashable],
+               table: Sequence[int], offset: int, start: int) -> int:
+    """For i from ``start``: block ``table[offset + i]`` drops the entry of the key it carried, if any, takes
+    ``keys[i]`` and becomes its entry unless the key has one (or is ``PRIVATE``). Returns the first i whose key has
+    another block's entry (the caller resolves that one and goes on from i + 1), else len(keys). (A table holds a
+    block once.)"""
     add = cached.setdefault  # (one hash lookup where ``in`` then a store take two)
     blocks = table[offset + start:offset + len(keys)]
     for key, block in zip(keys[start:], blocks, strict=True):
-        if refs is not None:
-            refs[block] = 1
         old = hashes[block]
         if old is not None and old is not PRIVATE:
             del cached[old]
@@ -87,13 +84,6 @@ def hold_evicting(refs: list[int], hashes: list[Hashable | None], cached: dict[H
             hashes[block] = None
             keyed += 1
     return keyed
-
-
-def count_keys(hashes: list[Hashable | None], blocks: Sequence[int]) -> tuple[int, int]:
-    """How many of ``blocks`` carry a key of their own, and how many ``PRIVATE``."""
-    keys = [hashes[block] for block in blocks]
-    private = sum(key is PRIVATE for key in keys)
-    return len(keys) - keys.count(None) - private, private
 
 
 def free_unshared(refs: list[int], blocks: Sequence[int]) -> int:
@@ -229,7 +219,6 @@ class Loops:
 
     enter_keys: Callable[..., int]
     hold_evicting: Callable[..., int]
-    count_keys: Callable[..., tuple[int, int]]
     free_unshared: Callable[..., int]
     set_refs: Callable[..., None]
     lookup: Callable[..., list[int]]

@@ -1,10 +1,10 @@
-"""A prefill's new blocks taken and cached in one pass: the fast path of ``BlockPool.take`` followed by
+"""A prefill's new blocks taken and cached in one call: the fast path of ``BlockPool.take`` followed by
 ``BlockPool.cache_fresh`` over the same blocks, checked against those two calls (``tests/memory/test_take_cached.py``).
 
 A chunk of a prompt takes its blocks from the free queue (each evicting its old cache entry) and, once computed,
-offers its full ones to the cache: two walks over the same hundreds of blocks. vLLM evicts all the taken blocks'
-old entries before caching the new ones, and a new key may be one a taken block still carries; one pass keeps that
-order's result by handing the entry straight to the new block where it meets one (``_evict_for``).
+offers its full ones to the cache. As vLLM, all the taken blocks' old entries go before the new ones are made (a new
+key may be one a taken block carried): two compiled walks over the same hundreds of blocks, without the calls,
+tests and events of the two methods around them.
 """
 
 from __future__ import annotations
@@ -45,43 +45,25 @@ def note_past_final(manager: KVCacheCoordinator, states: Iterable[SequenceState]
 
 
 def take_cached(pool: BlockPool, count: int, table: list[int], block_hashes: Sequence[Hashable], first: int) -> None:
-    """``pool.take(count, table)``, then ``pool.cache_fresh(block_hashes, table[first:first + len(block_hashes)])``
-    in one pass over the blocks: one group, no subscriber (a ``KeyLog`` is told the keys those two calls tell it),
-    no duplicate content cached (each cached block is its key's entry), the blocks from ``first`` to the take held
-    by the table alone and carrying no key."""
-    refs, hashes, cached = pool.ref_counts, pool.block_hash, pool.cached_blocks[0]
+    """``pool.take(count, table)``, then ``pool.cache_fresh(block_hashes, table[first:first + len(block_hashes)])``:
+    one group, no subscriber (a ``KeyLog`` is told the keys those two calls tell it), no duplicate content cached
+    (each cached block is its key's entry), the blocks from ``first`` to the take held by the table alone and
+    carrying no key."""
+    hashes, cached = pool.block_hash, pool.cached_blocks[0]
     blocks, _ = pool.take_free(count)
     log = pool.events.log
     if log is not None:  # (what ``take`` and ``cache_fresh`` log: the old keys, the new)
         log.evicting(blocks, hashes, None)
         log.cached(0, block_hashes)
     table.extend(blocks)
+    evicted = pool.drop_entries(blocks)  # (held once, their keys dropped: ``take``'s evictions)
     num_entries = len(cached)
-    dropped, private = pool.loops.count_keys(hashes, blocks)  # (each taken block that carries a key loses it)
     met = 0
-    while (met := pool.loops.enter_keys(refs, hashes, cached, block_hashes, table, first, met)) < len(block_hashes):
-        _evict_for(pool, block_hashes[met], table[first + met], blocks)  # (met an entry: rare)
+    while (met := pool.loops.enter_keys(hashes, cached, block_hashes, table, first, met)) < len(block_hashes):
+        pool.duplicate_blocks[0].setdefault(block_hashes[met], []).append(table[first + met])  # (cached elsewhere)
         met += 1
-    pool.drop_entries(blocks[max(first + len(block_hashes) - (len(table) - count), 0):])  # (taken, not cached)
-    # (the taken blocks' entries are dropped, so the change in size is the entries made less those: ``cache_fresh``
-    # counts the same; ``PRIVATE`` makes none)
-    num_new = len(cached) - num_entries + dropped
-    evicted = dropped + private
     pool.num_allocations += count
     if evicted:
         pool.num_evictions += evicted
         pool.cache_version += 1
-    pool.cache_version += num_new
-
-
-def _evict_for(pool: BlockPool, key: Hashable, block: int, taken: list[int]) -> None:
-    """``key``'s entry met in the pass, for ``block``: where it is a taken block's old entry, not evicted yet, it is
-    evicted now and ``block`` takes the key (as evicting all first, then caching, leaves it). Else ``block`` holds
-    the content a second time (``cache_fresh``'s duplicate)."""
-    cached, hashes = pool.cached_blocks[0], pool.block_hash
-    other = cached[key]
-    if not pool.ref_counts[other] and other in taken:  # (a taken block not reached yet: still free, count 0)
-        hashes[other] = None
-        cached[key] = block
-        return
-    pool.duplicate_blocks[0].setdefault(key, []).append(block)
+    pool.cache_version += len(cached) - num_entries

@@ -31,7 +31,7 @@ from minipaged_cli.sim.accounting import Accounting, StrategyMetrics, current_ca
 from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.bulk_advance import BulkAdvance
 from minipaged_cli.sim.config import SimConfig
-from minipaged_cli.sim.scheduler import Scheduler, StepDecision, segment_uses
+from minipaged_cli.sim.scheduler import Scheduler, StepDecision
 from minipaged_cli.sim.scheduler_v0 import V0Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.step_work import StepWork, checked_seconds
@@ -50,20 +50,16 @@ class Replay:
 
     def __init__(self, trace: Trace, config: SimConfig, allocator: Allocator, bulk: bool,
                  progress: Callable[[int], None] | None,
-                 on_step: Callable[[StepWork, Allocator], None] | None = None, max_steps: int | None = None, *,
-                 private_keys: bool = True) -> None:
-        self.trace = trace
-        self.config = config
-        self.allocator = allocator
-        self.bulk = bulk
-        self.progress = progress
-        self.on_step = on_step
-        self.max_steps = max_steps
+                 on_step: Callable[[StepWork, Allocator], None] | None = None, max_steps: int | None = None) -> None:
+        self.trace, self.config, self.allocator, self.bulk = trace, config, allocator, bulk
+        self.progress, self.on_step, self.max_steps = progress, on_step, max_steps
         self.accounting = Accounting(allocator.capacity_tokens, config.model.kv_bytes_per_token,
                                      config.outputs.record_timeline)
         self.scheduler = SCHEDULER_CLASSES[config.engine.scheduler](
             trace, config.engine, config.cache, allocator, self.accounting, model_len=config.model_len,
             clients=config.clients, swap_blocks=config.swap_blocks, watermark_blocks=config.watermark_blocks)
+        if on_step is not None:  # (it reads the allocator, the blocks' keys too: ``sim/private_keys.py``)
+            self.scheduler.shared_segments = None
         self.step_time = StepTimeModel(config.model, config.gpu, config.calibration)
         self.tiers: TieredCache | None = None
         if config.tiers.has_tiers:  # (tiers.py and what it uses: imported by the replays with tiers)
@@ -79,16 +75,6 @@ class Replay:
                                          (trace.requests[-1].arrival_s - self.first_arrival_s) / 400 or 0.01)
         # (tiers time their copies by the passes, a layout samples at them, a step cap counts them)
         self.bulk_advance.through_arrivals = self.tiers is None and self.layout is None and max_steps is None
-        # Where only the scheduler's lookups read the prefix cache (v1's recompute on one full-attention group; no
-        # tiers, data plane, nor subscriber to the pool's events), a block whose content no other request of the
-        # trace names carries ``PRIVATE``, not its key (``Scheduler.segment_uses``): the same decisions, without a
-        # cache entry made and dropped for it. (A fleet's replica hands its scheduler the fleet's counts.)
-        groups = config.kv_cache_groups
-        self.private_keys = private_keys and self.scheduler.keyed and self.tiers is None and on_step is None \
-            and config.engine.scheduler == "v1" and config.engine.preemption == "recompute" \
-            and len(groups) == 1 and not groups[0].is_sliding
-        if self.private_keys:
-            self.scheduler.segment_uses = segment_uses(trace.requests)
 
     @property
     def first_arrival_s(self) -> float:
@@ -323,18 +309,16 @@ def replay(
     progress: Callable[[int], None] | None = None,
     on_step: Callable[[StepWork, Allocator], None] | None = None,
     max_steps: int | None = None,
-    private_keys: bool = True,
 ) -> StrategyMetrics:
     """Replay ``trace`` under one strategy. ``progress`` gets the number of requests done so far.
 
     ``on_step`` is called after every step's allocation with the tokens the step writes (and the allocator,
     whose block manager holds their slots): the data plane executes them. It implies one step at a time.
     ``max_steps`` ends the replay early; the metrics then cover the steps that ran.
-    ``private_keys=False`` gives every block its key (``Replay``: the reference of that fast path).
     """
     _check_strategy(strategy)
     return Replay(trace, config, config.allocator(strategy), bulk and on_step is None, progress, on_step,
-                  max_steps, private_keys=private_keys).run()
+                  max_steps).run()
 
 
 def _check_strategy(name: str) -> None:

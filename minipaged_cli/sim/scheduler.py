@@ -36,19 +36,19 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import Counter, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from minipaged_cli.memory.allocators import Allocator
-from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.prefix import segment_keys
 from minipaged_cli.sim import request_loops
 from minipaged_cli.sim.accounting import Accounting
 from minipaged_cli.sim.admission import AdmissionPolicy
 from minipaged_cli.sim.clients import OPEN_LOOP, Arrivals, Clients
 from minipaged_cli.sim.live_request import LiveRequest
+from minipaged_cli.sim.private_keys import applies, private_keys, shared_segments
 from minipaged_cli.sim.settings import CacheSettings, EngineSettings
 from minipaged_cli.workloads.trace import Request, Trace
 
@@ -117,9 +117,10 @@ class Scheduler:
         # ``arrivals``), and ``fleet_indices``: each one's index in the fleet's trace (what its own blocks' keys
         # name, so that two replicas' requests never share a key)
         self.fleet_indices: list[int] | None = None
-        # How many of the trace's requests name each shared segment, where the replay lets a block whose content no
-        # other request names carry ``PRIVATE`` for its key (``private_keys``); None: every block its key
-        self.segment_uses: Counter[str] | None = None
+        # The segments two or more of the trace's requests name, where a block whose content no other request names
+        # carries ``PRIVATE`` for its key (``sim/private_keys.py``); None: every block its key. (A fleet's replica,
+        # whose own trace is empty, is handed the fleet trace's.)
+        self.shared_segments = shared_segments(trace.requests) if applies(engine, self.keyed, allocator) else None
         self.on_sample_done: Callable[[LiveRequest, float], None] | None = None  # told each finished sequence
 
     # -- state -------------------------------------------------------------------------------------------------
@@ -435,14 +436,14 @@ class Scheduler:
         """Give ``live`` its blocks' content keys (with prefix caching), unless it has them (a preempted request
         keeps its own)."""
         if self.keyed and not live.keys_built:
-            request = live.request
-            uses = self.segment_uses
-            # (its own keys are its alone where it names no runs nor output segment and has one sample; a P/D
-            # decode replica's transfers, in the tiers' place, name its keys)
-            live.private_keys = uses is not None and self.tiers is None and request.n == 1 and not request.runs \
+            request, shared = live.request, self.shared_segments
+            # (its own keys are its alone where it has one sample, no runs and no output segment; a P/D decode
+            # replica's transfers, in the tiers' place, name its keys)
+            live.private_keys = shared is not None and self.tiers is None and request.n == 1 and not request.runs \
                 and request.output_segment is None
-            live.block_hashes = private_keys(request, self.segments, uses, self.cache.block_size) \
-                if live.private_keys else self._content_keys(request, live.request_index, live.sample)
+            live.block_hashes = private_keys(request, self.segments, shared, self.cache.block_size) \
+                if shared is not None and live.private_keys \
+                else self._content_keys(request, live.request_index, live.sample)
             live.keys_built = True
 
     def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
@@ -451,24 +452,6 @@ class Scheduler:
         if self.fleet_indices is not None:
             request_index = self.fleet_indices[request_index]
         return content_keys(request, request_index, sample, self.segments, self.cache.block_size)
-
-
-def segment_uses(requests: Iterable[Request]) -> Counter[str]:
-    """How many of ``requests`` name each shared segment in their prefix."""
-    return Counter(itertools.chain.from_iterable(request.prefix for request in requests))
-
-
-def private_keys(request: Request, segments: dict[str, int], uses: Counter[str], block_size: int) -> list[Hashable]:
-    """``content_keys`` of a request whose own tokens no other names (one sample, no runs, no output segment), with
-    ``PRIVATE`` for every key that no other request can have: past the first segment of its prefix that no other
-    request names (``uses``, over the trace's requests), a block's content is its alone. Equal keys name equal
-    content from the stream's start, so a key two requests share lies in a run of segments both name. (Named
-    twice, a segment may follow other segments in the other request: the count keeps keys that no lookup will
-    find, and never makes a key private that one would.)"""
-    prefix = request.prefix
-    shared = next((position for position, name in enumerate(prefix) if uses[name] < 2), len(prefix))
-    keys = segment_keys(prefix[:shared], segments, (), block_size)
-    return keys + [PRIVATE] * ((request.prompt_tokens + request.output_tokens) // block_size - len(keys))
 
 
 def content_keys(request: Request, request_index: int, sample: int, segments: dict[str, int],

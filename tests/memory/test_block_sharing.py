@@ -459,7 +459,7 @@ def test_private_blocks_are_cached_counted_and_evicted_without_an_entry() -> Non
     assert manager.pool.num_evictions == 3 and manager.pool.cached_blocks[0] == {} and manager.invariants_ok()
     manager.release_sequence("b")
     table = manager.create_sequence("c", 12, block_hashes=private).block_table
-    manager.name_private("c", hashes)
+    manager.name_private(manager.sequence("c"), hashes)
     assert [manager.pool.block_hash[b] for b in table] == hashes and manager.invariants_ok()
     manager.release_sequence("c")
     assert manager.num_cached_tokens(13, hashes) == 12

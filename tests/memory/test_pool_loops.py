@@ -79,13 +79,12 @@ def run_both(call: str, state: tuple, *args: object) -> None:
 @given(st.integers(0, 2**32 - 1))
 def test_enter_keys_matches_the_python_loop(seed: int) -> None:
     rng = random.Random(seed)
-    refs, hashes, cached = random_state(rng)
-    table = random_blocks(rng, len(refs), rng.randint(0, 16))
+    _, hashes, cached = random_state(rng)
+    table = random_blocks(rng, len(hashes), rng.randint(0, 16))
     count = rng.randint(0, len(table))
     keys = [rng.choice([*range(50), *((i, "k") for i in range(25)), *[PRIVATE] * 15]) for _ in range(count)]
     offset = rng.randint(0, len(table) - count)
-    run_both("enter_keys", (refs if rng.random() < 0.7 else None, hashes, cached), keys, table, offset,
-             rng.randint(0, count))
+    run_both("enter_keys", (hashes, cached), keys, table, offset, rng.randint(0, count))
 
 
 class Walked:
@@ -104,7 +103,6 @@ def test_the_block_loops_match_the_python_loops(seed: int) -> None:
     rng = random.Random(seed)
     refs, hashes, cached = random_state(rng)
     blocks = random_blocks(rng, len(refs), rng.randint(0, 12))
-    run_both("count_keys", (hashes,), blocks)
     run_both("hold_evicting", (refs, hashes, cached), blocks)
     run_both("free_unshared", (refs,), blocks)
     run_both("set_refs", (refs,), blocks, rng.choice([0, 1]))
@@ -234,11 +232,9 @@ def test_private_keys_worked_by_hand() -> None:
     carried a key, and the map is empty. Twice ``PRIVATE`` among a step's fills is no repeated key."""
     for loops in (pool_loops.PYTHON, compiled_loops()):
         refs, hashes, cached = [0, 0, 0], [PRIVATE, "x", None], {"x": 1}
-        assert loops.count_keys(hashes, [0, 1, 2]) == (1, 1)
-        assert loops.enter_keys(refs, hashes, cached, [PRIVATE, "a", PRIVATE], [0, 1, 2], 0, 0) == 3
-        assert (refs, hashes, cached) == ([1, 1, 1], [PRIVATE, "a", PRIVATE], {"a": 1})
+        assert loops.enter_keys(hashes, cached, [PRIVATE, "a", PRIVATE], [0, 1, 2], 0, 0) == 3
+        assert (hashes, cached) == ([PRIVATE, "a", PRIVATE], {"a": 1})
         assert loops.lookup(cached, ["a", PRIVATE, "a"]) == [1]
-        refs[:] = [0, 0, 0]
         assert loops.hold_evicting(refs, hashes, cached, [0, 1, 2]) == 3
         assert (refs, hashes, cached) == ([1, 1, 1], [None, None, None], {})
         state = SequenceState(0, block_tables=[[10, 11, 12]], block_hashes=[PRIVATE, PRIVATE, "c"],
@@ -249,11 +245,11 @@ def test_private_keys_worked_by_hand() -> None:
 
 def test_the_python_loops_read_a_key_met_as_the_caller_resolves_it() -> None:
     """Worked by hand: block 2 takes key "a", which block 0 already caches: enter_keys stops there (index 1), having
-    held block 2 and dropped its old key "x"; block 3 is untouched."""
+    dropped block 2's old key "x"; block 3 is untouched."""
     for loops in (pool_loops.PYTHON, compiled_loops()):
-        refs, hashes, cached = [1, 0, 0, 0], ["a", None, "x", None], {"a": 0, "x": 2}
-        assert loops.enter_keys(refs, hashes, cached, ["b", "a", "c"], [1, 2, 3], 0, 0) == 1
-        assert (refs, hashes, cached) == ([1, 1, 1, 0], ["a", "b", "a", None], {"a": 0, "b": 1})
+        hashes, cached = ["a", None, "x", None], {"a": 0, "x": 2}
+        assert loops.enter_keys(hashes, cached, ["b", "a", "c"], [1, 2, 3], 0, 0) == 1
+        assert (hashes, cached) == (["a", "b", "a", None], {"a": 0, "b": 1})
 
 
 def test_an_entry_of_the_same_block_is_no_meeting() -> None:
@@ -261,7 +257,7 @@ def test_an_entry_of_the_same_block_is_no_meeting() -> None:
     not met when block 300 takes it (Python compares the ids' values, not the objects)."""
     for loops in (pool_loops.PYTHON, compiled_loops()):
         hashes, cached = [None] * 301, {"a": fresh(300)}
-        assert loops.enter_keys(None, hashes, cached, ["a"], [fresh(300)], 0, 0) == 1
+        assert loops.enter_keys(hashes, cached, ["a"], [fresh(300)], 0, 0) == 1
         assert hashes[300] == "a" and cached == {"a": 300}
 
 

@@ -1,6 +1,6 @@
-"""Private keys (``Scheduler.segment_uses``, ``pool_loops.PRIVATE``): a block whose content no other request of the
+"""Private keys (``sim/private_keys.py``, ``pool_loops.PRIVATE``): a block whose content no other request of the
 trace names carries ``PRIVATE`` instead of its key, and makes no cache entry until its own request, preempted, may
-look it up again. Checked against every block carrying its key (``replay(..., private_keys=False)``, the
+look it up again. Checked against every block carrying its key (a scheduler whose ``shared_segments`` is None, the
 reference): which keys are private against the keys every request of a random trace would carry; and random
 replays under memory pressure (preemptions, chunked prefill, cache-aware admission, parallel samples, a fleet),
 the same decisions and figures, step by step, and no invariant broken."""
@@ -15,12 +15,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.fleet import fleet as fleet_module
-from minipaged_cli.fleet.config import FleetConfig, ReplicaPool, RouterConfig
+from minipaged_cli.fleet.config import FleetConfig, KvLink, ReplicaPool, RouterConfig
 from minipaged_cli.fleet.fleet import run_fleet
 from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.private_keys import private_keys, shared_segments
 from minipaged_cli.sim.replay import Replay
-from minipaged_cli.sim.scheduler import content_keys, private_keys, segment_uses
+from minipaged_cli.sim.scheduler import content_keys
 from minipaged_cli.workloads.presets import load_gpu, load_model
 from minipaged_cli.workloads.trace import Request, Trace, make_trace
 
@@ -52,13 +53,13 @@ def test_private_keys_worked_by_hand() -> None:
     as far as they go."""
     requests = [Request("r0", 0.0, 108, 20, ("sys", "doc")), Request("r1", 0.0, 100, 5, ("sys", "own1"))]
     trace = make_trace("t", requests, source="test", segments=SEGMENTS)
-    uses = segment_uses(trace.requests)
-    assert uses == Counter({"sys": 2, "doc": 1, "own1": 1})
-    keys = private_keys(trace.requests[0], SEGMENTS, uses, 16)
+    shared = shared_segments(trace.requests)
+    assert shared == {"sys"}
+    keys = private_keys(trace.requests[0], SEGMENTS, shared, 16)
     full = content_keys(trace.requests[0], 0, 0, SEGMENTS, 16)
     assert len(full) == 8
     assert keys == full[:4] + [PRIVATE] * 4
-    assert private_keys(trace.requests[1], SEGMENTS, uses, 16) == \
+    assert private_keys(trace.requests[1], SEGMENTS, shared, 16) == \
         content_keys(trace.requests[1], 1, 0, SEGMENTS, 16)[:4] + [PRIVATE] * 2  # (105 tokens: 6 blocks)
 
 
@@ -68,24 +69,24 @@ def test_a_key_another_request_carries_is_never_private(seed: int, block_size: i
     """Against every request's keys in full (``content_keys``): a request's private keys are its keys with a tail
     of ``PRIVATE``, and no key there is one that another request carries (which its lookup could find)."""
     trace = random_trace(np.random.default_rng(seed), 12, samples=False)
-    uses = segment_uses(trace.requests)
+    shared_names = shared_segments(trace.requests)
     full = [content_keys(request, index, 0, SEGMENTS, block_size) for index, request in enumerate(trace.requests)]
     carriers = Counter(key for keys in full for key in set(keys))
     for request, keys in zip(trace.requests, full, strict=True):
-        private = private_keys(request, SEGMENTS, uses, block_size)
+        private = private_keys(request, SEGMENTS, shared_names, block_size)
         shared = len(private) - private.count(PRIVATE)
         assert private == keys[:shared] + [PRIVATE] * (len(keys) - shared)
         assert all(carriers[key] == 1 for key in keys[shared:])
-        if all(uses[name] >= 2 for name in request.prefix):  # (the blocks within its segments keep their keys)
+        if all(name in shared_names for name in request.prefix):  # (the blocks within its segments keep their keys)
             assert shared == sum(SEGMENTS[name] for name in request.prefix) // block_size
 
 
 def _replays(trace: Trace, config: SimConfig, *, bulk: bool) -> tuple:
     """The replay with private keys and the reference's: their figures and timelines."""
     private = Replay(trace, config, config.allocator("paged"), bulk, None)
-    assert private.private_keys
-    reference = Replay(trace, config, config.allocator("paged"), bulk, None, private_keys=False)
-    assert reference.scheduler.segment_uses is None
+    assert private.scheduler.shared_segments is not None
+    reference = Replay(trace, config, config.allocator("paged"), bulk, None)
+    reference.scheduler.shared_segments = None
     return private.run(), reference.run()
 
 
@@ -131,21 +132,30 @@ def test_the_reference_replay_preempts_requests_with_private_keys() -> None:
     assert metrics.num_evictions > 0
 
 
-@pytest.mark.parametrize(("router", "index", "private"), [("round-robin", "precise", True),
-                                                         ("least-loaded", "precise", True),
-                                                         ("prefix-aware", "approximate", True),
-                                                         ("prefix-aware", "precise", False)])
-def test_a_fleet_with_private_keys_decides_as_the_reference(router: str, index: str, private: bool,
+@pytest.mark.parametrize(("router", "index", "private"), [("round-robin", "precise", [True] * 4),
+                                                         ("least-loaded", "precise", [True] * 4),
+                                                         ("prefix-aware", "approximate", [True] * 4),
+                                                         ("prefix-aware", "precise", [False] * 4),
+                                                         ("round-robin", "P/D", [True] * 3 + [False])])
+def test_a_fleet_with_private_keys_decides_as_the_reference(router: str, index: str, private: list[bool],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four replicas, whose own traces are empty: each replica's scheduler reads the fleet trace's counts. (A
-    router's index fed by the replicas' KV events is told every key: there, none is private.)"""
+    """Four replicas, whose own traces are empty: each replica's scheduler reads the fleet trace's shared segments.
+    A router's index fed by the replicas' KV events is told every key: there, none is private. Under P/D
+    disaggregation, three prefill replicas and a decode one, which loads what they computed by its keys: its
+    requests keep theirs."""
     trace = random_trace(np.random.default_rng(5), 40, samples=False)
     config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=40, block_size=16,
                           max_model_len=1024, prefix_caching=True, check_invariants=True)
-    fleet = FleetConfig((ReplicaPool("replicas", 4, config),), RouterConfig(router, prefix_index=index))
+    if index == "P/D":
+        decode = config.with_settings(num_blocks=80)  # (a decode replica holds a request of max_model_len)
+        fleet = FleetConfig((ReplicaPool("p", 3, config, role="prefill"), ReplicaPool("d", 1, decode, role="decode")),
+                            RouterConfig(router), kv_link=KvLink(50e9, 20e-6), prefill_threshold=64)
+    else:
+        fleet = FleetConfig((ReplicaPool("replicas", 4, config),), RouterConfig(router, prefix_index=index))
     result = run_fleet(trace, fleet)
-    assert all((replica.replay.scheduler.segment_uses is not None) == private for replica in result.replicas)
-    monkeypatch.setattr(fleet_module, "segment_uses", lambda requests: None)
+    assert [replica.replay.scheduler.shared_segments is not None and replica.replay.scheduler.tiers is None
+            for replica in result.replicas] == private
+    monkeypatch.setattr(fleet_module, "shared_segments", lambda requests: None)
     reference = run_fleet(trace, fleet)
     assert result.to_dict() == reference.to_dict()
     assert [r.replay.metrics().measurements() for r in result.replicas] == \
