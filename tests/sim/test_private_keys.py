@@ -48,9 +48,9 @@ def random_trace(rng: np.random.Generator, count: int, *, samples: bool) -> Trac
 
 def test_private_keys_worked_by_hand() -> None:
     """Blocks of 16 tokens. r0 names (sys, doc), r1 (sys, own1): sys (64 tokens) is named twice, doc and own1 once.
-    r0's prompt is 64 + 37 + 7 = 108 tokens and it writes 20: 128 tokens, 8 full blocks; the first 4 lie in sys,
-    the 5th holds sys's last 0 and doc's first 16 tokens. So 4 keys, then 4 ``PRIVATE``: the keys r0 would carry,
-    as far as they go."""
+    r0's prompt is 64 + 37 + 7 = 108 tokens and it writes 20: 128 tokens, 8 full blocks, of which sys fills the
+    first 4 and the other 4 hold doc's tokens, its own and its output. So r0's first 4 keys, then 4 ``PRIVATE``;
+    r1 (100 + 5 tokens: 6 blocks) its first 4, then 2."""
     requests = [Request("r0", 0.0, 108, 20, ("sys", "doc")), Request("r1", 0.0, 100, 5, ("sys", "own1"))]
     trace = make_trace("t", requests, source="test", segments=SEGMENTS)
     shared = shared_segments(trace.requests)
@@ -60,7 +60,7 @@ def test_private_keys_worked_by_hand() -> None:
     assert len(full) == 8
     assert keys == full[:4] + [PRIVATE] * 4
     assert private_keys(trace.requests[1], SEGMENTS, shared, 16) == \
-        content_keys(trace.requests[1], 1, 0, SEGMENTS, 16)[:4] + [PRIVATE] * 2  # (105 tokens: 6 blocks)
+        content_keys(trace.requests[1], 1, 0, SEGMENTS, 16)[:4] + [PRIVATE] * 2
 
 
 @settings(max_examples=60, deadline=None)
@@ -111,25 +111,35 @@ def test_replays_with_private_keys_decide_as_the_reference(seed: int, num_blocks
         assert private.invariant_violations == 0
 
 
-def test_the_reference_replay_preempts_requests_with_private_keys() -> None:
-    """The example above reaches the case that matters: a request with private keys preempted, its blocks still
-    cached when it is readmitted (a hit of its own), and private keys in the reference's place."""
+def test_the_example_preempts_requests_with_private_keys_that_hit_their_own_blocks() -> None:
+    """The explicit example above reaches the case that matters: a request with private keys is preempted, takes
+    its keys back, and is readmitted while blocks it computed are still cached (a hit of its own)."""
     rng = np.random.default_rng(3)
     trace = random_trace(rng, int(rng.integers(4, 30)), samples=True)
     config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=24, block_size=16,
                           max_model_len=1024, prefix_caching=True, check_invariants=True)
     run = Replay(trace, config, config.allocator("paged"), True, None)
-    named = []
-    drop = run.scheduler._drop
+    scheduler, allocator = run.scheduler, run.allocator
+    named: set[int] = set()  # the victims that had private keys
+    own_hits = []  # whether a lookup of one of them found more than its shared blocks
+    drop, cached_prefix = scheduler._drop, allocator.cached_prefix
 
     def dropping(victim) -> None:
-        named.append(victim.private_keys)
+        if victim.private_keys:
+            named.add(victim.sequence_id)
         drop(victim)
 
-    run.scheduler._drop = dropping  # type: ignore[method-assign]
-    metrics = run.run()
-    assert any(named) and metrics.num_preemptions == len(named)
-    assert metrics.num_evictions > 0
+    def looking_up(holding, prompt_length: int) -> int:
+        cached = cached_prefix(holding, prompt_length)
+        if holding.sequence_id in named:  # (past the blocks its shared segments fill: content of its own)
+            keys = private_keys(holding.request, SEGMENTS, scheduler.shared_segments, 16)
+            own_hits.append(cached > 16 * (len(keys) - keys.count(PRIVATE)))
+        return cached
+
+    scheduler._drop = dropping  # type: ignore[method-assign]
+    allocator.cached_prefix = looking_up  # type: ignore[method-assign]
+    run.run()
+    assert named and any(own_hits)
 
 
 @pytest.mark.parametrize(("router", "index", "private"), [("round-robin", "precise", [True] * 4),
