@@ -155,10 +155,9 @@ def test_grow_lengths_matches_the_python_loop(seed: int) -> None:
 
 
 def random_fills_and_takes(rng: random.Random) -> tuple[dict[int, SequenceState], list, list, int]:
-    """Sequences of one or two groups with tables, keys (``PRIVATE`` among them, as often more than once) and cached
-    counts; fills (state, stop) and takes (state,
-    blocks per group) over some of them, as ``grow_lengths`` lists them (stops from below the cached count to past
-    the keys), and the number of groups."""
+    """Sequences of one or two groups with tables, keys (``PRIVATE`` among them, often more than once) and cached
+    counts; fills (state, stop) and takes (state, blocks per group) over some of them, as ``grow_lengths`` lists them
+    (stops from below the cached count to past the keys), and the number of groups."""
     num_groups = rng.choice([1, 1, 2])
     sequences = {}
     for sequence_id in range(rng.randint(0, 6)):
@@ -228,7 +227,7 @@ def test_the_passes_after_grow_lengths_worked_by_hand() -> None:
 
 def test_private_keys_worked_by_hand() -> None:
     """``PRIVATE`` is carried and counted, never entered nor looked for: block 0 carries it, block 1 key "x". Block 0
-    takes it again, block 1 "a" (dropping "x"), block 2 takes it: one entry, "a". Then all three are evicted: two
+    takes it again, block 1 "a" (dropping "x"), block 2 takes it: one entry, "a". Then all three are evicted: each
     carried a key, and the map is empty. Twice ``PRIVATE`` among a step's fills is no repeated key."""
     for loops in (pool_loops.PYTHON, compiled_loops()):
         refs, hashes, cached = [0, 0, 0], [PRIVATE, "x", None], {"x": 1}
