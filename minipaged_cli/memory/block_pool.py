@@ -260,7 +260,7 @@ class BlockPool:
         return keys, blocks
 
     def drop_entries(self, blocks: list[int]) -> int:
-        """Hold each of ``blocks`` once and drop its entry, if any (``_hold_evicting``, ``take_cached``); how many."""
+        """Hold each of ``blocks`` once and drop its entry, if any (``_hold_evicting``); how many."""
         refs, maps, hashes, groups = self.ref_counts, self.cached_blocks, self.block_hash, self.block_group
         if any(self.duplicate_blocks):
             for block in blocks:

@@ -1,10 +1,9 @@
-"""The memory plane's hottest loops: the block pool's per-block ones (``BlockPool``, ``take_cached``: a prompt's keys
-entered, its hit looked up and held, evicted entries dropped, counts set) and a step's passes over its decoding
-sequences (``grow_lengths``, then ``fill_keys``, ``hand_out`` and ``fill_blocks``, for
-``batched_growth.grow_together``). Here in Python, the reference, and compiled from ``pool_loops.c`` (CPython's C API)
-where this machine can build it: the same functions, arguments and results. (The compiled module also holds
-``bulk.full_attention_profile``, whose reference, in NumPy, is ``bulk.python_full_attention_profile``: ``compiled()``
-hands out the module.)
+"""The memory plane's hottest loops: the block pool's per-block ones (``BlockPool``: a prompt's keys entered, its hit
+looked up and held, evicted entries dropped, counts set) and a step's passes over its decoding sequences
+(``grow_lengths``, then ``fill_keys``, ``hand_out`` and ``fill_blocks``, for ``batched_growth.grow_together``). Here
+in Python, the reference, and compiled from ``pool_loops.c`` (CPython's C API) where this machine can build it: the
+same functions, arguments and results. (The compiled module also holds ``bulk.full_attention_profile``, whose
+reference, in NumPy, is ``bulk.python_full_attention_profile``: ``compiled()`` hands out the module.)
 
 A replay with prefix caching moves every prompt's blocks through these loops (the Mooncake trace: 9 million
 blocks), each block a few list and dict operations, and every running sequence through ``grow_lengths`` at every
