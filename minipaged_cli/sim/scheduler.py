@@ -439,11 +439,12 @@ class Scheduler:
             request, shared = live.request, self.shared_segments
             # (its own keys are its alone where it has one sample, no runs and no output segment; a P/D decode
             # replica's transfers, in the tiers' place, name its keys)
-            live.private_keys = shared is not None and self.tiers is None and request.n == 1 and not request.runs \
-                and request.output_segment is None
-            live.block_hashes = private_keys(request, self.segments, shared, self.cache.block_size) \
-                if shared is not None and live.private_keys \
-                else self._content_keys(request, live.request_index, live.sample)
+            if shared is not None and self.tiers is None and request.n == 1 and not request.runs \
+                    and request.output_segment is None:
+                live.block_hashes = private_keys(request, self.segments, shared, self.cache.block_size)
+                live.private_keys = True
+            else:
+                live.block_hashes = self._content_keys(request, live.request_index, live.sample)
             live.keys_built = True
 
     def _content_keys(self, request: Request, request_index: int, sample: int) -> list[Hashable]:
