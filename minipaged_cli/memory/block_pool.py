@@ -61,7 +61,10 @@ class BlockPool:
 
     def take(self, count: int, table: list[int]) -> None:
         """Move ``count`` blocks from the front of the free queue to the end of ``table``, evicting their cached
-        content (the caller has checked that there are enough). The article's ``allocate_block``."""
+        content (the caller has checked that there are enough). The article's ``allocate_block``. (One compiled call
+        where the pool's loops are compiled and it is the usual case: ``pool_loops.take_into``.)"""
+        if self.loops.take_into(self, count, table):
+            return
         refs = self.ref_counts
         blocks, from_back = self.take_free(count)
         kept = count - from_back  # (from the front or never handed out: no hash; with prefix caching, none)

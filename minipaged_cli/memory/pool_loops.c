@@ -142,6 +142,29 @@ done:
     return result;
 }
 
+/* hold_evicting's loop over blocks[start:n] (a list or tuple): how many carried a key; -1 with an error set. */
+static Py_ssize_t evict_held(PyObject *refs, PyObject *hashes, PyObject *cached, PyObject *blocks, Py_ssize_t start,
+                             Py_ssize_t n) {
+    Py_ssize_t keyed = 0;
+    for (Py_ssize_t i = start; i < n; i++) {
+        prefetch(blocks, i, n, hashes, refs);
+        prefetch_key(blocks, i, n, hashes);
+        PyObject *block = PySequence_Fast_GET_ITEM(blocks, i);
+        Py_ssize_t index = block_index(refs, block);
+        if (index < 0 || !in_list(hashes, index))
+            return -1;
+        store(refs, index, ONE);
+        PyObject *key = PyList_GET_ITEM(hashes, index);
+        if (key != Py_None) {
+            if (key != PRIVATE && PyDict_DelItem(cached, key) < 0)
+                return -1;
+            store(hashes, index, Py_None);
+            keyed++;
+        }
+    }
+    return keyed;
+}
+
 static PyObject *hold_evicting(PyObject *self, PyObject *args) {
     PyObject *refs, *hashes, *cached, *blocks_arg;
     if (!PyArg_ParseTuple(args, "O!O!O!O:hold_evicting", &PyList_Type, &refs, &PyList_Type, &hashes,
@@ -150,28 +173,9 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
     PyObject *blocks = PySequence_Fast(blocks_arg, "hold_evicting: blocks must be a sequence");
     if (blocks == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), keyed = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        prefetch(blocks, i, n, hashes, refs);
-        prefetch_key(blocks, i, n, hashes);
-        PyObject *block = PySequence_Fast_GET_ITEM(blocks, i);
-        Py_ssize_t index = block_index(refs, block);
-        if (index < 0 || !in_list(hashes, index))
-            goto error;
-        store(refs, index, ONE);
-        PyObject *key = PyList_GET_ITEM(hashes, index);
-        if (key != Py_None) {
-            if (key != PRIVATE && PyDict_DelItem(cached, key) < 0)
-                goto error;
-            store(hashes, index, Py_None);
-            keyed++;
-        }
-    }
+    Py_ssize_t keyed = evict_held(refs, hashes, cached, blocks, 0, PySequence_Fast_GET_SIZE(blocks));
     Py_DECREF(blocks);
-    return PyLong_FromSsize_t(keyed);
-error:
-    Py_DECREF(blocks);
-    return NULL;
+    return keyed < 0 ? NULL : PyLong_FromSsize_t(keyed);
 }
 
 static PyObject *free_unshared(PyObject *self, PyObject *args) {
@@ -695,6 +699,203 @@ done:
     return result;
 }
 
+/* BlockPool.take compiled where it is the usual case (take_into): the free queue's take (FreeBlockQueue.take: its
+ * front, then blocks never handed out, then the back part's live entries, its stale ones skipped), the state of
+ * blocks seen for the first time (take_free), the taken blocks held and their entries dropped (_hold_evicting), the
+ * table and the counts. The pool's and the queue's attributes are read and written by name, as Python does. */
+enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS, A_NUM_FREE, A_REF_COUNTS,
+       A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
+       A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_COUNT };
+static const char *ATTRIBUTE_NAMES[A_COUNT] = {
+    "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
+    "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
+    "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft"};
+static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
+
+/* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
+static int read_size(PyObject *object, int name, Py_ssize_t *out) {
+    PyObject *value = PyObject_GetAttr(object, ATTRIBUTES[name]);
+    if (value == NULL)
+        return -1;
+    *out = PyLong_AsSsize_t(value);
+    Py_DECREF(value);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* ``object.<name> = value``; -1 with an error set. */
+static int write_size(PyObject *object, int name, Py_ssize_t value) {
+    PyObject *number = PyLong_FromSsize_t(value);
+    int failed = number == NULL || PyObject_SetAttr(object, ATTRIBUTES[name], number) < 0;
+    Py_XDECREF(number);
+    return failed ? -1 : 0;
+}
+
+/* ``object.<name> += delta``; -1 with an error set. */
+static int add_size(PyObject *object, int name, Py_ssize_t delta) {
+    Py_ssize_t value;
+    return read_size(object, name, &value) < 0 ? -1 : write_size(object, name, value + delta);
+}
+
+/* Whether the pool's take is the usual case: one group, no subscriber and no key log, no duplicate entry, and
+ * 0 < count <= the free blocks (the pool's own path asserts that); -1 with an error set. */
+static int usual_take(PyObject *pool, PyObject *queue, Py_ssize_t count) {
+    Py_ssize_t num_groups, num_free;
+    if (read_size(pool, A_NUM_GROUPS, &num_groups) < 0 || read_size(queue, A_NUM_FREE, &num_free) < 0)
+        return -1;
+    if (num_groups != 1 || count <= 0 || count > num_free)
+        return 0;
+    PyObject *events = PyObject_GetAttr(pool, ATTRIBUTES[A_EVENTS]);
+    PyObject *subscribers = events == NULL ? NULL : PyObject_GetAttr(events, ATTRIBUTES[A_SUBSCRIBERS]);
+    PyObject *log = subscribers == NULL ? NULL : PyObject_GetAttr(events, ATTRIBUTES[A_LOG]);
+    PyObject *duplicates = log == NULL ? NULL : PyObject_GetAttr(pool, ATTRIBUTES[A_DUPLICATES]);
+    int usual = duplicates == NULL ? -1 :
+        PyList_CheckExact(subscribers) && PyList_GET_SIZE(subscribers) == 0 && log == Py_None &&
+        PyList_CheckExact(duplicates) && PyList_GET_SIZE(duplicates) == 1 &&
+        PyDict_CheckExact(PyList_GET_ITEM(duplicates, 0)) && PyDict_GET_SIZE(PyList_GET_ITEM(duplicates, 0)) == 0;
+    Py_XDECREF(events);
+    Py_XDECREF(subscribers);
+    Py_XDECREF(log);
+    Py_XDECREF(duplicates);
+    return usual;
+}
+
+/* The back part's next ``count`` live entries added to ``taken``, from ``*head`` on, each stale entry met skipped and
+ * forgotten (``stale``: block -> its stale entries; ``*num_stale`` their count); -1 with an error set. */
+static int take_back(PyObject *back, Py_ssize_t *head, PyObject *stale, Py_ssize_t *num_stale, Py_ssize_t count,
+                     PyObject *taken) {
+    Py_ssize_t at = *head, size = PyList_GET_SIZE(back);
+    while (count > 0) {
+        if (at >= size) {
+            PyErr_SetString(PyExc_RuntimeError, "take_into: the free queue's back part has fewer live blocks than "
+                            "it counts");
+            return -1;
+        }
+        PyObject *block = PyList_GET_ITEM(back, at++);
+        PyObject *skips = PyDict_GET_SIZE(stale) ? PyDict_GetItemWithError(stale, block) : NULL;  /* borrowed */
+        if (skips == NULL && PyErr_Occurred())
+            return -1;
+        if (skips == NULL) {
+            if (PyList_Append(taken, block) < 0)
+                return -1;
+            count--;
+            continue;
+        }
+        Py_ssize_t left = PyLong_AsSsize_t(skips);
+        if (left == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *fewer = left == 1 ? NULL : PyLong_FromSsize_t(left - 1);
+        if ((left == 1 && PyDict_DelItem(stale, block) < 0) ||
+                (left != 1 && (fewer == NULL || PyDict_SetItem(stale, block, fewer) < 0))) {
+            Py_XDECREF(fewer);
+            return -1;
+        }
+        Py_XDECREF(fewer);
+        (*num_stale)--;
+    }
+    if (at > size - at) {  /* the passed entries outnumber the rest: dropped (FreeBlockQueue._passed) */
+        if (PyList_SetSlice(back, 0, at, NULL) < 0)
+            return -1;
+        at = 0;
+    }
+    *head = at;
+    return 0;
+}
+
+static PyObject *take_into(PyObject *self, PyObject *args) {
+    PyObject *pool, *table;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OnO!:take_into", &pool, &count, &PyList_Type, &table))
+        return NULL;
+    PyObject *queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS]);
+    if (queue == NULL)
+        return NULL;
+    PyObject *refs = NULL, *hashes = NULL, *groups = NULL, *maps = NULL, *front = NULL, *back = NULL, *stale = NULL,
+             *taken = NULL, *result = NULL;
+    int usual = usual_take(pool, queue, count);
+    if (usual <= 0) {
+        result = usual < 0 ? NULL : Py_NewRef(Py_False);
+        goto done;
+    }
+    Py_ssize_t num_free, num_touched, num_blocks, head, num_stale;
+    if (!(refs = PyObject_GetAttr(pool, ATTRIBUTES[A_REF_COUNTS])) ||
+            !(hashes = PyObject_GetAttr(pool, ATTRIBUTES[A_BLOCK_HASH])) ||
+            !(groups = PyObject_GetAttr(pool, ATTRIBUTES[A_BLOCK_GROUP])) ||
+            !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) ||
+            !(front = PyObject_GetAttr(queue, ATTRIBUTES[A_FRONT])) ||
+            !(back = PyObject_GetAttr(queue, ATTRIBUTES[A_BACK])) ||
+            !(stale = PyObject_GetAttr(queue, ATTRIBUTES[A_STALE])) ||
+            read_size(queue, A_NUM_FREE, &num_free) < 0 || read_size(queue, A_NUM_TOUCHED, &num_touched) < 0 ||
+            read_size(queue, A_NUM_BLOCKS, &num_blocks) < 0 || read_size(queue, A_HEAD, &head) < 0 ||
+            read_size(queue, A_NUM_STALE, &num_stale) < 0)
+        goto done;
+    if (!PyList_CheckExact(refs) || !PyList_CheckExact(hashes) || !PyList_CheckExact(groups) ||
+            !PyList_CheckExact(maps) || PyList_GET_SIZE(maps) != 1 || !PyDict_CheckExact(PyList_GET_ITEM(maps, 0)) ||
+            !PyList_CheckExact(back) || !PyDict_CheckExact(stale)) {
+        result = Py_NewRef(Py_False);  /* (not the pool's own kinds: its own path) */
+        goto done;
+    }
+    PyObject *cached = PyList_GET_ITEM(maps, 0);
+    Py_ssize_t num_front = PyObject_Length(front);
+    if (num_front < 0 || (taken = PyList_New(0)) == NULL)
+        goto done;
+    /* The free queue's take: the front first, then the blocks never handed out, then the back part */
+    Py_ssize_t from_front = num_front < count ? num_front : count;
+    for (Py_ssize_t i = 0; i < from_front; i++) {
+        PyObject *block = PyObject_CallMethodNoArgs(front, ATTRIBUTES[A_POPLEFT]);
+        int failed = block == NULL || PyList_Append(taken, block) < 0;
+        Py_XDECREF(block);
+        if (failed)
+            goto done;
+    }
+    Py_ssize_t fresh = count - from_front < num_blocks - num_touched ? count - from_front : num_blocks - num_touched;
+    for (Py_ssize_t block = num_touched; block < num_touched + fresh; block++) {
+        PyObject *id = PyLong_FromSsize_t(block);
+        int failed = id == NULL || PyList_Append(taken, id) < 0;
+        Py_XDECREF(id);
+        if (failed)
+            goto done;
+    }
+    num_touched += fresh;
+    Py_ssize_t from_back = count - from_front - fresh, was_stale = num_stale;
+    if ((fresh && write_size(queue, A_NUM_TOUCHED, num_touched) < 0) ||
+            (from_back && take_back(back, &head, stale, &num_stale, from_back, taken) < 0) ||
+            (from_back && write_size(queue, A_HEAD, head) < 0) ||
+            (num_stale != was_stale && write_size(queue, A_NUM_STALE, num_stale) < 0) ||
+            write_size(queue, A_NUM_FREE, num_free - count) < 0)
+        goto done;
+    /* State for the blocks seen for the first time (BlockPool.take_free) */
+    for (Py_ssize_t seen = PyList_GET_SIZE(refs); seen < num_touched; seen++)
+        if (PyList_Append(refs, ZERO) < 0 || PyList_Append(hashes, Py_None) < 0 || PyList_Append(groups, ZERO) < 0)
+            goto done;
+    /* Each taken block held once; those from the back drop their entries (_hold_evicting) */
+    Py_ssize_t kept = count - from_back;
+    for (Py_ssize_t i = 0; i < kept; i++) {
+        Py_ssize_t index = block_index(refs, PyList_GET_ITEM(taken, i));
+        if (index < 0)
+            goto done;
+        store(refs, index, ONE);
+    }
+    Py_ssize_t evicted = from_back ? evict_held(refs, hashes, cached, taken, kept, count) : 0;
+    if (evicted < 0 || (evicted && (add_size(pool, A_CACHE_VERSION, 1) < 0 ||
+                                    add_size(pool, A_NUM_EVICTIONS, evicted) < 0)))
+        goto done;
+    if (PyList_SetSlice(table, PyList_GET_SIZE(table), PyList_GET_SIZE(table), taken) < 0 ||
+            add_size(pool, A_NUM_ALLOCATIONS, count) < 0)
+        goto done;
+    result = Py_NewRef(Py_True);
+done:
+    Py_DECREF(queue);
+    Py_XDECREF(refs);
+    Py_XDECREF(hashes);
+    Py_XDECREF(groups);
+    Py_XDECREF(maps);
+    Py_XDECREF(front);
+    Py_XDECREF(back);
+    Py_XDECREF(stale);
+    Py_XDECREF(taken);
+    return result;
+}
+
 static PyObject *bind_private(PyObject *self, PyObject *key) {
     Py_INCREF(key);
     Py_XSETREF(PRIVATE, key);
@@ -714,6 +915,7 @@ static PyMethodDef methods[] = {
     {"fill_keys", fill_keys, METH_VARARGS, NULL},
     {"hand_out", hand_out, METH_VARARGS, NULL},
     {"fill_blocks", fill_blocks, METH_VARARGS, NULL},
+    {"take_into", take_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -727,5 +929,8 @@ PyMODINIT_FUNC PyInit__pool_loops(void) {
     ONE = PyLong_FromLong(1);
     if (ZERO == NULL || ONE == NULL)
         return NULL;
+    for (int i = 0; i < A_COUNT; i++)
+        if ((ATTRIBUTES[i] = PyUnicode_InternFromString(ATTRIBUTE_NAMES[i])) == NULL)
+            return NULL;
     return PyModule_Create(&module);
 }

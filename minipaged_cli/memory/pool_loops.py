@@ -27,9 +27,13 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from minipaged_cli import native_build
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
+
+if TYPE_CHECKING:
+    from minipaged_cli.memory.block_pool import BlockPool
 
 
 class _Private:
@@ -205,6 +209,14 @@ def fill_blocks(fills: list[tuple[SequenceState, int]], group: int) -> list[int]
     return blocks
 
 
+def take_into(pool: BlockPool, count: int, table: list[int]) -> bool:
+    """``pool.take(count, table)`` in one call where it is the usual case (one group, no subscriber to the pool's
+    events and no key log, no duplicate entry): True, the blocks taken; else False, nothing changed, and the pool's
+    own path takes them. Here in Python that path is the reference: False, always (the compiled call does what it
+    does: ``tests/memory/test_pool_loops.py`` runs both on random pools and compares them)."""
+    return False
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -226,6 +238,7 @@ class Loops:
     fill_keys: Callable[..., list | None]
     hand_out: Callable[..., None]
     fill_blocks: Callable[..., list[int]]
+    take_into: Callable[..., bool]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

@@ -1,0 +1,126 @@
+"""``pool_loops.take_into``: ``BlockPool.take`` in one compiled call where it is the usual case, against the pool's own
+path in Python (the reference, which the Python loops always take). Two managers with prefix caching, one on each,
+driven by the same random calls (prompts sharing documents, so hits take cached blocks out of the free queue's back
+part and leave stale entries there; keys ``PRIVATE`` past a prompt's documents; chunked prefills, decodes, releases
+that send keyless blocks to the front) hold the same free queue, part by part, and the same counts, keys and map
+after every call. A take by hand through the queue's three parts; the cases left to the pool's own path."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minipaged_cli.memory import pool_loops
+from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.block_pool import BlockPool
+from minipaged_cli.memory.kv_groups import FULL_ATTENTION, KVCacheGroup
+from minipaged_cli.memory.pool_loops import PRIVATE
+from minipaged_cli.memory.prefix import hash_blocks
+from tests.memory.conftest import LOOP_KINDS, compiled_loops
+
+
+def pool_state(pool: BlockPool) -> tuple:
+    """Everything a take reads or writes: the free queue's parts as they lie (its back list with its passed and
+    stale entries), the per-block lists, the map and the counts."""
+    queue = pool.free_blocks
+    return (list(queue._front), queue.num_touched, queue._back[queue._head:], dict(queue._stale), queue._num_stale,
+            queue.num_free, pool.ref_counts, pool.block_hash, pool.block_group, pool.keyed_cache(),
+            pool.num_allocations, pool.num_evictions, pool.num_frees, pool.cache_version,
+            pool.num_shared_references)
+
+
+def prompts(rng: random.Random) -> list[list]:
+    """Eight prompts' block keys: up to 5 blocks of one of 3 shared documents, then 6 of the prompt's own, which
+    half of them carry as ``PRIVATE`` (content no other prompt names)."""
+    keyed = []
+    for p, d in enumerate(rng.choices(range(3), k=8)):
+        num_shared = rng.randint(0, 5)
+        keys = hash_blocks([("doc", d, i) for i in range(num_shared)] + [("own", p, i) for i in range(6)])
+        keyed.append(keys[:num_shared] + [PRIVATE] * 6 if rng.random() < 0.5 else keys)
+    return keyed
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10**6), block_size=st.sampled_from([1, 2, 4]))
+def test_a_compiled_take_leaves_the_pool_as_its_own_path(seed: int, block_size: int) -> None:
+    rng = random.Random(seed)
+    num_blocks = rng.randint(6, 50)
+    managers = [KVBlockManager(num_blocks, block_size, enable_prefix_caching=True) for _ in range(2)]
+    managers[0].pool.loops = compiled_loops()
+    managers[1].pool.loops = pool_loops.PYTHON
+    keys = prompts(rng)
+    for step in range(60):
+        sid = rng.randrange(len(keys))
+        length = rng.randint(1, 12 * block_size)
+        computed = rng.randint(0, length)
+        action, tokens = rng.random(), rng.randint(1, 3 * block_size)
+        for manager in managers:
+            state = manager.sequences.get(sid)
+            if state is None:
+                if manager.blocks_to_create(length, keys[sid]) <= manager.num_free_blocks:
+                    manager.create_sequence(sid, length, block_hashes=list(keys[sid]), num_computed_tokens=computed)
+            elif action < 0.3 and state.num_computed_tokens < state.sequence_length:
+                manager.mark_computed(sid, state.sequence_length)
+            elif action < 0.7 and state.num_computed_tokens == state.sequence_length:
+                if manager.blocks_needed(sid, tokens) <= manager.num_free_blocks:
+                    manager.grow(sid, tokens)
+            else:
+                manager.release_sequence(sid)
+        assert pool_state(managers[0].pool) == pool_state(managers[1].pool), step
+        assert managers[0].invariant_violations() == [], step
+
+
+@LOOP_KINDS
+def test_a_take_through_the_front_the_untouched_blocks_and_the_back_worked_by_hand() -> None:
+    """Six blocks. Take 2 (never handed out: 0, 1), cache block 1 as "a", release both: 0, keyless, goes to the
+    front, 1 to the back. A take of 5 gets 0 (front), 2, 3, 4, 5 (never handed out); one more gets 1 from the back
+    and evicts "a". A hit on a cached free block leaves a stale entry, which the next take skips."""
+    pool = BlockPool(6, enable_caching=True)
+    first: list[int] = []
+    pool.take(2, first)
+    pool.cache(["a"], [1])
+    pool.release(first)
+    assert list(pool.free_blocks._front) == [0] and pool.free_blocks._back == [1]
+    table: list[int] = []
+    pool.take(5, table)
+    assert table == [0, 2, 3, 4, 5] and pool.num_evictions == 0 and pool.cached_blocks[0] == {"a": 1}
+    pool.take(1, table)
+    assert table == [0, 2, 3, 4, 5, 1] and pool.num_evictions == 1 and pool.cached_blocks[0] == {}
+    assert pool.ref_counts == [1] * 6 and pool.block_hash == [None] * 6 and pool.num_allocations == 8
+    # Cache 2 and 3, free them (to the back, in order), revive 2 by a hit: its entry in the back list is stale
+    pool.cache(["b", "c"], [2, 3])
+    pool.release([2, 3])
+    pool.reference(2)
+    assert pool.free_blocks._stale == {2: 1} and len(pool.free_blocks) == 1
+    last: list[int] = []
+    pool.take(1, last)
+    assert last == [3] and pool.free_blocks._stale == {} and pool.cached_blocks[0] == {"b": 2}
+    assert len(pool.free_blocks) == 0 and pool.num_evictions == 2
+
+
+def test_a_compiled_take_leaves_the_unusual_cases_to_the_pool() -> None:
+    """Several groups, a subscriber to the pool's events, a duplicate entry, no block to take or more than are
+    free: the compiled call answers False and changes nothing."""
+    take_into = compiled_loops().take_into
+
+    class Listener:
+        def cached(self, keys: object, blocks: object) -> None: ...
+
+        def evicted(self, keys: object, blocks: object) -> None: ...
+
+    pools = [BlockPool(4, num_groups=2, enable_caching=True), BlockPool(4, enable_caching=True),
+             BlockPool(4, enable_caching=True), BlockPool(4, enable_caching=True)]
+    pools[1].events.subscribe(Listener())
+    pools[2].duplicate_blocks[0]["k"] = [3]
+    for pool, count in [*((pool, 1) for pool in pools[:3]), (pools[3], 0), (pools[3], 5)]:
+        before = pool_state(pool)
+        table: list[int] = []
+        assert take_into(pool, count, table) is False
+        assert table == [] and pool_state(pool) == before
+    groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1)]
+    manager = KVBlockManager(4, 1, groups, enable_prefix_caching=True)
+    manager.pool.loops = compiled_loops()
+    manager.create_sequence(0, 3)  # (the usual case: taken by the compiled call)
+    assert manager.sequences[0].block_table == [0, 1, 2] and manager.pool.num_allocations == 3
