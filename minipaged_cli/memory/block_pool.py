@@ -156,7 +156,10 @@ class BlockPool:
     def cache_fresh(self, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int = 0) -> None:
         """``cache`` where the caller knows that no block carries a key (a table's blocks past those it offered to
         the cache, where no fork shares them): no test per block for one. (A replay with prefix caching runs this
-        for every block that fills: one pass, each block's entry and key.)"""
+        for every block that fills: one pass, each block's entry and key; one compiled call where the pool's loops are
+        compiled and it is the usual case: ``pool_loops.cache_into``.)"""
+        if self.loops.cache_into(self, block_hashes, blocks, group):
+            return
         self._tell(group, block_hashes, blocks)
         if self.num_groups > 1:
             groups = self.block_group

@@ -90,6 +90,42 @@ static void store(PyObject *list, Py_ssize_t index, PyObject *value) {
     PyList_SetItem(list, index, value);
 }
 
+/* enter_keys' loop over keys[start:] (``keys`` and ``table`` lists or tuples): where it stopped; -1 with an error set. */
+static Py_ssize_t enter_run(PyObject *hashes, PyObject *cached, PyObject *keys, PyObject *table, Py_ssize_t offset,
+                            Py_ssize_t start) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys), i = start;
+    if (offset < 0 || start < 0 || offset + n > PySequence_Fast_GET_SIZE(table)) {
+        PyErr_Format(PyExc_IndexError, "enter_keys: %zd keys from %zd past the table's %zd blocks", n, offset,
+                     PySequence_Fast_GET_SIZE(table));
+        return -1;
+    }
+    for (; i < n; i++) {
+        prefetch(table, offset + i, offset + n, hashes, NULL);
+        prefetch_key(table, offset + i, offset + n, hashes);
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *block = PySequence_Fast_GET_ITEM(table, offset + i);
+        Py_ssize_t index = block_index(hashes, block);
+        if (index < 0)
+            return -1;
+        PyObject *old = PyList_GET_ITEM(hashes, index);
+        if (old != Py_None && old != PRIVATE && PyDict_DelItem(cached, old) < 0)
+            return -1;
+        store(hashes, index, key);
+        if (key == PRIVATE)
+            continue;
+        PyObject *entry = PyDict_SetDefault(cached, key, block);  /* borrowed */
+        if (entry == NULL)
+            return -1;
+        if (entry != block) {
+            int same = PyObject_RichCompareBool(entry, block, Py_EQ);
+            if (same < 0)
+                return -1;
+            if (!same)
+                break;  /* the key has another block's entry: the caller's */
+        }
+    }
+    return i;
+}
+
 static PyObject *enter_keys(PyObject *self, PyObject *args) {
     PyObject *hashes, *cached, *keys_arg, *table_arg;
     Py_ssize_t offset, start;
@@ -104,42 +140,10 @@ static PyObject *enter_keys(PyObject *self, PyObject *args) {
         Py_DECREF(keys);
         return NULL;
     }
-    PyObject *result = NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys), i = start;
-    if (offset < 0 || start < 0 || offset + n > PySequence_Fast_GET_SIZE(table)) {
-        PyErr_Format(PyExc_IndexError, "enter_keys: %zd keys from %zd past the table's %zd blocks", n, offset,
-                     PySequence_Fast_GET_SIZE(table));
-        goto done;
-    }
-    for (; i < n; i++) {
-        prefetch(table, offset + i, offset + n, hashes, NULL);
-        prefetch_key(table, offset + i, offset + n, hashes);
-        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *block = PySequence_Fast_GET_ITEM(table, offset + i);
-        Py_ssize_t index = block_index(hashes, block);
-        if (index < 0)
-            goto done;
-        PyObject *old = PyList_GET_ITEM(hashes, index);
-        if (old != Py_None && old != PRIVATE && PyDict_DelItem(cached, old) < 0)
-            goto done;
-        store(hashes, index, key);
-        if (key == PRIVATE)
-            continue;
-        PyObject *entry = PyDict_SetDefault(cached, key, block);  /* borrowed */
-        if (entry == NULL)
-            goto done;
-        if (entry != block) {
-            int same = PyObject_RichCompareBool(entry, block, Py_EQ);
-            if (same < 0)
-                goto done;
-            if (!same)
-                break;  /* the key has another block's entry: the caller's */
-        }
-    }
-    result = PyLong_FromSsize_t(i);
-done:
+    Py_ssize_t stopped = enter_run(hashes, cached, keys, table, offset, start);
     Py_DECREF(keys);
     Py_DECREF(table);
-    return result;
+    return stopped < 0 ? NULL : PyLong_FromSsize_t(stopped);
 }
 
 /* hold_evicting's loop over blocks[start:n] (a list or tuple): how many carried a key; -1 with an error set. */
@@ -736,13 +740,13 @@ static int add_size(PyObject *object, int name, Py_ssize_t delta) {
     return read_size(object, name, &value) < 0 ? -1 : write_size(object, name, value + delta);
 }
 
-/* Whether the pool's take is the usual case: one group, no subscriber and no key log, no duplicate entry, and
- * 0 < count <= the free blocks (the pool's own path asserts that); -1 with an error set. */
-static int usual_take(PyObject *pool, PyObject *queue, Py_ssize_t count) {
-    Py_ssize_t num_groups, num_free;
-    if (read_size(pool, A_NUM_GROUPS, &num_groups) < 0 || read_size(queue, A_NUM_FREE, &num_free) < 0)
+/* Whether the pool is in its usual case: one group, no subscriber to its events and no key log, and, where
+ * ``without_duplicates``, no duplicate entry; -1 with an error set. */
+static int usual_pool(PyObject *pool, int without_duplicates) {
+    Py_ssize_t num_groups;
+    if (read_size(pool, A_NUM_GROUPS, &num_groups) < 0)
         return -1;
-    if (num_groups != 1 || count <= 0 || count > num_free)
+    if (num_groups != 1)
         return 0;
     PyObject *events = PyObject_GetAttr(pool, ATTRIBUTES[A_EVENTS]);
     PyObject *subscribers = events == NULL ? NULL : PyObject_GetAttr(events, ATTRIBUTES[A_SUBSCRIBERS]);
@@ -751,12 +755,22 @@ static int usual_take(PyObject *pool, PyObject *queue, Py_ssize_t count) {
     int usual = duplicates == NULL ? -1 :
         PyList_CheckExact(subscribers) && PyList_GET_SIZE(subscribers) == 0 && log == Py_None &&
         PyList_CheckExact(duplicates) && PyList_GET_SIZE(duplicates) == 1 &&
-        PyDict_CheckExact(PyList_GET_ITEM(duplicates, 0)) && PyDict_GET_SIZE(PyList_GET_ITEM(duplicates, 0)) == 0;
+        PyDict_CheckExact(PyList_GET_ITEM(duplicates, 0)) &&
+        (!without_duplicates || PyDict_GET_SIZE(PyList_GET_ITEM(duplicates, 0)) == 0);
     Py_XDECREF(events);
     Py_XDECREF(subscribers);
     Py_XDECREF(log);
     Py_XDECREF(duplicates);
     return usual;
+}
+
+/* Whether the pool's take is the usual case (usual_pool, no duplicate entry) of 0 < count <= the free blocks (the
+ * pool's own path asserts that); -1 with an error set. */
+static int usual_take(PyObject *pool, PyObject *queue, Py_ssize_t count) {
+    Py_ssize_t num_free;
+    if (read_size(queue, A_NUM_FREE, &num_free) < 0)
+        return -1;
+    return count <= 0 || count > num_free ? 0 : usual_pool(pool, 1);
 }
 
 /* The back part's next ``count`` live entries added to ``taken``, from ``*head`` on, each stale entry met skipped and
@@ -896,6 +910,57 @@ done:
     return result;
 }
 
+/* BlockPool.cache_fresh compiled where the pool is in its usual case (cache_into): each block's key entered, and
+ * where the key is the entry of another block already, the block listed among its duplicates; the cache's version
+ * moved by the entries made. */
+static PyObject *cache_into(PyObject *self, PyObject *args) {
+    PyObject *pool, *keys_arg, *blocks_arg;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "OOOn:cache_into", &pool, &keys_arg, &blocks_arg, &group))
+        return NULL;
+    int usual = group == 0 ? usual_pool(pool, 0) : 0;
+    if (usual <= 0)
+        return usual < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS]);
+    PyObject *duplicate_maps = maps == NULL ? NULL : PyObject_GetAttr(pool, ATTRIBUTES[A_DUPLICATES]);
+    PyObject *hashes = duplicate_maps == NULL ? NULL : PyObject_GetAttr(pool, ATTRIBUTES[A_BLOCK_HASH]);
+    PyObject *keys = hashes == NULL ? NULL : PySequence_Fast(keys_arg, "cache_into: keys must be a sequence");
+    PyObject *blocks = keys == NULL ? NULL : PySequence_Fast(blocks_arg, "cache_into: blocks must be a sequence");
+    PyObject *result = NULL;
+    if (blocks == NULL)
+        goto done;
+    if (!PyList_CheckExact(maps) || PyList_GET_SIZE(maps) != 1 || !PyDict_CheckExact(PyList_GET_ITEM(maps, 0)) ||
+            !PyList_CheckExact(hashes)) {
+        result = Py_NewRef(Py_False);  /* (not the pool's own kinds: its own path) */
+        goto done;
+    }
+    PyObject *cached = PyList_GET_ITEM(maps, 0), *duplicates = PyList_GET_ITEM(duplicate_maps, 0);
+    Py_ssize_t num_entries = PyDict_GET_SIZE(cached), n = PySequence_Fast_GET_SIZE(keys), met = 0;
+    while ((met = enter_run(hashes, cached, keys, blocks, 0, met)) < n) {
+        if (met < 0)
+            goto done;
+        /* duplicates.setdefault(keys[met], []).append(blocks[met]): cached in the group already */
+        PyObject *empty = PyList_New(0);
+        PyObject *copies = empty == NULL ? NULL :
+            PyDict_SetDefault(duplicates, PySequence_Fast_GET_ITEM(keys, met), empty);  /* borrowed */
+        Py_XDECREF(empty);
+        if (copies == NULL || PyList_Append(copies, PySequence_Fast_GET_ITEM(blocks, met)) < 0)
+            goto done;
+        met++;
+    }
+    Py_ssize_t made = PyDict_GET_SIZE(cached) - num_entries;
+    if (made && add_size(pool, A_CACHE_VERSION, made) < 0)
+        goto done;
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(maps);
+    Py_XDECREF(duplicate_maps);
+    Py_XDECREF(hashes);
+    Py_XDECREF(keys);
+    Py_XDECREF(blocks);
+    return result;
+}
+
 static PyObject *bind_private(PyObject *self, PyObject *key) {
     Py_INCREF(key);
     Py_XSETREF(PRIVATE, key);
@@ -916,6 +981,7 @@ static PyMethodDef methods[] = {
     {"hand_out", hand_out, METH_VARARGS, NULL},
     {"fill_blocks", fill_blocks, METH_VARARGS, NULL},
     {"take_into", take_into, METH_VARARGS, NULL},
+    {"cache_into", cache_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

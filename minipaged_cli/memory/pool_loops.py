@@ -217,6 +217,13 @@ def take_into(pool: BlockPool, count: int, table: list[int]) -> bool:
     return False
 
 
+def cache_into(pool: BlockPool, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int) -> bool:
+    """``pool.cache_fresh(block_hashes, blocks, group)`` in one call where it is the usual case (one group, no
+    subscriber to the pool's events and no key log): True, cached; else False, nothing changed, and the pool's own
+    path caches them. Here in Python that path is the reference: False, always (``take_into``'s test runs both)."""
+    return False
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -239,6 +246,7 @@ class Loops:
     hand_out: Callable[..., None]
     fill_blocks: Callable[..., list[int]]
     take_into: Callable[..., bool]
+    cache_into: Callable[..., bool]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

@@ -1,12 +1,14 @@
-"""``pool_loops.take_into``: ``BlockPool.take`` in one compiled call where it is the usual case, against the pool's own
-path in Python (the reference, which the Python loops always take). Two managers with prefix caching, one on each,
-driven by the same random calls (prompts sharing documents, so hits take cached blocks out of the free queue's back
-part and leave stale entries there; keys ``PRIVATE`` past a prompt's documents; chunked prefills, decodes, releases
-that send keyless blocks to the front) hold the same free queue, part by part, and the same counts, keys and map
-after every call. A take by hand through the queue's three parts; the cases left to the pool's own path."""
+"""``pool_loops.take_into`` and ``cache_into``: ``BlockPool.take`` and ``cache_fresh`` in one compiled call each
+where it is the usual case, against the pool's own path in Python (the reference, which the Python loops always
+take). Two managers with prefix caching, one on each, driven by the same random calls (prompts sharing documents,
+so hits take cached blocks out of the free queue's back part and leave stale entries there; keys ``PRIVATE`` past a
+prompt's documents; chunked prefills, decodes, releases that send keyless blocks to the front; two prompts computing
+the same content, a duplicate entry) hold the same free queue, part by part, and the same counts, keys, map and
+duplicates after every call. A take by hand through the queue's three parts; the cases left to the pool's path."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 from hypothesis import given, settings
@@ -23,12 +25,13 @@ from tests.memory.conftest import LOOP_KINDS, compiled_loops
 
 def pool_state(pool: BlockPool) -> tuple:
     """Everything a take reads or writes: the free queue's parts as they lie (its back list with its passed and
-    stale entries), the per-block lists, the map and the counts."""
+    stale entries), the per-block lists, the map and its duplicates, the counts (a copy)."""
     queue = pool.free_blocks
-    return (list(queue._front), queue.num_touched, queue._back[queue._head:], dict(queue._stale), queue._num_stale,
-            queue.num_free, pool.ref_counts, pool.block_hash, pool.block_group, pool.keyed_cache(),
-            pool.num_allocations, pool.num_evictions, pool.num_frees, pool.cache_version,
-            pool.num_shared_references)
+    return copy.deepcopy((list(queue._front), queue.num_touched, queue._back[queue._head:], dict(queue._stale),
+                          queue._num_stale, queue.num_free, pool.ref_counts, pool.block_hash, pool.block_group,
+                          pool.keyed_cache(),
+                          pool.num_allocations, pool.num_evictions, pool.num_frees, pool.cache_version,
+                          pool.num_shared_references))
 
 
 def prompts(rng: random.Random) -> list[list]:
@@ -100,10 +103,11 @@ def test_a_take_through_the_front_the_untouched_blocks_and_the_back_worked_by_ha
     assert len(pool.free_blocks) == 0 and pool.num_evictions == 2
 
 
-def test_a_compiled_take_leaves_the_unusual_cases_to_the_pool() -> None:
+def test_the_compiled_calls_leave_the_unusual_cases_to_the_pool() -> None:
     """Several groups, a subscriber to the pool's events, a duplicate entry, no block to take or more than are
-    free: the compiled call answers False and changes nothing."""
-    take_into = compiled_loops().take_into
+    free: the compiled take answers False and changes nothing; nor does the compiled caching under several groups,
+    a subscriber, a key log or another group than the first."""
+    take_into, cache_into = compiled_loops().take_into, compiled_loops().cache_into
 
     class Listener:
         def cached(self, keys: object, blocks: object) -> None: ...
@@ -119,6 +123,14 @@ def test_a_compiled_take_leaves_the_unusual_cases_to_the_pool() -> None:
         table: list[int] = []
         assert take_into(pool, count, table) is False
         assert table == [] and pool_state(pool) == before
+    logged = BlockPool(4, enable_caching=True)
+    logged.events.log_keys()
+    for pool, group in [(pools[0], 0), (pools[0], 1), (pools[1], 0), (logged, 0)]:
+        table = []
+        pool.take(2, table)
+        before = pool_state(pool)
+        assert cache_into(pool, ["x", "y"], table, group) is False
+        assert pool_state(pool) == before
     groups = [KVCacheGroup(FULL_ATTENTION, (0,), 1)]
     manager = KVBlockManager(4, 1, groups, enable_prefix_caching=True)
     manager.pool.loops = compiled_loops()
