@@ -961,6 +961,138 @@ done:
     return result;
 }
 
+/* ``loop(format's arguments)``: one of this module's functions called from C. */
+static PyObject *call_loop(PyCFunction loop, const char *format, ...) {
+    va_list arguments;
+    va_start(arguments, format);
+    PyObject *packed = Py_VaBuildValue(format, arguments);
+    va_end(arguments);
+    if (packed == NULL)
+        return NULL;
+    PyObject *result = loop(NULL, packed);
+    Py_DECREF(packed);
+    return result;
+}
+
+/* ``pool.<method>(format's arguments)`` where the compiled ``loop`` answered False (not the usual case); -1 with an
+ * error set. */
+static int or_pools_own(PyObject *answer, PyObject *pool, const char *method, PyObject *first, PyObject *second,
+                        Py_ssize_t group) {
+    if (answer == NULL)
+        return -1;
+    int done = answer == Py_True;
+    Py_DECREF(answer);
+    if (done)
+        return 0;
+    PyObject *own = group < 0 ? PyObject_CallMethod(pool, method, "OO", first, second) :
+                                PyObject_CallMethod(pool, method, "OOn", first, second, group);
+    Py_XDECREF(own);
+    return own == NULL ? -1 : 0;
+}
+
+/* batched_growth.grow_together compiled where the pool is in its usual case (grow_batch): grow_lengths, fill_keys,
+ * the pool's take, hand_out, fill_blocks and the caching in one call. False, nothing changed, where it is not (the
+ * Python path then runs); else grow_together's answer: how many grew, or None where it would answer None. */
+static PyObject *grow_batch(PyObject *self, PyObject *args) {
+    PyObject *manager, *ids;
+    long long num_tokens;
+    if (!PyArg_ParseTuple(args, "OOL:grow_batch", &manager, &ids, &num_tokens))
+        return NULL;
+    PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *enabled = NULL, *cached_ids = NULL,
+             *queue = NULL, *past_final = NULL, *maps = NULL, *grown = NULL, *keys = NULL, *taken = NULL,
+             *blocks = NULL, *result = NULL;
+    Py_ssize_t block_size, num_free, cached_group = -1;
+    if (!(pool = PyObject_GetAttrString(manager, "pool")) || !(window = PyObject_GetAttrString(manager, "window")) ||
+            !(forks = PyObject_GetAttrString(manager, "num_forks")))
+        goto done;
+    int usual = window == Py_None && num_tokens >= 1 ? PyObject_Not(forks) : 0;
+    if (usual == 1)
+        usual = usual_pool(pool, 0);  /* (one group: grow_together's own guards, and no key log) */
+    if (usual <= 0) {
+        result = usual < 0 ? NULL : Py_NewRef(Py_False);
+        goto done;
+    }
+    PyObject *size = PyObject_GetAttrString(manager, "block_size");
+    block_size = size == NULL ? -1 : PyLong_AsSsize_t(size);
+    Py_XDECREF(size);
+    if ((block_size == -1 && PyErr_Occurred()) || !(sequences = PyObject_GetAttrString(manager, "sequences")) ||
+            !(enabled = PyObject_GetAttrString(manager, "enable_prefix_caching")) ||
+            !(cached_ids = PyObject_GetAttrString(manager, "cached_group_ids")) ||
+            !(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) ||
+            !(past_final = PyObject_GetAttrString(manager, "past_final")) ||
+            !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) || read_size(queue, A_NUM_FREE, &num_free) < 0)
+        goto done;
+    int caching = PyObject_IsTrue(enabled);
+    if (caching < 0)
+        goto done;
+    if (caching && PyObject_Length(cached_ids) > 0) {
+        PyObject *first = PySequence_GetItem(cached_ids, 0);
+        cached_group = first == NULL ? -1 : PyLong_AsSsize_t(first);
+        Py_XDECREF(first);
+        if (cached_group == -1 && PyErr_Occurred())
+            goto done;
+    }
+    grown = call_loop(grow_lengths, "(OOLnnnn)", sequences, ids, num_tokens, block_size, (Py_ssize_t)1, num_free,
+                      cached_group);
+    if (grown == NULL || grown == Py_None) {
+        result = grown == NULL ? NULL : Py_NewRef(Py_None);  /* (unknown, reserved ahead, loading: ``grow``'s path) */
+        goto done;
+    }
+    PyObject *states = PyTuple_GET_ITEM(grown, 0), *num_grown = PyTuple_GET_ITEM(grown, 1),
+             *num_taken = PyTuple_GET_ITEM(grown, 2), *takes = PyTuple_GET_ITEM(grown, 3),
+             *fills = PyTuple_GET_ITEM(grown, 4);
+    if (PyList_GET_SIZE(fills) && cached_group >= 0) {
+        PyObject *cached = PySequence_GetItem(maps, cached_group);
+        keys = cached == NULL ? NULL : call_loop(fill_keys, "(OnO)", fills, cached_group, cached);
+        Py_XDECREF(cached);
+        if (keys == NULL)
+            goto done;
+        if (keys == Py_None) {  /* a key met: its lengths back, and grow_together's None */
+            Py_ssize_t count = PyLong_AsSsize_t(num_grown);
+            if ((count == -1 && PyErr_Occurred()) || move_lengths(states, count, -num_tokens) < 0)
+                goto done;
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    if (PyList_GET_SIZE(takes)) {
+        PyObject *answer;
+        if (!(taken = PyList_New(0)) ||
+                !(answer = call_loop(take_into, "(OOO)", pool, num_taken, taken)) ||
+                or_pools_own(answer, pool, "take", num_taken, taken, -1) < 0)
+            goto done;
+        PyObject *handed = call_loop(hand_out, "(OOnOn)", takes, taken, (Py_ssize_t)1, past_final, block_size);
+        if (handed == NULL)
+            goto done;
+        Py_DECREF(handed);
+    }
+    if (keys != NULL) {
+        if (!(blocks = call_loop(fill_blocks, "(On)", fills, cached_group)))
+            goto done;
+        if (PyList_GET_SIZE(blocks)) {
+            PyObject *answer = call_loop(cache_into, "(OOOn)", pool, keys, blocks, cached_group);
+            if (answer == NULL || or_pools_own(answer, pool, "cache_fresh", keys, blocks, cached_group) < 0)
+                goto done;
+        }
+    }
+    result = Py_NewRef(num_grown);
+done:
+    Py_XDECREF(pool);
+    Py_XDECREF(window);
+    Py_XDECREF(forks);
+    Py_XDECREF(sequences);
+    Py_XDECREF(enabled);
+    Py_XDECREF(cached_ids);
+    Py_XDECREF(queue);
+    Py_XDECREF(past_final);
+    Py_XDECREF(maps);
+    Py_XDECREF(grown);
+    Py_XDECREF(keys);
+    Py_XDECREF(taken);
+    Py_XDECREF(blocks);
+    return result;
+}
+
 static PyObject *bind_private(PyObject *self, PyObject *key) {
     Py_INCREF(key);
     Py_XSETREF(PRIVATE, key);
@@ -982,6 +1114,7 @@ static PyMethodDef methods[] = {
     {"fill_blocks", fill_blocks, METH_VARARGS, NULL},
     {"take_into", take_into, METH_VARARGS, NULL},
     {"cache_into", cache_into, METH_VARARGS, NULL},
+    {"grow_batch", grow_batch, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -33,6 +33,7 @@ from minipaged_cli import native_build
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 
 if TYPE_CHECKING:
+    from minipaged_cli.memory.block_manager import KVBlockManager
     from minipaged_cli.memory.block_pool import BlockPool
 
 
@@ -224,6 +225,14 @@ def cache_into(pool: BlockPool, block_hashes: Sequence[Hashable], blocks: Sequen
     return False
 
 
+def grow_batch(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_tokens: int) -> int | bool | None:
+    """``batched_growth.grow_together`` in one call where the pool is in its usual case (one group, no subscriber to
+    its events and no key log): its answer; else False, nothing changed, and its Python path runs. Here in Python
+    that path is the reference: False, always (``tests/memory/test_grow_computed.py`` and
+    ``tests/sim/test_batched_growth.py`` run both against growing one sequence at a time)."""
+    return False
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -247,6 +256,7 @@ class Loops:
     fill_blocks: Callable[..., list[int]]
     take_into: Callable[..., bool]
     cache_into: Callable[..., bool]
+    grow_batch: Callable[..., int | bool | None]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:
