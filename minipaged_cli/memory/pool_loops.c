@@ -342,13 +342,8 @@ static int move_lengths(PyObject *states, Py_ssize_t count, long long delta) {
     return 0;
 }
 
-static PyObject *grow_lengths(PyObject *self, PyObject *args) {
-    PyObject *sequences, *ids_arg;
-    long long num_tokens, block_size, num_groups, num_free;
-    Py_ssize_t cached_group;
-    if (!PyArg_ParseTuple(args, "O!OLLLLn:grow_lengths", &PyDict_Type, &sequences, &ids_arg, &num_tokens, &block_size,
-                          &num_groups, &num_free, &cached_group))
-        return NULL;
+static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids_arg, long long num_tokens, long long block_size,
+                                 long long num_groups, long long num_free, Py_ssize_t cached_group) {
     if (STATE_TYPE == NULL)
         return PyErr_Format(PyExc_RuntimeError, "grow_lengths: bind_sequence_state first");
     PyObject *ids = PySequence_Fast(ids_arg, "grow_lengths: sequence_ids must be a sequence");
@@ -444,6 +439,16 @@ done:
     return result;
 }
 
+static PyObject *grow_lengths(PyObject *self, PyObject *args) {
+    PyObject *sequences, *ids;
+    long long num_tokens, block_size, num_groups, num_free;
+    Py_ssize_t cached_group;
+    if (!PyArg_ParseTuple(args, "O!OLLLLn:grow_lengths", &PyDict_Type, &sequences, &ids, &num_tokens, &block_size,
+                          &num_groups, &num_free, &cached_group))
+        return NULL;
+    return grow_lengths_of(sequences, ids, num_tokens, block_size, num_groups, num_free, cached_group);
+}
+
 /* A pair (state, number) of grow_lengths' takes or fills: the state (borrowed; TypeError where it is not the bound
  * sequence state) and the number. NULL with an error set where the pair is not one. */
 static PyObject *pair(PyObject *item, long long *number) {
@@ -501,11 +506,7 @@ static PyObject *add_filled(PyObject *out, PyObject *fill, Py_ssize_t group, PyM
     return state;
 }
 
-static PyObject *fill_keys(PyObject *self, PyObject *args) {
-    PyObject *fills, *cached;
-    Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "O!nO!:fill_keys", &PyList_Type, &fills, &group, &PyDict_Type, &cached))
-        return NULL;
+static PyObject *fill_keys_of(PyObject *fills, Py_ssize_t group, PyObject *cached) {
     PyObject *keys = PyList_New(0);
     for (Py_ssize_t i = 0; keys != NULL && i < PyList_GET_SIZE(fills); i++) {
         long long start, stop;
@@ -540,6 +541,14 @@ static PyObject *fill_keys(PyObject *self, PyObject *args) {
     return keys;
 }
 
+static PyObject *fill_keys(PyObject *self, PyObject *args) {
+    PyObject *fills, *cached;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "O!nO!:fill_keys", &PyList_Type, &fills, &group, &PyDict_Type, &cached))
+        return NULL;
+    return fill_keys_of(fills, group, cached);
+}
+
 /* SequenceState.holds_past_final through the bound slots: 1 or 0; -1 with an error set. */
 static int past_its_final(PyObject *state, long long block_size) {
     PyObject *final = PyMember_GetOne((const char *)state, FINAL);
@@ -559,12 +568,8 @@ static int past_its_final(PyObject *state, long long block_size) {
     return past;
 }
 
-static PyObject *hand_out(PyObject *self, PyObject *args) {
-    PyObject *takes, *taken, *past_final = Py_None;
-    long long num_groups, block_size = 0;
-    if (!PyArg_ParseTuple(args, "O!O!L|OL:hand_out", &PyList_Type, &takes, &PyList_Type, &taken, &num_groups,
-                          &past_final, &block_size))
-        return NULL;
+static PyObject *hand_out_of(PyObject *takes, PyObject *taken, long long num_groups, PyObject *past_final,
+                             long long block_size) {
     if (past_final != Py_None && !PyDict_Check(past_final))
         return PyErr_Format(PyExc_TypeError, "hand_out: past_final must be a dict or None");
     Py_ssize_t position = 0;
@@ -609,11 +614,16 @@ static PyObject *hand_out(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *fill_blocks(PyObject *self, PyObject *args) {
-    PyObject *fills;
-    Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "O!n:fill_blocks", &PyList_Type, &fills, &group))
+static PyObject *hand_out(PyObject *self, PyObject *args) {
+    PyObject *takes, *taken, *past_final = Py_None;
+    long long num_groups, block_size = 0;
+    if (!PyArg_ParseTuple(args, "O!O!L|OL:hand_out", &PyList_Type, &takes, &PyList_Type, &taken, &num_groups,
+                          &past_final, &block_size))
         return NULL;
+    return hand_out_of(takes, taken, num_groups, past_final, block_size);
+}
+
+static PyObject *fill_blocks_of(PyObject *fills, Py_ssize_t group) {
     PyObject *blocks = PyList_New(0);
     for (Py_ssize_t i = 0; blocks != NULL && i < PyList_GET_SIZE(fills); i++) {
         long long start, stop;
@@ -633,6 +643,14 @@ static PyObject *fill_blocks(PyObject *self, PyObject *args) {
         }
     }
     return blocks;
+}
+
+static PyObject *fill_blocks(PyObject *self, PyObject *args) {
+    PyObject *fills;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "O!n:fill_blocks", &PyList_Type, &fills, &group))
+        return NULL;
+    return fill_blocks_of(fills, group);
 }
 
 /* An int64 column (a C-contiguous buffer of 8-byte ints: a NumPy int64 array), or -1 with an error set. */
@@ -709,11 +727,14 @@ done:
  * table and the counts. The pool's and the queue's attributes are read and written by name, as Python does. */
 enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS, A_NUM_FREE, A_REF_COUNTS,
        A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
-       A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_COUNT };
+       A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
+       A_BLOCK_SIZE, A_SEQUENCES, A_ENABLE_PREFIX_CACHING, A_CACHED_GROUP_IDS, A_PAST_FINAL, A_TAKE, A_CACHE_FRESH,
+       A_COUNT };
 static const char *ATTRIBUTE_NAMES[A_COUNT] = {
     "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
     "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
-    "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft"};
+    "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft", "pool", "window", "num_forks",
+    "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh"};
 static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
 
 /* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
@@ -815,21 +836,12 @@ static int take_back(PyObject *back, Py_ssize_t *head, PyObject *stale, Py_ssize
     return 0;
 }
 
-static PyObject *take_into(PyObject *self, PyObject *args) {
-    PyObject *pool, *table;
-    Py_ssize_t count;
-    if (!PyArg_ParseTuple(args, "OnO!:take_into", &pool, &count, &PyList_Type, &table))
-        return NULL;
-    PyObject *queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS]);
-    if (queue == NULL)
-        return NULL;
+/* take_into's take, of 0 < count <= the free blocks from a pool in its usual case without duplicate entries (its
+ * queue: ``queue``): Py_True, or Py_False where its lists are not the pool's own kinds (nothing changed); NULL with
+ * an error set. */
+static PyObject *take_blocks(PyObject *pool, PyObject *queue, Py_ssize_t count, PyObject *table) {
     PyObject *refs = NULL, *hashes = NULL, *groups = NULL, *maps = NULL, *front = NULL, *back = NULL, *stale = NULL,
              *taken = NULL, *result = NULL;
-    int usual = usual_take(pool, queue, count);
-    if (usual <= 0) {
-        result = usual < 0 ? NULL : Py_NewRef(Py_False);
-        goto done;
-    }
     Py_ssize_t num_free, num_touched, num_blocks, head, num_stale;
     if (!(refs = PyObject_GetAttr(pool, ATTRIBUTES[A_REF_COUNTS])) ||
             !(hashes = PyObject_GetAttr(pool, ATTRIBUTES[A_BLOCK_HASH])) ||
@@ -898,7 +910,6 @@ static PyObject *take_into(PyObject *self, PyObject *args) {
         goto done;
     result = Py_NewRef(Py_True);
 done:
-    Py_DECREF(queue);
     Py_XDECREF(refs);
     Py_XDECREF(hashes);
     Py_XDECREF(groups);
@@ -910,17 +921,26 @@ done:
     return result;
 }
 
+static PyObject *take_into(PyObject *self, PyObject *args) {
+    PyObject *pool, *table;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OnO!:take_into", &pool, &count, &PyList_Type, &table))
+        return NULL;
+    PyObject *queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS]);
+    if (queue == NULL)
+        return NULL;
+    int usual = usual_take(pool, queue, count);
+    PyObject *result = usual <= 0 ? (usual < 0 ? NULL : Py_NewRef(Py_False)) : take_blocks(pool, queue, count, table);
+    Py_DECREF(queue);
+    return result;
+}
+
 /* BlockPool.cache_fresh compiled where the pool is in its usual case (cache_into): each block's key entered, and
  * where the key is the entry of another block already, the block listed among its duplicates; the cache's version
  * moved by the entries made. */
-static PyObject *cache_into(PyObject *self, PyObject *args) {
-    PyObject *pool, *keys_arg, *blocks_arg;
-    Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "OOOn:cache_into", &pool, &keys_arg, &blocks_arg, &group))
-        return NULL;
-    int usual = group == 0 ? usual_pool(pool, 0) : 0;
-    if (usual <= 0)
-        return usual < 0 ? NULL : Py_NewRef(Py_False);
+/* cache_into's caching into a pool in its usual case: Py_True, or Py_False where its lists are not the pool's own
+ * kinds (nothing changed); NULL with an error set. */
+static PyObject *cache_blocks(PyObject *pool, PyObject *keys_arg, PyObject *blocks_arg) {
     PyObject *maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS]);
     PyObject *duplicate_maps = maps == NULL ? NULL : PyObject_GetAttr(pool, ATTRIBUTES[A_DUPLICATES]);
     PyObject *hashes = duplicate_maps == NULL ? NULL : PyObject_GetAttr(pool, ATTRIBUTES[A_BLOCK_HASH]);
@@ -961,31 +981,25 @@ done:
     return result;
 }
 
-/* ``loop(format's arguments)``: one of this module's functions called from C. */
-static PyObject *call_loop(PyCFunction loop, const char *format, ...) {
-    va_list arguments;
-    va_start(arguments, format);
-    PyObject *packed = Py_VaBuildValue(format, arguments);
-    va_end(arguments);
-    if (packed == NULL)
+static PyObject *cache_into(PyObject *self, PyObject *args) {
+    PyObject *pool, *keys, *blocks;
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "OOOn:cache_into", &pool, &keys, &blocks, &group))
         return NULL;
-    PyObject *result = loop(NULL, packed);
-    Py_DECREF(packed);
-    return result;
+    int usual = group == 0 ? usual_pool(pool, 0) : 0;
+    return usual <= 0 ? (usual < 0 ? NULL : Py_NewRef(Py_False)) : cache_blocks(pool, keys, blocks);
 }
 
-/* ``pool.<method>(format's arguments)`` where the compiled ``loop`` answered False (not the usual case); -1 with an
- * error set. */
-static int or_pools_own(PyObject *answer, PyObject *pool, const char *method, PyObject *first, PyObject *second,
-                        Py_ssize_t group) {
+/* ``pool.<method>(first, second)`` (the pool's own path) unless a compiled call already did it (``answer``
+ * Py_True; Py_False: not the usual case); -1 with an error set (``answer`` NULL: the compiled call's). */
+static int or_pools_own(PyObject *answer, PyObject *pool, int method, PyObject *first, PyObject *second) {
     if (answer == NULL)
         return -1;
     int done = answer == Py_True;
     Py_DECREF(answer);
     if (done)
         return 0;
-    PyObject *own = group < 0 ? PyObject_CallMethod(pool, method, "OO", first, second) :
-                                PyObject_CallMethod(pool, method, "OOn", first, second, group);
+    PyObject *own = PyObject_CallMethodObjArgs(pool, ATTRIBUTES[method], first, second, NULL);
     Py_XDECREF(own);
     return own == NULL ? -1 : 0;
 }
@@ -999,11 +1013,12 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOL:grow_batch", &manager, &ids, &num_tokens))
         return NULL;
     PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *enabled = NULL, *cached_ids = NULL,
-             *queue = NULL, *past_final = NULL, *maps = NULL, *grown = NULL, *keys = NULL, *taken = NULL,
+             *queue = NULL, *maps = NULL, *duplicates = NULL, *grown = NULL, *keys = NULL, *taken = NULL,
              *blocks = NULL, *result = NULL;
     Py_ssize_t block_size, num_free, cached_group = -1;
-    if (!(pool = PyObject_GetAttrString(manager, "pool")) || !(window = PyObject_GetAttrString(manager, "window")) ||
-            !(forks = PyObject_GetAttrString(manager, "num_forks")))
+    if (!(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) ||
+            !(window = PyObject_GetAttr(manager, ATTRIBUTES[A_WINDOW])) ||
+            !(forks = PyObject_GetAttr(manager, ATTRIBUTES[A_NUM_FORKS])))
         goto done;
     int usual = window == Py_None && num_tokens >= 1 ? PyObject_Not(forks) : 0;
     if (usual == 1)
@@ -1012,16 +1027,20 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
         result = usual < 0 ? NULL : Py_NewRef(Py_False);
         goto done;
     }
-    PyObject *size = PyObject_GetAttrString(manager, "block_size");
-    block_size = size == NULL ? -1 : PyLong_AsSsize_t(size);
-    Py_XDECREF(size);
-    if ((block_size == -1 && PyErr_Occurred()) || !(sequences = PyObject_GetAttrString(manager, "sequences")) ||
-            !(enabled = PyObject_GetAttrString(manager, "enable_prefix_caching")) ||
-            !(cached_ids = PyObject_GetAttrString(manager, "cached_group_ids")) ||
+    if (read_size(manager, A_BLOCK_SIZE, &block_size) < 0 ||
+            !(sequences = PyObject_GetAttr(manager, ATTRIBUTES[A_SEQUENCES])) ||
+            !(enabled = PyObject_GetAttr(manager, ATTRIBUTES[A_ENABLE_PREFIX_CACHING])) ||
+            !(cached_ids = PyObject_GetAttr(manager, ATTRIBUTES[A_CACHED_GROUP_IDS])) ||
             !(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) ||
-            !(past_final = PyObject_GetAttrString(manager, "past_final")) ||
-            !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) || read_size(queue, A_NUM_FREE, &num_free) < 0)
+            !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) ||
+            !(duplicates = PyObject_GetAttr(pool, ATTRIBUTES[A_DUPLICATES])) ||
+            read_size(queue, A_NUM_FREE, &num_free) < 0)
         goto done;
+    if (!PyDict_CheckExact(sequences) || !PyList_CheckExact(maps) || PyList_GET_SIZE(maps) != 1 ||
+            !PyDict_CheckExact(PyList_GET_ITEM(maps, 0))) {
+        result = Py_NewRef(Py_False);  /* (not the manager's own kinds: the Python path) */
+        goto done;
+    }
     int caching = PyObject_IsTrue(enabled);
     if (caching < 0)
         goto done;
@@ -1031,9 +1050,12 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
         Py_XDECREF(first);
         if (cached_group == -1 && PyErr_Occurred())
             goto done;
+        if (cached_group != 0) {  /* (one group: its only map) */
+            result = Py_NewRef(Py_False);
+            goto done;
+        }
     }
-    grown = call_loop(grow_lengths, "(OOLnnnn)", sequences, ids, num_tokens, block_size, (Py_ssize_t)1, num_free,
-                      cached_group);
+    grown = grow_lengths_of(sequences, ids, num_tokens, block_size, 1, num_free, cached_group);
     if (grown == NULL || grown == Py_None) {
         result = grown == NULL ? NULL : Py_NewRef(Py_None);  /* (unknown, reserved ahead, loading: ``grow``'s path) */
         goto done;
@@ -1042,12 +1064,9 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
              *num_taken = PyTuple_GET_ITEM(grown, 2), *takes = PyTuple_GET_ITEM(grown, 3),
              *fills = PyTuple_GET_ITEM(grown, 4);
     if (PyList_GET_SIZE(fills) && cached_group >= 0) {
-        PyObject *cached = PySequence_GetItem(maps, cached_group);
-        keys = cached == NULL ? NULL : call_loop(fill_keys, "(OnO)", fills, cached_group, cached);
-        Py_XDECREF(cached);
-        if (keys == NULL)
+        if (!(keys = fill_keys_of(fills, 0, PyList_GET_ITEM(maps, 0))))
             goto done;
-        if (keys == Py_None) {  /* a key met: its lengths back, and grow_together's None */
+        if (keys == Py_None) {  /* a key met: the lengths moved back, and grow_together's None */
             Py_ssize_t count = PyLong_AsSsize_t(num_grown);
             if ((count == -1 && PyErr_Occurred()) || move_lengths(states, count, -num_tokens) < 0)
                 goto done;
@@ -1055,25 +1074,28 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    if (PyList_GET_SIZE(takes)) {
-        PyObject *answer;
-        if (!(taken = PyList_New(0)) ||
-                !(answer = call_loop(take_into, "(OOO)", pool, num_taken, taken)) ||
-                or_pools_own(answer, pool, "take", num_taken, taken, -1) < 0)
+    if (PyList_GET_SIZE(takes)) {  /* (0 < blocks taken <= the free ones: grow_lengths counted them) */
+        Py_ssize_t count = PyLong_AsSsize_t(num_taken);
+        if ((count == -1 && PyErr_Occurred()) || !(taken = PyList_New(0)))
             goto done;
-        PyObject *handed = call_loop(hand_out, "(OOnOn)", takes, taken, (Py_ssize_t)1, past_final, block_size);
+        int without_duplicates = PyList_CheckExact(duplicates) && PyList_GET_SIZE(duplicates) == 1 &&
+            PyDict_CheckExact(PyList_GET_ITEM(duplicates, 0)) && PyDict_GET_SIZE(PyList_GET_ITEM(duplicates, 0)) == 0;
+        PyObject *answer = without_duplicates ? take_blocks(pool, queue, count, taken) : Py_NewRef(Py_False);
+        if (or_pools_own(answer, pool, A_TAKE, num_taken, taken) < 0)
+            goto done;
+        PyObject *past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL]);
+        PyObject *handed = past_final == NULL ? NULL : hand_out_of(takes, taken, 1, past_final, block_size);
+        Py_XDECREF(past_final);
         if (handed == NULL)
             goto done;
         Py_DECREF(handed);
     }
     if (keys != NULL) {
-        if (!(blocks = call_loop(fill_blocks, "(On)", fills, cached_group)))
+        if (!(blocks = fill_blocks_of(fills, 0)))
             goto done;
-        if (PyList_GET_SIZE(blocks)) {
-            PyObject *answer = call_loop(cache_into, "(OOOn)", pool, keys, blocks, cached_group);
-            if (answer == NULL || or_pools_own(answer, pool, "cache_fresh", keys, blocks, cached_group) < 0)
-                goto done;
-        }
+        if (PyList_GET_SIZE(blocks) && or_pools_own(cache_blocks(pool, keys, blocks), pool, A_CACHE_FRESH, keys,
+                                                    blocks) < 0)
+            goto done;
     }
     result = Py_NewRef(num_grown);
 done:
@@ -1084,8 +1106,8 @@ done:
     Py_XDECREF(enabled);
     Py_XDECREF(cached_ids);
     Py_XDECREF(queue);
-    Py_XDECREF(past_final);
     Py_XDECREF(maps);
+    Py_XDECREF(duplicates);
     Py_XDECREF(grown);
     Py_XDECREF(keys);
     Py_XDECREF(taken);
