@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from minipaged_cli.errors import InputError
@@ -136,8 +136,17 @@ class Arrivals:
             return self.queued[0][0]
         return self.heap[0][0] if self.heap else None
 
-    def due(self, now: float) -> Iterator[tuple[int, Request]]:
-        """The requests sent by ``now``, in the order sent (``finished`` may be called between two)."""
+    def due(self, now: float) -> Iterable[tuple[int, Request]]:
+        """The requests sent by ``now``, in the order sent (``finished`` may be called between two). (None, most
+        passes of a replay: then no generator is made.)"""
+        heap, queued = self.heap, self.queued
+        if (not heap or heap[0][0] > now) and (not queued or self.in_flight >= self.cap):
+            self.freed_now = 0  # (what the generator's end does)
+            return ()
+        return self._sent(now)
+
+    def _sent(self, now: float) -> Iterator[tuple[int, Request]]:
+        """``due``'s generator."""
         heap, queued = self.heap, self.queued
         while True:
             while heap and heap[0][0] <= now:
