@@ -226,9 +226,10 @@ class KVCacheCoordinator:
     def release_tables(self, state: SequenceState) -> None:
         """Drop the sequence's reference to each of its blocks, group by group, each table tail first (vLLM's
         ``free``, so a chain is evicted from its end); a block no one else holds returns to the free queue."""
-        if self.only_offered_blocks_keyed():  # (the pool then tests no block for a key)
+        if self.only_offered_blocks_keyed():  # (the pool tests no block for a key: one compiled call, or the split)
             table, num_keyed = state.block_tables[0], state.num_cached_blocks[0]
-            self.pool.release_split([tail_first(table, 0, num_keyed)], [tail_first(table, num_keyed, len(table))])
+            if not self.pool.loops.release_into(self.pool, table, num_keyed):
+                self.pool.release_split([tail_first(table, 0, num_keyed)], [tail_first(table, num_keyed, len(table))])
         else:
             self.pool.release(*[tail_first(table, nulls, len(table))
                                 for table, nulls in zip(state.block_tables, state.num_null, strict=True)])

@@ -729,12 +729,13 @@ enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS
        A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
        A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
        A_BLOCK_SIZE, A_SEQUENCES, A_ENABLE_PREFIX_CACHING, A_CACHED_GROUP_IDS, A_PAST_FINAL, A_TAKE, A_CACHE_FRESH,
-       A_COUNT };
+       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_COUNT };
 static const char *ATTRIBUTE_NAMES[A_COUNT] = {
     "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
     "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
     "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft", "pool", "window", "num_forks",
-    "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh"};
+    "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh",
+    "extendleft", "num_frees", "num_shared_references"};
 static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
 
 /* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
@@ -1115,6 +1116,97 @@ done:
     return result;
 }
 
+/* BlockPool.release_split of one table (release_into): its first ``num_keyed`` blocks (offered to the cache) and the
+ * rest, each part tail first (single_type.tail_first), as KVCacheCoordinator.release_tables splits them. The keyed
+ * part's blocks held once are freed up to the first shared one, the others counted down (BlockPool.unreference);
+ * the keyless part is freed and goes to the front, the freed keyed blocks to the back; the counts. False, nothing
+ * changed, where the pool's lists are not its own kinds. */
+static PyObject *release_into(PyObject *self, PyObject *args) {
+    PyObject *pool, *table;
+    Py_ssize_t num_keyed;
+    if (!PyArg_ParseTuple(args, "OO!n:release_into", &pool, &PyList_Type, &table, &num_keyed))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(table);
+    PyObject *refs = NULL, *queue = NULL, *front = NULL, *back = NULL, *keyed = NULL, *freed = NULL,
+             *forward = NULL, *result = NULL;
+    if (!(refs = PyObject_GetAttr(pool, ATTRIBUTES[A_REF_COUNTS])) ||
+            !(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) ||
+            !(front = PyObject_GetAttr(queue, ATTRIBUTES[A_FRONT])) ||
+            !(back = PyObject_GetAttr(queue, ATTRIBUTES[A_BACK])))
+        goto done;
+    if (num_keyed < 0 || num_keyed > n || !PyList_CheckExact(refs) || !PyList_CheckExact(back)) {
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (!(keyed = PyList_New(num_keyed)))
+        goto done;
+    for (Py_ssize_t i = 0; i < num_keyed; i++)
+        PyList_SET_ITEM(keyed, i, Py_NewRef(PyList_GET_ITEM(table, num_keyed - 1 - i)));
+    /* The keyed part: held once up to the first shared block, freed; from there each counted down */
+    Py_ssize_t first = 0;
+    for (; first < num_keyed; first++) {
+        prefetch(keyed, first, num_keyed, refs, NULL);
+        Py_ssize_t index = block_index(refs, PyList_GET_ITEM(keyed, first));
+        if (index < 0)
+            goto done;
+        PyObject *count = PyList_GET_ITEM(refs, index);
+        int once = count == ONE ? 1 : PyObject_RichCompareBool(count, ONE, Py_EQ);
+        if (once < 0)
+            goto done;
+        if (!once)
+            break;
+        store(refs, index, ZERO);
+    }
+    if (first == num_keyed)
+        freed = Py_NewRef(keyed);
+    else {
+        if (!(freed = PyList_GetSlice(keyed, 0, first)))
+            goto done;
+        for (Py_ssize_t i = first; i < num_keyed; i++) {
+            PyObject *block = PyList_GET_ITEM(keyed, i);
+            Py_ssize_t index = block_index(refs, block);
+            if (index < 0)
+                goto done;
+            Py_ssize_t count = PyLong_AsSsize_t(PyList_GET_ITEM(refs, index));
+            PyObject *fewer = count == -1 && PyErr_Occurred() ? NULL : PyLong_FromSsize_t(count - 1);
+            if (fewer == NULL)
+                goto done;
+            PyList_SetItem(refs, index, fewer);  /* (takes ``fewer``) */
+            if (count == 1 && PyList_Append(freed, block) < 0)
+                goto done;
+        }
+        if (add_size(pool, A_NUM_SHARED_REFERENCES, -(num_keyed - PyList_GET_SIZE(freed))) < 0)
+            goto done;
+    }
+    /* The keyless part: freed, to the front in table order (FreeBlockQueue.prepend of it tail first) */
+    if (!(forward = PyList_GetSlice(table, num_keyed, n)))
+        goto done;
+    for (Py_ssize_t i = 0; i < n - num_keyed; i++) {
+        Py_ssize_t index = block_index(refs, PyList_GET_ITEM(forward, i));
+        if (index < 0)
+            goto done;
+        store(refs, index, ZERO);
+    }
+    PyObject *extended = PyObject_CallMethodOneArg(front, ATTRIBUTES[A_EXTENDLEFT], forward);
+    if (extended == NULL)
+        goto done;
+    Py_DECREF(extended);
+    Py_ssize_t num_freed = PyList_GET_SIZE(freed) + n - num_keyed;
+    if (PyList_SetSlice(back, PyList_GET_SIZE(back), PyList_GET_SIZE(back), freed) < 0 ||
+            add_size(queue, A_NUM_FREE, num_freed) < 0 || add_size(pool, A_NUM_FREES, num_freed) < 0)
+        goto done;
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(refs);
+    Py_XDECREF(queue);
+    Py_XDECREF(front);
+    Py_XDECREF(back);
+    Py_XDECREF(keyed);
+    Py_XDECREF(freed);
+    Py_XDECREF(forward);
+    return result;
+}
+
 static PyObject *bind_private(PyObject *self, PyObject *key) {
     Py_INCREF(key);
     Py_XSETREF(PRIVATE, key);
@@ -1137,6 +1229,7 @@ static PyMethodDef methods[] = {
     {"take_into", take_into, METH_VARARGS, NULL},
     {"cache_into", cache_into, METH_VARARGS, NULL},
     {"grow_batch", grow_batch, METH_VARARGS, NULL},
+    {"release_into", release_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };

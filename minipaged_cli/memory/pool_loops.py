@@ -233,6 +233,14 @@ def grow_batch(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_to
     return False
 
 
+def release_into(pool: BlockPool, table: list[int], num_keyed: int) -> bool:
+    """``pool.release_split`` of one table's first ``num_keyed`` blocks and of the rest, each part tail first (how
+    ``KVCacheCoordinator.release_tables`` releases a sequence under one full-attention group) in one call: True,
+    released; else False, nothing changed, and the pool's own path releases them. Here in Python that path is the
+    reference: False, always (``take_into``'s test runs both)."""
+    return False
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -257,6 +265,7 @@ class Loops:
     take_into: Callable[..., bool]
     cache_into: Callable[..., bool]
     grow_batch: Callable[..., int | bool | None]
+    release_into: Callable[..., bool]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

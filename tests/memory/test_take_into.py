@@ -1,10 +1,11 @@
-"""``pool_loops.take_into`` and ``cache_into``: ``BlockPool.take`` and ``cache_fresh`` in one compiled call each
-where it is the usual case, against the pool's own path in Python (the reference, which the Python loops always
-take). Two managers with prefix caching, one on each, driven by the same random calls (prompts sharing documents,
-so hits take cached blocks out of the free queue's back part and leave stale entries there; keys ``PRIVATE`` past a
-prompt's documents; chunked prefills, decodes, releases that send keyless blocks to the front; two prompts computing
-the same content, a duplicate entry) hold the same free queue, part by part, and the same counts, keys, map and
-duplicates after every call. A take by hand through the queue's three parts; the cases left to the pool's path."""
+"""``pool_loops.take_into``, ``cache_into`` and ``release_into``: ``BlockPool.take``, ``cache_fresh`` and a
+sequence's ``release_split`` in one compiled call each where it is the usual case, against the pool's own path in
+Python (the reference, which the Python loops always take). Two managers with prefix caching, one on each, driven
+by the same random calls (prompts sharing documents, so hits take cached blocks out of the free queue's back part,
+leave stale entries there and share blocks that a release counts down; keys ``PRIVATE`` past a prompt's documents;
+chunked prefills, decodes, releases that send keyless blocks to the front; two prompts computing the same content,
+a duplicate entry) hold the same free queue, part by part, and the same counts, keys, map and duplicates after
+every call. A take by hand through the queue's three parts; the cases left to the pool's own path."""
 
 from __future__ import annotations
 
