@@ -12,6 +12,13 @@
  * full_attention_profile is bulk.py's NumPy profile of a bulk decode (a handful of steps: NumPy's calls cost more
  * than their arithmetic), checked against it by tests/memory/test_bulk.py.
  *
+ * take_into, cache_into, release_into and grow_batch run a whole call of the pool or the growth (BlockPool.take,
+ * BlockPool.cache_fresh, a sequence's release_split, batched_growth.grow_together) where the pool is in its usual
+ * case, reading and writing its attributes by name as Python does: a replay makes hundreds of thousands of those
+ * calls, each a handful of Python frames around the loops above. Where it is not, they answer False with nothing
+ * changed and the pool's own path runs; that path is their reference (pool_loops.py's answer False, always), and
+ * tests/memory/test_take_into.py and the growth's tests drive both and compare the pools.
+ *
  * Sequences arrive as lists or tuples (PySequence_Fast: others are copied once). Every block id is checked against
  * the list it indexes (IndexError, as Python's would be); an error leaves the lists as the Python loop leaves them at
  * the same block.

@@ -8,7 +8,10 @@ reference, in NumPy, is ``bulk.python_full_attention_profile``: ``compiled()`` h
 A replay with prefix caching moves every prompt's blocks through these loops (the Mooncake trace: 9 million
 blocks), each block a few list and dict operations, and every running sequence through ``grow_lengths`` at every
 step (two million times on that trace); in Python the interpreter's bytecodes around those operations cost more than
-the operations. ``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
+the operations. Around them, the pool's own calls cost a handful of Python frames each, hundreds of thousands of
+times: ``take_into``, ``cache_into``, ``release_into`` and ``grow_batch`` run a whole take, caching, release or step's
+growth compiled where the pool is in its usual case, and here answer False (the pool's own path, their reference).
+``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
 (``native_build.build_extension``), and these where there is no C compiler or no ``Python.h``.
 ``MINIPAGED_NATIVE=0`` keeps these; ``MINIPAGED_NATIVE=1`` fails where the build does. The two make the same
 decisions: ``tests/memory/test_pool_loops.py`` drives both over random pools and sequences and compares every list,
@@ -27,14 +30,9 @@ from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 from minipaged_cli import native_build
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
-
-if TYPE_CHECKING:
-    from minipaged_cli.memory.block_manager import KVBlockManager
-    from minipaged_cli.memory.block_pool import BlockPool
 
 
 class _Private:
@@ -210,7 +208,7 @@ def fill_blocks(fills: list[tuple[SequenceState, int]], group: int) -> list[int]
     return blocks
 
 
-def take_into(pool: BlockPool, count: int, table: list[int]) -> bool:
+def take_into(pool: object, count: int, table: list[int]) -> bool:
     """``pool.take(count, table)`` in one call where it is the usual case (one group, no subscriber to the pool's
     events and no key log, no duplicate entry): True, the blocks taken; else False, nothing changed, and the pool's
     own path takes them. Here in Python that path is the reference: False, always (the compiled call does what it
@@ -218,14 +216,14 @@ def take_into(pool: BlockPool, count: int, table: list[int]) -> bool:
     return False
 
 
-def cache_into(pool: BlockPool, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int) -> bool:
+def cache_into(pool: object, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int) -> bool:
     """``pool.cache_fresh(block_hashes, blocks, group)`` in one call where it is the usual case (one group, no
     subscriber to the pool's events and no key log): True, cached; else False, nothing changed, and the pool's own
     path caches them. Here in Python that path is the reference: False, always (``take_into``'s test runs both)."""
     return False
 
 
-def grow_batch(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_tokens: int) -> int | bool | None:
+def grow_batch(manager: object, sequence_ids: Sequence[Hashable], num_tokens: int) -> int | bool | None:
     """``batched_growth.grow_together`` in one call where the pool is in its usual case (one group, no subscriber to
     its events and no key log): its answer; else False, nothing changed, and its Python path runs. Here in Python
     that path is the reference: False, always (``tests/memory/test_grow_computed.py`` and
@@ -233,7 +231,7 @@ def grow_batch(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_to
     return False
 
 
-def release_into(pool: BlockPool, table: list[int], num_keyed: int) -> bool:
+def release_into(pool: object, table: list[int], num_keyed: int) -> bool:
     """``pool.release_split`` of one table's first ``num_keyed`` blocks and of the rest, each part tail first (how
     ``KVCacheCoordinator.release_tables`` releases a sequence under one full-attention group) in one call: True,
     released; else False, nothing changed, and the pool's own path releases them. Here in Python that path is the
