@@ -178,7 +178,8 @@ class Replica:
                 or (allocator.windowed and allocator.shared_slots):
             return self.ready_s
         # (the profile's steps stop at the first finish: ``decode_state`` bounds them by the fewest tokens left)
-        grown = allocator.bulk_profile(*decode_state(allocator, scheduler.running, scheduler.passes)).num_steps
+        lengths, allocated, finals, most_steps, _ = decode_state(allocator, scheduler.running, scheduler.passes)
+        grown = allocator.bulk_profile(lengths, allocated, finals, most_steps).num_steps
         return self.now + grown * self.min_step_s
 
     def send(self, request: Request, fleet_index: int, at: float) -> None:

@@ -72,8 +72,9 @@ class BulkAdvance:
                 return None  # (nothing running and a head that does not fit: the single step rejects it)
             if self.allocator.windowed and self.allocator.shared_slots:
                 return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
-            lengths, allocated, finals, most_steps = decode_state(self.allocator, running, scheduler.passes)
-            plan = self._plan(now, lengths, allocated, finals, most_steps)
+            lengths, allocated, finals, most_steps, total_length = decode_state(self.allocator, running,
+                                                                                scheduler.passes)
+            plan = self._plan(now, lengths, allocated, finals, most_steps, total_length)
         through, stop_s = stop or self._stop()
         total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
             plan.clock
@@ -162,12 +163,11 @@ class BulkAdvance:
         return through, None if through else scheduler.next_arrival_s
 
     def _plan(self, now: float, lengths: np.ndarray, allocated: np.ndarray | int, finals: np.ndarray,
-              num_steps: int) -> BulkPlan:
+              num_steps: int, total_length: int) -> BulkPlan:
         """A fresh bulk's inputs: each step's time and the clock at each step's end, for up to ``num_steps``
         steps; where a cut bulk may resume, the allocation profile of them all (else the bulk profiles only the
-        steps it takes)."""
+        steps it takes). ``total_length``: the lengths' sum."""
         n = len(lengths)
-        total_length = int(np.add.reduce(lengths))  # (``ndarray.sum`` goes through a Python wrapper)
         # Tokens the queries of each step attend to, their own included: total_length + n * j for j = 1..k.
         terms = self.step_time.decode_step_terms(n)
         if terms is None:  # (no line in the context: the model's own arrays)
@@ -273,13 +273,14 @@ def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
 
 
 def decode_state(allocator: Allocator, running: list[LiveRequest],
-                 passes: ModuleType) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int]:
+                 passes: ModuleType) -> tuple[np.ndarray, np.ndarray | int, np.ndarray, int, int]:
     """The running requests' computed lengths, allocated slots (``Allocator.bulk_allocations``: each one's, or
-    their sum) and final lengths: what ``Allocator.bulk_profile`` reads; and the most decode steps one bulk may take
-    (none past the first finish, and a bounded profile). ``passes``: ``request_loops`` or its compiled passes."""
-    lengths, finals, fewest_left = passes.decode_lengths(running)
+    their sum) and final lengths: what ``Allocator.bulk_profile`` reads; the most decode steps one bulk may take
+    (none past the first finish, and a bounded profile); and the lengths' sum (a NumPy reduction costs microseconds
+    a call). ``passes``: ``request_loops`` or its compiled passes."""
+    lengths, finals, fewest_left, total_length = passes.decode_lengths(running)
     return (np.frombuffer(lengths, dtype=np.int64), allocator.bulk_allocations(running),
-            np.frombuffer(finals, dtype=np.int64), min(fewest_left, bulk_step_cap(len(running))))
+            np.frombuffer(finals, dtype=np.int64), min(fewest_left, bulk_step_cap(len(running))), total_length)
 
 
 def bulk_step_cap(num_running: int) -> int:

@@ -157,7 +157,7 @@ static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
     }
     int64_t *length_values = (int64_t *)PyBytes_AS_STRING(lengths);
     int64_t *final_values = (int64_t *)PyBytes_AS_STRING(finals);
-    long long fewest = 0;
+    long long fewest = 0, total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
         long long computed = slot_int(request, COMPUTED), final = slot_int(request, FINAL);
@@ -168,12 +168,16 @@ static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
             PyErr_SetString(PyExc_OverflowError, "a request's tokens left pass 2**63");
             goto done;
         }
+        if (__builtin_add_overflow(total, computed, &total)) {
+            PyErr_SetString(PyExc_OverflowError, "the requests' computed tokens pass 2**63");
+            goto done;
+        }
         if (i == 0 || left < fewest)
             fewest = left;
         length_values[i] = computed;
         final_values[i] = final;
     }
-    result = Py_BuildValue("OOL", lengths, finals, fewest);
+    result = Py_BuildValue("OOLL", lengths, finals, fewest, total);
 done:
     Py_XDECREF(lengths);
     Py_XDECREF(finals);

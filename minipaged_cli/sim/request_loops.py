@@ -37,14 +37,16 @@ def computed_total(requests: Sequence[LiveRequest]) -> int:
     return sum([request.num_computed for request in requests])  # (a list: a generator costs a resume per item)
 
 
-def decode_lengths(requests: Sequence[LiveRequest]) -> tuple[bytes, bytes, int]:
+def decode_lengths(requests: Sequence[LiveRequest]) -> tuple[bytes, bytes, int, int]:
     """The requests' computed and final lengths (each as int64s, the bytes of a NumPy array: ``np.frombuffer``
-    reads them without a conversion per item), and the fewest tokens any has left to generate (some must run)."""
+    reads them without a conversion per item), the fewest tokens any has left to generate (some must run), and the
+    computed lengths' sum."""
     if not requests:
         raise ValueError("decode_lengths: no requests")
-    return (np.array([request.num_computed for request in requests], dtype=np.int64).tobytes(),
+    computed = [request.num_computed for request in requests]
+    return (np.array(computed, dtype=np.int64).tobytes(),
             np.array([request.final_length for request in requests], dtype=np.int64).tobytes(),
-            min([request.output_tokens - request.num_generated for request in requests]))
+            min([request.output_tokens - request.num_generated for request in requests]), sum(computed))
 
 
 def finished(requests: Sequence[LiveRequest]) -> list[LiveRequest]:

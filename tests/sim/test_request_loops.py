@@ -62,8 +62,9 @@ def test_the_compiled_passes_match_the_python_ones(seed: int, num_steps: int) ->
     module = compiled()
     python_requests = random_requests(random.Random(seed))
     compiled_requests = copy.deepcopy(python_requests)  # (a request listed twice stays one object)
-    lengths, finals, fewest_left = PYTHON.decode_lengths(python_requests)
-    assert module.decode_lengths(compiled_requests) == (lengths, finals, fewest_left)
+    lengths, finals, fewest_left, total = PYTHON.decode_lengths(python_requests)
+    assert module.decode_lengths(compiled_requests) == (lengths, finals, fewest_left, total)
+    assert total == sum(r.num_computed for r in python_requests)
     assert np.frombuffer(lengths, dtype=np.int64).tolist() == [r.num_computed for r in python_requests]
     assert np.frombuffer(finals, dtype=np.int64).tolist() == [r.final_length for r in python_requests]
     assert fewest_left == min(r.output_tokens - r.num_generated for r in python_requests)
