@@ -138,6 +138,9 @@ class StepTimeModel:
         self.host_per_token = model.kv_bytes_per_token / gpu.host_bandwidth_bytes_per_s
         self.overhead_s = gpu.step_overhead_s
         self._decode_terms: dict[int, tuple[float, float, tuple[float, ...]]] = {}  # (``decode_step_terms``)
+        # A step's terms of its new tokens alone (its layers' and cache writes' seconds), by the tokens: a replay's
+        # single steps compute a few thousand counts, again and again (``step_seconds``)
+        self._token_terms: dict[int, tuple[Any, Any]] = {}
 
     def step_seconds(self, *, new_tokens: Any, sequences: int, prefill_tokens: int = 0, prefill_attended: float = 0,
                      prefill_context: int = 0, decodes: int = 0, decode_context: Any = 0,
@@ -149,11 +152,17 @@ class StepTimeModel:
         ``prefill_attended`` (query, key) pairs over ``prefill_context`` tokens of K/V; ``decodes``: decoding
         sequences, reading ``decode_context`` tokens of K/V in all; ``copied_tokens``: copy-on-write copies.
         """
-        return (self.linear_seconds(new_tokens) + self.elementwise_seconds(new_tokens)
+        token_terms = self._token_terms.get(new_tokens) if type(new_tokens) is int else None
+        if token_terms is None:
+            token_terms = (self.linear_seconds(new_tokens) + self.elementwise_seconds(new_tokens),
+                           self.cache_write_seconds(new_tokens))
+            if type(new_tokens) is int:
+                self._token_terms[new_tokens] = token_terms
+        return (token_terms[0]
                 + sequences * self.lm_head_per_sequence + self.lm_head_weights
                 + self.prefill_attention_seconds(prefill_tokens, prefill_attended, prefill_context)
                 + self.decode_attention_seconds(decodes, decode_context)
-                + self.cache_write_seconds(new_tokens) + 2 * copied_tokens * self.kv_per_token
+                + token_terms[1] + 2 * copied_tokens * self.kv_per_token
                 + self.overhead_s)
 
     def decode_step_terms(self, decodes: int) -> tuple[float, float, tuple[float, ...]] | None:

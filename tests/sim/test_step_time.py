@@ -74,6 +74,22 @@ def test_a_run_of_decode_steps_at_once_matches_one_step_at_a_time(calibrated: bo
     np.testing.assert_allclose(bulk, single, rtol=1e-12)
 
 
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_a_step_asked_again_costs_what_a_fresh_model_says(calibrated: bool) -> None:
+    # The terms of a step's new tokens are kept by their count (``step_seconds``); every step, asked again in any
+    # order and with other contexts, is the float a model asked once computes.
+    model, gpu = load_model("llama-2-7b"), load_gpu("h100")
+    calibration = _synthetic_calibration(model) if calibrated else None
+    step = StepTimeModel(model, gpu, calibration)
+    rng = np.random.default_rng(3)
+    for tokens, context, chunk in zip(rng.integers(1, 200, 300).tolist(), rng.integers(1, 10**6, 300).tolist(),
+                                      rng.integers(0, 2, 300).tolist(), strict=True):
+        shape = dict(new_tokens=tokens, sequences=1 + tokens // 7, decodes=tokens // 7, decode_context=context,
+                     prefill_tokens=tokens * chunk, prefill_attended=tokens * chunk * 3.5, prefill_context=tokens)
+        fresh = StepTimeModel(model, gpu, calibration).step_seconds(**shape)
+        assert step.step_seconds(**shape) == fresh
+
+
 def _synthetic_calibration(model):  # type: ignore[no-untyped-def]
     return Calibration(
         gpu="h100", model=model, source="test",
