@@ -189,6 +189,27 @@ static PyObject *hold_evicting(PyObject *self, PyObject *args) {
     return keyed < 0 ? NULL : PyLong_FromSsize_t(keyed);
 }
 
+/* free_unshared's loop over ``blocks`` (a list or tuple): where it stopped; -1 with an error set. */
+static Py_ssize_t free_held_once(PyObject *refs, PyObject *blocks) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), i = 0;
+    for (; i < n; i++) {
+        prefetch(blocks, i, n, refs, NULL);
+        Py_ssize_t index = block_index(refs, PySequence_Fast_GET_ITEM(blocks, i));
+        if (index < 0)
+            return -1;
+        PyObject *count = PyList_GET_ITEM(refs, index);
+        if (count != ONE) {
+            int once = PyObject_RichCompareBool(count, ONE, Py_EQ);
+            if (once < 0)
+                return -1;
+            if (!once)
+                break;  /* held by another table too: the caller's */
+        }
+        store(refs, index, ZERO);
+    }
+    return i;
+}
+
 static PyObject *free_unshared(PyObject *self, PyObject *args) {
     PyObject *refs, *blocks_arg;
     if (!PyArg_ParseTuple(args, "O!O:free_unshared", &PyList_Type, &refs, &blocks_arg))
@@ -196,27 +217,9 @@ static PyObject *free_unshared(PyObject *self, PyObject *args) {
     PyObject *blocks = PySequence_Fast(blocks_arg, "free_unshared: blocks must be a sequence");
     if (blocks == NULL)
         return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks), i = 0;
-    for (; i < n; i++) {
-        prefetch(blocks, i, n, refs, NULL);
-        Py_ssize_t index = block_index(refs, PySequence_Fast_GET_ITEM(blocks, i));
-        if (index < 0)
-            goto done;
-        PyObject *count = PyList_GET_ITEM(refs, index);
-        if (count != ONE) {
-            int once = PyObject_RichCompareBool(count, ONE, Py_EQ);
-            if (once < 0)
-                goto done;
-            if (!once)
-                break;  /* held by another table too: the caller's */
-        }
-        store(refs, index, ZERO);
-    }
-    result = PyLong_FromSsize_t(i);
-done:
+    Py_ssize_t stopped = free_held_once(refs, blocks);
     Py_DECREF(blocks);
-    return result;
+    return stopped < 0 ? NULL : PyLong_FromSsize_t(stopped);
 }
 
 static PyObject *lookup(PyObject *self, PyObject *args) {
@@ -267,6 +270,18 @@ static PyObject *add_references(PyObject *self, PyObject *args) {
     return revived == NULL ? NULL : Py_BuildValue("(Nn)", revived, num_shared);
 }
 
+/* set_refs' loop over blocks[:n] (a list or tuple): each one's count ``value``; -1 with an error set. */
+static int set_each(PyObject *refs, PyObject *blocks, Py_ssize_t n, PyObject *value) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        prefetch(blocks, i, n, refs, NULL);
+        Py_ssize_t index = block_index(refs, PySequence_Fast_GET_ITEM(blocks, i));
+        if (index < 0)
+            return -1;
+        store(refs, index, value);
+    }
+    return 0;
+}
+
 static PyObject *set_refs(PyObject *self, PyObject *args) {
     PyObject *refs, *blocks_arg, *value;
     if (!PyArg_ParseTuple(args, "O!OO:set_refs", &PyList_Type, &refs, &blocks_arg, &value))
@@ -274,18 +289,9 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
     PyObject *blocks = PySequence_Fast(blocks_arg, "set_refs: blocks must be a sequence");
     if (blocks == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(blocks);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        prefetch(blocks, i, n, refs, NULL);
-        Py_ssize_t index = block_index(refs, PySequence_Fast_GET_ITEM(blocks, i));
-        if (index < 0) {
-            Py_DECREF(blocks);
-            return NULL;
-        }
-        store(refs, index, value);
-    }
+    int failed = set_each(refs, blocks, PySequence_Fast_GET_SIZE(blocks), value);
     Py_DECREF(blocks);
-    Py_RETURN_NONE;
+    return failed ? NULL : Py_NewRef(Py_None);
 }
 
 /* SequenceState's slots that grow_lengths and the passes after it read and write, bound once (bind_sequence_state): a slot is read and
@@ -903,12 +909,8 @@ static PyObject *take_blocks(PyObject *pool, PyObject *queue, Py_ssize_t count, 
             goto done;
     /* Each taken block held once; those from the back drop their entries (_hold_evicting) */
     Py_ssize_t kept = count - from_back;
-    for (Py_ssize_t i = 0; i < kept; i++) {
-        Py_ssize_t index = block_index(refs, PyList_GET_ITEM(taken, i));
-        if (index < 0)
-            goto done;
-        store(refs, index, ONE);
-    }
+    if (set_each(refs, taken, kept, ONE) < 0)
+        goto done;
     Py_ssize_t evicted = from_back ? evict_held(refs, hashes, cached, taken, kept, count) : 0;
     if (evicted < 0 || (evicted && (add_size(pool, A_CACHE_VERSION, 1) < 0 ||
                                     add_size(pool, A_NUM_EVICTIONS, evicted) < 0)))
@@ -1150,20 +1152,9 @@ static PyObject *release_into(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < num_keyed; i++)
         PyList_SET_ITEM(keyed, i, Py_NewRef(PyList_GET_ITEM(table, num_keyed - 1 - i)));
     /* The keyed part: held once up to the first shared block, freed; from there each counted down */
-    Py_ssize_t first = 0;
-    for (; first < num_keyed; first++) {
-        prefetch(keyed, first, num_keyed, refs, NULL);
-        Py_ssize_t index = block_index(refs, PyList_GET_ITEM(keyed, first));
-        if (index < 0)
-            goto done;
-        PyObject *count = PyList_GET_ITEM(refs, index);
-        int once = count == ONE ? 1 : PyObject_RichCompareBool(count, ONE, Py_EQ);
-        if (once < 0)
-            goto done;
-        if (!once)
-            break;
-        store(refs, index, ZERO);
-    }
+    Py_ssize_t first = free_held_once(refs, keyed);
+    if (first < 0)
+        goto done;
     if (first == num_keyed)
         freed = Py_NewRef(keyed);
     else {
@@ -1186,14 +1177,8 @@ static PyObject *release_into(PyObject *self, PyObject *args) {
             goto done;
     }
     /* The keyless part: freed, to the front in table order (FreeBlockQueue.prepend of it tail first) */
-    if (!(forward = PyList_GetSlice(table, num_keyed, n)))
+    if (!(forward = PyList_GetSlice(table, num_keyed, n)) || set_each(refs, forward, n - num_keyed, ZERO) < 0)
         goto done;
-    for (Py_ssize_t i = 0; i < n - num_keyed; i++) {
-        Py_ssize_t index = block_index(refs, PyList_GET_ITEM(forward, i));
-        if (index < 0)
-            goto done;
-        store(refs, index, ZERO);
-    }
     PyObject *extended = PyObject_CallMethodOneArg(front, ATTRIBUTES[A_EXTENDLEFT], forward);
     if (extended == NULL)
         goto done;
