@@ -66,7 +66,7 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     have cached a block first), nor with a subscriber to the pool's events (the tiers want the order of single
     steps)."""
     pool, block_size = manager.pool, manager.block_size
-    grown_together = pool.loops.grow_batch(manager, sequence_ids, num_tokens)  # (this, compiled, in one call)
+    grown_together = pool.loops.grow_batch(manager, sequence_ids, num_tokens)  # (all of the below, compiled)
     if grown_together is not False:
         return grown_together
     if manager.window is not None or manager.num_forks or pool.events.has_subscribers or num_tokens < 1:

@@ -137,8 +137,8 @@ class Arrivals:
         return self.heap[0][0] if self.heap else None
 
     def due(self, now: float) -> Iterable[tuple[int, Request]]:
-        """The requests sent by ``now``, in the order sent (``finished`` may be called between two). (None, most
-        passes of a replay: then no generator is made.)"""
+        """The requests sent by ``now``, in the order sent (``finished`` may be called between two). (At most passes
+        of a replay none is due: then no generator is made.)"""
         heap, queued = self.heap, self.queued
         if (not heap or heap[0][0] > now) and (not queued or self.in_flight >= self.cap):
             self.freed_now = 0  # (what the generator's end does)
