@@ -734,10 +734,8 @@ done:
     return result;
 }
 
-/* BlockPool.take compiled where it is the usual case (take_into): the free queue's take (FreeBlockQueue.take: its
- * front, then blocks never handed out, then the back part's live entries, its stale ones skipped), the state of
- * blocks seen for the first time (take_free), the taken blocks held and their entries dropped (_hold_evicting), the
- * table and the counts. The pool's and the queue's attributes are read and written by name, as Python does. */
+/* The attributes of the pool, its free queue and the block manager that the compiled calls below (take_into,
+ * cache_into, grow_batch, release_into) read and write, by name as Python does; the names interned once. */
 enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS, A_NUM_FREE, A_REF_COUNTS,
        A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
        A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
@@ -931,6 +929,10 @@ done:
     return result;
 }
 
+/* BlockPool.take compiled where it is the usual case (take_into): the free queue's take (FreeBlockQueue.take: its
+ * front, then blocks never handed out, then the back part's live entries, its stale ones skipped), the state of
+ * blocks seen for the first time (take_free), the taken blocks held and their entries dropped (_hold_evicting), the
+ * table and the counts. */
 static PyObject *take_into(PyObject *self, PyObject *args) {
     PyObject *pool, *table;
     Py_ssize_t count;
@@ -945,9 +947,6 @@ static PyObject *take_into(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* BlockPool.cache_fresh compiled where the pool is in its usual case (cache_into): each block's key entered, and
- * where the key is the entry of another block already, the block listed among its duplicates; the cache's version
- * moved by the entries made. */
 /* cache_into's caching into a pool in its usual case: Py_True, or Py_False where its lists are not the pool's own
  * kinds (nothing changed); NULL with an error set. */
 static PyObject *cache_blocks(PyObject *pool, PyObject *keys_arg, PyObject *blocks_arg) {
@@ -991,6 +990,9 @@ done:
     return result;
 }
 
+/* BlockPool.cache_fresh compiled where the pool is in its usual case (cache_into): each block's key entered, and
+ * where the key is the entry of another block already, the block listed among its duplicates; the cache's version
+ * moved by the entries made. */
 static PyObject *cache_into(PyObject *self, PyObject *args) {
     PyObject *pool, *keys, *blocks;
     Py_ssize_t group;
