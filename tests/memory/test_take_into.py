@@ -1,11 +1,12 @@
-"""``pool_loops.take_into``, ``cache_into`` and ``release_into``: ``BlockPool.take``, ``cache_fresh`` and a
-sequence's ``release_split`` in one compiled call each where it is the usual case, against the pool's own path in
-Python (the reference, which the Python loops always take). Two managers with prefix caching, one on each, driven
-by the same random calls (prompts sharing documents, so hits take cached blocks out of the free queue's back part,
-leave stale entries there and share blocks that a release counts down; keys ``PRIVATE`` past a prompt's documents;
-chunked prefills, decodes, releases that send keyless blocks to the front; two prompts computing the same content,
-a duplicate entry) hold the same free queue, part by part, and the same counts, keys, map and duplicates after
-every call. A take by hand through the queue's three parts; the cases left to the pool's own path."""
+"""``pool_loops.take_into``, ``cache_into``, ``release_into`` and ``grow_batch``: ``BlockPool.take``,
+``cache_fresh``, a sequence's ``release_split`` and a step's ``grow_together`` in one compiled call each where it is
+the usual case, against the pool's own path in Python (the reference, which the Python loops always take). Two
+managers with prefix caching, one on each, driven by the same random calls (prompts sharing documents, so hits take
+cached blocks out of the free queue's back part, leave stale entries there and share blocks that a release counts
+down; keys ``PRIVATE`` past a prompt's documents; chunked prefills, decodes, a step's growth of every live sequence
+at once, releases that send keyless blocks to the front; two prompts computing the same content, a duplicate entry)
+hold the same free queue, part by part, and the same counts, keys, map and duplicates after every call. A take by
+hand through the queue's three parts; the cases left to the pool's own path."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory import pool_loops
+from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.kv_groups import FULL_ATTENTION, KVCacheGroup
@@ -30,9 +32,8 @@ def pool_state(pool: BlockPool) -> tuple:
     queue = pool.free_blocks
     return copy.deepcopy((list(queue._front), queue.num_touched, queue._back[queue._head:], dict(queue._stale),
                           queue._num_stale, queue.num_free, pool.ref_counts, pool.block_hash, pool.block_group,
-                          pool.keyed_cache(),
-                          pool.num_allocations, pool.num_evictions, pool.num_frees, pool.cache_version,
-                          pool.num_shared_references))
+                          pool.keyed_cache(), pool.num_allocations, pool.num_evictions, pool.num_frees,
+                          pool.cache_version, pool.num_shared_references))
 
 
 def prompts(rng: random.Random) -> list[list]:
@@ -62,7 +63,9 @@ def test_a_compiled_take_leaves_the_pool_as_its_own_path(seed: int, block_size: 
         action, tokens = rng.random(), rng.randint(1, 3 * block_size)
         for manager in managers:
             state = manager.sequences.get(sid)
-            if state is None:
+            if action > 0.85:  # a step's growth of every live sequence at once (``grow_batch``, compiled)
+                grow_computed(manager, sorted(manager.sequences), tokens)
+            elif state is None:
                 if manager.blocks_to_create(length, keys[sid]) <= manager.num_free_blocks:
                     manager.create_sequence(sid, length, block_hashes=list(keys[sid]), num_computed_tokens=computed)
             elif action < 0.3 and state.num_computed_tokens < state.sequence_length:
