@@ -211,8 +211,8 @@ def fill_blocks(fills: list[tuple[SequenceState, int]], group: int) -> list[int]
 def take_into(pool: object, count: int, table: list[int]) -> bool:
     """``pool.take(count, table)`` in one call where it is the usual case (one group, no subscriber to the pool's
     events and no key log, no duplicate entry): True, the blocks taken; else False, nothing changed, and the pool's
-    own path takes them. Here in Python that path is the reference: False, always (the compiled call does what it
-    does: ``tests/memory/test_pool_loops.py`` runs both on random pools and compares them)."""
+    own path takes them. Here in Python that path is the reference: False, always (``tests/memory/test_take_into.py``
+    runs both on random pools and compares them)."""
     return False
 
 

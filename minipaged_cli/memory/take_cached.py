@@ -21,11 +21,12 @@ def take_computed(manager: KVCacheCoordinator, state: SequenceState, count: int,
     manager's ``cache_full_blocks`` after the take does, counting them as offered. (``note_past_final`` then.)"""
     pool, table = manager.pool, state.block_tables[0]
     first, stop = state.num_cached_blocks[0], min(num_computed // manager.block_size, len(state.block_hashes))
-    if (stop <= len(table) or not manager.enable_prefix_caching or manager.window is not None or manager.num_forks
-            or pool.num_groups > 1 or pool.events.has_subscribers or pool.duplicate_blocks[0]):
-        pool.take(count, table)  # (no new block fills, or the pool's own order is wanted: ``cache_full_blocks``)
-    else:
-        pool.take(count, table)
+    # (no new block fills, or the pool's own order is wanted: ``cache_full_blocks`` caches them)
+    caches_now = not (stop <= len(table) or not manager.enable_prefix_caching or manager.window is not None
+                      or manager.num_forks or pool.num_groups > 1 or pool.events.has_subscribers
+                      or pool.duplicate_blocks[0])
+    pool.take(count, table)
+    if caches_now:
         pool.cache_fresh(state.block_hashes[first:stop], table[first:stop])
         state.num_cached_blocks[0] = stop
     note_past_final(manager, (state,))

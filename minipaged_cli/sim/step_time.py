@@ -139,7 +139,7 @@ class StepTimeModel:
         self.overhead_s = gpu.step_overhead_s
         self._decode_terms: dict[int, tuple[float, float, tuple[float, ...]]] = {}  # (``decode_step_terms``)
         # A step's terms of its new tokens alone (its layers' and cache writes' seconds), by the tokens: a replay's
-        # single steps compute a few thousand counts, again and again (``step_seconds``)
+        # steps compute a few thousand counts, again and again (``_new_token_terms``)
         self._token_terms: dict[int, tuple[Any, Any]] = {}
 
     def step_seconds(self, *, new_tokens: Any, sequences: int, prefill_tokens: int = 0, prefill_attended: float = 0,
@@ -152,12 +152,7 @@ class StepTimeModel:
         ``prefill_attended`` (query, key) pairs over ``prefill_context`` tokens of K/V; ``decodes``: decoding
         sequences, reading ``decode_context`` tokens of K/V in all; ``copied_tokens``: copy-on-write copies.
         """
-        token_terms = self._token_terms.get(new_tokens) if type(new_tokens) is int else None
-        if token_terms is None:
-            token_terms = (self.linear_seconds(new_tokens) + self.elementwise_seconds(new_tokens),
-                           self.cache_write_seconds(new_tokens))
-            if type(new_tokens) is int:
-                self._token_terms[new_tokens] = token_terms
+        token_terms = self._new_token_terms(new_tokens)
         return (token_terms[0]
                 + sequences * self.lm_head_per_sequence + self.lm_head_weights
                 + self.prefill_attention_seconds(prefill_tokens, prefill_attended, prefill_context)
@@ -173,12 +168,22 @@ class StepTimeModel:
             return None
         terms = self._decode_terms.get(decodes)
         if terms is None:  # (a replay's bulks ask for a few batch sizes, again and again)
-            head = (self.linear_seconds(decodes) + self.elementwise_seconds(decodes)
-                    + decodes * self.lm_head_per_sequence + self.lm_head_weights
+            layers, cache_writes = self._new_token_terms(decodes)
+            head = (layers + decodes * self.lm_head_per_sequence + self.lm_head_weights
                     + self.prefill_attention_seconds(0, 0, 0))
             # (after the K/V reads: the cache writes, the copies' term of no copy, the overhead)
-            tails = (self.cache_write_seconds(decodes), 2 * 0 * self.kv_per_token, self.overhead_s)
+            tails = (cache_writes, 2 * 0 * self.kv_per_token, self.overhead_s)
             terms = self._decode_terms[decodes] = (head, self.kv_per_token, tails)
+        return terms
+
+    def _new_token_terms(self, tokens: Any) -> tuple[Any, Any]:
+        """A step's terms of its new tokens alone, as ``step_seconds`` adds them: its layers' seconds (linear, then
+        element-wise) and its cache writes'; kept by the count where it is an int."""
+        if type(tokens) is int and (terms := self._token_terms.get(tokens)) is not None:
+            return terms
+        terms = (self.linear_seconds(tokens) + self.elementwise_seconds(tokens), self.cache_write_seconds(tokens))
+        if type(tokens) is int:
+            self._token_terms[tokens] = terms
         return terms
 
     def linear_seconds(self, tokens: Any) -> Any:
