@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -35,7 +36,8 @@ def cache_dir() -> Path:
 
 def build_extension(name: str, source: Path) -> ModuleType:
     """Compile ``source`` (C defining ``PyInit_<name>``) into an extension module for this interpreter, unless one
-    built from the same source for the same Python is cached, and import it. RuntimeError when there is no C
+    built from the same source and the same headers of its own (its ``#include "..."`` lines, beside it) for the same
+    Python is cached, and import it. RuntimeError when there is no C
     compiler or no ``Python.h`` (a Python installed without its headers), when the build fails or takes over two
     minutes, when no cache directory can be written, or when the built module does not load."""
     include = sysconfig.get_paths()["include"]
@@ -43,7 +45,13 @@ def build_extension(name: str, source: Path) -> ModuleType:
     if sys.platform == "darwin":  # (the interpreter's symbols resolve when it loads the module)
         flags += ["-undefined", "dynamic_lookup"]
     digest = hashlib.sha256(" ".join([sys.version, *flags]).encode())
-    digest.update(source.read_bytes())
+    text = source.read_bytes()
+    digest.update(text)
+    for header in re.findall(rb'^#include "([^"]+)"', text, flags=re.MULTILINE):  # (its own headers: a change rebuilds)
+        try:
+            digest.update(Path(source.parent, header.decode()).read_bytes())
+        except OSError as error:
+            raise RuntimeError(f"{name}: its header {header.decode()} cannot be read ({error})") from error
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     try:
         target = cache_dir() / f"{name}_{digest.hexdigest()[:16]}{suffix}"

@@ -41,6 +41,22 @@ def test_a_module_is_built_once_then_loaded_from_the_cache(tmp_path: Path, cache
     assert len(list(cache.iterdir())) == 2
 
 
+def test_a_header_of_its_own_is_part_of_the_source(tmp_path: Path, cache: Path) -> None:
+    """A quoted include beside the source (``full_attention_steps.h``: the pool's loops and the replay's) is read
+    with it: another header is another build, and one that cannot be read is a failed build."""
+    source, header = tmp_path / "answer.c", tmp_path / "number.h"
+    source.write_text(ANSWER.replace("#include <Python.h>", '#include <Python.h>\n#include "number.h"')
+                      .replace("PyLong_FromLong(42)", "PyLong_FromLong(NUMBER)"))
+    header.write_text("#define NUMBER 42\n")
+    assert build_extension("_answer", source).answer() == 42
+    header.write_text("#define NUMBER 43\n")
+    assert build_extension("_answer", source).answer() == 43
+    assert len(list(cache.iterdir())) == 2
+    header.unlink()
+    with pytest.raises(RuntimeError, match=r"its header number\.h cannot be read"):
+        build_extension("_answer", source)
+
+
 def test_a_build_that_fails_says_what_the_compiler_said(tmp_path: Path, cache: Path) -> None:
     source = tmp_path / "broken.c"
     source.write_text(ANSWER.replace("return PyLong_FromLong(42);", "return undeclared_name;"))

@@ -10,7 +10,8 @@
  * grow_lengths, and the passes after it (fill_keys, hand_out, fill_blocks), read and write a SequenceState's slots
  * through their member definitions (bound once), as its attribute access does, without a lookup per sequence.
  * full_attention_profile is bulk.py's NumPy profile of a bulk decode (a handful of steps: NumPy's calls cost more
- * than their arithmetic), checked against it by tests/memory/test_bulk.py.
+ * than their arithmetic), checked against it by tests/memory/test_bulk.py; its loop (full_attention_steps.h) is a
+ * replay's decode_run's too (sim/request_loops.c).
  *
  * take_into, cache_into, release_into and grow_batch run a whole call of the pool or the growth (BlockPool.take,
  * BlockPool.cache_fresh, a sequence's release_split, batched_growth.grow_together) where the pool is in its usual
@@ -26,6 +27,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+
+#include "full_attention_steps.h"
 
 static PyObject *ZERO, *ONE;  /* the ints 0 and 1 (CPython's cached small ints) */
 static PyObject *PRIVATE;  /* pool_loops.PRIVATE (bind_private): a key carried without an entry */
@@ -701,28 +704,15 @@ static PyObject *full_attention_profile(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "full_attention_profile: as many finals as lengths");
         goto done;
     }
-    const long long *lengths = lengths_view.buf, *finals = finals_view.buf;
-    /* Steps whose new blocks the free blocks cover: Σ allocated during the step stays within this */
-    long long limit = allocated_sum + block_size * (num_free + 1) - 1;
     allocated = PyByteArray_FromStringAndSize(NULL, num_steps * 8);
     internal = PyByteArray_FromStringAndSize(NULL, num_steps * 8);
     if (allocated == NULL || internal == NULL)
         goto done;
-    long long *per_step = (long long *)PyByteArray_AS_STRING(allocated);
-    long long *past_final = (long long *)PyByteArray_AS_STRING(internal);
-    long long num_ok = 0;
-    for (long long j = 1; j <= num_steps; j++, num_ok++) {
-        long long slots = 0, past = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {  /* ceil((L + j) / B) * B slots during step j */
-            long long held = (lengths[i] + j + block_size - 1) / block_size * block_size;
-            slots += held;
-            past += held > finals[i] ? held - finals[i] : 0;
-        }
-        if (slots > limit)  /* (the slots only grow with j: no later step fits either) */
-            break;
-        per_step[num_ok] = slots;
-        past_final[num_ok] = past;
-    }
+    /* Steps whose new blocks the free blocks cover: Σ allocated during the step stays within the limit */
+    long long num_ok = full_attention_steps(lengths_view.buf, finals_view.buf, n, block_size,
+                                            allocated_sum + block_size * (num_free + 1) - 1, num_steps,
+                                            (int64_t *)PyByteArray_AS_STRING(allocated),
+                                            (int64_t *)PyByteArray_AS_STRING(internal));
     if (PyByteArray_Resize(allocated, num_ok * 8) < 0 || PyByteArray_Resize(internal, num_ok * 8) < 0)
         goto done;
     result = Py_BuildValue("(LOO)", num_ok, allocated, internal);
