@@ -187,6 +187,12 @@ class Allocator(ABC):
         the strategy's profile reads only that (``paged``: the pool counts it, without a pass over the requests)."""
         return np.array(self.allocations(holdings), dtype=np.int64)
 
+    def full_attention_pool(self, holdings: Sequence[Holding]) -> tuple[int, int, int] | None:
+        """Where ``bulk_profile`` is one full-attention pool's (a request holds ceil(L / B) blocks of B slots, taken
+        while free ones last): B, the free blocks and ``bulk_allocations``' sum, which a compiled bulk profiles from
+        (``sim/bulk_advance.py``); None elsewhere."""
+        return None
+
     def token_slots(self, holding: Holding, num_tokens: int) -> int:
         """Slots holding the K/V of the request's first ``num_tokens`` tokens (read only when ``windowed``)."""
         raise NotImplementedError(f"{self.name} keeps every token: its token states are the lengths")

@@ -186,6 +186,11 @@ class PagedAllocator(Allocator):
             return (self.manager.num_used_blocks + self.manager.num_shared_references) * self.block_size
         return self.allocation_sums(holdings)[0]
 
+    def full_attention_pool(self, holdings: Sequence[Holding]) -> tuple[int, int, int] | None:
+        if self.windowed:
+            return None
+        return self.block_size, self.manager.num_free_blocks, self.bulk_allocations(holdings)
+
     def _all_live(self, holdings: Sequence[Holding]) -> bool:
         """Whether ``holdings`` are all the live sequences (as many, each live), of one full-attention table each and
         no fork: where the pool's counts are their sums."""

@@ -12,6 +12,13 @@ The clock moves by the same float additions the single steps make (``step_clock`
 step end and an arrival (a finish plus a think time) would tie on one path and not on the other
 (0.013999999999999999 against 0.014), and the two paths would send and admit in a different order.
 
+Over one full-attention pool (the paged strategy without windows, its step times a line in the context) a fresh
+bulk reads its running requests once, compiled (``request_loops.decode_run``: the lengths, the clock, the steps to
+the stop and to the free blocks' end, their allocation profile), and records its steps from that run; where that
+pass does not build (``MINIPAGED_NATIVE=0``), and under windows, a calibration's decode table or a cut bulk that
+resumes, the bulk takes its own path through NumPy (``_plan``, ``BulkPlan``): the run's reference, bit for bit
+(``tests/sim/test_decode_run.py``).
+
 A fleet's replica (``fleet/replica.py``) stops its bulk at every request the fleet routes, to any replica, where a
 router reads the replicas; most go to other replicas, and nothing changed on this one. There the bulk resumes where
 it stopped (``BulkPlan``): the step times, the clock and the allocation profile that the cut bulk computed are what
@@ -22,19 +29,24 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
+from collections.abc import Iterator
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from minipaged_cli.memory.allocators import Allocator, BulkProfile, total_slots
 from minipaged_cli.sim.accounting import Accounting
+from minipaged_cli.sim.bulk_plan import BulkPlan, ReplayState
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.live_request import LiveRequest
 from minipaged_cli.sim.request_loops import step_clock
 from minipaged_cli.sim.scheduler import Scheduler
 from minipaged_cli.sim.step_time import StepTimeModel
 from minipaged_cli.sim.step_work import checked_seconds
+
+if TYPE_CHECKING:
+    from minipaged_cli.sim.request_loops import BulkClock, DecodeRun
 
 MAX_BULK_STEPS = 4096
 MAX_BULK_CELLS = 1 << 16  # n requests * k steps in one bulk profile
@@ -72,35 +84,23 @@ class BulkAdvance:
                 return None  # (nothing running and a head that does not fit: the single step rejects it)
             if self.allocator.windowed and self.allocator.shared_slots:
                 return None  # a shared block leaving a window changes the shared slots, which a bulk advance holds
+            through, stop_s = stop = self._stop()
+            if not self.resumes and (run := self._decode_run(now, stop_s)) is not None:
+                return self._advance_run(run, through)
             lengths, allocated, finals, most_steps, total_length = decode_state(self.allocator, running,
                                                                                 scheduler.passes)
             plan = self._plan(now, lengths, allocated, finals, most_steps, total_length)
         through, stop_s = stop or self._stop()
         total_length, allocated_sum, durations, clock = plan.total_length, plan.allocated_sum, plan.durations, \
             plan.clock
-        num_steps = len(durations)
-        if stop_s is not None:
-            num_steps = 1 + int(clock[1:-1].searchsorted(stop_s, side="left"))
+        num_steps = len(durations) if stop_s is None else plan.step_at(stop_s, len(durations))
         profile = plan.profile
         if profile is None:  # (a fresh plan, of the arrays above: only as far as this bulk goes)
             profile = self.allocator.bulk_profile(lengths, allocated, finals, num_steps)
         num_steps = min(num_steps, profile.num_steps)
         if num_steps == 0:
             return None
-        # The steps at whose start requests arrive (the parts of the bulk), and the external fragmentation from each
-        # on (the smallest waiting need may shrink)
-        parts, externals = [0], [scheduler.external_fragmentation()]
-        if through:
-            while (arrival := scheduler.next_arrival_s) is not None:
-                start = 1 + int(clock[1:num_steps].searchsorted(arrival, side="left"))
-                if start == num_steps:
-                    break
-                if start == parts[-1]:  # (one the pass at that step did not queue: the next pass sees it)
-                    num_steps = start
-                    break
-                scheduler.arrive(float(clock[start]))
-                parts.append(start)
-                externals.append(scheduler.external_fragmentation())
+        parts, externals, num_steps = self._parts(through, num_steps, plan)
 
         # Saturation is decided per step, as the single step does after its growth: the queue's head is held
         # back in the steps whose new blocks eat its headroom. Without sliding windows free space only shrinks
@@ -134,20 +134,65 @@ class BulkAdvance:
                 grown = (per_step[:num_steps] if isinstance(per_step, np.ndarray) else np.full(num_steps, per_step)) \
                     - allocated_sum
                 num_free = int(grown.searchsorted(scheduler.admission_headroom(), side="right"))
-            # One record a run of steps that no arrival and no change of saturation splits, as a bulk starting
-            # at each arrival would record them
-            for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})):
-                part = bisect.bisect_right(parts, start) - 1
+            for start, stop, part in _spans(parts, num_free, num_steps):
                 seconds += self._record(clock, profile, durations, total_length, n, externals[part], start, stop,
                                         start >= num_free, parts[part])
-        self.allocator.advance(running, num_steps)
-        scheduler.passes.advance(running, num_steps)
-        self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
-                                     total_length + n * num_steps)
-        checked_seconds(seconds)
-        end = float(clock[num_steps])
+        end = self._end(num_steps, total_length, peak_used, seconds, float(clock[num_steps]))
         if plan.profile is not None and num_steps < len(durations):
             self._rest = plan.rest(num_steps, n, self._state(end))
+        return end
+
+    def _decode_run(self, now: float, stop_s: float | None) -> DecodeRun | None:
+        """A fresh bulk over one full-attention pool in one compiled pass (``request_loops.decode_run``: the clock,
+        the steps to the stop and to the free blocks' end, their profile), where it builds; else None."""
+        running = self.scheduler.running
+        pool = self.allocator.full_attention_pool(running)
+        terms = None if pool is None else self.step_time.decode_step_terms(len(running))
+        if terms is None:
+            return None
+        return self.scheduler.passes.decode_run(running, now, bulk_step_cap(len(running)), *terms, stop_s, *pool)
+
+    def _advance_run(self, run: DecodeRun, through: bool) -> float | None:
+        """``advance`` over a ``decode_run``: its steps, cut at the arrivals it runs through, recorded as ``_record``
+        records the steps of a plan without windows."""
+        checked_seconds(run.shortest)
+        if run.num_steps == 0:
+            return None
+        scheduler, n = self.scheduler, len(self.scheduler.running)
+        parts, externals, num_steps = self._parts(through, run.num_steps, run)
+        num_free = run.steps_within(scheduler.admission_headroom(), num_steps) if scheduler.waiting else num_steps
+        capacity, shared, seconds = self.allocator.capacity_tokens, self.allocator.shared_slots, 0.0
+        for start, stop, part in _spans(parts, num_free, num_steps):
+            duration, slots = run.record(start, stop, parts[part], externals[part], capacity, shared)
+            self.accounting.record(run.time_at(start), duration, slots, start >= num_free, stop - start, n)
+            seconds += duration
+        return self._end(num_steps, run.total_length, None, seconds, run.time_at(num_steps))
+
+    def _parts(self, through: bool, num_steps: int, clock: BulkClock) -> tuple[list[int], list[int], int]:
+        """The steps at whose start requests arrive (the parts of the bulk, where it runs through arrivals: each
+        queued at its step), the external fragmentation from each on (the smallest waiting need may shrink), and
+        the bulk's steps (it ends at an arrival the pass at that step would see)."""
+        scheduler = self.scheduler
+        parts, externals = [0], [scheduler.external_fragmentation()]
+        while through and (arrival := scheduler.next_arrival_s) is not None:
+            start = clock.step_at(arrival, num_steps)
+            if start == num_steps:
+                break
+            if start == parts[-1]:  # (one the pass at that step did not queue: the next pass sees it)
+                return parts, externals, start
+            scheduler.arrive(clock.time_at(start))
+            parts.append(start)
+            externals.append(scheduler.external_fragmentation())
+        return parts, externals, num_steps
+
+    def _end(self, num_steps: int, total_length: int, peak_used: int | None, seconds: float, end: float) -> float:
+        """A bulk's steps applied: the running requests grown, its busiest step noted; the clock at its end."""
+        running = self.scheduler.running
+        self.allocator.advance(running, num_steps)
+        self.scheduler.passes.advance(running, num_steps)
+        self.accounting.note_busiest(running, self.allocator.used_slots if peak_used is None else peak_used,
+                                     total_length + len(running) * num_steps)
+        checked_seconds(seconds)
         return end
 
     def _stop(self) -> tuple[bool, float | None]:
@@ -215,61 +260,11 @@ class BulkAdvance:
         return duration
 
 
-# The clock, the steps taken, the requests running, the slots in use, the queue's head and length
-ReplayState = tuple[float, int, int, int, LiveRequest | None, int]
-
-
-@dataclass(slots=True)  # (not frozen: a frozen dataclass's ``__init__`` costs a call a field; none is changed)
-class BulkPlan:
-    """A bulk's inputs from its first step on: the running requests' total length and allocated slots, each step's
-    time and the clock at each step boundary ([k] durations, [k + 1] times), and, where a cut bulk may resume, the
-    allocation profile of those steps. What a bulk cut short leaves (``BulkAdvance._rest``, ``rest``) is the same
-    plan from the cut on, as a bulk starting there computes it, for as long as the replay stays in ``state``: the
-    same contexts, so the same times; the clock by the same additions; the profile's later steps, which a profile
-    from the cut repeats (without sliding windows the pool's free blocks change by the bulk's own growth only, so
-    the steps it can grow end where they did: ``tests/fleet/test_fleet_fast_paths.py``).
-
-    ``capped``: the plan may stop short of the first finish (at the bound on a bulk's size): a fresh one from a later
-    step may run longer."""
-
-    total_length: int
-    allocated_sum: int
-    durations: np.ndarray  # [k] float64
-    clock: np.ndarray  # [k + 1] float64
-    capped: bool
-    profile: BulkProfile | None
-    state: ReplayState | None
-
-    def rest(self, num_steps: int, num_running: int, state: ReplayState) -> BulkPlan:
-        """The plan after its first ``num_steps`` steps, left in ``state``."""
-        profile = self.profile
-        assert profile is not None and 0 < num_steps <= profile.num_steps, "only a bulk's own steps are cut"
-        allocated = int(profile.allocated[num_steps - 1]) if isinstance(profile.allocated, np.ndarray) \
-            else profile.allocated
-        later = BulkProfile(profile.num_steps - num_steps, _later(profile.allocated, num_steps),
-                            _later(profile.internal, num_steps),
-                            None if profile.tokens is None else profile.tokens[num_steps:])
-        return BulkPlan(self.total_length + num_running * num_steps, allocated, self.durations[num_steps:],
-                        self.clock[num_steps:], self.capped, later, state)
-
-    def resumes(self, state: ReplayState, stop_s: float | None, *, queued_behind: bool) -> bool:
-        """Whether a bulk from ``state``, stopping before the step that starts at or after ``stop_s`` (None: none),
-        takes the steps of this plan: nothing changed since it was cut but, where ``queued_behind`` (FCFS),
-        requests queued behind the same waiting head (which stays held back: the bulk's premise, as for a bulk
-        through arrivals), and the plan covers those steps."""
-        if self.state is None or state[:5] != self.state[:5]:
-            return False
-        if state[5] != self.state[5] and not queued_behind:  # (behind the same head: ``state[4]``)
-            return False
-        if not self.capped:
-            return True
-        num_steps = len(self.durations)  # (a fresh plan may run longer: the stop must come before this one's end)
-        return stop_s is not None and int(self.clock[1:num_steps].searchsorted(stop_s, side="left")) < num_steps - 1
-
-
-def _later(values: np.ndarray | int, num_steps: int) -> np.ndarray | int:
-    """A ``BulkProfile`` series after its first ``num_steps`` steps (per step, or one constant)."""
-    return values[num_steps:] if isinstance(values, np.ndarray) else values
+def _spans(parts: list[int], num_free: int, num_steps: int) -> Iterator[tuple[int, int, int]]:
+    """The runs of a bulk's steps without windows that no arrival and no change of saturation splits, as a bulk
+    starting at each arrival would record them: (start, stop, the part it is in)."""
+    for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})):
+        yield start, stop, bisect.bisect_right(parts, start) - 1
 
 
 def decode_state(allocator: Allocator, running: list[LiveRequest],

@@ -1,7 +1,9 @@
 /* A step's passes over its running requests compiled, and a bulk's step times and clock (decode_clock, below): the
  * same functions, arguments and results as the Python reference in request_loops.py, which builds this file at run
  * time (CPython's C API, no other library) and checks it there (tests/sim/test_request_loops.py drives both on
- * random requests and compares every figure, the clock's bit for bit).
+ * random requests and compares every figure, the clock's bit for bit). decode_run (a DecodeRun) has no Python twin:
+ * it is a bulk's decode_lengths, decode_clock, cut at its stop, pool profile (full_attention_steps.h, the pool's
+ * own loop) and bulk_integrals with its categories in one pass, checked against those (tests/sim/test_decode_run.py).
  *
  * Each pass reads or writes a few int slots of every running request (a LiveRequest: a slots dataclass), bound once
  * by bind_live_request: a slot is read and written at its offset, as the slot's descriptor does, without a lookup by
@@ -16,6 +18,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "../memory/full_attention_steps.h"
 
 static PyTypeObject *REQUEST_TYPE;
 static Py_ssize_t COMPUTED, GENERATED, OUTPUT, FINAL, PREFILL, LOADING;  /* the slots' offsets in a request */
@@ -142,6 +146,34 @@ static PyObject *computed_total(PyObject *self, PyObject *arg) {
     return PyLong_FromLongLong(total);
 }
 
+/* The computed and final lengths of ``requests[:n]`` (a list or tuple of bound requests) into ``lengths`` and
+ * ``finals``, the fewest tokens any has left to generate and the computed lengths' sum; -1 with an error set. */
+static int read_decodes(PyObject *requests, Py_ssize_t n, int64_t *lengths, int64_t *finals, long long *fewest,
+                        long long *total) {
+    *fewest = 0;
+    *total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
+        long long computed = slot_int(request, COMPUTED), final = slot_int(request, FINAL);
+        long long output = slot_int(request, OUTPUT), generated = slot_int(request, GENERATED), left;
+        if ((computed == -1 || final == -1 || output == -1 || generated == -1) && PyErr_Occurred())
+            return -1;
+        if (__builtin_sub_overflow(output, generated, &left)) {
+            PyErr_SetString(PyExc_OverflowError, "a request's tokens left pass 2**63");
+            return -1;
+        }
+        if (__builtin_add_overflow(*total, computed, total)) {
+            PyErr_SetString(PyExc_OverflowError, "the requests' computed tokens pass 2**63");
+            return -1;
+        }
+        if (i == 0 || left < *fewest)
+            *fewest = left;
+        lengths[i] = computed;
+        finals[i] = final;
+    }
+    return 0;
+}
+
 static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
     PyObject *requests = requests_of(arg, "decode_lengths");
     if (requests == NULL)
@@ -149,34 +181,16 @@ static PyObject *decode_lengths(PyObject *self, PyObject *arg) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
     PyObject *result = NULL;
     PyObject *lengths = PyBytes_FromStringAndSize(NULL, n * 8), *finals = PyBytes_FromStringAndSize(NULL, n * 8);
+    long long fewest, total;
     if (lengths == NULL || finals == NULL)
         goto done;
     if (n == 0) {
         PyErr_SetString(PyExc_ValueError, "decode_lengths: no requests");
         goto done;
     }
-    int64_t *length_values = (int64_t *)PyBytes_AS_STRING(lengths);
-    int64_t *final_values = (int64_t *)PyBytes_AS_STRING(finals);
-    long long fewest = 0, total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *request = PySequence_Fast_GET_ITEM(requests, i);
-        long long computed = slot_int(request, COMPUTED), final = slot_int(request, FINAL);
-        long long output = slot_int(request, OUTPUT), generated = slot_int(request, GENERATED), left;
-        if ((computed == -1 || final == -1 || output == -1 || generated == -1) && PyErr_Occurred())
-            goto done;
-        if (__builtin_sub_overflow(output, generated, &left)) {
-            PyErr_SetString(PyExc_OverflowError, "a request's tokens left pass 2**63");
-            goto done;
-        }
-        if (__builtin_add_overflow(total, computed, &total)) {
-            PyErr_SetString(PyExc_OverflowError, "the requests' computed tokens pass 2**63");
-            goto done;
-        }
-        if (i == 0 || left < fewest)
-            fewest = left;
-        length_values[i] = computed;
-        final_values[i] = final;
-    }
+    if (read_decodes(requests, n, (int64_t *)PyBytes_AS_STRING(lengths), (int64_t *)PyBytes_AS_STRING(finals),
+                     &fewest, &total) < 0)
+        goto done;
     result = Py_BuildValue("OOLL", lengths, finals, fewest, total);
 done:
     Py_XDECREF(lengths);
@@ -262,37 +276,35 @@ static PyObject *all_prefilled(PyObject *self, PyObject *arg) {
  * IEEE operation at a time (the product through a volatile, so that no compiler fuses it into the sum: a fused
  * multiply-add rounds once, NumPy twice), and the clock by the same sequential additions as np.add.accumulate. At
  * most 8 tails (the step-time model has 3). */
-static PyObject *decode_clock(PyObject *self, PyObject *args) {
-    double now, head, per_token;
-    long long first_context, step_context;
-    Py_ssize_t num_steps;
-    PyObject *tails_arg;
-    if (!PyArg_ParseTuple(args, "dLLnddO:decode_clock", &now, &first_context, &step_context, &num_steps, &head,
-                          &per_token, &tails_arg))
-        return NULL;
-    if (num_steps < 0)
-        return PyErr_Format(PyExc_ValueError, "decode_clock: num_steps %zd < 0", num_steps);
-    PyObject *tails = PySequence_Fast(tails_arg, "decode_clock: tails must be a sequence");
+#define MAX_TAILS 8
+
+/* The tails (a sequence of floats) into ``values``; their number, or -1 with an error set. */
+static Py_ssize_t read_tails(PyObject *tails_arg, double values[MAX_TAILS], const char *function) {
+    PyObject *tails = PySequence_Fast(tails_arg, "tails must be a sequence");
     if (tails == NULL)
-        return NULL;
+        return -1;
     Py_ssize_t num_tails = PySequence_Fast_GET_SIZE(tails);
-    double tail_values[8];
-    if (num_tails > 8) {
+    if (num_tails > MAX_TAILS) {
         Py_DECREF(tails);
-        return PyErr_Format(PyExc_ValueError, "decode_clock: %zd tails, at most 8", num_tails);
+        PyErr_Format(PyExc_ValueError, "%s: %zd tails, at most %d", function, num_tails, MAX_TAILS);
+        return -1;
     }
     for (Py_ssize_t t = 0; t < num_tails; t++) {
-        tail_values[t] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(tails, t));
-        if (tail_values[t] == -1.0 && PyErr_Occurred()) {
+        values[t] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(tails, t));
+        if (values[t] == -1.0 && PyErr_Occurred()) {
             Py_DECREF(tails);
-            return NULL;
+            return -1;
         }
     }
     Py_DECREF(tails);
-    PyObject *buffer = PyBytes_FromStringAndSize(NULL, (2 * num_steps + 1) * (Py_ssize_t)sizeof(double));
-    if (buffer == NULL)
-        return NULL;
-    double *durations = (double *)PyBytes_AS_STRING(buffer), *clock = durations + num_steps;
+    return num_tails;
+}
+
+/* ``num_steps`` step times into ``durations`` and the clock at each boundary into ``clock`` (num_steps + 1, from
+ * ``now``); the shortest step's time (NaN where one is NaN, infinity where there is none). */
+static double fill_clock(double now, long long first_context, long long step_context, Py_ssize_t num_steps,
+                         double head, double per_token, const double *tails, Py_ssize_t num_tails, double *durations,
+                         double *clock) {
     double shortest = INFINITY;
     int any_nan = 0;
     clock[0] = now;
@@ -301,7 +313,7 @@ static PyObject *decode_clock(PyObject *self, PyObject *args) {
         volatile double reads = (double)context * per_token;
         double seconds = head + reads;
         for (Py_ssize_t t = 0; t < num_tails; t++)
-            seconds = seconds + tail_values[t];
+            seconds = seconds + tails[t];
         durations[j] = seconds;
         clock[j + 1] = clock[j] + seconds;
         if (isnan(seconds))
@@ -309,7 +321,28 @@ static PyObject *decode_clock(PyObject *self, PyObject *args) {
         else if (seconds < shortest)
             shortest = seconds;
     }
-    PyObject *result = Py_BuildValue("(Od)", buffer, any_nan ? NAN : (num_steps ? shortest : INFINITY));
+    return any_nan ? NAN : shortest;
+}
+
+static PyObject *decode_clock(PyObject *self, PyObject *args) {
+    double now, head, per_token, tails[MAX_TAILS];
+    long long first_context, step_context;
+    Py_ssize_t num_steps, num_tails;
+    PyObject *tails_arg;
+    if (!PyArg_ParseTuple(args, "dLLnddO:decode_clock", &now, &first_context, &step_context, &num_steps, &head,
+                          &per_token, &tails_arg))
+        return NULL;
+    if (num_steps < 0)
+        return PyErr_Format(PyExc_ValueError, "decode_clock: num_steps %zd < 0", num_steps);
+    if ((num_tails = read_tails(tails_arg, tails, "decode_clock")) < 0)
+        return NULL;
+    PyObject *buffer = PyBytes_FromStringAndSize(NULL, (2 * num_steps + 1) * (Py_ssize_t)sizeof(double));
+    if (buffer == NULL)
+        return NULL;
+    double *durations = (double *)PyBytes_AS_STRING(buffer);
+    double shortest = fill_clock(now, first_context, step_context, num_steps, head, per_token, tails, num_tails,
+                                 durations, durations + num_steps);
+    PyObject *result = Py_BuildValue("(Od)", buffer, shortest);
     Py_DECREF(buffer);
     return result;
 }
@@ -320,6 +353,30 @@ static int holds(const Py_buffer *view, int integers) {
         return 0;
     return integers ? strcmp(view->format, "l") == 0 || strcmp(view->format, "q") == 0
                     : strcmp(view->format, "d") == 0;
+}
+
+/* Σ d_j * series[j] over ``count`` steps lasting ``part``, in step order (each product through a volatile). */
+static double series_sum(const int64_t *series, const double *part, Py_ssize_t count) {
+    double total = 0.0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        volatile double product = (double)series[j] * part[j];
+        total = total + product;
+    }
+    return total;
+}
+
+/* The time Σ d_j of ``count`` steps lasting ``part``, the first of them step ``start``, and the weight
+ * Σ d_j * (j - first + 1) of the tokens each adds since step ``first``, in step order. */
+static void part_sums(const double *part, Py_ssize_t start, Py_ssize_t count, Py_ssize_t first, double *duration,
+                      double *weighted) {
+    double seconds = 0.0, weight = 0.0;
+    for (Py_ssize_t j = 0; j < count; j++) {
+        volatile double product = part[j] * (double)(start + j - first + 1);
+        seconds = seconds + part[j];
+        weight = weight + product;
+    }
+    *duration = seconds;
+    *weighted = weight;
 }
 
 /* One BulkProfile series over steps [start, stop): Σ d_j * values[j] in step order (each product through a
@@ -349,14 +406,8 @@ static int series_integral(PyObject *values, const double *part, Py_ssize_t star
                      start + count);
         return -1;
     }
-    const int64_t *series = (const int64_t *)view.buf + start;
-    double total = 0.0;
-    for (Py_ssize_t j = 0; j < count; j++) {
-        volatile double product = (double)series[j] * part[j];
-        total = total + product;
-    }
+    *integral = series_sum((const int64_t *)view.buf + start, part, count);
     PyBuffer_Release(&view);
-    *integral = total;
     return 0;
 }
 
@@ -381,12 +432,8 @@ static PyObject *bulk_integrals(PyObject *self, PyObject *args) {
     }
     const double *part = (const double *)durations.buf + start;
     Py_ssize_t count = stop - start;
-    double duration = 0.0, weighted = 0.0, allocated_integral, internal_integral, tokens_integral = 0.0;
-    for (Py_ssize_t j = 0; j < count; j++) {
-        volatile double product = part[j] * (double)(start + j - first + 1);
-        duration = duration + part[j];
-        weighted = weighted + product;
-    }
+    double duration, weighted, allocated_integral, internal_integral, tokens_integral = 0.0;
+    part_sums(part, start, count, first, &duration, &weighted);
     if (series_integral(allocated, part, start, count, duration, &allocated_integral) < 0 ||
         series_integral(internal, part, start, count, duration, &internal_integral) < 0 ||
         (tokens != Py_None && series_integral(tokens, part, start, count, duration, &tokens_integral) < 0))
@@ -400,6 +447,207 @@ done:
     return result;
 }
 
+/* ---- decode_run: a fresh bulk of decode steps of one full-attention pool (bulk_advance.py's plain case) ---- */
+
+/* What a bulk of decode steps reads, from one pass: the clock of ``most`` steps (as decode_clock), the steps it runs
+ * (cut before the one starting at or after the stop, then at the first whose new blocks the free ones do not cover,
+ * as the pool's full_attention_profile), and those steps' slots in use and past the final lengths. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n, most, num_steps;
+    long long total_length, allocated_sum;
+    double shortest;
+    double *durations, *clock;  /* [most], [most + 1] */
+    int64_t *allocated, *internal;  /* [num_steps] */
+} DecodeRun;
+
+static void run_dealloc(DecodeRun *run) {
+    PyMem_Free(run->durations);
+    PyMem_Free(run->allocated);
+    Py_TYPE(run)->tp_free((PyObject *)run);
+}
+
+/* 1 + the boundaries clock[1:stop] before ``t`` (NumPy's searchsorted, side "left", on a sorted clock). */
+static Py_ssize_t step_before(const DecodeRun *run, double t, Py_ssize_t stop) {
+    Py_ssize_t lo = 1, hi = stop < 1 ? 1 : stop;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (run->clock[mid] < t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int check_steps(const DecodeRun *run, Py_ssize_t stop, Py_ssize_t bound) {
+    if (stop < 0 || stop > bound) {
+        PyErr_Format(PyExc_IndexError, "decode run: step %zd of %zd", stop, bound);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *run_step_at(DecodeRun *run, PyObject *args) {
+    double t;
+    Py_ssize_t stop;
+    if (!PyArg_ParseTuple(args, "dn:step_at", &t, &stop) || check_steps(run, stop, run->num_steps) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(step_before(run, t, stop));
+}
+
+static PyObject *run_time_at(DecodeRun *run, PyObject *arg) {
+    Py_ssize_t step = PyLong_AsSsize_t(arg);
+    if ((step == -1 && PyErr_Occurred()) || check_steps(run, step, run->num_steps) < 0)
+        return NULL;
+    return PyFloat_FromDouble(run->clock[step]);
+}
+
+static PyObject *run_steps_within(DecodeRun *run, PyObject *args) {
+    long long headroom;
+    Py_ssize_t stop;
+    if (!PyArg_ParseTuple(args, "Ln:steps_within", &headroom, &stop) || check_steps(run, stop, run->num_steps) < 0)
+        return NULL;
+    Py_ssize_t lo = 0, hi = stop;  /* (the steps' slots only grow: NumPy's searchsorted, side "right") */
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (run->allocated[mid] - run->allocated_sum <= headroom)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return PyLong_FromSsize_t(lo);
+}
+
+static PyObject *run_record(DecodeRun *run, PyObject *args) {
+    Py_ssize_t start, stop, first;
+    long long external, capacity, shared;
+    if (!PyArg_ParseTuple(args, "nnnLLL:record", &start, &stop, &first, &external, &capacity, &shared) ||
+        check_steps(run, stop, run->num_steps) < 0 || check_steps(run, start, stop) < 0)
+        return NULL;
+    const double *part = run->durations + start;
+    Py_ssize_t count = stop - start;
+    double duration, weighted;
+    part_sums(part, start, count, first, &duration, &weighted);
+    double allocated = series_sum(run->allocated + start, part, count);
+    double internal = series_sum(run->internal + start, part, count);
+    /* BulkAdvance._record's tokens and categories.category_slots, one IEEE operation at a time in their order */
+    volatile double earlier = (double)(run->total_length + (long long)run->n * first) * duration;
+    volatile double added = (double)run->n * weighted;
+    double tokens = earlier + added;
+    volatile double external_slots = (double)external * duration, capacity_slots = (double)capacity * duration;
+    volatile double shared_slots = (double)shared * duration;
+    double token_state = tokens - shared_slots, used = allocated - shared_slots;
+    double reserved = used - token_state - internal, free = capacity_slots - used - external_slots;
+    return Py_BuildValue("(d(dddddd))", duration, token_state, reserved, internal, (double)external_slots, free,
+                         used);
+}
+
+static PyMethodDef run_methods[] = {
+    {"step_at", (PyCFunction)run_step_at, METH_VARARGS, NULL},
+    {"time_at", (PyCFunction)run_time_at, METH_O, NULL},
+    {"steps_within", (PyCFunction)run_steps_within, METH_VARARGS, NULL},
+    {"record", (PyCFunction)run_record, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef run_members[] = {
+    {"num_steps", T_PYSSIZET, offsetof(DecodeRun, num_steps), READONLY, NULL},
+    {"total_length", T_LONGLONG, offsetof(DecodeRun, total_length), READONLY, NULL},
+    {"shortest", T_DOUBLE, offsetof(DecodeRun, shortest), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject DecodeRunType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_request_loops.DecodeRun",
+    .tp_basicsize = sizeof(DecodeRun),
+    .tp_dealloc = (destructor)run_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = run_methods,
+    .tp_members = run_members,
+};
+
+/* decode_run(requests, now, cap, head, per_token, tails, stop_s, block_size, num_free, allocated_sum): a fresh bulk of
+ * the running ``requests`` (all decoding) from ``now``: at most ``cap`` steps and none past the first finish, timed by
+ * the step-time model's line (head, per_token, tails: StepTimeModel.decode_step_terms), cut before the step that
+ * starts at or after ``stop_s`` (None: no stop), then at the first step whose new blocks the ``num_free`` free blocks
+ * of ``block_size`` slots do not cover (``allocated_sum``: the slots the requests hold now). */
+static PyObject *decode_run(PyObject *self, PyObject *args) {
+    PyObject *arg, *tails_arg, *stop_arg;
+    double now, head, per_token, tails[MAX_TAILS];
+    Py_ssize_t cap, num_tails;
+    long long block_size, num_free, allocated_sum;
+    if (!PyArg_ParseTuple(args, "OdnddOOLLL:decode_run", &arg, &now, &cap, &head, &per_token, &tails_arg, &stop_arg,
+                          &block_size, &num_free, &allocated_sum))
+        return NULL;
+    double stop_s = 0.0;
+    if (stop_arg != Py_None && (stop_s = PyFloat_AsDouble(stop_arg)) == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (block_size < 1)
+        return PyErr_Format(PyExc_ValueError, "decode_run: block size %lld", block_size);
+    if ((num_tails = read_tails(tails_arg, tails, "decode_run")) < 0)
+        return NULL;
+    PyObject *requests = requests_of(arg, "decode_run");
+    if (requests == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(requests);
+    DecodeRun *run = NULL;
+    int64_t *lengths = PyMem_Malloc(2 * (n ? n : 1) * sizeof(int64_t)), *finals = NULL;
+    long long fewest, total;
+    if (lengths == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    finals = lengths + n;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_run: no requests");
+        goto done;
+    }
+    if (read_decodes(requests, n, lengths, finals, &fewest, &total) < 0)
+        goto done;
+    Py_ssize_t most = fewest < cap ? (Py_ssize_t)fewest : cap;
+    if (most < 0) {
+        PyErr_Format(PyExc_ValueError, "decode_run: %zd steps < 0", most);
+        goto done;
+    }
+    if ((run = PyObject_New(DecodeRun, &DecodeRunType)) == NULL)
+        goto done;
+    run->durations = NULL;
+    run->allocated = NULL;
+    run->n = n;
+    run->most = most;
+    run->total_length = total;
+    run->allocated_sum = allocated_sum;
+    run->durations = PyMem_Malloc((2 * most + 1) * sizeof(double));
+    if (run->durations == NULL) {
+        PyErr_NoMemory();
+        Py_CLEAR(run);
+        goto done;
+    }
+    run->clock = run->durations + most;
+    run->shortest = fill_clock(now, total + n, n, most, head, per_token, tails, num_tails, run->durations,
+                               run->clock);
+    Py_ssize_t num_steps = stop_arg == Py_None ? most : step_before(run, stop_s, most);
+    if (num_steps > most)  /* (no step to run: the clock ends at its start) */
+        num_steps = most;
+    run->allocated = PyMem_Malloc(2 * (num_steps ? num_steps : 1) * sizeof(int64_t));
+    if (run->allocated == NULL) {
+        PyErr_NoMemory();
+        Py_CLEAR(run);
+        goto done;
+    }
+    run->internal = run->allocated + num_steps;
+    /* The steps whose new blocks the free blocks cover: Σ allocated during the step stays within the limit */
+    run->num_steps = full_attention_steps(lengths, finals, n, block_size,
+                                          allocated_sum + block_size * (num_free + 1) - 1, num_steps,
+                                          run->allocated, run->internal);
+done:
+    PyMem_Free(lengths);
+    Py_DECREF(requests);
+    return (PyObject *)run;
+}
+
 static PyMethodDef methods[] = {
     {"bind_live_request", bind_live_request, METH_O, NULL},
     {"advance", advance, METH_VARARGS, NULL},
@@ -410,6 +658,7 @@ static PyMethodDef methods[] = {
     {"all_prefilled", all_prefilled, METH_O, NULL},
     {"decode_clock", decode_clock, METH_VARARGS, NULL},
     {"bulk_integrals", bulk_integrals, METH_VARARGS, NULL},
+    {"decode_run", decode_run, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -418,5 +667,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__request_loops(void) {
+    if (PyType_Ready(&DecodeRunType) < 0)
+        return NULL;
     return PyModule_Create(&module);
 }

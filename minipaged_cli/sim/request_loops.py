@@ -8,6 +8,10 @@ Every step and every bulk passes over all its running requests (a hundred on a l
 two counts changes for most; in Python the bytecodes of those passes cost a replay of the Azure trace a tenth of its
 time, and a bulk of a few steps spends more on NumPy's calls than on their arithmetic.
 ``tests/sim/test_request_loops.py`` drives both on random requests and compares every figure.
+
+One pass is compiled only: ``decode_run``, a fresh bulk's lengths, clock, steps and allocation profile over one
+full-attention pool at once (``DecodeRun``), and the sums it records; here it answers None, and the bulk takes its
+own path through the passes above and NumPy, which ``tests/sim/test_decode_run.py`` compares it with.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 
@@ -89,6 +94,45 @@ def decode_clock(now: float, first_context: int, step_context: int, num_steps: i
         durations = durations + tail
     shortest = float(np.minimum.reduce(durations)) if num_steps else math.inf
     return np.concatenate((durations, step_clock(now, durations))).tobytes(), shortest
+
+
+class BulkClock(Protocol):
+    """A bulk's clock (a ``DecodeRun``, or ``BulkPlan``'s arrays)."""
+
+    def step_at(self, t: float, stop: int) -> int:
+        """The first of steps 1 to ``stop`` that starts at or after ``t`` (``stop`` where none before it does)."""
+
+    def time_at(self, step: int) -> float:
+        """The clock at step ``step``'s start (0 to the run's steps)."""
+
+
+class DecodeRun(BulkClock, Protocol):
+    """The compiled ``decode_run``'s answer: a fresh bulk of decode steps over one full-attention pool. ``num_steps``:
+    its steps (cut before the one that starts at or after the stop, then at the first whose new blocks the free ones
+    do not cover); ``total_length``: Σ the running requests' lengths at its start; ``shortest``: its clock's shortest
+    step (NaN where one is NaN)."""
+
+    num_steps: int
+    total_length: int
+    shortest: float
+
+    def steps_within(self, headroom: int, stop: int) -> int:
+        """Of the first ``stop`` steps, how many take at most ``headroom`` slots more than the start held."""
+
+    def record(self, start: int, stop: int, first: int, external: int, capacity: int,
+               shared: int) -> tuple[float, tuple[float, ...]]:
+        """Steps ``start`` to ``stop``: their time and ``category_slots``' integrals over them (``first``: the step
+        the part they are in starts at; ``external``, ``capacity``, ``shared``: slots), as ``BulkAdvance._record``
+        works them out."""
+
+
+def decode_run(requests: Sequence[LiveRequest], now: float, cap: int, head: float, per_token: float,
+               tails: tuple[float, ...], stop_s: float | None, block_size: int, num_free: int,
+               allocated_sum: int) -> None:
+    """None: the compiled ``decode_run`` (a bulk's steps from one pass, ``sim/bulk_advance.py``'s plain case) has no
+    Python twin here; its reference is the bulk's own path, ``decode_lengths``, ``decode_clock``, the pool's
+    ``full_attention_profile`` and ``bulk_integrals``, which ``tests/sim/test_request_loops.py`` compares it with."""
+    return None
 
 
 def bulk_integrals(durations: np.ndarray, start: int, stop: int, first: int, allocated: np.ndarray | int,

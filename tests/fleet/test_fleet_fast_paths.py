@@ -285,9 +285,11 @@ def test_bulks_resume(monkeypatch: pytest.MonkeyPatch) -> None:
     trace = Trace("cuts", tuple(Request(f"q{i}", t, p, o, prefix=x) for i, (t, p, o, x) in enumerate(rows)), {})
     spec = FleetConfig((ReplicaPool("replicas", 2, config(4000, max_model_len=1000)),), RouterConfig("least-loaded"),
                        log_decisions=True)
-    plans: list[int] = []
-    fresh_plan = BulkAdvance._plan
+    plans: list[int] = []  # (each fresh bulk: a plan, or, where none resumes, a compiled run)
+    fresh_plan, fresh_run = BulkAdvance._plan, BulkAdvance._decode_run
     monkeypatch.setattr(BulkAdvance, "_plan", lambda self, *args: plans.append(1) or fresh_plan(self, *args))
+    monkeypatch.setattr(BulkAdvance, "_decode_run", lambda self, *args: (run := fresh_run(self, *args)) is not None
+                        and plans.append(1) or run)
     fast = Fleet(trace, spec).run()
     num_resuming = len(plans)
     fresh = Fleet(trace, spec)
