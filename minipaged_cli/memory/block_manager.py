@@ -174,8 +174,8 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         more later), and blocks register under their hash once full and computed. ``num_computed_tokens``: the
         prompt tokens the step that runs now writes (default: all of them); a chunked prefill reserves the whole
         prompt and reports each chunk with ``mark_computed`` as it runs. Cache hits count as computed.
-        ``final_length``: the most tokens the sequence will hold, if known (``SequenceState``).
-        """
+        ``final_length``: the most tokens the sequence will hold, if known (``SequenceState``). Where nothing is a
+        hit, all of it runs in one compiled call (``pool_loops.create_into``)."""
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
         if num_prompt_tokens < 0:
@@ -184,6 +184,9 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
             num_computed_tokens = num_prompt_tokens
         elif not 0 <= num_computed_tokens <= num_prompt_tokens:
             raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
+        if (created := self.pool.loops.create_into(self, sequence_id, num_prompt_tokens, block_hashes,
+                                                   num_computed_tokens, final_length)) is not False:
+            return created
         hits, hit_tokens = self.find_hits(block_hashes, num_prompt_tokens)
         needed = self.blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
         if needed > self.num_free_blocks:

@@ -300,7 +300,8 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
 /* SequenceState's slots that grow_lengths and the passes after it read and write, bound once (bind_sequence_state): a slot is read and
  * written through its member definition, without a lookup by name per sequence. */
 static PyTypeObject *STATE_TYPE;
-static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES, *BLOCK_TABLES, *FINAL, *SEQUENCE_ID;
+static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES, *BLOCK_TABLES, *FINAL, *SEQUENCE_ID,
+                   *CACHED_TOKENS, *NULLS;
 
 static PyMemberDef *slot(PyObject *cls, const char *name) {
     PyObject *descriptor = PyObject_GetAttrString(cls, name);
@@ -322,7 +323,8 @@ static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
         !(LOADING = slot(cls, "num_loading_tokens")) || !(HELD = slot(cls, "num_held_blocks")) ||
         !(CACHED_BLOCKS = slot(cls, "num_cached_blocks")) || !(BLOCK_HASHES = slot(cls, "block_hashes")) ||
         !(BLOCK_TABLES = slot(cls, "block_tables")) || !(FINAL = slot(cls, "final_length")) ||
-        !(SEQUENCE_ID = slot(cls, "sequence_id")))
+        !(SEQUENCE_ID = slot(cls, "sequence_id")) || !(CACHED_TOKENS = slot(cls, "num_cached_tokens")) ||
+        !(NULLS = slot(cls, "num_null")))
         return NULL;
     Py_INCREF(cls);
     Py_XSETREF(STATE_TYPE, (PyTypeObject *)cls);
@@ -730,13 +732,13 @@ enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS
        A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
        A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
        A_BLOCK_SIZE, A_SEQUENCES, A_ENABLE_PREFIX_CACHING, A_CACHED_GROUP_IDS, A_PAST_FINAL, A_TAKE, A_CACHE_FRESH,
-       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_COUNT };
+       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_RELEASED, A_POP, A_COUNT };
 static const char *ATTRIBUTE_NAMES[A_COUNT] = {
     "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
     "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
     "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft", "pool", "window", "num_forks",
     "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh",
-    "extendleft", "num_frees", "num_shared_references"};
+    "extendleft", "num_frees", "num_shared_references", "_released", "pop"};
 static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
 
 /* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
@@ -1006,6 +1008,161 @@ static int or_pools_own(PyObject *answer, PyObject *pool, int method, PyObject *
     return own == NULL ? -1 : 0;
 }
 
+/* A new SequenceState of one group, without its ``__init__`` (a Python call): every slot set as that call with these
+ * arguments sets it (``block_hashes`` the caller's list, as create_sequence keeps it); NULL with an error set. */
+static PyObject *new_state(PyObject *sequence_id, PyObject *keys, PyObject *final_length) {
+    PyObject *empty = PyTuple_New(0), *state = NULL, *table = PyList_New(0), *tables = NULL, *nulls = NULL,
+             *offered = NULL;
+    if (empty == NULL || table == NULL || !(tables = PyList_New(1)) || !(nulls = PyList_New(1)) ||
+            !(offered = PyList_New(1)))
+        goto done;
+    PyList_SET_ITEM(tables, 0, Py_NewRef(table));
+    PyList_SET_ITEM(nulls, 0, Py_NewRef(ZERO));
+    PyList_SET_ITEM(offered, 0, Py_NewRef(ZERO));
+    if (!(state = STATE_TYPE->tp_new(STATE_TYPE, empty, NULL)))
+        goto done;
+    PyMemberDef *members[] = {SEQUENCE_ID, LENGTH, BLOCK_TABLES, BLOCK_HASHES, CACHED_TOKENS, COMPUTED, NULLS,
+                              CACHED_BLOCKS, LOADING, HELD, FINAL};
+    PyObject *values[] = {sequence_id, ZERO, tables, keys, ZERO, ZERO, nulls, offered, ZERO, ZERO, final_length};
+    for (size_t i = 0; i < sizeof(members) / sizeof(members[0]); i++)
+        if (PyMember_SetOne((char *)state, members[i], values[i]) < 0) {
+            Py_CLEAR(state);
+            goto done;
+        }
+done:
+    Py_XDECREF(empty);
+    Py_XDECREF(table);
+    Py_XDECREF(tables);
+    Py_XDECREF(nulls);
+    Py_XDECREF(offered);
+    return state;
+}
+
+/* create_into's _take of a new state's ``required`` blocks (take_blocks, or the pool's own take), the blocks its first
+ * ``cached_tokens`` fill cached at once with their keys (take_computed: cache_blocks, or the pool's own cache_fresh;
+ * 0: none), its count of blocks held, and its place among those past their final length (note_past_final); -1 with
+ * an error set. */
+static int take_prompt(PyObject *manager, PyObject *pool, PyObject *queue, PyObject *sequence_id, PyObject *state,
+                       PyObject *keys, Py_ssize_t required, Py_ssize_t cached_tokens, Py_ssize_t block_size) {
+    PyObject *tables = PyMember_GetOne((const char *)state, BLOCK_TABLES), *table = NULL, *count = NULL,
+             *keys_part = NULL, *blocks_part = NULL, *offered = NULL, *stop_count = NULL, *held = NULL,
+             *past_final = NULL;
+    int result = -1;
+    if (tables == NULL || !(table = Py_NewRef(PyList_GET_ITEM(tables, 0))) ||
+            !(count = PyLong_FromSsize_t(required)) ||
+            or_pools_own(take_blocks(pool, queue, required, table), pool, A_TAKE, count, table) < 0)
+        goto done;
+    Py_ssize_t stop = cached_tokens / block_size;
+    if (stop > PyList_GET_SIZE(keys))
+        stop = PyList_GET_SIZE(keys);
+    if (stop > 0 && (!(keys_part = PyList_GetSlice(keys, 0, stop)) || !(blocks_part = PyList_GetSlice(table, 0, stop)) ||
+                     or_pools_own(cache_blocks(pool, keys_part, blocks_part), pool, A_CACHE_FRESH, keys_part,
+                                  blocks_part) < 0 ||
+                     !(offered = PyMember_GetOne((const char *)state, CACHED_BLOCKS)) ||
+                     !(stop_count = PyLong_FromSsize_t(stop)) || PyList_SetItem(offered, 0, Py_NewRef(stop_count)) < 0))
+        goto done;
+    if (!(held = PyLong_FromSsize_t(required)) || PyMember_SetOne((char *)state, HELD, held) < 0)
+        goto done;
+    int past = past_its_final(state, block_size);
+    if (past < 0 || (past && (!(past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL])) ||
+                              PyObject_SetItem(past_final, sequence_id, state) < 0)))
+        goto done;
+    result = 0;
+done:
+    Py_XDECREF(tables);
+    Py_XDECREF(table);
+    Py_XDECREF(count);
+    Py_XDECREF(keys_part);
+    Py_XDECREF(blocks_part);
+    Py_XDECREF(offered);
+    Py_XDECREF(stop_count);
+    Py_XDECREF(held);
+    Py_XDECREF(past_final);
+    return result;
+}
+
+/* KVBlockManager.create_sequence compiled where it is the usual case (create_into): one full-attention group and no
+ * fork, the pool in its usual case without duplicate entries (usual_pool), a prompt whose first key has no entry (no
+ * hit: most prompts) and enough free blocks. The state made and listed, its blocks taken (take_blocks) and those its
+ * computed tokens fill cached (cache_blocks), listed among those past their final length, its lengths set: what
+ * create_sequence's _take, take_computed and _computed do. False, nothing changed, elsewhere (the Python path then
+ * runs, and raises where it raises); else the state. ``keys``: a list (another sequence is the Python path's: it
+ * copies it). */
+static PyObject *create_into(PyObject *self, PyObject *args) {
+    PyObject *manager, *sequence_id, *keys, *final_length;
+    Py_ssize_t num_tokens, num_computed;
+    if (!PyArg_ParseTuple(args, "OOnOnO:create_into", &manager, &sequence_id, &num_tokens, &keys, &num_computed,
+                          &final_length))
+        return NULL;
+    if (STATE_TYPE == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "create_into: bind_sequence_state first");
+    PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *enabled = NULL, *queue = NULL,
+             *maps = NULL, *released = NULL, *state = NULL, *result = NULL;
+    Py_ssize_t block_size, num_free;
+    if (!(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) ||
+            !(window = PyObject_GetAttr(manager, ATTRIBUTES[A_WINDOW])) ||
+            !(forks = PyObject_GetAttr(manager, ATTRIBUTES[A_NUM_FORKS])))
+        goto done;
+    int usual = window == Py_None && PyList_CheckExact(keys) && 0 <= num_computed && num_computed <= num_tokens ?
+        PyObject_Not(forks) : 0;
+    if (usual == 1)
+        usual = usual_pool(pool, 1);
+    if (usual == 1 && (read_size(manager, A_BLOCK_SIZE, &block_size) < 0 ||
+                       !(sequences = PyObject_GetAttr(manager, ATTRIBUTES[A_SEQUENCES])) ||
+                       !(enabled = PyObject_GetAttr(manager, ATTRIBUTES[A_ENABLE_PREFIX_CACHING])) ||
+                       !(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) ||
+                       !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) ||
+                       !(released = PyObject_GetAttr(manager, ATTRIBUTES[A_RELEASED])) ||
+                       read_size(queue, A_NUM_FREE, &num_free) < 0))
+        goto done;
+    if (usual == 1)  /* (the manager's own kinds) */
+        usual = PyDict_CheckExact(sequences) && PyList_CheckExact(maps) && PyList_GET_SIZE(maps) == 1 &&
+            PyDict_CheckExact(PyList_GET_ITEM(maps, 0)) && block_size >= 1;
+    int caching = usual == 1 ? PyObject_IsTrue(enabled) : 0;
+    Py_ssize_t required = usual == 1 ? (num_tokens + block_size - 1) / block_size : 0;
+    /* (a listed sequence, or too few free blocks: create_sequence raises) */
+    if (usual == 1 && caching >= 0 && (required > num_free || PyDict_GetItemWithError(sequences, sequence_id)))
+        usual = 0;
+    if (usual == 1 && caching == 1 && num_tokens > block_size && PyList_GET_SIZE(keys)) {  /* (find_hits' miss) */
+        int found = PyDict_Contains(PyList_GET_ITEM(maps, 0), PyList_GET_ITEM(keys, 0));
+        usual = found < 0 ? -1 : !found;
+    }
+    if (usual < 0 || caching < 0 || PyErr_Occurred())
+        goto done;
+    if (usual == 0) {
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (!(state = new_state(sequence_id, keys, final_length)) || PyDict_SetItem(sequences, sequence_id, state) < 0)
+        goto done;
+    PyObject *popped = PyObject_CallMethodObjArgs(released, ATTRIBUTES[A_POP], sequence_id, Py_None, NULL);
+    if (popped == NULL)
+        goto done;
+    Py_DECREF(popped);
+    if (required > 0 && take_prompt(manager, pool, queue, sequence_id, state, keys, required,
+                                    caching ? num_computed : 0, block_size) < 0)
+        goto done;
+    PyObject *length = PyLong_FromSsize_t(num_tokens), *computed = PyLong_FromSsize_t(num_computed);
+    int failed = length == NULL || computed == NULL || PyMember_SetOne((char *)state, LENGTH, length) < 0 ||
+        PyMember_SetOne((char *)state, COMPUTED, computed) < 0;  /* (_computed: nothing loads, nothing more fills) */
+    Py_XDECREF(length);
+    Py_XDECREF(computed);
+    if (failed)
+        goto done;
+    result = Py_NewRef(state);
+done:
+    Py_XDECREF(pool);
+    Py_XDECREF(window);
+    Py_XDECREF(forks);
+    Py_XDECREF(sequences);
+    Py_XDECREF(enabled);
+    Py_XDECREF(queue);
+    Py_XDECREF(maps);
+    Py_XDECREF(released);
+    Py_XDECREF(state);
+    return result;
+}
+
 /* batched_growth.grow_together compiled where the pool is in its usual case (grow_batch): grow_lengths, fill_keys,
  * the pool's take, hand_out, fill_blocks and the caching in one call. False, nothing changed, where it is not (the
  * Python path then runs); else grow_together's answer: how many grew, or None where it would answer None. */
@@ -1213,6 +1370,7 @@ static PyMethodDef methods[] = {
     {"take_into", take_into, METH_VARARGS, NULL},
     {"cache_into", cache_into, METH_VARARGS, NULL},
     {"grow_batch", grow_batch, METH_VARARGS, NULL},
+    {"create_into", create_into, METH_VARARGS, NULL},
     {"release_into", release_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

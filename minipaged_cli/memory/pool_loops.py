@@ -239,6 +239,15 @@ def release_into(pool: object, table: list[int], num_keyed: int) -> bool:
     return False
 
 
+def create_into(manager: object, sequence_id: Hashable, num_tokens: int, block_hashes: Sequence[Hashable],
+                num_computed: int, final_length: int | None) -> SequenceState | bool:
+    """``manager.create_sequence`` of a prompt that finds nothing cached, in one call where it is the usual case (one
+    full-attention group and no fork, the pool's usual case without duplicate entries, a list of keys whose first
+    has no entry, enough free blocks): the state; else False, nothing changed, and its Python path runs. Here in
+    Python that path is the reference: False, always (``take_into``'s test runs both)."""
+    return False
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -264,6 +273,7 @@ class Loops:
     cache_into: Callable[..., bool]
     grow_batch: Callable[..., int | bool | None]
     release_into: Callable[..., bool]
+    create_into: Callable[..., SequenceState | bool]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

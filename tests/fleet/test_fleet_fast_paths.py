@@ -287,9 +287,14 @@ def test_bulks_resume(monkeypatch: pytest.MonkeyPatch) -> None:
                        log_decisions=True)
     plans: list[int] = []  # (each fresh bulk: a plan, or, where none resumes, a compiled run)
     fresh_plan, fresh_run = BulkAdvance._plan, BulkAdvance._decode_run
+
+    def counted_run(self: BulkAdvance, *args: object) -> object:
+        run = fresh_run(self, *args)
+        plans.extend([1] if run is not None else [])
+        return run
+
     monkeypatch.setattr(BulkAdvance, "_plan", lambda self, *args: plans.append(1) or fresh_plan(self, *args))
-    monkeypatch.setattr(BulkAdvance, "_decode_run", lambda self, *args: (run := fresh_run(self, *args)) is not None
-                        and plans.append(1) or run)
+    monkeypatch.setattr(BulkAdvance, "_decode_run", counted_run)
     fast = Fleet(trace, spec).run()
     num_resuming = len(plans)
     fresh = Fleet(trace, spec)

@@ -11,6 +11,7 @@ hand through the queue's three parts; the cases left to the pool's own path."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 from hypothesis import given, settings
@@ -76,7 +77,15 @@ def test_a_compiled_take_leaves_the_pool_as_its_own_path(seed: int, block_size: 
             else:
                 manager.release_sequence(sid)
         assert pool_state(managers[0].pool) == pool_state(managers[1].pool), step
+        assert manager_state(managers[0]) == manager_state(managers[1]), step
         assert managers[0].invariant_violations() == [], step
+
+
+def manager_state(manager: KVBlockManager) -> tuple:
+    """Every live sequence's every field (``SequenceState``'s equality leaves its progress out), in the order
+    listed, with those past their final length and the ids released (in their order)."""
+    states = [(sid, type(state), dataclasses.astuple(state)) for sid, state in manager.sequences.items()]
+    return states, sorted(manager.past_final), list(manager._released)
 
 
 @LOOP_KINDS
@@ -140,3 +149,42 @@ def test_the_compiled_calls_leave_the_unusual_cases_to_the_pool() -> None:
     manager.pool.loops = compiled_loops()
     manager.create_sequence(0, 3)  # (the usual case: taken by the compiled call)
     assert manager.sequences[0].block_table == [0, 1, 2] and manager.pool.num_allocations == 3
+
+
+def test_a_compiled_creation_is_create_sequence_where_nothing_is_a_hit() -> None:
+    """Blocks of 2 tokens, a prompt of 7 (4 blocks) with 5 tokens computed and 3 keys, at most 7 tokens long: the
+    state as ``create_sequence`` makes it (2 blocks cached, listed past its final length), its own list of keys."""
+    manager = KVBlockManager(10, 2, enable_prefix_caching=True)
+    manager.pool.loops = compiled_loops()
+    keys = ["a", "b", "c"]
+    state = manager.pool.loops.create_into(manager, 5, 7, keys, 5, 7)
+    assert manager.sequences == {5: state} and state.block_hashes is keys
+    assert dataclasses.astuple(state) == (5, 7, [[0, 1, 2, 3]], keys, 0, 5, [0], [2], 0, 4, 7)
+    assert manager.pool.cached_blocks[0] == {"a": 0, "b": 1} and manager.past_final == {5: state}
+    assert manager.pool.ref_counts == [1, 1, 1, 1] and manager.pool.num_allocations == 4  # (blocks never taken: none)
+
+
+def test_a_compiled_creation_leaves_the_unusual_cases_to_create_sequence() -> None:
+    """A hit (its first key cached), a fork, a sliding window, keys in a tuple, a listed id, too few free blocks, a
+    duplicate entry, a subscriber: False, and nothing changed."""
+    def fresh(**options: object) -> KVBlockManager:
+        manager = KVBlockManager(8, 2, enable_prefix_caching=True, **options)
+        manager.pool.loops = compiled_loops()
+        manager.create_sequence(0, 4, block_hashes=["a", "b"])  # (cached: "a" is a hit for a later prompt)
+        return manager
+
+    cases = {"hit": (fresh(), (1, 5, ["a", "x"], 5, None)), "listed": (fresh(), (0, 2, [], 2, None)),
+             "too few blocks": (fresh(), (1, 13, ["x"], 13, None)), "tuple": (fresh(), (1, 4, ("x",), 4, None))}
+    forked, duplicated, subscribed = fresh(), fresh(), fresh()
+    forked.fork(0, 9)
+    duplicated.pool.duplicate_blocks[0]["k"] = [3]
+    subscribed.pool.events.subscribe(object())
+    sliding = KVBlockManager(8, 2, [KVCacheGroup(FULL_ATTENTION, (0,), 1), KVCacheGroup("sliding_window", (1,), 1,
+                                                                                          sliding_window=4)])
+    sliding.pool.loops = compiled_loops()
+    cases |= {name: (manager, (1, 4, ["x"], 4, None)) for name, manager in
+              [("fork", forked), ("duplicate entry", duplicated), ("subscriber", subscribed), ("window", sliding)]}
+    for name, (manager, args) in cases.items():
+        before = (pool_state(manager.pool), manager_state(manager))
+        assert manager.pool.loops.create_into(manager, *args) is False, name
+        assert (pool_state(manager.pool), manager_state(manager)) == before, name
