@@ -319,6 +319,15 @@ static PyMemberDef *slot(PyObject *cls, const char *name) {
 static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
     if (!PyType_Check(cls))
         return PyErr_Format(PyExc_TypeError, "bind_sequence_state takes the class");
+    /* (new_state sets these 11 slots: a state of more would leave one unset) */
+    PyObject *slots = PyObject_GetAttrString(cls, "__slots__");
+    Py_ssize_t num_slots = slots == NULL ? -1 : PyObject_Length(slots);
+    Py_XDECREF(slots);
+    if (num_slots < 0)
+        return NULL;
+    if (num_slots != 11)
+        return PyErr_Format(PyExc_TypeError, "the sequence state has %zd slots where create_into's new_state sets 11: "
+                            "set the new ones there", num_slots);
     if (!(LENGTH = slot(cls, "sequence_length")) || !(COMPUTED = slot(cls, "num_computed_tokens")) ||
         !(LOADING = slot(cls, "num_loading_tokens")) || !(HELD = slot(cls, "num_held_blocks")) ||
         !(CACHED_BLOCKS = slot(cls, "num_cached_blocks")) || !(BLOCK_HASHES = slot(cls, "block_hashes")) ||

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from minipaged_cli.memory.block_pool import BlockPool
 from minipaged_cli.memory.kv_groups import FULL_ATTENTION, KVCacheGroup
 from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.prefix import hash_blocks
+from minipaged_cli.memory.sequence import SequenceState
 from tests.memory.conftest import LOOP_KINDS, compiled_loops
 
 
@@ -188,3 +190,15 @@ def test_a_compiled_creation_leaves_the_unusual_cases_to_create_sequence() -> No
         before = (pool_state(manager.pool), manager_state(manager))
         assert manager.pool.loops.create_into(manager, *args) is False, name
         assert (pool_state(manager.pool), manager_state(manager)) == before, name
+
+
+def test_the_compiled_creation_binds_no_state_with_a_slot_it_would_leave_unset() -> None:
+    """``create_into`` makes a state without its ``__init__``, setting the 11 slots it knows: a state class of
+    another number is refused when it is bound, before anything is bound to it."""
+    fields = [(field.name, field.type, field) for field in dataclasses.fields(SequenceState)]
+    wider = dataclasses.make_dataclass("Wider", [*fields, ("extra", int, dataclasses.field(default=0))], slots=True)
+    with pytest.raises(TypeError, match="12 slots where create_into's new_state sets 11"):
+        pool_loops.compiled().bind_sequence_state(wider)
+    manager = KVBlockManager(4, 1, enable_prefix_caching=True)
+    manager.pool.loops = compiled_loops()
+    assert type(manager.pool.loops.create_into(manager, 0, 2, [], 2, None)) is SequenceState  # (still bound)
