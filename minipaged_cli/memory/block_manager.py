@@ -122,9 +122,8 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         """Slots allocated to live sequences but not written yet: the tails of their last blocks, a last block
         shared by forked sequences counted once, each group's. (Not internal fragmentation, which counts only the
         slots a request will never fill: ``sim/categories.py``.)"""
-        tails = {table[-1]: len(table) * self.block_size - s.sequence_length
-                 for s in self.sequences.values() for table in s.block_tables if table}
-        return sum(tails.values())
+        return sum({table[-1]: len(table) * self.block_size - s.sequence_length
+                    for s in self.sequences.values() for table in s.block_tables if table}.values())
 
     def sequence(self, sequence_id: SequenceId) -> SequenceState:
         """The live sequence's state; ``UnknownSequenceError`` if there is none."""
@@ -174,24 +173,25 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
         more later), and blocks register under their hash once full and computed. ``num_computed_tokens``: the
         prompt tokens the step that runs now writes (default: all of them); a chunked prefill reserves the whole
         prompt and reports each chunk with ``mark_computed`` as it runs. Cache hits count as computed.
-        ``final_length``: the most tokens the sequence will hold, if known (``SequenceState``). Where nothing is a
-        hit, all of it runs in one compiled call (``pool_loops.create_into``)."""
+        ``final_length``: the most tokens the sequence will hold, if known (``SequenceState``). In the usual case
+        all of it, or all but the search for hits, runs in one compiled call (``pool_loops.create_into``)."""
         if sequence_id in self.sequences:
             raise DuplicateSequenceError(f"sequence {sequence_id!r} already exists")
         if num_prompt_tokens < 0:
             raise ValueError(f"num_prompt_tokens must be >= 0, got {num_prompt_tokens}")
-        if num_computed_tokens is None:
-            num_computed_tokens = num_prompt_tokens
-        elif not 0 <= num_computed_tokens <= num_prompt_tokens:
+        num_computed_tokens = num_prompt_tokens if num_computed_tokens is None else num_computed_tokens
+        if not 0 <= num_computed_tokens <= num_prompt_tokens:
             raise ValueError(f"num_computed_tokens must be in [0, {num_prompt_tokens}], got {num_computed_tokens}")
-        if (created := self.pool.loops.create_into(self, sequence_id, num_prompt_tokens, block_hashes,
-                                                   num_computed_tokens, final_length)) is not False:
+        args = (self, sequence_id, num_prompt_tokens, block_hashes, num_computed_tokens, final_length)
+        if (created := self.pool.loops.create_into(*args, None)) is not False:
             return created
         hits, hit_tokens = self.find_hits(block_hashes, num_prompt_tokens)
         needed = self.blocks_to_allocate(hits, hit_tokens, num_prompt_tokens, None)
         if needed > self.num_free_blocks:
             raise OutOfBlocksError(f"a prompt of {num_prompt_tokens} tokens for sequence {sequence_id!r} needs "
                                    f"{needed} new blocks, {self.num_free_blocks} free")
+        if hit_tokens and (created := self.pool.loops.create_into(*args, hits[0])) is not False:
+            return created
         skipped = self.skipped_blocks(hit_tokens)
         tables, nulls = [], []
         for group, group_hits in zip(self.groups, hits, strict=True):

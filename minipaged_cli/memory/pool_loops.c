@@ -741,13 +741,13 @@ enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS
        A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
        A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
        A_BLOCK_SIZE, A_SEQUENCES, A_ENABLE_PREFIX_CACHING, A_CACHED_GROUP_IDS, A_PAST_FINAL, A_TAKE, A_CACHE_FRESH,
-       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_RELEASED, A_POP, A_COUNT };
+       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_RELEASED, A_POP, A_REFERENCE, A_COUNT };
 static const char *ATTRIBUTE_NAMES[A_COUNT] = {
     "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
     "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
     "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft", "pool", "window", "num_forks",
     "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh",
-    "extendleft", "num_frees", "num_shared_references", "_released", "pop"};
+    "extendleft", "num_frees", "num_shared_references", "_released", "pop", "reference"};
 static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
 
 /* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
@@ -1019,20 +1019,24 @@ static int or_pools_own(PyObject *answer, PyObject *pool, int method, PyObject *
 
 /* A new SequenceState of one group, without its ``__init__`` (a Python call): every slot set as that call with these
  * arguments sets it (``block_hashes`` the caller's list, as create_sequence keeps it); NULL with an error set. */
-static PyObject *new_state(PyObject *sequence_id, PyObject *keys, PyObject *final_length) {
-    PyObject *empty = PyTuple_New(0), *state = NULL, *table = PyList_New(0), *tables = NULL, *nulls = NULL,
-             *offered = NULL;
-    if (empty == NULL || table == NULL || !(tables = PyList_New(1)) || !(nulls = PyList_New(1)) ||
-            !(offered = PyList_New(1)))
+static PyObject *new_state(PyObject *sequence_id, PyObject *keys, PyObject *final_length, PyObject *hits,
+                           Py_ssize_t block_size) {
+    Py_ssize_t num_hits = PyList_GET_SIZE(hits);
+    PyObject *empty = PyTuple_New(0), *state = NULL, *table = PyList_GetSlice(hits, 0, num_hits), *tables = NULL,
+             *nulls = NULL, *offered = NULL, *hit_blocks = PyLong_FromSsize_t(num_hits),
+             *hit_tokens = PyLong_FromSsize_t(num_hits * block_size);
+    if (empty == NULL || table == NULL || hit_blocks == NULL || hit_tokens == NULL || !(tables = PyList_New(1)) ||
+            !(nulls = PyList_New(1)) || !(offered = PyList_New(1)))
         goto done;
     PyList_SET_ITEM(tables, 0, Py_NewRef(table));
     PyList_SET_ITEM(nulls, 0, Py_NewRef(ZERO));
-    PyList_SET_ITEM(offered, 0, Py_NewRef(ZERO));
+    PyList_SET_ITEM(offered, 0, Py_NewRef(hit_blocks));
     if (!(state = STATE_TYPE->tp_new(STATE_TYPE, empty, NULL)))
         goto done;
     PyMemberDef *members[] = {SEQUENCE_ID, LENGTH, BLOCK_TABLES, BLOCK_HASHES, CACHED_TOKENS, COMPUTED, NULLS,
                               CACHED_BLOCKS, LOADING, HELD, FINAL};
-    PyObject *values[] = {sequence_id, ZERO, tables, keys, ZERO, ZERO, nulls, offered, ZERO, ZERO, final_length};
+    PyObject *values[] = {sequence_id, hit_tokens, tables, keys, hit_tokens, hit_tokens, nulls, offered, ZERO,
+                          hit_blocks, final_length};
     for (size_t i = 0; i < sizeof(members) / sizeof(members[0]); i++)
         if (PyMember_SetOne((char *)state, members[i], values[i]) < 0) {
             Py_CLEAR(state);
@@ -1044,6 +1048,8 @@ done:
     Py_XDECREF(tables);
     Py_XDECREF(nulls);
     Py_XDECREF(offered);
+    Py_XDECREF(hit_blocks);
+    Py_XDECREF(hit_tokens);
     return state;
 }
 
@@ -1057,20 +1063,23 @@ static int take_prompt(PyObject *manager, PyObject *pool, PyObject *queue, PyObj
              *keys_part = NULL, *blocks_part = NULL, *offered = NULL, *stop_count = NULL, *held = NULL,
              *past_final = NULL;
     int result = -1;
-    if (tables == NULL || !(table = Py_NewRef(PyList_GET_ITEM(tables, 0))) ||
-            !(count = PyLong_FromSsize_t(required)) ||
+    if (tables == NULL || !(table = Py_NewRef(PyList_GET_ITEM(tables, 0))))
+        goto done;
+    Py_ssize_t first = PyList_GET_SIZE(table);  /* (its hits: offered already) */
+    if (!(count = PyLong_FromSsize_t(required)) ||
             or_pools_own(take_blocks(pool, queue, required, table), pool, A_TAKE, count, table) < 0)
         goto done;
     Py_ssize_t stop = cached_tokens / block_size;
     if (stop > PyList_GET_SIZE(keys))
         stop = PyList_GET_SIZE(keys);
-    if (stop > 0 && (!(keys_part = PyList_GetSlice(keys, 0, stop)) || !(blocks_part = PyList_GetSlice(table, 0, stop)) ||
+    if (stop > first && (!(keys_part = PyList_GetSlice(keys, first, stop)) ||
+                         !(blocks_part = PyList_GetSlice(table, first, stop)) ||
                      or_pools_own(cache_blocks(pool, keys_part, blocks_part), pool, A_CACHE_FRESH, keys_part,
                                   blocks_part) < 0 ||
                      !(offered = PyMember_GetOne((const char *)state, CACHED_BLOCKS)) ||
                      !(stop_count = PyLong_FromSsize_t(stop)) || PyList_SetItem(offered, 0, Py_NewRef(stop_count)) < 0))
         goto done;
-    if (!(held = PyLong_FromSsize_t(required)) || PyMember_SetOne((char *)state, HELD, held) < 0)
+    if (!(held = PyLong_FromSsize_t(first + required)) || PyMember_SetOne((char *)state, HELD, held) < 0)
         goto done;
     int past = past_its_final(state, block_size);
     if (past < 0 || (past && (!(past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL])) ||
@@ -1091,18 +1100,21 @@ done:
 }
 
 /* KVBlockManager.create_sequence compiled where it is the usual case (create_into): one full-attention group and no
- * fork, the pool in its usual case without duplicate entries (usual_pool), a prompt whose first key has no entry (no
- * hit: most prompts) and enough free blocks. The state made and listed, its blocks taken (take_blocks) and those its
+ * fork, the pool in its usual case without duplicate entries (usual_pool), enough free blocks, and either a prompt
+ * whose first key has no entry (``hits`` None: no hit, most prompts) or the hits find_hits found (a list). The hits
+ * held (the pool's reference), the state made and listed, its other blocks taken (take_blocks) and those its
  * computed tokens fill cached (cache_blocks), listed among those past their final length, its lengths set: what
- * create_sequence's _take, take_computed and _computed do. False, nothing changed, elsewhere (the Python path then
- * runs, and raises where it raises); else the state. ``keys``: a list (another sequence is the Python path's: it
- * copies it). */
+ * create_sequence's loop over its groups, _take, take_computed and _computed do. False, nothing changed, elsewhere
+ * (the Python path then runs, and raises where it raises); else the state. ``keys``: a list (another sequence is the
+ * Python path's: it copies it). */
 static PyObject *create_into(PyObject *self, PyObject *args) {
-    PyObject *manager, *sequence_id, *keys, *final_length;
+    PyObject *manager, *sequence_id, *keys, *final_length, *hits;
     Py_ssize_t num_tokens, num_computed;
-    if (!PyArg_ParseTuple(args, "OOnOnO:create_into", &manager, &sequence_id, &num_tokens, &keys, &num_computed,
-                          &final_length))
+    if (!PyArg_ParseTuple(args, "OOnOnOO:create_into", &manager, &sequence_id, &num_tokens, &keys, &num_computed,
+                          &final_length, &hits))
         return NULL;
+    if (hits != Py_None && !PyList_CheckExact(hits))
+        return PyErr_Format(PyExc_TypeError, "create_into: hits must be a list or None");
     if (STATE_TYPE == NULL)
         return PyErr_Format(PyExc_RuntimeError, "create_into: bind_sequence_state first");
     PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *enabled = NULL, *queue = NULL,
@@ -1128,11 +1140,13 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
         usual = PyDict_CheckExact(sequences) && PyList_CheckExact(maps) && PyList_GET_SIZE(maps) == 1 &&
             PyDict_CheckExact(PyList_GET_ITEM(maps, 0)) && block_size >= 1;
     int caching = usual == 1 ? PyObject_IsTrue(enabled) : 0;
-    Py_ssize_t required = usual == 1 ? (num_tokens + block_size - 1) / block_size : 0;
-    /* (a listed sequence, or too few free blocks: create_sequence raises) */
-    if (usual == 1 && caching >= 0 && (required > num_free || PyDict_GetItemWithError(sequences, sequence_id)))
+    Py_ssize_t num_hits = hits == Py_None ? 0 : PyList_GET_SIZE(hits);
+    Py_ssize_t required = usual == 1 ? (num_tokens + block_size - 1) / block_size - num_hits : 0;
+    /* (a listed sequence, or too few free blocks: create_sequence raises; hits only past a prompt's last token) */
+    if (usual == 1 && caching >= 0 && (required > num_free || PyDict_GetItemWithError(sequences, sequence_id) ||
+                                       (num_hits && (num_tokens - 1) / block_size < num_hits)))
         usual = 0;
-    if (usual == 1 && caching == 1 && num_tokens > block_size && PyList_GET_SIZE(keys)) {  /* (find_hits' miss) */
+    if (usual == 1 && hits == Py_None && caching == 1 && num_tokens > block_size && PyList_GET_SIZE(keys)) {
         int found = PyDict_Contains(PyList_GET_ITEM(maps, 0), PyList_GET_ITEM(keys, 0));
         usual = found < 0 ? -1 : !found;
     }
@@ -1142,8 +1156,23 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_False);
         goto done;
     }
-    if (!(state = new_state(sequence_id, keys, final_length)) || PyDict_SetItem(sequences, sequence_id, state) < 0)
+    if (num_hits) {  /* (find_hits' blocks held: a free one revived) */
+        PyObject *held = PyList_AsTuple(hits), *reference = PyObject_GetAttr(pool, ATTRIBUTES[A_REFERENCE]);
+        PyObject *answer = held == NULL || reference == NULL ? NULL : PyObject_Call(reference, held, NULL);
+        Py_XDECREF(held);
+        Py_XDECREF(reference);
+        if (answer == NULL)
+            goto done;
+        Py_DECREF(answer);
+    }
+    PyObject *no_hits = num_hits ? NULL : PyList_New(0);
+    if ((!num_hits && no_hits == NULL) ||
+            !(state = new_state(sequence_id, keys, final_length, num_hits ? hits : no_hits, block_size)) ||
+            PyDict_SetItem(sequences, sequence_id, state) < 0) {
+        Py_XDECREF(no_hits);
         goto done;
+    }
+    Py_XDECREF(no_hits);
     PyObject *popped = PyObject_CallMethodObjArgs(released, ATTRIBUTES[A_POP], sequence_id, Py_None, NULL);
     if (popped == NULL)
         goto done;
@@ -1151,7 +1180,9 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
     if (required > 0 && take_prompt(manager, pool, queue, sequence_id, state, keys, required,
                                     caching ? num_computed : 0, block_size) < 0)
         goto done;
-    PyObject *length = PyLong_FromSsize_t(num_tokens), *computed = PyLong_FromSsize_t(num_computed);
+    Py_ssize_t hit_tokens = num_hits * block_size;  /* (_computed: a hit counts as computed) */
+    PyObject *length = PyLong_FromSsize_t(num_tokens),
+             *computed = PyLong_FromSsize_t(num_computed > hit_tokens ? num_computed : hit_tokens);
     int failed = length == NULL || computed == NULL || PyMember_SetOne((char *)state, LENGTH, length) < 0 ||
         PyMember_SetOne((char *)state, COMPUTED, computed) < 0;  /* (_computed: nothing loads, nothing more fills) */
     Py_XDECREF(length);

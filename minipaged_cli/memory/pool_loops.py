@@ -240,11 +240,12 @@ def release_into(pool: object, table: list[int], num_keyed: int) -> bool:
 
 
 def create_into(manager: object, sequence_id: Hashable, num_tokens: int, block_hashes: Sequence[Hashable],
-                num_computed: int, final_length: int | None) -> SequenceState | bool:
-    """``manager.create_sequence`` of a prompt that finds nothing cached, in one call where it is the usual case (one
-    full-attention group and no fork, the pool's usual case without duplicate entries, a list of keys whose first
-    has no entry, enough free blocks): the state; else False, nothing changed, and its Python path runs. Here in
-    Python that path is the reference: False, always (``take_into``'s test runs both)."""
+                num_computed: int, final_length: int | None, hits: list[int] | None) -> SequenceState | bool:
+    """``manager.create_sequence`` in one call where it is the usual case (one full-attention group and no fork, the
+    pool's usual case without duplicate entries, a list of keys, enough free blocks): the state; else False, nothing
+    changed, and its Python path runs. ``hits``: the blocks ``find_hits`` found (None: where the first key has an
+    entry, the Python path finds them). Here in Python that path is the reference: False, always (``take_into``'s
+    test runs both)."""
     return False
 
 

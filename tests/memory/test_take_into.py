@@ -153,17 +153,25 @@ def test_the_compiled_calls_leave_the_unusual_cases_to_the_pool() -> None:
     assert manager.sequences[0].block_table == [0, 1, 2] and manager.pool.num_allocations == 3
 
 
-def test_a_compiled_creation_is_create_sequence_where_nothing_is_a_hit() -> None:
+def test_a_compiled_creation_is_create_sequence_worked_by_hand() -> None:
     """Blocks of 2 tokens, a prompt of 7 (4 blocks) with 5 tokens computed and 3 keys, at most 7 tokens long: the
-    state as ``create_sequence`` makes it (2 blocks cached, listed past its final length), its own list of keys."""
+    state as ``create_sequence`` makes it (2 blocks cached, listed past its final length), its own list of keys;
+    then a prompt that hits two of them."""
     manager = KVBlockManager(10, 2, enable_prefix_caching=True)
     manager.pool.loops = compiled_loops()
     keys = ["a", "b", "c"]
-    state = manager.pool.loops.create_into(manager, 5, 7, keys, 5, 7)
+    state = manager.pool.loops.create_into(manager, 5, 7, keys, 5, 7, None)
     assert manager.sequences == {5: state} and state.block_hashes is keys
     assert dataclasses.astuple(state) == (5, 7, [[0, 1, 2, 3]], keys, 0, 5, [0], [2], 0, 4, 7)
     assert manager.pool.cached_blocks[0] == {"a": 0, "b": 1} and manager.past_final == {5: state}
     assert manager.pool.ref_counts == [1, 1, 1, 1] and manager.pool.num_allocations == 4  # (blocks never taken: none)
+    # A prompt of 6 tokens whose first 2 blocks are "a" and "b": they are its hits, held twice now; 1 block taken
+    hits, hit_tokens = manager.find_hits(["a", "b", "x"], 6)
+    assert (hits, hit_tokens) == ([[0, 1]], 4)
+    other = manager.pool.loops.create_into(manager, 6, 6, ["a", "b", "x"], 6, None, hits[0])
+    assert dataclasses.astuple(other) == (6, 6, [[0, 1, 4]], ["a", "b", "x"], 4, 6, [0], [3], 0, 3, None)
+    assert manager.pool.ref_counts == [2, 2, 1, 1, 1] and manager.pool.num_shared_references == 2
+    assert manager.pool.cached_blocks[0] == {"a": 0, "b": 1, "x": 4} and 6 not in manager.past_final
 
 
 def test_a_compiled_creation_leaves_the_unusual_cases_to_create_sequence() -> None:
@@ -188,7 +196,7 @@ def test_a_compiled_creation_leaves_the_unusual_cases_to_create_sequence() -> No
               [("fork", forked), ("duplicate entry", duplicated), ("subscriber", subscribed), ("window", sliding)]}
     for name, (manager, args) in cases.items():
         before = (pool_state(manager.pool), manager_state(manager))
-        assert manager.pool.loops.create_into(manager, *args) is False, name
+        assert manager.pool.loops.create_into(manager, *args, None) is False, name
         assert (pool_state(manager.pool), manager_state(manager)) == before, name
 
 
@@ -201,4 +209,4 @@ def test_the_compiled_creation_binds_no_state_with_a_slot_it_would_leave_unset()
         pool_loops.compiled().bind_sequence_state(wider)
     manager = KVBlockManager(4, 1, enable_prefix_caching=True)
     manager.pool.loops = compiled_loops()
-    assert type(manager.pool.loops.create_into(manager, 0, 2, [], 2, None)) is SequenceState  # (still bound)
+    assert type(manager.pool.loops.create_into(manager, 0, 2, [], 2, None, None)) is SequenceState  # (still bound)
