@@ -1142,7 +1142,7 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
     int caching = usual == 1 ? PyObject_IsTrue(enabled) : 0;
     Py_ssize_t num_hits = hits == Py_None ? 0 : PyList_GET_SIZE(hits);
     Py_ssize_t required = usual == 1 ? (num_tokens + block_size - 1) / block_size - num_hits : 0;
-    /* (a listed sequence, or too few free blocks: create_sequence raises; hits only past a prompt's last token) */
+    /* (a listed sequence, or too few free blocks: create_sequence raises; hits end before a prompt's last token) */
     if (usual == 1 && caching >= 0 && (required > num_free || PyDict_GetItemWithError(sequences, sequence_id) ||
                                        (num_hits && (num_tokens - 1) / block_size < num_hits)))
         usual = 0;
