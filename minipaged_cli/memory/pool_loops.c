@@ -807,6 +807,25 @@ static int usual_take(PyObject *pool, PyObject *queue, Py_ssize_t count) {
     return count <= 0 || count > num_free ? 0 : usual_pool(pool, 1);
 }
 
+/* Whether the block manager is in the usual case of its compiled calls (grow_batch, create_into): no sliding window,
+ * no fork, its pool in its usual case (usual_pool, with ``without_duplicates``); its pool in ``*pool`` (a new
+ * reference, NULL where the answer is -1, with an error set). */
+static int usual_manager(PyObject *manager, PyObject **pool, int without_duplicates) {
+    PyObject *window = NULL, *forks = NULL;
+    int usual = -1;
+    if ((*pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) &&
+            (window = PyObject_GetAttr(manager, ATTRIBUTES[A_WINDOW])) &&
+            (forks = PyObject_GetAttr(manager, ATTRIBUTES[A_NUM_FORKS])))
+        usual = window == Py_None ? PyObject_Not(forks) : 0;
+    if (usual == 1)
+        usual = usual_pool(*pool, without_duplicates);
+    Py_XDECREF(window);
+    Py_XDECREF(forks);
+    if (usual < 0)
+        Py_CLEAR(*pool);
+    return usual;
+}
+
 /* The back part's next ``count`` live entries added to ``taken``, from ``*head`` on, each stale entry met skipped and
  * forgotten (``stale``: block -> its stale entries; ``*num_stale`` their count); -1 with an error set. */
 static int take_back(PyObject *back, Py_ssize_t *head, PyObject *stale, Py_ssize_t *num_stale, Py_ssize_t count,
@@ -1018,11 +1037,13 @@ static int or_pools_own(PyObject *answer, PyObject *pool, int method, PyObject *
 }
 
 /* A new SequenceState of one group, without its ``__init__`` (a Python call): every slot set as that call with these
- * arguments sets it (``block_hashes`` the caller's list, as create_sequence keeps it); NULL with an error set. */
+ * arguments sets it (``block_hashes`` the caller's list, as create_sequence keeps it; its table a copy of ``hits``, a
+ * list, or empty where they are None); NULL with an error set. */
 static PyObject *new_state(PyObject *sequence_id, PyObject *keys, PyObject *final_length, PyObject *hits,
                            Py_ssize_t block_size) {
-    Py_ssize_t num_hits = PyList_GET_SIZE(hits);
-    PyObject *empty = PyTuple_New(0), *state = NULL, *table = PyList_GetSlice(hits, 0, num_hits), *tables = NULL,
+    Py_ssize_t num_hits = hits == Py_None ? 0 : PyList_GET_SIZE(hits);
+    PyObject *empty = PyTuple_New(0), *state = NULL, *tables = NULL,
+             *table = hits == Py_None ? PyList_New(0) : PyList_GetSlice(hits, 0, num_hits),
              *nulls = NULL, *offered = NULL, *hit_blocks = PyLong_FromSsize_t(num_hits),
              *hit_tokens = PyLong_FromSsize_t(num_hits * block_size);
     if (empty == NULL || table == NULL || hit_blocks == NULL || hit_tokens == NULL || !(tables = PyList_New(1)) ||
@@ -1117,17 +1138,11 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_TypeError, "create_into: hits must be a list or None");
     if (STATE_TYPE == NULL)
         return PyErr_Format(PyExc_RuntimeError, "create_into: bind_sequence_state first");
-    PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *enabled = NULL, *queue = NULL,
-             *maps = NULL, *released = NULL, *state = NULL, *result = NULL;
+    PyObject *pool = NULL, *sequences = NULL, *enabled = NULL, *queue = NULL, *maps = NULL, *released = NULL,
+             *state = NULL, *result = NULL;
     Py_ssize_t block_size, num_free;
-    if (!(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) ||
-            !(window = PyObject_GetAttr(manager, ATTRIBUTES[A_WINDOW])) ||
-            !(forks = PyObject_GetAttr(manager, ATTRIBUTES[A_NUM_FORKS])))
-        goto done;
-    int usual = window == Py_None && PyList_CheckExact(keys) && 0 <= num_computed && num_computed <= num_tokens ?
-        PyObject_Not(forks) : 0;
-    if (usual == 1)
-        usual = usual_pool(pool, 1);
+    int usual = PyList_CheckExact(keys) && 0 <= num_computed && num_computed <= num_tokens ?
+        usual_manager(manager, &pool, 1) : 0;
     if (usual == 1 && (read_size(manager, A_BLOCK_SIZE, &block_size) < 0 ||
                        !(sequences = PyObject_GetAttr(manager, ATTRIBUTES[A_SEQUENCES])) ||
                        !(enabled = PyObject_GetAttr(manager, ATTRIBUTES[A_ENABLE_PREFIX_CACHING])) ||
@@ -1165,14 +1180,9 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
             goto done;
         Py_DECREF(answer);
     }
-    PyObject *no_hits = num_hits ? NULL : PyList_New(0);
-    if ((!num_hits && no_hits == NULL) ||
-            !(state = new_state(sequence_id, keys, final_length, num_hits ? hits : no_hits, block_size)) ||
-            PyDict_SetItem(sequences, sequence_id, state) < 0) {
-        Py_XDECREF(no_hits);
+    if (!(state = new_state(sequence_id, keys, final_length, hits, block_size)) ||
+            PyDict_SetItem(sequences, sequence_id, state) < 0)
         goto done;
-    }
-    Py_XDECREF(no_hits);
     PyObject *popped = PyObject_CallMethodObjArgs(released, ATTRIBUTES[A_POP], sequence_id, Py_None, NULL);
     if (popped == NULL)
         goto done;
@@ -1192,8 +1202,6 @@ static PyObject *create_into(PyObject *self, PyObject *args) {
     result = Py_NewRef(state);
 done:
     Py_XDECREF(pool);
-    Py_XDECREF(window);
-    Py_XDECREF(forks);
     Py_XDECREF(sequences);
     Py_XDECREF(enabled);
     Py_XDECREF(queue);
@@ -1211,17 +1219,11 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
     long long num_tokens;
     if (!PyArg_ParseTuple(args, "OOL:grow_batch", &manager, &ids, &num_tokens))
         return NULL;
-    PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *enabled = NULL, *cached_ids = NULL,
-             *queue = NULL, *maps = NULL, *duplicates = NULL, *grown = NULL, *keys = NULL, *taken = NULL,
-             *blocks = NULL, *result = NULL;
+    PyObject *pool = NULL, *sequences = NULL, *enabled = NULL, *cached_ids = NULL, *queue = NULL, *maps = NULL,
+             *duplicates = NULL, *grown = NULL, *keys = NULL, *taken = NULL, *blocks = NULL, *result = NULL;
     Py_ssize_t block_size, num_free, cached_group = -1;
-    if (!(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) ||
-            !(window = PyObject_GetAttr(manager, ATTRIBUTES[A_WINDOW])) ||
-            !(forks = PyObject_GetAttr(manager, ATTRIBUTES[A_NUM_FORKS])))
-        goto done;
-    int usual = window == Py_None && num_tokens >= 1 ? PyObject_Not(forks) : 0;
-    if (usual == 1)
-        usual = usual_pool(pool, 0);  /* (one group: grow_together's own guards, and no key log) */
+    /* (one group: grow_together's own guards, and no key log) */
+    int usual = num_tokens >= 1 ? usual_manager(manager, &pool, 0) : 0;
     if (usual <= 0) {
         result = usual < 0 ? NULL : Py_NewRef(Py_False);
         goto done;
@@ -1299,8 +1301,6 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
     result = Py_NewRef(num_grown);
 done:
     Py_XDECREF(pool);
-    Py_XDECREF(window);
-    Py_XDECREF(forks);
     Py_XDECREF(sequences);
     Py_XDECREF(enabled);
     Py_XDECREF(cached_ids);
