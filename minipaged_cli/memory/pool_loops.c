@@ -369,22 +369,70 @@ static int move_lengths(PyObject *states, Py_ssize_t count, long long delta) {
     return 0;
 }
 
-static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids_arg, long long num_tokens, long long block_size,
-                                 long long num_groups, long long num_free, Py_ssize_t cached_group) {
-    if (STATE_TYPE == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "grow_lengths: bind_sequence_state first");
+/* ``state.<member>[group]`` as an int (-1 with an error set where it fails). */
+static long long read_item(PyObject *state, PyMemberDef *member, Py_ssize_t group) {
+    PyObject *items = PyMember_GetOne((const char *)state, member);
+    if (items == NULL)
+        return -1;
+    PyObject *item = PySequence_GetItem(items, group);
+    Py_DECREF(items);
+    if (item == NULL)
+        return -1;
+    long long number = PyLong_AsLongLong(item);
+    Py_DECREF(item);
+    return number;
+}
+
+/* One pass of grow_lengths over a step's sequences: their states in order, and its takes and fills as indices into
+ * them (grow_lengths hands them to Python as (state, number) pairs; grow_batch reads them here). */
+typedef struct {
+    PyObject *states;  /* every sequence's state, in order */
+    Py_ssize_t num_grown, num_takes, num_fills;
+    long long num_taken;
+    Py_ssize_t *take_at, *fill_at;  /* a take's or a fill's state: its index in ``states`` */
+    long long *take_count, *fill_stop;  /* a take's blocks per group; a fill's stop */
+} Growth;
+
+static void growth_clear(Growth *growth) {
+    Py_CLEAR(growth->states);
+    PyMem_Free(growth->take_at);
+    PyMem_Free(growth->fill_at);
+    PyMem_Free(growth->take_count);
+    PyMem_Free(growth->fill_stop);
+    growth->take_at = growth->fill_at = NULL;
+    growth->take_count = growth->fill_stop = NULL;
+}
+
+/* grow_lengths into ``growth`` (growth_clear it after, whatever the answer): 1 where they grew, 0 where the answer
+ * is None (an unknown sequence, one reserved ahead or loading: nothing changed), -1 with an error set. */
+static int grow_states(Growth *growth, PyObject *sequences, PyObject *ids_arg, long long num_tokens,
+                       long long block_size, long long num_groups, long long num_free, Py_ssize_t cached_group) {
+    *growth = (Growth){0};
+    if (STATE_TYPE == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "grow_lengths: bind_sequence_state first");
+        return -1;
+    }
     PyObject *ids = PySequence_Fast(ids_arg, "grow_lengths: sequence_ids must be a sequence");
     if (ids == NULL)
-        return NULL;
+        return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
-    PyObject *states = PyList_New(n), *takes = PyList_New(0), *fills = PyList_New(0), *result = NULL;
-    if (states == NULL || takes == NULL || fills == NULL)
+    int answer = -1;
+    growth->take_at = PyMem_New(Py_ssize_t, n + 1);
+    growth->fill_at = PyMem_New(Py_ssize_t, n + 1);
+    growth->take_count = PyMem_New(long long, n + 1);
+    growth->fill_stop = PyMem_New(long long, n + 1);
+    if (!growth->take_at || !growth->fill_at || !growth->take_count || !growth->fill_stop) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *states = growth->states = PyList_New(n);
+    if (states == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *state = PyDict_GetItemWithError(sequences, PySequence_Fast_GET_ITEM(ids, i));  /* borrowed */
         if (state == NULL) {
             if (!PyErr_Occurred())
-                result = Py_NewRef(Py_None);  /* an unknown sequence: the caller's ``grow`` raises */
+                answer = 0;  /* an unknown sequence: the caller's ``grow`` raises */
             goto done;
         }
         if (!Py_IS_TYPE(state, STATE_TYPE)) {
@@ -393,8 +441,7 @@ static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids_arg, long lo
         }
         PyList_SET_ITEM(states, i, Py_NewRef(state));
     }
-    Py_ssize_t num_grown = n;
-    long long num_taken = 0;
+    growth->num_grown = n;
     for (Py_ssize_t done = 0; done < n; done++) {
         PyObject *state = PyList_GET_ITEM(states, done);
         long long length, computed, loading, held;  /* (each read checked: no call with an error pending) */
@@ -405,32 +452,22 @@ static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids_arg, long lo
             goto done;
         if (computed != length || loading) {  /* reserved ahead, loading: ``grow``, one at a time */
             if (move_lengths(states, done, -num_tokens) == 0)
-                result = Py_NewRef(Py_None);
+                answer = 0;
             goto done;
         }
         long long new_length = length + num_tokens;
         if (new_length * num_groups > held * block_size) {
             long long per_group = (new_length + block_size - 1) / block_size - held / num_groups;
-            if (num_taken + per_group * num_groups > num_free) {
-                num_grown = done;  /* (one at a time, this one's take fails: it and the rest stay as they are) */
+            if (growth->num_taken + per_group * num_groups > num_free) {
+                growth->num_grown = done;  /* (one at a time, this one's take fails: it and the rest stay) */
                 break;
             }
-            num_taken += per_group * num_groups;
-            PyObject *take = Py_BuildValue("(OL)", state, per_group);
-            if (take == NULL || PyList_Append(takes, take) < 0) {
-                Py_XDECREF(take);
-                goto done;
-            }
-            Py_DECREF(take);
+            growth->num_taken += per_group * num_groups;
+            growth->take_at[growth->num_takes] = done;
+            growth->take_count[growth->num_takes++] = per_group;
         }
         if (cached_group >= 0) {
-            PyObject *cached = PyMember_GetOne((const char *)state, CACHED_BLOCKS);
-            if (cached == NULL)
-                goto done;
-            PyObject *count = PySequence_GetItem(cached, cached_group);
-            Py_DECREF(cached);
-            long long num_cached = count == NULL ? -1 : PyLong_AsLongLong(count);
-            Py_XDECREF(count);
+            long long num_cached = read_item(state, CACHED_BLOCKS, cached_group);
             if (num_cached == -1 && PyErr_Occurred())
                 goto done;
             if (new_length / block_size > num_cached) {
@@ -439,13 +476,9 @@ static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids_arg, long lo
                 Py_XDECREF(hashes);
                 if (num_hashes < 0)
                     goto done;
-                long long stop = new_length / block_size < num_hashes ? new_length / block_size : num_hashes;
-                PyObject *fill = Py_BuildValue("(OL)", state, stop);
-                if (fill == NULL || PyList_Append(fills, fill) < 0) {
-                    Py_XDECREF(fill);
-                    goto done;
-                }
-                Py_DECREF(fill);
+                growth->fill_at[growth->num_fills] = done;
+                growth->fill_stop[growth->num_fills++] =
+                    new_length / block_size < num_hashes ? new_length / block_size : num_hashes;
             }
         }
         PyObject *grown = PyLong_FromLongLong(new_length);
@@ -457,12 +490,39 @@ static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids_arg, long lo
         if (failed)
             goto done;
     }
-    result = Py_BuildValue("(OnLOO)", states, num_grown, num_taken, takes, fills);
+    answer = 1;
 done:
     Py_DECREF(ids);
-    Py_XDECREF(states);
+    return answer;
+}
+
+/* A growth's takes or fills as grow_lengths lists them: (state, number) pairs. */
+static PyObject *growth_pairs(Growth *growth, Py_ssize_t *at, long long *numbers, Py_ssize_t count) {
+    PyObject *pairs = PyList_New(count);
+    for (Py_ssize_t i = 0; pairs != NULL && i < count; i++) {
+        PyObject *item = Py_BuildValue("(OL)", PyList_GET_ITEM(growth->states, at[i]), numbers[i]);
+        if (item == NULL)
+            Py_CLEAR(pairs);
+        else
+            PyList_SET_ITEM(pairs, i, item);
+    }
+    return pairs;
+}
+
+static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids, long long num_tokens, long long block_size,
+                                 long long num_groups, long long num_free, Py_ssize_t cached_group) {
+    Growth growth;
+    PyObject *result = NULL, *takes = NULL, *fills = NULL;
+    int grew = grow_states(&growth, sequences, ids, num_tokens, block_size, num_groups, num_free, cached_group);
+    if (grew == 0)
+        result = Py_NewRef(Py_None);
+    else if (grew == 1 &&
+             (takes = growth_pairs(&growth, growth.take_at, growth.take_count, growth.num_takes)) != NULL &&
+             (fills = growth_pairs(&growth, growth.fill_at, growth.fill_stop, growth.num_fills)) != NULL)
+        result = Py_BuildValue("(OnLOO)", growth.states, growth.num_grown, growth.num_taken, takes, fills);
     Py_XDECREF(takes);
     Py_XDECREF(fills);
+    growth_clear(&growth);
     return result;
 }
 
@@ -486,20 +546,6 @@ static PyObject *pair(PyObject *item, long long *number) {
         return PyErr_Format(PyExc_TypeError, "a %s, not the bound sequence state", Py_TYPE(state)->tp_name);
     *number = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
     return *number == -1 && PyErr_Occurred() ? NULL : state;
-}
-
-/* ``state.<member>[group]`` as an int (-1 with an error set where it fails). */
-static long long read_item(PyObject *state, PyMemberDef *member, Py_ssize_t group) {
-    PyObject *items = PyMember_GetOne((const char *)state, member);
-    if (items == NULL)
-        return -1;
-    PyObject *item = PySequence_GetItem(items, group);
-    Py_DECREF(items);
-    if (item == NULL)
-        return -1;
-    long long number = PyLong_AsLongLong(item);
-    Py_DECREF(item);
-    return number;
 }
 
 /* ``state.<member>[start:stop]`` (or ``state.<member>[group][start:stop]`` where ``group`` >= 0) added to the end of
@@ -1211,6 +1257,170 @@ done:
     return result;
 }
 
+/* grow_batch's one group: the state's table (``block_tables[0]``), borrowed (the state holds it, and nothing in
+ * grow_batch replaces a slot's list); NULL, no error set, where the tables are not lists as the manager makes them. */
+static PyObject *only_table(PyObject *state) {
+    PyObject *tables = PyMember_GetOne((const char *)state, BLOCK_TABLES);
+    if (tables == NULL)
+        return NULL;
+    PyObject *table = PyList_CheckExact(tables) && PyList_GET_SIZE(tables) == 1 ? PyList_GET_ITEM(tables, 0) : NULL;
+    Py_DECREF(tables);
+    return table != NULL && PyList_CheckExact(table) ? table : NULL;
+}
+
+/* The first cached count (``num_cached_blocks[0]``), its list borrowed in ``*counts``: -1 with ``*counts`` NULL and
+ * no error set where the counts are not a list of ints as the manager makes them (-1 with an error set: it failed). */
+static long long only_count(PyObject *state, PyObject **counts) {
+    PyObject *list = PyMember_GetOne((const char *)state, CACHED_BLOCKS);
+    *counts = NULL;
+    if (list == NULL)
+        return -1;
+    long long count = -1;
+    if (PyList_CheckExact(list) && PyList_GET_SIZE(list) == 1 && PyLong_CheckExact(PyList_GET_ITEM(list, 0))) {
+        count = PyLong_AsLongLong(PyList_GET_ITEM(list, 0));
+        if (count >= 0)
+            *counts = list;
+    }
+    Py_DECREF(list);
+    return count;
+}
+
+/* Whether grow_batch's passes may read a growth's takes and fills as the manager makes their lists (a table list,
+ * a list of one cached count, the keys a list or a tuple): 1; 0 where not (its Python path runs), -1 with an error
+ * set. */
+static int growth_lists(Growth *growth) {
+    for (Py_ssize_t i = 0; i < growth->num_takes; i++)
+        if (only_table(PyList_GET_ITEM(growth->states, growth->take_at[i])) == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+    for (Py_ssize_t i = 0; i < growth->num_fills; i++) {
+        PyObject *state = PyList_GET_ITEM(growth->states, growth->fill_at[i]), *counts;
+        if (only_table(state) == NULL || (only_count(state, &counts), counts == NULL))
+            return PyErr_Occurred() ? -1 : 0;
+        PyObject *hashes = PyMember_GetOne((const char *)state, BLOCK_HASHES);
+        if (hashes == NULL)
+            return -1;
+        int usual = PyList_CheckExact(hashes) || PyTuple_CheckExact(hashes);
+        Py_DECREF(hashes);
+        if (!usual)
+            return 0;
+    }
+    return 1;
+}
+
+/* fill_keys over a growth's fills (growth_lists checked): the keys they fill, in order; Py_None where a key other
+ * than PRIVATE repeats or has an entry in ``cached``. */
+static PyObject *growth_fill_keys(Growth *growth, PyObject *cached) {
+    PyObject *keys = PyList_New(0), *distinct = NULL;
+    Py_ssize_t num_keyed = 0;  /* (keys other than PRIVATE: most of a replay's are it, and need no test) */
+    for (Py_ssize_t i = 0; keys != NULL && i < growth->num_fills; i++) {
+        PyObject *state = PyList_GET_ITEM(growth->states, growth->fill_at[i]), *counts;
+        long long start = only_count(state, &counts);
+        PyObject *hashes = counts == NULL ? NULL : PyMember_GetOne((const char *)state, BLOCK_HASHES);
+        if (hashes == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "grow_batch: a fill's counts went missing");
+            Py_CLEAR(keys);
+            break;
+        }
+        PyObject **items = PySequence_Fast_ITEMS(hashes);  /* (a list or a tuple: growth_lists) */
+        for (long long j = start; j < growth->fill_stop[i] && j < PySequence_Fast_GET_SIZE(hashes); j++) {
+            num_keyed += items[j] != PRIVATE;
+            if (PyList_Append(keys, items[j]) < 0) {
+                Py_CLEAR(keys);
+                break;
+            }
+        }
+        Py_DECREF(hashes);
+    }
+    if (keys == NULL || num_keyed == 0)
+        return keys;
+    int met = 0;
+    if (num_keyed > 1) {  /* a key twice */
+        if (!(distinct = PySet_New(NULL)))
+            goto failed;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
+            if (PyList_GET_ITEM(keys, i) != PRIVATE && PySet_Add(distinct, PyList_GET_ITEM(keys, i)) < 0)
+                goto failed;
+        met = PySet_GET_SIZE(distinct) != num_keyed;
+        Py_CLEAR(distinct);
+    }
+    for (Py_ssize_t i = 0; !met && i < PyList_GET_SIZE(keys); i++) {  /* a key with an entry */
+        if (PyList_GET_ITEM(keys, i) != PRIVATE && (met = PyDict_Contains(cached, PyList_GET_ITEM(keys, i))) < 0)
+            goto failed;
+    }
+    if (met) {
+        Py_DECREF(keys);
+        Py_RETURN_NONE;
+    }
+    return keys;
+failed:
+    Py_XDECREF(distinct);
+    Py_DECREF(keys);
+    return NULL;
+}
+
+/* hand_out over a growth's takes in one group: each table gains its blocks from ``taken`` in order, its held count
+ * moves, and a table now past the sequence's final length lists it in ``past_final`` (a dict); -1 with an error
+ * set. */
+static int growth_hand_out(Growth *growth, PyObject *taken, PyObject *past_final, long long block_size) {
+    Py_ssize_t position = 0;
+    for (Py_ssize_t i = 0; i < growth->num_takes; i++) {
+        PyObject *state = PyList_GET_ITEM(growth->states, growth->take_at[i]);
+        PyObject *table = only_table(state);
+        long long count = growth->take_count[i], held;
+        if (table == NULL || position + count > PyList_GET_SIZE(taken)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "grow_batch: a take's blocks or table went missing");
+            return -1;
+        }
+        for (long long k = 0; k < count; k++)
+            if (PyList_Append(table, PyList_GET_ITEM(taken, position++)) < 0)
+                return -1;
+        if ((held = read_int(state, HELD)) == -1 && PyErr_Occurred())
+            return -1;
+        PyObject *moved = PyLong_FromLongLong(held + count);
+        int failed = moved == NULL || PyMember_SetOne((char *)state, HELD, moved) < 0;
+        Py_XDECREF(moved);
+        if (failed)
+            return -1;
+        int past = past_its_final(state, block_size);
+        PyObject *id = past == 1 ? PyMember_GetOne((const char *)state, SEQUENCE_ID) : NULL;
+        failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
+        Py_XDECREF(id);
+        if (failed)
+            return -1;
+    }
+    return 0;
+}
+
+/* fill_blocks over a growth's fills in one group (growth_lists checked): the blocks they fill, in order, each
+ * state's cached count moved to its stop. */
+static PyObject *growth_fill_blocks(Growth *growth) {
+    PyObject *blocks = PyList_New(0);
+    for (Py_ssize_t i = 0; blocks != NULL && i < growth->num_fills; i++) {
+        PyObject *state = PyList_GET_ITEM(growth->states, growth->fill_at[i]), *counts;
+        PyObject *table = only_table(state);
+        long long start = only_count(state, &counts), stop = growth->fill_stop[i];
+        if (table == NULL || counts == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "grow_batch: a fill's table or counts went missing");
+            Py_CLEAR(blocks);
+            break;
+        }
+        for (long long j = start; j < stop && j < PyList_GET_SIZE(table); j++)
+            if (PyList_Append(blocks, PyList_GET_ITEM(table, j)) < 0) {
+                Py_CLEAR(blocks);
+                break;
+            }
+        PyObject *moved = blocks != NULL && stop > start ? PyLong_FromLongLong(stop) : NULL;
+        if (moved != NULL)
+            PyList_SetItem(counts, 0, moved);  /* (takes ``moved``) */
+        else if (blocks != NULL && stop > start)
+            Py_CLEAR(blocks);
+    }
+    return blocks;
+}
+
 /* batched_growth.grow_together compiled where the pool is in its usual case (grow_batch): grow_lengths, fill_keys,
  * the pool's take, hand_out, fill_blocks and the caching in one call. False, nothing changed, where it is not (the
  * Python path then runs); else grow_together's answer: how many grew, or None where it would answer None. */
@@ -1220,8 +1430,10 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOL:grow_batch", &manager, &ids, &num_tokens))
         return NULL;
     PyObject *pool = NULL, *sequences = NULL, *enabled = NULL, *cached_ids = NULL, *queue = NULL, *maps = NULL,
-             *duplicates = NULL, *grown = NULL, *keys = NULL, *taken = NULL, *blocks = NULL, *result = NULL;
+             *duplicates = NULL, *keys = NULL, *taken = NULL, *num_taken = NULL, *past_final = NULL, *blocks = NULL,
+             *result = NULL;
     Py_ssize_t block_size, num_free, cached_group = -1;
+    Growth growth = {0};
     /* (one group: grow_together's own guards, and no key log) */
     int usual = num_tokens >= 1 ? usual_manager(manager, &pool, 0) : 0;
     if (usual <= 0) {
@@ -1256,49 +1468,50 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    grown = grow_lengths_of(sequences, ids, num_tokens, block_size, 1, num_free, cached_group);
-    if (grown == NULL || grown == Py_None) {
-        result = grown == NULL ? NULL : Py_NewRef(Py_None);  /* (unknown, reserved ahead, loading: ``grow``'s path) */
+    int grew = grow_states(&growth, sequences, ids, num_tokens, block_size, 1, num_free, cached_group);
+    if (grew <= 0) {
+        result = grew < 0 ? NULL : Py_NewRef(Py_None);  /* (unknown, reserved ahead, loading: ``grow``'s path) */
         goto done;
     }
-    PyObject *states = PyTuple_GET_ITEM(grown, 0), *num_grown = PyTuple_GET_ITEM(grown, 1),
-             *num_taken = PyTuple_GET_ITEM(grown, 2), *takes = PyTuple_GET_ITEM(grown, 3),
-             *fills = PyTuple_GET_ITEM(grown, 4);
-    if (PyList_GET_SIZE(fills) && cached_group >= 0) {
-        if (!(keys = fill_keys_of(fills, 0, PyList_GET_ITEM(maps, 0))))
+    int lists = growth_lists(&growth);
+    if (lists <= 0) {  /* (lists of other kinds: the lengths moved back, and the Python path) */
+        if (lists == 0 && move_lengths(growth.states, growth.num_grown, -num_tokens) == 0)
+            result = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (growth.num_fills && cached_group >= 0) {
+        if (!(keys = growth_fill_keys(&growth, PyList_GET_ITEM(maps, 0))))
             goto done;
         if (keys == Py_None) {  /* a key met: the lengths moved back, and grow_together's None */
-            Py_ssize_t count = PyLong_AsSsize_t(num_grown);
-            if ((count == -1 && PyErr_Occurred()) || move_lengths(states, count, -num_tokens) < 0)
-                goto done;
-            result = Py_NewRef(Py_None);
+            if (move_lengths(growth.states, growth.num_grown, -num_tokens) == 0)
+                result = Py_NewRef(Py_None);
             goto done;
         }
     }
-    if (PyList_GET_SIZE(takes)) {  /* (0 < blocks taken <= the free ones: grow_lengths counted them) */
-        Py_ssize_t count = PyLong_AsSsize_t(num_taken);
-        if ((count == -1 && PyErr_Occurred()) || !(taken = PyList_New(0)))
+    if (growth.num_takes) {  /* (0 < blocks taken <= the free ones: grow_states counted them) */
+        if (!(taken = PyList_New(0)) || !(num_taken = PyLong_FromLongLong(growth.num_taken)) ||
+                !(past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL])))
             goto done;
+        if (!PyDict_Check(past_final)) {  /* (before the take: an error here changes nothing more) */
+            PyErr_SetString(PyExc_TypeError, "grow_batch: the manager's past_final must be a dict");
+            goto done;
+        }
         int without_duplicates = PyList_CheckExact(duplicates) && PyList_GET_SIZE(duplicates) == 1 &&
             PyDict_CheckExact(PyList_GET_ITEM(duplicates, 0)) && PyDict_GET_SIZE(PyList_GET_ITEM(duplicates, 0)) == 0;
-        PyObject *answer = without_duplicates ? take_blocks(pool, queue, count, taken) : Py_NewRef(Py_False);
-        if (or_pools_own(answer, pool, A_TAKE, num_taken, taken) < 0)
+        PyObject *answer = without_duplicates ? take_blocks(pool, queue, growth.num_taken, taken)
+                                              : Py_NewRef(Py_False);
+        if (or_pools_own(answer, pool, A_TAKE, num_taken, taken) < 0 ||
+                growth_hand_out(&growth, taken, past_final, block_size) < 0)
             goto done;
-        PyObject *past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL]);
-        PyObject *handed = past_final == NULL ? NULL : hand_out_of(takes, taken, 1, past_final, block_size);
-        Py_XDECREF(past_final);
-        if (handed == NULL)
-            goto done;
-        Py_DECREF(handed);
     }
     if (keys != NULL) {
-        if (!(blocks = fill_blocks_of(fills, 0)))
+        if (!(blocks = growth_fill_blocks(&growth)))
             goto done;
         if (PyList_GET_SIZE(blocks) && or_pools_own(cache_blocks(pool, keys, blocks), pool, A_CACHE_FRESH, keys,
                                                     blocks) < 0)
             goto done;
     }
-    result = Py_NewRef(num_grown);
+    result = PyLong_FromSsize_t(growth.num_grown);
 done:
     Py_XDECREF(pool);
     Py_XDECREF(sequences);
@@ -1307,10 +1520,12 @@ done:
     Py_XDECREF(queue);
     Py_XDECREF(maps);
     Py_XDECREF(duplicates);
-    Py_XDECREF(grown);
     Py_XDECREF(keys);
     Py_XDECREF(taken);
+    Py_XDECREF(num_taken);
+    Py_XDECREF(past_final);
     Py_XDECREF(blocks);
+    growth_clear(&growth);
     return result;
 }
 

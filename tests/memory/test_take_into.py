@@ -10,6 +10,7 @@ hand through the queue's three parts; the cases left to the pool's own path."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import random
@@ -151,6 +152,36 @@ def test_the_compiled_calls_leave_the_unusual_cases_to_the_pool() -> None:
     manager.pool.loops = compiled_loops()
     manager.create_sequence(0, 3)  # (the usual case: taken by the compiled call)
     assert manager.sequences[0].block_table == [0, 1, 2] and manager.pool.num_allocations == 3
+
+
+def test_a_compiled_growth_leaves_a_key_met_to_the_one_at_a_time_path() -> None:
+    """Blocks of 2 tokens, sequences of 1 token each. Two that fill their first block with the same key "k" in one
+    step, or one whose key "z" has an entry: ``grow_batch`` answers None (``grow_together``'s answer: the one at a
+    time path runs) and changes nothing. Two filling ``PRIVATE`` meet no key: they grow, and their blocks are
+    cached without an entry."""
+    grow_batch = compiled_loops().grow_batch
+    manager = KVBlockManager(10, 2, enable_prefix_caching=True)
+    manager.pool.loops = compiled_loops()
+    manager.create_sequence(0, 1, block_hashes=["k", "m"], final_length=4)
+    manager.create_sequence(1, 1, block_hashes=["k", "n"], final_length=4)
+    manager.create_sequence(2, 2, block_hashes=["z"], final_length=4)  # ("z" full and computed: an entry)
+    manager.create_sequence(3, 1, block_hashes=["z"], final_length=4)
+    manager.create_sequence(4, 1, block_hashes=[PRIVATE], final_length=4)
+    manager.create_sequence(5, 1, block_hashes=[PRIVATE], final_length=4)
+    assert manager.pool.cached_blocks[0] == {"z": 2}
+    for ids in ([0, 1], [3], [4, 3]):
+        before, pool_before = manager_state(manager), pool_state(manager.pool)
+        assert grow_batch(manager, ids, 1) is None
+        assert manager_state(manager) == before and pool_state(manager.pool) == pool_before
+    assert grow_batch(manager, [0], 1) == 1 and manager.pool.cached_blocks[0] == {"z": 2, "k": 0}
+    assert grow_batch(manager, [4, 5], 1) == 2
+    assert [manager.sequences[i].num_cached_blocks for i in (4, 5)] == [[1], [1]]
+    assert manager.pool.block_hash[4:6] == [PRIVATE, PRIVATE] and manager.pool.cached_blocks[0] == {"z": 2, "k": 0}
+    # Keys in a list of another kind than the manager makes: False (its Python path), nothing changed
+    manager.sequences[1].block_hashes = collections.UserList(["q", "n"])
+    before, pool_before = manager_state(manager), pool_state(manager.pool)
+    assert grow_batch(manager, [5, 1], 1) is False
+    assert manager_state(manager) == before and pool_state(manager.pool) == pool_before
 
 
 def test_a_compiled_creation_is_create_sequence_worked_by_hand() -> None:
