@@ -75,7 +75,13 @@ class PagedAllocator(Allocator):
         return max(gate, chunk)
 
     def admission_headroom(self, holding: Holding, prompt_length: int, keep_free_blocks: int = 0) -> int:
-        return (self.manager.num_free_blocks - self.blocks_to_admit(holding, prompt_length) - keep_free_blocks) \
+        # (asked several times a step: where no hit is possible, one compiled call)
+        manager = self.manager
+        headroom = manager.pool.loops.admission_headroom(manager, holding.block_hashes, prompt_length,
+                                                         keep_free_blocks)
+        if headroom is not None:
+            return headroom
+        return (manager.num_free_blocks - self.blocks_to_admit(holding, prompt_length) - keep_free_blocks) \
             * self.block_size
 
     def can_admit(self, holding: Holding, prompt_length: int, keep_free_blocks: int = 0) -> bool:

@@ -787,13 +787,15 @@ enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS
        A_BLOCK_HASH, A_BLOCK_GROUP, A_CACHED_BLOCKS, A_FRONT, A_NUM_TOUCHED, A_NUM_BLOCKS, A_BACK, A_HEAD, A_STALE,
        A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
        A_BLOCK_SIZE, A_SEQUENCES, A_ENABLE_PREFIX_CACHING, A_CACHED_GROUP_IDS, A_PAST_FINAL, A_TAKE, A_CACHE_FRESH,
-       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_RELEASED, A_POP, A_REFERENCE, A_COUNT };
+       A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_RELEASED, A_POP, A_REFERENCE, A_SLIDING, A_GROUPS,
+       A_FULL_IDS, A_COUNT };
 static const char *ATTRIBUTE_NAMES[A_COUNT] = {
     "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
     "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
     "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft", "pool", "window", "num_forks",
     "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh",
-    "extendleft", "num_frees", "num_shared_references", "_released", "pop", "reference"};
+    "extendleft", "num_frees", "num_shared_references", "_released", "pop", "reference", "sliding", "groups",
+    "full_ids"};
 static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
 
 /* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
@@ -1529,6 +1531,66 @@ done:
     return result;
 }
 
+/* PagedAllocator.admission_headroom where the prompt can hit nothing (KVCacheCoordinator.find_hits' first test) and
+ * no group slides: the free blocks less the gate's count (every group the prompt's blocks) and ``keep``, in slots;
+ * None where a hit is possible, a group slides or the count is negative (the Python path answers or raises). */
+static PyObject *admission_headroom(PyObject *self, PyObject *args) {
+    PyObject *manager, *keys;
+    long long num_tokens, keep;
+    if (!PyArg_ParseTuple(args, "OOLL:admission_headroom", &manager, &keys, &num_tokens, &keep))
+        return NULL;
+    PyObject *sliding = NULL, *enabled = NULL, *groups = NULL, *pool = NULL, *queue = NULL, *full_ids = NULL,
+             *maps = NULL, *map = NULL, *first = NULL, *result = NULL;
+    Py_ssize_t block_size, num_free, num_groups, num_keys;
+    int caching;
+    if (!(sliding = PyObject_GetAttr(manager, ATTRIBUTES[A_SLIDING])) ||
+            !(enabled = PyObject_GetAttr(manager, ATTRIBUTES[A_ENABLE_PREFIX_CACHING])) ||
+            read_size(manager, A_BLOCK_SIZE, &block_size) < 0 || (caching = PyObject_IsTrue(enabled)) < 0)
+        goto done;
+    if (sliding != Py_None || num_tokens < 0 || block_size < 1) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (caching && num_tokens > block_size) {  /* (find_hits: a hit needs a prompt past one block and a first key) */
+        if ((num_keys = PyObject_Length(keys)) < 0)
+            goto done;
+        if (num_keys > 0) {
+            Py_ssize_t group;
+            if (!(full_ids = PyObject_GetAttr(manager, ATTRIBUTES[A_FULL_IDS])) ||
+                    !(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) ||
+                    !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) ||
+                    !(first = PySequence_GetItem(full_ids, 0)) ||
+                    ((group = PyLong_AsSsize_t(first)) == -1 && PyErr_Occurred()) ||
+                    !(map = PySequence_GetItem(maps, group)))
+                goto done;
+            Py_SETREF(first, PySequence_GetItem(keys, 0));
+            int found = first == NULL ? -1 : PySequence_Contains(map, first);
+            if (found != 0) {
+                result = found == 1 ? Py_NewRef(Py_None) : NULL;  /* (an entry: the search for hits, in Python) */
+                goto done;
+            }
+        }
+    }
+    if (pool == NULL && !(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])))
+        goto done;
+    if (!(groups = PyObject_GetAttr(manager, ATTRIBUTES[A_GROUPS])) || (num_groups = PyObject_Length(groups)) < 0 ||
+            !(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) || read_size(queue, A_NUM_FREE, &num_free) < 0)
+        goto done;
+    long long blocks = (long long)num_groups * ((num_tokens + block_size - 1) / block_size);
+    result = PyLong_FromLongLong((num_free - blocks - keep) * block_size);
+done:
+    Py_XDECREF(sliding);
+    Py_XDECREF(enabled);
+    Py_XDECREF(groups);
+    Py_XDECREF(pool);
+    Py_XDECREF(queue);
+    Py_XDECREF(full_ids);
+    Py_XDECREF(maps);
+    Py_XDECREF(map);
+    Py_XDECREF(first);
+    return result;
+}
+
 /* BlockPool.release_split of one table (release_into): its first ``num_keyed`` blocks (offered to the cache) and the
  * rest, each part tail first (single_type.tail_first), as KVCacheCoordinator.release_tables splits them. The keyed
  * part's blocks held once are freed up to the first shared one, the others counted down (BlockPool.unreference);
@@ -1625,6 +1687,7 @@ static PyMethodDef methods[] = {
     {"take_into", take_into, METH_VARARGS, NULL},
     {"cache_into", cache_into, METH_VARARGS, NULL},
     {"grow_batch", grow_batch, METH_VARARGS, NULL},
+    {"admission_headroom", admission_headroom, METH_VARARGS, NULL},
     {"create_into", create_into, METH_VARARGS, NULL},
     {"release_into", release_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},

@@ -249,6 +249,14 @@ def create_into(manager: object, sequence_id: Hashable, num_tokens: int, block_h
     return False
 
 
+def admission_headroom(manager: object, block_hashes: Sequence[Hashable], num_tokens: int,
+                       keep_free_blocks: int) -> int | None:
+    """``PagedAllocator.admission_headroom`` in one call where the prompt can hit nothing (``find_hits``' first test:
+    no caching, one block or less, no keys, or a first key without an entry) and no group slides; else None, and
+    its Python path answers. Here in Python that path is the reference: None, always (``test_paged.py`` runs both)."""
+    return None
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -275,6 +283,7 @@ class Loops:
     grow_batch: Callable[..., int | bool | None]
     release_into: Callable[..., bool]
     create_into: Callable[..., SequenceState | bool]
+    admission_headroom: Callable[..., int | None]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

@@ -1,5 +1,6 @@
 """The paged allocator's fast paths against their naive references (the replay's decode steps profiled in bulk, the
-slot owners of a huge pool, the accounting's sums), and the block manager's checker on a planted bug."""
+slot owners of a huge pool, the accounting's sums, the compiled admission headroom), and the block manager's checker
+on a planted bug."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from hypothesis import strategies as st
 from minipaged_cli.memory import hash_blocks
 from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.block_manager import KVBlockManager
+from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.paged import PagedAllocator
+from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
+from tests.memory.conftest import compiled_loops
 
 
 def length_matrix_profile(lengths: np.ndarray, allocated: np.ndarray, finals: np.ndarray, num_steps: int,
@@ -122,3 +126,36 @@ def test_allocation_sums_from_the_pool_equal_the_per_request_sums(seed: int) -> 
         assert manager.past_final == {
             s.sequence_id: s for s in manager.sequences.values()
             if len(s.block_table) * block_size > s.final_length}  # type: ignore[operator]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_the_compiled_admission_headroom_is_the_gates_count(seed: int) -> None:
+    """``pool_loops.admission_headroom`` (compiled) against the gate's count in Python (``blocks_to_admit``): on
+    random pools of one or two full-attention groups or a sliding one, with prefix caching or not, holding prompts
+    that share cached documents, each waiting prompt (none, some or all of its keys cached, of any length down to 0)
+    gets the same headroom, or None where a hit is possible or a group slides. Most answers are compiled."""
+    loops = compiled_loops()
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 2, 4])
+    layout = rng.choice([(FULL_ATTENTION,), (FULL_ATTENTION, FULL_ATTENTION), (SLIDING_ATTENTION, FULL_ATTENTION)])
+    groups = [KVCacheGroup(kind, (i,), 1, 6 if kind == SLIDING_ATTENTION else None) for i, kind in enumerate(layout)]
+    allocator = PagedAllocator(rng.randint(8, 60), block_size, groups, prefix_caching=rng.random() < 0.7)
+    manager = allocator.manager
+    shared = [("shared", i) for i in range(8)]
+    answered = 0
+    for sequence_id in range(rng.randint(1, 30)):
+        prompt = rng.randint(0, 6 * block_size)
+        keys = hash_blocks(shared[:rng.randint(0, 8)] + [("own", sequence_id, i) for i in range(prompt // block_size)])
+        holding = Holding(sequence_id, max(prompt, 1), 1, keys[:rng.randint(0, len(keys))])
+        keep = rng.randint(0, 3)
+        expected = (manager.num_free_blocks - allocator.blocks_to_admit(holding, prompt) - keep) * block_size
+        headroom = loops.admission_headroom(manager, holding.block_hashes, prompt, keep)
+        assert headroom is None or headroom == expected
+        answered += headroom is not None
+        if prompt and allocator.blocks_to_admit(holding, prompt) <= manager.num_free_blocks:
+            allocator.admit(holding, prompt)
+    if layout[0] != SLIDING_ATTENTION:
+        assert answered > 0
+    else:
+        assert answered == 0
