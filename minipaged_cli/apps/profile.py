@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from minipaged_cli.memory.block_manager import num_blocks_for, tail_waste
+from minipaged_cli.memory.sequence import num_blocks_for, tail_waste
 from minipaged_cli.sim.accounting import StrategyMetrics
 from minipaged_cli.sim.categories import tail_waste_pct
 from minipaged_cli.sim.config import SimConfig, num_blocks_for_memory

@@ -52,11 +52,6 @@ SequenceId = Hashable
 _RELEASED_IDS_KEPT = 1024
 
 
-def tail_waste(num_tokens: int, block_size: int) -> int:
-    """Slots allocated but unused in a sequence's last block: 0 if L % B == 0, else B - L % B."""
-    return num_blocks_for(num_tokens, block_size) * block_size - num_tokens
-
-
 class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
     """Allocates fixed-size KV blocks to sequences from one pool, a block table per KV cache group. The rules
     over groups (prefix hits, the blocks a new sequence takes, caching group by group) are the coordinator's
@@ -267,7 +262,9 @@ class KVBlockManager(CopyOnWrite, KVCacheCoordinator):
 
     def release_sequence(self, sequence_id: SequenceId) -> None:
         """Drop the sequence's reference to each of its blocks (``release_tables``); a block no one else holds
-        returns to the free queue."""
+        returns to the free queue. In the usual case, one compiled call (``pool_loops.release_sequence_into``)."""
+        if self.pool.loops.release_sequence_into(self, sequence_id, _RELEASED_IDS_KEPT):
+            return
         if sequence_id in self._released and sequence_id not in self.sequences:
             raise DoubleReleaseError(f"sequence {sequence_id!r} was already released")
         self.release_tables(self.sequence(sequence_id))

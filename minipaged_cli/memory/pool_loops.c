@@ -788,14 +788,14 @@ enum { A_NUM_GROUPS, A_EVENTS, A_SUBSCRIBERS, A_LOG, A_DUPLICATES, A_FREE_BLOCKS
        A_NUM_STALE, A_NUM_ALLOCATIONS, A_NUM_EVICTIONS, A_CACHE_VERSION, A_POPLEFT, A_POOL, A_WINDOW, A_NUM_FORKS,
        A_BLOCK_SIZE, A_SEQUENCES, A_ENABLE_PREFIX_CACHING, A_CACHED_GROUP_IDS, A_PAST_FINAL, A_TAKE, A_CACHE_FRESH,
        A_EXTENDLEFT, A_NUM_FREES, A_NUM_SHARED_REFERENCES, A_RELEASED, A_POP, A_REFERENCE, A_SLIDING, A_GROUPS,
-       A_FULL_IDS, A_COUNT };
+       A_FULL_IDS, A_POPITEM, A_COUNT };
 static const char *ATTRIBUTE_NAMES[A_COUNT] = {
     "num_groups", "events", "subscribers", "log", "duplicate_blocks", "free_blocks", "num_free", "ref_counts",
     "block_hash", "block_group", "cached_blocks", "_front", "num_touched", "num_blocks", "_back", "_head", "_stale",
     "_num_stale", "num_allocations", "num_evictions", "cache_version", "popleft", "pool", "window", "num_forks",
     "block_size", "sequences", "enable_prefix_caching", "cached_group_ids", "past_final", "take", "cache_fresh",
     "extendleft", "num_frees", "num_shared_references", "_released", "pop", "reference", "sliding", "groups",
-    "full_ids"};
+    "full_ids", "popitem"};
 static PyObject *ATTRIBUTES[A_COUNT];  /* interned (PyInit) */
 
 /* ``object.<name>`` as a Py_ssize_t; -1 with an error set where it is none or no int. */
@@ -1596,11 +1596,7 @@ done:
  * part's blocks held once are freed up to the first shared one, the others counted down (BlockPool.unreference);
  * the keyless part is freed and goes to the front, the freed keyed blocks to the back; the counts. False, nothing
  * changed, where the pool's lists are not its own kinds. */
-static PyObject *release_into(PyObject *self, PyObject *args) {
-    PyObject *pool, *table;
-    Py_ssize_t num_keyed;
-    if (!PyArg_ParseTuple(args, "OO!n:release_into", &pool, &PyList_Type, &table, &num_keyed))
-        return NULL;
+static PyObject *release_table(PyObject *pool, PyObject *table, Py_ssize_t num_keyed) {
     Py_ssize_t n = PyList_GET_SIZE(table);
     PyObject *refs = NULL, *queue = NULL, *front = NULL, *back = NULL, *keyed = NULL, *freed = NULL,
              *forward = NULL, *result = NULL;
@@ -1665,6 +1661,85 @@ done:
     return result;
 }
 
+static PyObject *release_into(PyObject *self, PyObject *args) {
+    PyObject *pool, *table;
+    Py_ssize_t num_keyed;
+    if (!PyArg_ParseTuple(args, "OO!n:release_into", &pool, &PyList_Type, &table, &num_keyed))
+        return NULL;
+    return release_table(pool, table, num_keyed);
+}
+
+/* KVBlockManager.release_sequence in one call where KVCacheCoordinator.release_tables takes its compiled path (one
+ * group, no window, no fork) and the sequence is live and not among the ids released (only a fork's child is both):
+ * its table released (release_table), it is no longer past its final length nor live, and its id is the latest
+ * released, the oldest forgotten past ``kept``. False, nothing changed, elsewhere (an unknown or released id, lists of
+ * other kinds): the Python path then runs and raises where it raises. */
+static PyObject *release_sequence_into(PyObject *self, PyObject *args) {
+    PyObject *manager, *sequence_id;
+    Py_ssize_t kept;
+    if (!PyArg_ParseTuple(args, "OOn:release_sequence_into", &manager, &sequence_id, &kept))
+        return NULL;
+    PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *released = NULL, *past_final = NULL,
+             *tables = NULL, *counts = NULL, *result = NULL;
+    Py_ssize_t num_groups;
+    int usual = -1;
+    if ((pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) && read_size(pool, A_NUM_GROUPS, &num_groups) == 0 &&
+            (window = PyObject_GetAttr(manager, ATTRIBUTES[A_WINDOW])) &&
+            (forks = PyObject_GetAttr(manager, ATTRIBUTES[A_NUM_FORKS])))
+        usual = num_groups == 1 && window == Py_None ? PyObject_Not(forks) : 0;  /* (only_offered_blocks_keyed) */
+    if (usual == 1 && (!(sequences = PyObject_GetAttr(manager, ATTRIBUTES[A_SEQUENCES])) ||
+                       !(released = PyObject_GetAttr(manager, ATTRIBUTES[A_RELEASED])) ||
+                       !(past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL]))))
+        usual = -1;
+    PyObject *state = usual == 1 && PyDict_CheckExact(sequences) ? PyDict_GetItemWithError(sequences, sequence_id)
+                                                                 : NULL;  /* (borrowed) */
+    int known = state == NULL ? 0 : PyDict_Contains(released, sequence_id);
+    if (usual < 0 || known < 0 || PyErr_Occurred())
+        goto done;
+    if (state == NULL || known || !Py_IS_TYPE(state, STATE_TYPE) || !PyODict_Check(released) ||
+            !PyDict_CheckExact(past_final)) {
+        result = Py_NewRef(Py_False);  /* (unusual, an unknown or released id, other kinds: the Python path) */
+        goto done;
+    }
+    PyObject *table = NULL, *answer = NULL;
+    Py_ssize_t num_keyed = -1;
+    if ((tables = PyMember_GetOne((const char *)state, BLOCK_TABLES)) &&
+            (counts = PyMember_GetOne((const char *)state, CACHED_BLOCKS)) && PyList_CheckExact(tables) &&
+            PyList_GET_SIZE(tables) == 1 && PyList_CheckExact(PyList_GET_ITEM(tables, 0)) &&
+            PyList_CheckExact(counts) && PyList_GET_SIZE(counts) == 1) {
+        table = PyList_GET_ITEM(tables, 0);
+        num_keyed = PyLong_AsSsize_t(PyList_GET_ITEM(counts, 0));
+    }
+    if (!PyErr_Occurred())
+        answer = table == NULL ? Py_NewRef(Py_False) : release_table(pool, table, num_keyed);
+    if (answer == NULL || answer == Py_False) {
+        result = answer;  /* (False: nothing changed) */
+        goto done;
+    }
+    Py_DECREF(answer);
+    int listed = PyDict_Contains(past_final, sequence_id);
+    if (listed < 0 || (listed && PyDict_DelItem(past_final, sequence_id) < 0) ||
+            PyDict_DelItem(sequences, sequence_id) < 0 || PyODict_SetItem(released, sequence_id, Py_None) < 0)
+        goto done;
+    if (PyDict_GET_SIZE(released) > kept) {  /* (popitem(last=False): the oldest) */
+        PyObject *oldest = PyObject_CallMethodObjArgs(released, ATTRIBUTES[A_POPITEM], Py_False, NULL);
+        if (oldest == NULL)
+            goto done;
+        Py_DECREF(oldest);
+    }
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(pool);
+    Py_XDECREF(window);
+    Py_XDECREF(forks);
+    Py_XDECREF(sequences);
+    Py_XDECREF(released);
+    Py_XDECREF(past_final);
+    Py_XDECREF(tables);
+    Py_XDECREF(counts);
+    return result;
+}
+
 static PyObject *bind_private(PyObject *self, PyObject *key) {
     Py_INCREF(key);
     Py_XSETREF(PRIVATE, key);
@@ -1688,6 +1763,7 @@ static PyMethodDef methods[] = {
     {"cache_into", cache_into, METH_VARARGS, NULL},
     {"grow_batch", grow_batch, METH_VARARGS, NULL},
     {"admission_headroom", admission_headroom, METH_VARARGS, NULL},
+    {"release_sequence_into", release_sequence_into, METH_VARARGS, NULL},
     {"create_into", create_into, METH_VARARGS, NULL},
     {"release_into", release_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},

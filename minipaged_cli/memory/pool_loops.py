@@ -257,6 +257,13 @@ def admission_headroom(manager: object, block_hashes: Sequence[Hashable], num_to
     return None
 
 
+def release_sequence_into(manager: object, sequence_id: Hashable, kept: int) -> bool:
+    """``manager.release_sequence`` in one call where the manager is in its usual case (one full-attention group, no
+    fork, the pool's usual case) and the sequence is live, ``kept`` the released ids it remembers: True; else False,
+    nothing changed, and its Python path runs (the reference: here, False always)."""
+    return False
+
+
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -284,6 +291,7 @@ class Loops:
     release_into: Callable[..., bool]
     create_into: Callable[..., SequenceState | bool]
     admission_headroom: Callable[..., int | None]
+    release_sequence_into: Callable[..., bool]
 
     @classmethod
     def of(cls, module: ModuleType) -> Loops:

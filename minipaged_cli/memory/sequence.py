@@ -35,10 +35,14 @@ class UncomputedForkError(BlockManagerError):
     """``fork`` of a sequence whose reserved tokens are not all computed yet."""
 
 
-
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
     """ceil(num_tokens / block_size): blocks a sequence of that length holds."""
     return -(-num_tokens // block_size)
+
+
+def tail_waste(num_tokens: int, block_size: int) -> int:
+    """Slots allocated but unused in a sequence's last block: 0 if L % B == 0, else B - L % B."""
+    return num_blocks_for(num_tokens, block_size) * block_size - num_tokens
 
 @dataclass(slots=True)
 class SequenceState:

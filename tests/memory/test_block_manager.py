@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minipaged_cli.dataplane.block_tables import append_slots, block_table_tensor, seq_lens_tensor, slot_mapping
-from minipaged_cli.memory.block_manager import KVBlockManager, tail_waste
+from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.sequence import (
     BlockManagerError,
     DoubleReleaseError,
@@ -17,6 +17,7 @@ from minipaged_cli.memory.sequence import (
     OutOfBlocksError,
     SequenceState,
     UnknownSequenceError,
+    tail_waste,
 )
 
 

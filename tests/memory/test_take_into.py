@@ -23,7 +23,7 @@ from minipaged_cli.memory import pool_loops
 from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.block_pool import BlockPool
-from minipaged_cli.memory.kv_groups import FULL_ATTENTION, KVCacheGroup
+from minipaged_cli.memory.kv_groups import FULL_ATTENTION, SLIDING_ATTENTION, KVCacheGroup
 from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.prefix import hash_blocks
 from minipaged_cli.memory.sequence import SequenceState
@@ -182,6 +182,39 @@ def test_a_compiled_growth_leaves_a_key_met_to_the_one_at_a_time_path() -> None:
     before, pool_before = manager_state(manager), pool_state(manager.pool)
     assert grow_batch(manager, [5, 1], 1) is False
     assert manager_state(manager) == before and pool_state(manager.pool) == pool_before
+
+
+def test_a_compiled_release_is_release_sequence_worked_by_hand() -> None:
+    """Blocks of 2 tokens, keeping 2 released ids: four sequences released in turn, one of them re-created and
+    released again. Each release frees its table (block 0's key to the back, the keyless to the front), takes the
+    sequence off the list past its final length, and makes its id the latest released, the oldest forgotten past 2.
+    An unknown id, one released, a fork, a window or two groups: False and nothing changed (the Python path raises
+    or releases)."""
+    release = compiled_loops().release_sequence_into
+    manager = KVBlockManager(10, 2, enable_prefix_caching=True)
+    for sequence_id in range(4):
+        manager.create_sequence(sequence_id, 3, block_hashes=[("k", sequence_id)], final_length=3)
+    assert sorted(manager.past_final) == [0, 1, 2, 3]  # (2 blocks of 2 slots for 3 tokens)
+    assert release(manager, 0, 2) is True
+    assert manager.pool.free_blocks._back == [0] and list(manager.pool.free_blocks._front)[:1] == [1]
+    assert 0 not in manager.sequences and 0 not in manager.past_final and list(manager._released) == [0]
+    assert release(manager, 1, 2) and release(manager, 2, 2)
+    assert list(manager._released) == [1, 2] and manager.pool.ref_counts[:6] == [0] * 6
+    manager.create_sequence(1, 1)
+    assert release(manager, 1, 2) and list(manager._released) == [2, 1]
+    for unusual in (7, 2):  # (unknown; released)
+        before, pool_before = manager_state(manager), pool_state(manager.pool)
+        assert release(manager, unusual, 2) is False
+        assert manager_state(manager) == before and pool_state(manager.pool) == pool_before
+    manager.fork(3, 8)
+    windowed = KVBlockManager(10, 2, [KVCacheGroup(SLIDING_ATTENTION, (0,), 1, 4)])
+    two_groups = KVBlockManager(10, 2, [KVCacheGroup(FULL_ATTENTION, (g,), 1) for g in range(2)])
+    for other in (windowed, two_groups):
+        other.create_sequence(0, 3)
+    for unusual_manager, sequence_id in ((manager, 3), (windowed, 0), (two_groups, 0)):
+        before, pool_before = manager_state(unusual_manager), pool_state(unusual_manager.pool)
+        assert release(unusual_manager, sequence_id, 2) is False
+        assert manager_state(unusual_manager) == before and pool_state(unusual_manager.pool) == pool_before
 
 
 def test_a_compiled_creation_is_create_sequence_worked_by_hand() -> None:
