@@ -1531,52 +1531,83 @@ done:
     return result;
 }
 
-/* PagedAllocator.admission_headroom where the prompt can hit nothing (KVCacheCoordinator.find_hits' first test) and
- * no group slides: the free blocks less the gate's count (every group the prompt's blocks) and ``keep``, in slots;
- * None where a hit is possible, a group slides or the count is negative (the Python path answers or raises). */
+/* The hit of a prompt's ``keys`` in one full-attention group's ``map`` (KVCacheCoordinator.search_hits: the walk
+ * from the left over its first ``num_candidates`` keys, up to the first miss): how many blocks, and in ``*num_free``
+ * how many of them no table holds (their counts in ``refs``); -1 with an error set. */
+static Py_ssize_t walk_hits(PyObject *map, PyObject *keys_arg, Py_ssize_t num_candidates, PyObject *refs,
+                            Py_ssize_t *num_free) {
+    PyObject *keys = PySequence_Fast(keys_arg, "admission_headroom: block_hashes must be a sequence");
+    if (keys == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(keys), num_hits = 0;
+    *num_free = 0;
+    for (; num_hits < n && num_hits < num_candidates; num_hits++) {
+        PyObject *block = PyDict_GetItemWithError(map, PySequence_Fast_GET_ITEM(keys, num_hits));  /* borrowed */
+        if (block == NULL || block == Py_None)  /* (a miss ends the hit, as BlockPool.lookup's) */
+            break;
+        Py_ssize_t index = block_index(refs, block), count;
+        if (index < 0 || ((count = PyLong_AsSsize_t(PyList_GET_ITEM(refs, index))) == -1 && PyErr_Occurred()))
+            break;
+        *num_free += count == 0;
+    }
+    Py_DECREF(keys);
+    return PyErr_Occurred() ? -1 : num_hits;
+}
+
+/* PagedAllocator.admission_headroom where no group slides: the free blocks less the gate's count and ``keep``, in
+ * slots. The gate counts every group's blocks for the prompt; with one group, its blocks past the hit and the hit's
+ * blocks no table holds (KVCacheCoordinator.blocks_to_allocate). None where a hit is possible in several groups, a
+ * group slides or the count is negative (the Python path answers or raises). */
 static PyObject *admission_headroom(PyObject *self, PyObject *args) {
     PyObject *manager, *keys;
     long long num_tokens, keep;
     if (!PyArg_ParseTuple(args, "OOLL:admission_headroom", &manager, &keys, &num_tokens, &keep))
         return NULL;
     PyObject *sliding = NULL, *enabled = NULL, *groups = NULL, *pool = NULL, *queue = NULL, *full_ids = NULL,
-             *maps = NULL, *map = NULL, *first = NULL, *result = NULL;
-    Py_ssize_t block_size, num_free, num_groups, num_keys;
+             *maps = NULL, *map = NULL, *first = NULL, *refs = NULL, *result = NULL;
+    Py_ssize_t block_size, num_free, num_groups, num_keys, num_hits = 0, num_free_hits = 0;
     int caching;
     if (!(sliding = PyObject_GetAttr(manager, ATTRIBUTES[A_SLIDING])) ||
             !(enabled = PyObject_GetAttr(manager, ATTRIBUTES[A_ENABLE_PREFIX_CACHING])) ||
-            read_size(manager, A_BLOCK_SIZE, &block_size) < 0 || (caching = PyObject_IsTrue(enabled)) < 0)
+            read_size(manager, A_BLOCK_SIZE, &block_size) < 0 || (caching = PyObject_IsTrue(enabled)) < 0 ||
+            !(groups = PyObject_GetAttr(manager, ATTRIBUTES[A_GROUPS])) || (num_groups = PyObject_Length(groups)) < 0)
         goto done;
     if (sliding != Py_None || num_tokens < 0 || block_size < 1) {
         result = Py_NewRef(Py_None);
         goto done;
     }
+    if (!(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])))
+        goto done;
     if (caching && num_tokens > block_size) {  /* (find_hits: a hit needs a prompt past one block and a first key) */
         if ((num_keys = PyObject_Length(keys)) < 0)
             goto done;
         if (num_keys > 0) {
             Py_ssize_t group;
             if (!(full_ids = PyObject_GetAttr(manager, ATTRIBUTES[A_FULL_IDS])) ||
-                    !(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) ||
                     !(maps = PyObject_GetAttr(pool, ATTRIBUTES[A_CACHED_BLOCKS])) ||
                     !(first = PySequence_GetItem(full_ids, 0)) ||
                     ((group = PyLong_AsSsize_t(first)) == -1 && PyErr_Occurred()) ||
-                    !(map = PySequence_GetItem(maps, group)))
+                    !(map = PySequence_GetItem(maps, group)) ||
+                    !(refs = PyObject_GetAttr(pool, ATTRIBUTES[A_REF_COUNTS])))
                 goto done;
-            Py_SETREF(first, PySequence_GetItem(keys, 0));
-            int found = first == NULL ? -1 : PySequence_Contains(map, first);
-            if (found != 0) {
-                result = found == 1 ? Py_NewRef(Py_None) : NULL;  /* (an entry: the search for hits, in Python) */
-                goto done;
+            if (num_groups == 1 && PyDict_CheckExact(map) && PyList_CheckExact(refs)) {
+                if ((num_hits = walk_hits(map, keys, (num_tokens - 1) / block_size, refs, &num_free_hits)) < 0)
+                    goto done;
+            } else {
+                Py_SETREF(first, PySequence_GetItem(keys, 0));
+                int found = first == NULL ? -1 : PySequence_Contains(map, first);
+                if (found != 0) {
+                    result = found == 1 ? Py_NewRef(Py_None) : NULL;  /* (the search for hits, in Python) */
+                    goto done;
+                }
             }
         }
     }
-    if (pool == NULL && !(pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])))
+    if (!(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) || read_size(queue, A_NUM_FREE, &num_free) < 0)
         goto done;
-    if (!(groups = PyObject_GetAttr(manager, ATTRIBUTES[A_GROUPS])) || (num_groups = PyObject_Length(groups)) < 0 ||
-            !(queue = PyObject_GetAttr(pool, ATTRIBUTES[A_FREE_BLOCKS])) || read_size(queue, A_NUM_FREE, &num_free) < 0)
-        goto done;
-    long long blocks = (long long)num_groups * ((num_tokens + block_size - 1) / block_size);
+    long long required = (num_tokens + block_size - 1) / block_size;
+    long long blocks = num_hits ? (required > num_hits ? required - num_hits : 0) + num_free_hits
+                                : (long long)num_groups * required;
     result = PyLong_FromLongLong((num_free - blocks - keep) * block_size);
 done:
     Py_XDECREF(sliding);
@@ -1588,6 +1619,7 @@ done:
     Py_XDECREF(maps);
     Py_XDECREF(map);
     Py_XDECREF(first);
+    Py_XDECREF(refs);
     return result;
 }
 

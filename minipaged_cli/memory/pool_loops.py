@@ -251,9 +251,10 @@ def create_into(manager: object, sequence_id: Hashable, num_tokens: int, block_h
 
 def admission_headroom(manager: object, block_hashes: Sequence[Hashable], num_tokens: int,
                        keep_free_blocks: int) -> int | None:
-    """``PagedAllocator.admission_headroom`` in one call where the prompt can hit nothing (``find_hits``' first test:
-    no caching, one block or less, no keys, or a first key without an entry) and no group slides; else None, and
-    its Python path answers. Here in Python that path is the reference: None, always (``test_paged.py`` runs both)."""
+    """``PagedAllocator.admission_headroom`` in one call where no group slides and the prompt can hit nothing
+    (``find_hits``' first test: no caching, one block or less, no keys, or a first key without an entry) or has one
+    group (its hit walked as ``search_hits`` walks it); else None, and its Python path answers. Here in Python that
+    path is the reference: None, always (``test_paged.py`` runs both)."""
     return None
 
 

@@ -133,8 +133,9 @@ def test_allocation_sums_from_the_pool_equal_the_per_request_sums(seed: int) -> 
 def test_the_compiled_admission_headroom_is_the_gates_count(seed: int) -> None:
     """``pool_loops.admission_headroom`` (compiled) against the gate's count in Python (``blocks_to_admit``): on
     random pools of one or two full-attention groups or a sliding one, with prefix caching or not, holding prompts
-    that share cached documents, each waiting prompt (none, some or all of its keys cached, of any length down to 0)
-    gets the same headroom, or None where a hit is possible or a group slides. Most answers are compiled."""
+    that share cached documents (some released: their cached blocks free), each waiting prompt (none, some or all
+    of its keys cached, of any length down to 0) gets the same headroom, or None where a group slides or a hit is
+    possible in two groups. With one group every answer is compiled, hits included."""
     loops = compiled_loops()
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4])
@@ -152,9 +153,12 @@ def test_the_compiled_admission_headroom_is_the_gates_count(seed: int) -> None:
         expected = (manager.num_free_blocks - allocator.blocks_to_admit(holding, prompt) - keep) * block_size
         headroom = loops.admission_headroom(manager, holding.block_hashes, prompt, keep)
         assert headroom is None or headroom == expected
+        assert headroom is not None or len(layout) > 1
         answered += headroom is not None
         if prompt and allocator.blocks_to_admit(holding, prompt) <= manager.num_free_blocks:
             allocator.admit(holding, prompt)
+        if manager.sequences and rng.random() < 0.4:  # (its cached blocks free: a hit on them takes them)
+            allocator.release(Holding(rng.choice(sorted(manager.sequences)), 1, 1))
     if layout[0] != SLIDING_ATTENTION:
         assert answered > 0
     else:
