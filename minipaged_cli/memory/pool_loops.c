@@ -310,8 +310,10 @@ static PyMemberDef *slot(PyObject *cls, const char *name) {
     PyMemberDef *member = NULL;
     if (Py_IS_TYPE(descriptor, &PyMemberDescr_Type))
         member = ((PyMemberDescrObject *)descriptor)->d_member;  /* (the class keeps its descriptor alive) */
-    else
-        PyErr_Format(PyExc_TypeError, "%s is not a slot of the sequence state", name);
+    if (member != NULL && (member->type != T_OBJECT_EX || member->flags & READONLY))
+        member = NULL;  /* (slot_value and set_slot read and write an object's pointer at the slot's offset) */
+    if (member == NULL)
+        PyErr_Format(PyExc_TypeError, "%s is not a writable slot of the sequence state", name);
     Py_DECREF(descriptor);
     return member;
 }
@@ -340,14 +342,35 @@ static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
     Py_RETURN_NONE;
 }
 
-/* The int in a slot of ``state`` (-1 with an error set where it is none, or not an int below 2**63). */
-static long long read_int(PyObject *state, PyMemberDef *member) {
-    PyObject *value = PyMember_GetOne((const char *)state, member);
+/* A bound slot's value in ``state``, borrowed (the state holds it): PyMember_GetOne's read of a T_OBJECT_EX slot,
+ * without its call and reference; NULL with AttributeError set where the slot is unset. */
+static PyObject *slot_value(PyObject *state, PyMemberDef *member) {
+    PyObject *value = *(PyObject **)((char *)state + member->offset);
     if (value == NULL)
-        return -1;
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%s'", Py_TYPE(state)->tp_name,
+                     member->name);
+    return value;
+}
+
+/* A bound slot of ``state`` set to ``value`` (PyMember_SetOne's write of a T_OBJECT_EX slot, which cannot fail). */
+static void set_slot(PyObject *state, PyMemberDef *member, PyObject *value) {
+    Py_XSETREF(*(PyObject **)((char *)state + member->offset), Py_NewRef(value));
+}
+
+/* ``value`` as a long long (PyLong_AsLongLong), held while another type's __index__ runs. */
+static long long as_long(PyObject *value) {
+    if (PyLong_CheckExact(value))
+        return PyLong_AsLongLong(value);
+    Py_INCREF(value);
     long long number = PyLong_AsLongLong(value);
     Py_DECREF(value);
     return number;
+}
+
+/* The int in a slot of ``state`` (-1 with an error set where it is none, or not an int below 2**63). */
+static long long read_int(PyObject *state, PyMemberDef *member) {
+    PyObject *value = slot_value(state, member);
+    return value == NULL ? -1 : as_long(value);
 }
 
 /* Both lengths of each of ``states[:count]`` moved by ``delta`` (all their tokens computed). */
@@ -360,22 +383,21 @@ static int move_lengths(PyObject *states, Py_ssize_t count, long long delta) {
         PyObject *moved = PyLong_FromLongLong(length + delta);
         if (moved == NULL)
             return -1;
-        int failed = PyMember_SetOne((char *)state, LENGTH, moved) < 0 ||
-                     PyMember_SetOne((char *)state, COMPUTED, moved) < 0;
+        set_slot(state, LENGTH, moved);
+        set_slot(state, COMPUTED, moved);
         Py_DECREF(moved);
-        if (failed)
-            return -1;
     }
     return 0;
 }
 
 /* ``state.<member>[group]`` as an int (-1 with an error set where it fails). */
 static long long read_item(PyObject *state, PyMemberDef *member, Py_ssize_t group) {
-    PyObject *items = PyMember_GetOne((const char *)state, member);
+    PyObject *items = slot_value(state, member);
     if (items == NULL)
         return -1;
+    if (PyList_CheckExact(items) && group >= 0 && group < PyList_GET_SIZE(items))  /* (the manager's lists) */
+        return as_long(PyList_GET_ITEM(items, group));
     PyObject *item = PySequence_GetItem(items, group);
-    Py_DECREF(items);
     if (item == NULL)
         return -1;
     long long number = PyLong_AsLongLong(item);
@@ -484,11 +506,9 @@ static int grow_states(Growth *growth, PyObject *sequences, PyObject *ids_arg, l
         PyObject *grown = PyLong_FromLongLong(new_length);
         if (grown == NULL)
             goto done;
-        int failed = PyMember_SetOne((char *)state, LENGTH, grown) < 0 ||
-                     PyMember_SetOne((char *)state, COMPUTED, grown) < 0;
+        set_slot(state, LENGTH, grown);
+        set_slot(state, COMPUTED, grown);
         Py_DECREF(grown);
-        if (failed)
-            goto done;
     }
     answer = 1;
 done:
@@ -1262,18 +1282,17 @@ done:
 /* grow_batch's one group: the state's table (``block_tables[0]``), borrowed (the state holds it, and nothing in
  * grow_batch replaces a slot's list); NULL, no error set, where the tables are not lists as the manager makes them. */
 static PyObject *only_table(PyObject *state) {
-    PyObject *tables = PyMember_GetOne((const char *)state, BLOCK_TABLES);
+    PyObject *tables = slot_value(state, BLOCK_TABLES);
     if (tables == NULL)
         return NULL;
     PyObject *table = PyList_CheckExact(tables) && PyList_GET_SIZE(tables) == 1 ? PyList_GET_ITEM(tables, 0) : NULL;
-    Py_DECREF(tables);
     return table != NULL && PyList_CheckExact(table) ? table : NULL;
 }
 
 /* The first cached count (``num_cached_blocks[0]``), its list borrowed in ``*counts``: -1 with ``*counts`` NULL and
  * no error set where the counts are not a list of ints as the manager makes them (-1 with an error set: it failed). */
 static long long only_count(PyObject *state, PyObject **counts) {
-    PyObject *list = PyMember_GetOne((const char *)state, CACHED_BLOCKS);
+    PyObject *list = slot_value(state, CACHED_BLOCKS);
     *counts = NULL;
     if (list == NULL)
         return -1;
@@ -1283,7 +1302,6 @@ static long long only_count(PyObject *state, PyObject **counts) {
         if (count >= 0)
             *counts = list;
     }
-    Py_DECREF(list);
     return count;
 }
 
@@ -1298,12 +1316,10 @@ static int growth_lists(Growth *growth) {
         PyObject *state = PyList_GET_ITEM(growth->states, growth->fill_at[i]), *counts;
         if (only_table(state) == NULL || (only_count(state, &counts), counts == NULL))
             return PyErr_Occurred() ? -1 : 0;
-        PyObject *hashes = PyMember_GetOne((const char *)state, BLOCK_HASHES);
+        PyObject *hashes = slot_value(state, BLOCK_HASHES);
         if (hashes == NULL)
             return -1;
-        int usual = PyList_CheckExact(hashes) || PyTuple_CheckExact(hashes);
-        Py_DECREF(hashes);
-        if (!usual)
+        if (!PyList_CheckExact(hashes) && !PyTuple_CheckExact(hashes))
             return 0;
     }
     return 1;
@@ -1317,7 +1333,7 @@ static PyObject *growth_fill_keys(Growth *growth, PyObject *cached) {
     for (Py_ssize_t i = 0; keys != NULL && i < growth->num_fills; i++) {
         PyObject *state = PyList_GET_ITEM(growth->states, growth->fill_at[i]), *counts;
         long long start = only_count(state, &counts);
-        PyObject *hashes = counts == NULL ? NULL : PyMember_GetOne((const char *)state, BLOCK_HASHES);
+        PyObject *hashes = counts == NULL ? NULL : slot_value(state, BLOCK_HASHES);
         if (hashes == NULL) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_RuntimeError, "grow_batch: a fill's counts went missing");
@@ -1332,7 +1348,6 @@ static PyObject *growth_fill_keys(Growth *growth, PyObject *cached) {
                 break;
             }
         }
-        Py_DECREF(hashes);
     }
     if (keys == NULL || num_keyed == 0)
         return keys;
@@ -1381,13 +1396,13 @@ static int growth_hand_out(Growth *growth, PyObject *taken, PyObject *past_final
         if ((held = read_int(state, HELD)) == -1 && PyErr_Occurred())
             return -1;
         PyObject *moved = PyLong_FromLongLong(held + count);
-        int failed = moved == NULL || PyMember_SetOne((char *)state, HELD, moved) < 0;
-        Py_XDECREF(moved);
-        if (failed)
+        if (moved == NULL)
             return -1;
+        set_slot(state, HELD, moved);
+        Py_DECREF(moved);
         int past = past_its_final(state, block_size);
         PyObject *id = past == 1 ? PyMember_GetOne((const char *)state, SEQUENCE_ID) : NULL;
-        failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
+        int failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
         Py_XDECREF(id);
         if (failed)
             return -1;
