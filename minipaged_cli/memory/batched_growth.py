@@ -24,11 +24,14 @@ def grow_computed(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     """``manager.grow(sequence_id, num_tokens)`` for each sequence in order, stopping at the first the free blocks
     cannot serve (``OutOfBlocksError``: it and the rest unchanged); returns how many grew.
 
-    ``grow_together`` where it is exact, else one at a time: a sequence whose growth takes no block, copies no
-    shared block, fills no block the prefix cache wants and has every token computed only has its lengths moved,
-    without ``grow``'s calls (most decode steps are that: a block boundary comes once every ``block_size``
-    tokens); any other, and every sequence under a sliding window, goes through ``grow``."""
-    grown = grow_together(manager, sequence_ids, num_tokens)
+    ``grow_together`` where it is exact (compiled where the pool is in its usual case: ``pool_loops.grow_batch``),
+    else one at a time: a sequence whose growth takes no block, copies no shared block, fills no block the prefix
+    cache wants and has every token computed only has its lengths moved, without ``grow``'s calls (most decode
+    steps are that: a block boundary comes once every ``block_size`` tokens); any other, and every sequence under a
+    sliding window, goes through ``grow``."""
+    grown = manager.pool.loops.grow_batch(manager, sequence_ids, num_tokens)  # (grow_together, compiled)
+    if grown is False:
+        grown = grow_together(manager, sequence_ids, num_tokens)
     if grown is not None:
         return grown
     sequences, block_size, refs = manager.sequences, manager.block_size, manager.pool.ref_counts
@@ -66,9 +69,6 @@ def grow_together(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num
     have cached a block first), nor with a subscriber to the pool's events (the tiers want the order of single
     steps)."""
     pool, block_size = manager.pool, manager.block_size
-    grown_together = pool.loops.grow_batch(manager, sequence_ids, num_tokens)  # (all of the below, compiled)
-    if grown_together is not False:
-        return grown_together
     if manager.window is not None or manager.num_forks or pool.events.has_subscribers or num_tokens < 1:
         return None
     num_groups = len(manager.groups)

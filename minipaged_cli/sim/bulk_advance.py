@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -260,11 +260,13 @@ class BulkAdvance:
         return duration
 
 
-def _spans(parts: list[int], num_free: int, num_steps: int) -> Iterator[tuple[int, int, int]]:
+def _spans(parts: list[int], num_free: int, num_steps: int) -> Iterable[tuple[int, int, int]]:
     """The runs of a bulk's steps without windows that no arrival and no change of saturation splits, as a bulk
     starting at each arrival would record them: (start, stop, the part it is in)."""
-    for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})):
-        yield start, stop, bisect.bisect_right(parts, start) - 1
+    if len(parts) == 1 and num_free >= num_steps > 0:  # (most bulks: one run)
+        return ((0, num_steps, 0),)
+    return ((start, stop, bisect.bisect_right(parts, start) - 1)
+            for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})))
 
 
 def decode_state(allocator: Allocator, running: list[LiveRequest],

@@ -165,11 +165,14 @@ class Replay:
         """The step's time (``sim/step_time.py``), with the copies over the host link before its forward added:
         timed by the host tier's link clock when there is one, else the swapped bytes at the link's bandwidth."""
         decoders, chunks = decision.decoders, decision.chunks
+        prefill_tokens = prefill_attended = prefill_context = 0  # (one pass: a step has a chunk or two)
+        for live, chunk in chunks:
+            prefill_tokens += chunk
+            prefill_attended += chunk * live.num_computed + chunk * (chunk + 1) / 2
+            prefill_context += live.num_computed + chunk
         seconds = self.step_time.step_seconds(
-            new_tokens=decision.num_new_tokens, sequences=len(decoders) + len(chunks),
-            prefill_tokens=sum(c for _, c in chunks),
-            prefill_attended=sum(c * r.num_computed + c * (c + 1) / 2 for r, c in chunks),
-            prefill_context=sum(r.num_computed + c for r, c in chunks),
+            new_tokens=len(decoders) + prefill_tokens, sequences=len(decoders) + len(chunks),
+            prefill_tokens=prefill_tokens, prefill_attended=prefill_attended, prefill_context=prefill_context,
             decodes=len(decoders), decode_context=self.passes.computed_total(decoders) + len(decoders),
             copied_tokens=decision.copied_tokens)
         transfer = self.step_time.swap_seconds(decision.swapped_tokens) if self.tiers is None else decision.transfer_s
