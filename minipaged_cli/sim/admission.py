@@ -39,10 +39,12 @@ class AdmissionPolicy:
 
     def headroom(self, allocator: Allocator, holding: Holding, prompt_length: int) -> int:
         """``Allocator.admission_headroom`` under this rule's watermark."""
-        return allocator.admission_headroom(holding, prompt_length, self.keep_free_blocks(allocator))
+        keep = self.keep_free_blocks(allocator) if self.watermark_blocks else 0  # (asked at every step: no call)
+        return allocator.admission_headroom(holding, prompt_length, keep)
 
     def can_admit(self, allocator: Allocator, holding: Holding, prompt_length: int) -> bool:
-        return allocator.can_admit(holding, prompt_length, self.keep_free_blocks(allocator))
+        keep = self.keep_free_blocks(allocator) if self.watermark_blocks else 0
+        return allocator.can_admit(holding, prompt_length, keep)
 
     def rejection_reason(self, allocator: Allocator, holding: Holding) -> str | None:
         """Why the request can never run: v0 also refuses a prompt above the watermark."""
