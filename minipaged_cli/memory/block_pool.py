@@ -79,7 +79,7 @@ class BlockPool:
         """One more table holds each of ``blocks`` (a fork; a prompt's hits, one call): a free one is revived."""
         revived, num_shared = self.loops.add_references(self.ref_counts, blocks)
         self.num_shared_references += num_shared
-        if revived:
+        if revived and not self.loops.remove_free(self.free_blocks, revived):
             self.free_blocks.remove(*revived)
 
     def drop_shared(self, block: int) -> None:

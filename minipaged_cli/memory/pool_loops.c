@@ -1569,6 +1569,78 @@ static Py_ssize_t walk_hits(PyObject *map, PyObject *keys_arg, Py_ssize_t num_ca
     return PyErr_Occurred() ? -1 : num_hits;
 }
 
+/* FreeBlockQueue.remove of ``blocks`` (prefix-cache hits take them out of the back part): each gains a stale entry,
+ * the counts move, and the back list is compacted (FreeBlockQueue._compact: its live entries only, from 0) where
+ * its stale entries outnumber the live ones. False, nothing changed, where the queue's parts are not its own kinds
+ * (the queue's own ``remove`` then runs). */
+static PyObject *remove_free(PyObject *self, PyObject *args) {
+    PyObject *queue, *blocks_arg;
+    if (!PyArg_ParseTuple(args, "OO:remove_free", &queue, &blocks_arg))
+        return NULL;
+    PyObject *blocks = NULL, *stale = NULL, *back = NULL, *skips = NULL, *live = NULL, *result = NULL;
+    Py_ssize_t head, num_stale, n;
+    if (!(stale = PyObject_GetAttr(queue, ATTRIBUTES[A_STALE])) ||
+            !(back = PyObject_GetAttr(queue, ATTRIBUTES[A_BACK])) || read_size(queue, A_HEAD, &head) < 0 || read_size(queue, A_NUM_STALE, &num_stale) < 0)
+        goto done;
+    if (!PyDict_CheckExact(stale) || !PyList_CheckExact(back) || head < 0 || head > PyList_GET_SIZE(back)) {
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (!(blocks = PySequence_Fast(blocks_arg, "remove_free: blocks must be a sequence")))
+        goto done;
+    n = PySequence_Fast_GET_SIZE(blocks);
+    for (Py_ssize_t i = 0; i < n; i++) {  /* stale[block] = stale.get(block, 0) + 1 */
+        PyObject *block = PySequence_Fast_GET_ITEM(blocks, i);
+        PyObject *count = PyDict_GetItemWithError(stale, block);  /* borrowed */
+        if (count == NULL && PyErr_Occurred())
+            goto done;
+        PyObject *more = count == NULL ? Py_NewRef(ONE) : PyNumber_Add(count, ONE);
+        int failed = more == NULL || PyDict_SetItem(stale, block, more) < 0;
+        Py_XDECREF(more);
+        if (failed)
+            goto done;
+    }
+    num_stale += n;
+    if (write_size(queue, A_NUM_STALE, num_stale) < 0 || add_size(queue, A_NUM_FREE, -n) < 0)
+        goto done;
+    Py_ssize_t size = PyList_GET_SIZE(back);
+    if (num_stale > size - head - num_stale) {  /* (_compact: the live entries of the back list, in order) */
+        if (!(skips = PyDict_Copy(stale)) || !(live = PyList_New(0)))
+            goto done;
+        for (Py_ssize_t i = head; i < PyList_GET_SIZE(back); i++) {
+            PyObject *block = PyList_GET_ITEM(back, i);
+            PyObject *count = PyDict_GET_SIZE(skips) ? PyDict_GetItemWithError(skips, block) : NULL;
+            if (count == NULL && PyErr_Occurred())
+                goto done;
+            int skip = count == NULL ? 0 : PyObject_IsTrue(count);
+            if (skip < 0)
+                goto done;
+            if (!skip) {
+                if (PyList_Append(live, block) < 0)
+                    goto done;
+                continue;
+            }
+            PyObject *fewer = PyNumber_Subtract(count, ONE);
+            int failed = fewer == NULL || PyDict_SetItem(skips, block, fewer) < 0;
+            Py_XDECREF(fewer);
+            if (failed)
+                goto done;
+        }
+        if (PyObject_SetAttr(queue, ATTRIBUTES[A_BACK], live) < 0 || write_size(queue, A_HEAD, 0) < 0 ||
+                write_size(queue, A_NUM_STALE, 0) < 0)
+            goto done;
+        PyDict_Clear(stale);
+    }
+    result = Py_NewRef(Py_True);
+done:
+    Py_XDECREF(blocks);
+    Py_XDECREF(stale);
+    Py_XDECREF(back);
+    Py_XDECREF(skips);
+    Py_XDECREF(live);
+    return result;
+}
+
 /* PagedAllocator.admission_headroom where no group slides: the free blocks less the gate's count and ``keep``, in
  * slots. The gate counts every group's blocks for the prompt; with one group, its blocks past the hit and the hit's
  * blocks no table holds (KVCacheCoordinator.blocks_to_allocate). None where a hit is possible in several groups, a
@@ -1811,6 +1883,7 @@ static PyMethodDef methods[] = {
     {"grow_batch", grow_batch, METH_VARARGS, NULL},
     {"admission_headroom", admission_headroom, METH_VARARGS, NULL},
     {"release_sequence_into", release_sequence_into, METH_VARARGS, NULL},
+    {"remove_free", remove_free, METH_VARARGS, NULL},
     {"create_into", create_into, METH_VARARGS, NULL},
     {"release_into", release_into, METH_VARARGS, NULL},
     {"full_attention_profile", full_attention_profile, METH_VARARGS, NULL},

@@ -9,8 +9,9 @@ A replay with prefix caching moves every prompt's blocks through these loops (th
 blocks), each block a few list and dict operations, and every running sequence through ``grow_lengths`` at every
 step (two million times on that trace); in Python the interpreter's bytecodes around those operations cost more than
 the operations. Around them, the pool's own calls cost a handful of Python frames each, hundreds of thousands of
-times: ``take_into``, ``cache_into``, ``release_into`` and ``grow_batch`` run a whole take, caching, release or step's
-growth compiled where the pool is in its usual case, and here answer False (the pool's own path, their reference).
+times: ``take_into``, ``cache_into``, ``release_into``, ``grow_batch`` and the others of ``whole_calls.py`` run a whole
+take, caching, release, step's growth, creation or admission check compiled where the pool is in its usual case, and
+in Python answer False or None (the caller's own path, their reference).
 ``loops()`` picks the compiled ones, built once per Python and cached in ~/.cache/minipaged
 (``native_build.build_extension``), and these where there is no C compiler or no ``Python.h``.
 ``MINIPAGED_NATIVE=0`` keeps these; ``MINIPAGED_NATIVE=1`` fails where the build does. The two make the same
@@ -32,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 
 from minipaged_cli import native_build
+from minipaged_cli.memory import whole_calls
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 
 
@@ -208,63 +210,6 @@ def fill_blocks(fills: list[tuple[SequenceState, int]], group: int) -> list[int]
     return blocks
 
 
-def take_into(pool: object, count: int, table: list[int]) -> bool:
-    """``pool.take(count, table)`` in one call where it is the usual case (one group, no subscriber to the pool's
-    events and no key log, no duplicate entry): True, the blocks taken; else False, nothing changed, and the pool's
-    own path takes them. Here in Python that path is the reference: False, always (``tests/memory/test_take_into.py``
-    runs both on random pools and compares them)."""
-    return False
-
-
-def cache_into(pool: object, block_hashes: Sequence[Hashable], blocks: Sequence[int], group: int) -> bool:
-    """``pool.cache_fresh(block_hashes, blocks, group)`` in one call where it is the usual case (one group, no
-    subscriber to the pool's events and no key log): True, cached; else False, nothing changed, and the pool's own
-    path caches them. Here in Python that path is the reference: False, always (``take_into``'s test runs both)."""
-    return False
-
-
-def grow_batch(manager: object, sequence_ids: Sequence[Hashable], num_tokens: int) -> int | bool | None:
-    """``batched_growth.grow_together`` in one call where the pool is in its usual case (one group, no subscriber to
-    its events and no key log): its answer; else False, nothing changed, and its Python path runs. Here in Python
-    that path is the reference: False, always (``tests/memory/test_grow_computed.py`` and
-    ``tests/sim/test_batched_growth.py`` run both against growing one sequence at a time)."""
-    return False
-
-
-def release_into(pool: object, table: list[int], num_keyed: int) -> bool:
-    """``pool.release_split`` of one table's first ``num_keyed`` blocks and of the rest, each part tail first (how
-    ``KVCacheCoordinator.release_tables`` releases a sequence under one full-attention group) in one call: True,
-    released; else False, nothing changed, and the pool's own path releases them. Here in Python that path is the
-    reference: False, always (``take_into``'s test runs both)."""
-    return False
-
-
-def create_into(manager: object, sequence_id: Hashable, num_tokens: int, block_hashes: Sequence[Hashable],
-                num_computed: int, final_length: int | None, hits: list[int] | None) -> SequenceState | bool:
-    """``manager.create_sequence`` in one call where it is the usual case (one full-attention group and no fork, the
-    pool's usual case without duplicate entries, a list of keys, enough free blocks): the state; else False, nothing
-    changed, and its Python path runs. ``hits``: the blocks ``find_hits`` found (None: where the first key has an
-    entry, the Python path finds them). Here in Python that path is the reference: False, always (``take_into``'s
-    test runs both)."""
-    return False
-
-
-def admission_headroom(manager: object, block_hashes: Sequence[Hashable], num_tokens: int,
-                       keep_free_blocks: int) -> int | None:
-    """``PagedAllocator.admission_headroom`` in one call where no group slides and the prompt can hit nothing
-    (``find_hits``' first test: no caching, one block or less, no keys, or a first key without an entry) or has one
-    group (its hit walked as ``search_hits`` walks it); else None, and its Python path answers. Here in Python that
-    path is the reference: None, always (``test_paged.py`` runs both)."""
-    return None
-
-
-def release_sequence_into(manager: object, sequence_id: Hashable, kept: int) -> bool:
-    """``manager.release_sequence`` in one call where the manager is in its usual case (one full-attention group, no
-    fork, the pool's usual case) and the sequence is live, ``kept`` the released ids it remembers: True; else False,
-    nothing changed, and its Python path runs (the reference: here, False always)."""
-    return False
-
-
 def move_lengths(states: Sequence[SequenceState], delta: int) -> None:
     """Both lengths of each of ``states`` moved by ``delta`` (all their tokens are computed): ``grow_lengths``'s
     moves undone."""
@@ -293,10 +238,12 @@ class Loops:
     create_into: Callable[..., SequenceState | bool]
     admission_headroom: Callable[..., int | None]
     release_sequence_into: Callable[..., bool]
+    remove_free: Callable[..., bool]
 
     @classmethod
-    def of(cls, module: ModuleType) -> Loops:
-        return cls(*(getattr(module, field.name) for field in fields(cls)))
+    def of(cls, *modules: ModuleType) -> Loops:
+        """Each loop from the first of ``modules`` that has it."""
+        return cls(*(next(getattr(m, f.name) for m in modules if hasattr(m, f.name)) for f in fields(cls)))
 
 
 @cache
@@ -325,4 +272,4 @@ def loops() -> Loops:
     return built[1]
 
 
-PYTHON = Loops.of(sys.modules[__name__])
+PYTHON = Loops.of(sys.modules[__name__], whole_calls)

@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.free_queue import FreeBlockQueue
+from tests.memory.conftest import compiled_loops
 
 NUM_BLOCKS = 12
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +49,12 @@ operations = st.lists(st.tuples(st.sampled_from(["take", "prepend", "append", "r
                                 st.integers(0, NUM_BLOCKS)), max_size=60)
 
 
+@pytest.mark.parametrize("compiled_remove", [False, True])
 @settings(max_examples=200, deadline=None)
 @given(operations)
-def test_the_queue_hands_out_and_lists_blocks_as_a_naive_list_does(ops: list[tuple[str, int]]) -> None:
+def test_the_queue_hands_out_and_lists_blocks_as_a_naive_list_does(compiled_remove: bool,
+                                                                    ops: list[tuple[str, int]]) -> None:
+    """Hits taken out by the queue's own ``remove`` or by the compiled one (``pool_loops.remove_free``)."""
     queue, naive = FreeBlockQueue(NUM_BLOCKS), NaiveQueue(NUM_BLOCKS)
     held: list[int] = []  # blocks out of the queue, in the order taken
     for op, arg in ops:
@@ -68,7 +73,10 @@ def test_the_queue_hands_out_and_lists_blocks_as_a_naive_list_does(ops: list[tup
                 naive.back += blocks
         elif op == "remove" and naive.back:  # (a prompt's hits: one to three blocks of the back part in one call)
             blocks = naive.back[arg % len(naive.back):][:1 + arg % 3]
-            queue.remove(*blocks)
+            if compiled_remove:
+                assert compiled_loops().remove_free(queue, blocks) is True
+            else:
+                queue.remove(*blocks)
             for block in blocks:
                 naive.back.remove(block)
             held += blocks
