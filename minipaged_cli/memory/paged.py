@@ -75,7 +75,7 @@ class PagedAllocator(Allocator):
         return max(gate, chunk)
 
     def admission_headroom(self, holding: Holding, prompt_length: int, keep_free_blocks: int = 0) -> int:
-        # (asked several times a step: where no hit is possible, one compiled call)
+        # (asked several times a step: one compiled call where no group slides, with one group its hit too)
         manager = self.manager
         headroom = manager.pool.loops.admission_headroom(manager, holding.block_hashes, prompt_length,
                                                          keep_free_blocks)

@@ -8,7 +8,7 @@
  * with prefix caching moves millions of blocks through them; in Python each block costs a few bytecodes per list
  * or dict operation, here only the operations themselves; and they fetch the memory of the blocks ahead (below).
  * grow_lengths, and the passes after it (fill_keys, hand_out, fill_blocks), read and write a SequenceState's slots
- * through their member definitions (bound once), as its attribute access does, without a lookup per sequence.
+ * through their member definitions (bound once), at their offsets, without a lookup or a call per sequence.
  * full_attention_profile is bulk.py's NumPy profile of a bulk decode (a handful of steps: NumPy's calls cost more
  * than their arithmetic), checked against it by tests/memory/test_bulk.py; its loop (full_attention_steps.h) is a
  * replay's decode_run's too (sim/request_loops.c).
@@ -297,8 +297,8 @@ static PyObject *set_refs(PyObject *self, PyObject *args) {
     return failed ? NULL : Py_NewRef(Py_None);
 }
 
-/* SequenceState's slots that grow_lengths and the passes after it read and write, bound once (bind_sequence_state): a slot is read and
- * written through its member definition, without a lookup by name per sequence. */
+/* SequenceState's slots that grow_lengths and the passes after it read and write, bound once (bind_sequence_state): a
+ * slot is read and written through its member definition, without a lookup by name per sequence. */
 static PyTypeObject *STATE_TYPE;
 static PyMemberDef *LENGTH, *COMPUTED, *LOADING, *HELD, *CACHED_BLOCKS, *BLOCK_HASHES, *BLOCK_TABLES, *FINAL, *SEQUENCE_ID,
                    *CACHED_TOKENS, *NULLS;
@@ -1580,7 +1580,8 @@ static PyObject *remove_free(PyObject *self, PyObject *args) {
     PyObject *blocks = NULL, *stale = NULL, *back = NULL, *skips = NULL, *live = NULL, *result = NULL;
     Py_ssize_t head, num_stale, n;
     if (!(stale = PyObject_GetAttr(queue, ATTRIBUTES[A_STALE])) ||
-            !(back = PyObject_GetAttr(queue, ATTRIBUTES[A_BACK])) || read_size(queue, A_HEAD, &head) < 0 || read_size(queue, A_NUM_STALE, &num_stale) < 0)
+            !(back = PyObject_GetAttr(queue, ATTRIBUTES[A_BACK])) || read_size(queue, A_HEAD, &head) < 0 ||
+            read_size(queue, A_NUM_STALE, &num_stale) < 0)
         goto done;
     if (!PyDict_CheckExact(stale) || !PyList_CheckExact(back) || head < 0 || head > PyList_GET_SIZE(back)) {
         result = Py_NewRef(Py_False);
@@ -1810,13 +1811,13 @@ static PyObject *release_sequence_into(PyObject *self, PyObject *args) {
                        !(released = PyObject_GetAttr(manager, ATTRIBUTES[A_RELEASED])) ||
                        !(past_final = PyObject_GetAttr(manager, ATTRIBUTES[A_PAST_FINAL]))))
         usual = -1;
-    PyObject *state = usual == 1 && PyDict_CheckExact(sequences) ? PyDict_GetItemWithError(sequences, sequence_id)
-                                                                 : NULL;  /* (borrowed) */
+    if (usual == 1)  /* (the manager's own kinds) */
+        usual = PyDict_CheckExact(sequences) && PyODict_Check(released) && PyDict_CheckExact(past_final);
+    PyObject *state = usual == 1 ? PyDict_GetItemWithError(sequences, sequence_id) : NULL;  /* (borrowed) */
     int known = state == NULL ? 0 : PyDict_Contains(released, sequence_id);
     if (usual < 0 || known < 0 || PyErr_Occurred())
         goto done;
-    if (state == NULL || known || !Py_IS_TYPE(state, STATE_TYPE) || !PyODict_Check(released) ||
-            !PyDict_CheckExact(past_final)) {
+    if (state == NULL || known || !Py_IS_TYPE(state, STATE_TYPE)) {
         result = Py_NewRef(Py_False);  /* (unusual, an unknown or released id, other kinds: the Python path) */
         goto done;
     }
