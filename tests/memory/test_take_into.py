@@ -27,7 +27,7 @@ from minipaged_cli.memory.kv_groups import FULL_ATTENTION, SLIDING_ATTENTION, KV
 from minipaged_cli.memory.pool_loops import PRIVATE
 from minipaged_cli.memory.prefix import hash_blocks
 from minipaged_cli.memory.sequence import SequenceState
-from tests.memory.conftest import LOOP_KINDS, compiled_loops
+from tests.memory.conftest import LOOP_KINDS, compiled, compiled_loops
 
 
 def pool_state(pool: BlockPool) -> tuple:
@@ -270,7 +270,7 @@ def test_the_compiled_creation_binds_no_state_with_a_slot_it_would_leave_unset()
     fields = [(field.name, field.type, field) for field in dataclasses.fields(SequenceState)]
     wider = dataclasses.make_dataclass("Wider", [*fields, ("extra", int, dataclasses.field(default=0))], slots=True)
     with pytest.raises(TypeError, match="12 slots where create_into's new_state sets 11"):
-        pool_loops.compiled().bind_sequence_state(wider)
+        compiled()[0].bind_sequence_state(wider)  # (the built module, as under MINIPAGED_NATIVE=0 too)
     manager = KVBlockManager(4, 1, enable_prefix_caching=True)
     manager.pool.loops = compiled_loops()
     assert type(manager.pool.loops.create_into(manager, 0, 2, [], 2, None, None)) is SequenceState  # (still bound)
