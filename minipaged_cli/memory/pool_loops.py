@@ -242,8 +242,9 @@ class Loops:
 
     @classmethod
     def of(cls, *modules: ModuleType) -> Loops:
-        """Each loop from the first of ``modules`` that has it."""
-        return cls(*(next(getattr(m, f.name) for m in modules if hasattr(m, f.name)) for f in fields(cls)))
+        """Each loop from the first of ``modules`` that has it (AttributeError naming a loop none has)."""
+        return cls(*(getattr(next((m for m in modules if hasattr(m, f.name)), modules[0]), f.name)
+                     for f in fields(cls)))
 
 
 @cache
