@@ -599,6 +599,40 @@ static PyObject *add_filled(PyObject *out, PyObject *fill, Py_ssize_t group, PyM
     return state;
 }
 
+/* fill_keys' answer for the keys filled (``keys``, a list, taken): the keys, or Py_None where a key other than
+ * PRIVATE (no key twice, and no entry) repeats or has an entry in ``cached``; NULL with an error set. */
+static PyObject *keys_unless_met(PyObject *keys, PyObject *cached) {
+    if (keys == NULL)
+        return NULL;
+    PyObject *distinct = NULL;
+    Py_ssize_t num_keyed = 0;  /* (keys other than PRIVATE: most of a replay's are it, and need no test) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
+        num_keyed += PyList_GET_ITEM(keys, i) != PRIVATE;
+    int met = 0;
+    if (num_keyed > 1) {  /* a key twice */
+        if (!(distinct = PySet_New(NULL)))
+            goto failed;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
+            if (PyList_GET_ITEM(keys, i) != PRIVATE && PySet_Add(distinct, PyList_GET_ITEM(keys, i)) < 0)
+                goto failed;
+        met = PySet_GET_SIZE(distinct) != num_keyed;
+        Py_CLEAR(distinct);
+    }
+    for (Py_ssize_t i = 0; !met && num_keyed && i < PyList_GET_SIZE(keys); i++) {  /* a key with an entry */
+        if (PyList_GET_ITEM(keys, i) != PRIVATE && (met = PyDict_Contains(cached, PyList_GET_ITEM(keys, i))) < 0)
+            goto failed;
+    }
+    if (met) {
+        Py_DECREF(keys);
+        Py_RETURN_NONE;
+    }
+    return keys;
+failed:
+    Py_XDECREF(distinct);
+    Py_DECREF(keys);
+    return NULL;
+}
+
 static PyObject *fill_keys_of(PyObject *fills, Py_ssize_t group, PyObject *cached) {
     PyObject *keys = PyList_New(0);
     for (Py_ssize_t i = 0; keys != NULL && i < PyList_GET_SIZE(fills); i++) {
@@ -606,32 +640,7 @@ static PyObject *fill_keys_of(PyObject *fills, Py_ssize_t group, PyObject *cache
         if (add_filled(keys, PyList_GET_ITEM(fills, i), group, BLOCK_HASHES, 0, &start, &stop) == NULL)
             Py_CLEAR(keys);
     }
-    if (keys == NULL)
-        return NULL;
-    PyObject *distinct = PySet_New(keys);
-    if (distinct == NULL) {
-        Py_DECREF(keys);
-        return NULL;
-    }
-    Py_ssize_t num_private = 0;  /* (PRIVATE is no key twice, and has no entry) */
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
-        num_private += PyList_GET_ITEM(keys, i) == PRIVATE;
-    int met = PySet_GET_SIZE(distinct) - (num_private > 0) != PyList_GET_SIZE(keys) - num_private;  /* a key twice */
-    Py_DECREF(distinct);
-    for (Py_ssize_t i = 0; !met && i < PyList_GET_SIZE(keys); i++) {
-        if (PyList_GET_ITEM(keys, i) == PRIVATE)
-            continue;
-        met = PyDict_Contains(cached, PyList_GET_ITEM(keys, i));  /* a key with an entry */
-        if (met < 0) {
-            Py_DECREF(keys);
-            return NULL;
-        }
-    }
-    if (met) {
-        Py_DECREF(keys);
-        Py_RETURN_NONE;
-    }
-    return keys;
+    return keys_unless_met(keys, cached);
 }
 
 static PyObject *fill_keys(PyObject *self, PyObject *args) {
@@ -659,6 +668,16 @@ static int past_its_final(PyObject *state, long long block_size) {
     }
     Py_DECREF(final);
     return past;
+}
+
+/* The state listed in ``past_final`` (a dict) by its id where its table now holds slots past its final length
+ * (take_cached.note_past_final); -1 with an error set. */
+static int list_past_final(PyObject *state, PyObject *past_final, long long block_size) {
+    int past = past_its_final(state, block_size);
+    PyObject *id = past == 1 ? PyMember_GetOne((const char *)state, SEQUENCE_ID) : NULL;
+    int failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
+    Py_XDECREF(id);
+    return failed ? -1 : 0;
 }
 
 static PyObject *hand_out_of(PyObject *takes, PyObject *taken, long long num_groups, PyObject *past_final,
@@ -695,14 +714,8 @@ static PyObject *hand_out_of(PyObject *takes, PyObject *taken, long long num_gro
         Py_XDECREF(count);
         if (failed)
             return NULL;
-        if (past_final != Py_None) {
-            int past = past_its_final(state, block_size);
-            PyObject *id = past == 1 ? PyMember_GetOne((const char *)state, SEQUENCE_ID) : NULL;
-            failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
-            Py_XDECREF(id);
-            if (failed)
-                return NULL;
-        }
+        if (past_final != Py_None && list_past_final(state, past_final, block_size) < 0)
+            return NULL;
     }
     Py_RETURN_NONE;
 }
@@ -1328,8 +1341,7 @@ static int growth_lists(Growth *growth) {
 /* fill_keys over a growth's fills (growth_lists checked): the keys they fill, in order; Py_None where a key other
  * than PRIVATE repeats or has an entry in ``cached``. */
 static PyObject *growth_fill_keys(Growth *growth, PyObject *cached) {
-    PyObject *keys = PyList_New(0), *distinct = NULL;
-    Py_ssize_t num_keyed = 0;  /* (keys other than PRIVATE: most of a replay's are it, and need no test) */
+    PyObject *keys = PyList_New(0);
     for (Py_ssize_t i = 0; keys != NULL && i < growth->num_fills; i++) {
         PyObject *state = PyList_GET_ITEM(growth->states, growth->fill_at[i]), *counts;
         long long start = only_count(state, &counts);
@@ -1341,39 +1353,13 @@ static PyObject *growth_fill_keys(Growth *growth, PyObject *cached) {
             break;
         }
         PyObject **items = PySequence_Fast_ITEMS(hashes);  /* (a list or a tuple: growth_lists) */
-        for (long long j = start; j < growth->fill_stop[i] && j < PySequence_Fast_GET_SIZE(hashes); j++) {
-            num_keyed += items[j] != PRIVATE;
+        for (long long j = start; j < growth->fill_stop[i] && j < PySequence_Fast_GET_SIZE(hashes); j++)
             if (PyList_Append(keys, items[j]) < 0) {
                 Py_CLEAR(keys);
                 break;
             }
-        }
     }
-    if (keys == NULL || num_keyed == 0)
-        return keys;
-    int met = 0;
-    if (num_keyed > 1) {  /* a key twice */
-        if (!(distinct = PySet_New(NULL)))
-            goto failed;
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++)
-            if (PyList_GET_ITEM(keys, i) != PRIVATE && PySet_Add(distinct, PyList_GET_ITEM(keys, i)) < 0)
-                goto failed;
-        met = PySet_GET_SIZE(distinct) != num_keyed;
-        Py_CLEAR(distinct);
-    }
-    for (Py_ssize_t i = 0; !met && i < PyList_GET_SIZE(keys); i++) {  /* a key with an entry */
-        if (PyList_GET_ITEM(keys, i) != PRIVATE && (met = PyDict_Contains(cached, PyList_GET_ITEM(keys, i))) < 0)
-            goto failed;
-    }
-    if (met) {
-        Py_DECREF(keys);
-        Py_RETURN_NONE;
-    }
-    return keys;
-failed:
-    Py_XDECREF(distinct);
-    Py_DECREF(keys);
-    return NULL;
+    return keys_unless_met(keys, cached);
 }
 
 /* hand_out over a growth's takes in one group: each table gains its blocks from ``taken`` in order, its held count
@@ -1400,11 +1386,7 @@ static int growth_hand_out(Growth *growth, PyObject *taken, PyObject *past_final
             return -1;
         set_slot(state, HELD, moved);
         Py_DECREF(moved);
-        int past = past_its_final(state, block_size);
-        PyObject *id = past == 1 ? PyMember_GetOne((const char *)state, SEQUENCE_ID) : NULL;
-        int failed = past < 0 || (past == 1 && (id == NULL || PyDict_SetItem(past_final, id, state) < 0));
-        Py_XDECREF(id);
-        if (failed)
+        if (list_past_final(state, past_final, block_size) < 0)
             return -1;
     }
     return 0;
@@ -1577,7 +1559,7 @@ static PyObject *remove_free(PyObject *self, PyObject *args) {
     PyObject *queue, *blocks_arg;
     if (!PyArg_ParseTuple(args, "OO:remove_free", &queue, &blocks_arg))
         return NULL;
-    PyObject *blocks = NULL, *stale = NULL, *back = NULL, *skips = NULL, *live = NULL, *result = NULL;
+    PyObject *blocks = NULL, *stale = NULL, *back = NULL, *live = NULL, *result = NULL;
     Py_ssize_t head, num_stale, n;
     if (!(stale = PyObject_GetAttr(queue, ATTRIBUTES[A_STALE])) ||
             !(back = PyObject_GetAttr(queue, ATTRIBUTES[A_BACK])) || read_size(queue, A_HEAD, &head) < 0 ||
@@ -1604,40 +1586,19 @@ static PyObject *remove_free(PyObject *self, PyObject *args) {
     num_stale += n;
     if (write_size(queue, A_NUM_STALE, num_stale) < 0 || add_size(queue, A_NUM_FREE, -n) < 0)
         goto done;
-    Py_ssize_t size = PyList_GET_SIZE(back);
-    if (num_stale > size - head - num_stale) {  /* (_compact: the live entries of the back list, in order) */
-        if (!(skips = PyDict_Copy(stale)) || !(live = PyList_New(0)))
-            goto done;
-        for (Py_ssize_t i = head; i < PyList_GET_SIZE(back); i++) {
-            PyObject *block = PyList_GET_ITEM(back, i);
-            PyObject *count = PyDict_GET_SIZE(skips) ? PyDict_GetItemWithError(skips, block) : NULL;
-            if (count == NULL && PyErr_Occurred())
-                goto done;
-            int skip = count == NULL ? 0 : PyObject_IsTrue(count);
-            if (skip < 0)
-                goto done;
-            if (!skip) {
-                if (PyList_Append(live, block) < 0)
-                    goto done;
-                continue;
-            }
-            PyObject *fewer = PyNumber_Subtract(count, ONE);
-            int failed = fewer == NULL || PyDict_SetItem(skips, block, fewer) < 0;
-            Py_XDECREF(fewer);
-            if (failed)
-                goto done;
-        }
-        if (PyObject_SetAttr(queue, ATTRIBUTES[A_BACK], live) < 0 || write_size(queue, A_HEAD, 0) < 0 ||
+    Py_ssize_t num_live = PyList_GET_SIZE(back) - head - num_stale;
+    if (num_stale > num_live) {  /* (_compact: the back list's live entries, in order: take_back's walk over all) */
+        if (!(live = PyList_New(0)) || take_back(back, &head, stale, &num_stale, num_live, live) < 0 ||
+                PyObject_SetAttr(queue, ATTRIBUTES[A_BACK], live) < 0 || write_size(queue, A_HEAD, 0) < 0 ||
                 write_size(queue, A_NUM_STALE, 0) < 0)
             goto done;
-        PyDict_Clear(stale);
+        PyDict_Clear(stale);  /* (the stale entries it did not reach, past the last live one, go with the list) */
     }
     result = Py_NewRef(Py_True);
 done:
     Py_XDECREF(blocks);
     Py_XDECREF(stale);
     Py_XDECREF(back);
-    Py_XDECREF(skips);
     Py_XDECREF(live);
     return result;
 }
@@ -1800,7 +1761,7 @@ static PyObject *release_sequence_into(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOn:release_sequence_into", &manager, &sequence_id, &kept))
         return NULL;
     PyObject *pool = NULL, *window = NULL, *forks = NULL, *sequences = NULL, *released = NULL, *past_final = NULL,
-             *tables = NULL, *counts = NULL, *result = NULL;
+             *result = NULL;
     Py_ssize_t num_groups;
     int usual = -1;
     if ((pool = PyObject_GetAttr(manager, ATTRIBUTES[A_POOL])) && read_size(pool, A_NUM_GROUPS, &num_groups) == 0 &&
@@ -1821,17 +1782,11 @@ static PyObject *release_sequence_into(PyObject *self, PyObject *args) {
         result = Py_NewRef(Py_False);  /* (unusual, an unknown or released id, other kinds: the Python path) */
         goto done;
     }
-    PyObject *table = NULL, *answer = NULL;
-    Py_ssize_t num_keyed = -1;
-    if ((tables = PyMember_GetOne((const char *)state, BLOCK_TABLES)) &&
-            (counts = PyMember_GetOne((const char *)state, CACHED_BLOCKS)) && PyList_CheckExact(tables) &&
-            PyList_GET_SIZE(tables) == 1 && PyList_CheckExact(PyList_GET_ITEM(tables, 0)) &&
-            PyList_CheckExact(counts) && PyList_GET_SIZE(counts) == 1) {
-        table = PyList_GET_ITEM(tables, 0);
-        num_keyed = PyLong_AsSsize_t(PyList_GET_ITEM(counts, 0));
-    }
+    /* (its table and count borrowed from the state, which its entry holds until the table is released) */
+    PyObject *table = only_table(state), *counts = NULL, *answer = NULL;
+    long long num_keyed = table == NULL ? -1 : only_count(state, &counts);
     if (!PyErr_Occurred())
-        answer = table == NULL ? Py_NewRef(Py_False) : release_table(pool, table, num_keyed);
+        answer = counts == NULL ? Py_NewRef(Py_False) : release_table(pool, table, (Py_ssize_t)num_keyed);
     if (answer == NULL || answer == Py_False) {
         result = answer;  /* (False: nothing changed) */
         goto done;
@@ -1855,8 +1810,6 @@ done:
     Py_XDECREF(sequences);
     Py_XDECREF(released);
     Py_XDECREF(past_final);
-    Py_XDECREF(tables);
-    Py_XDECREF(counts);
     return result;
 }
 
