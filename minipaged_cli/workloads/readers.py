@@ -31,14 +31,7 @@ from typing import Any, TextIO
 
 from minipaged_cli.errors import InputError
 from minipaged_cli.input_files import parse_json, read_json_lines
-from minipaged_cli.validation import (
-    MAX_TOKENS,
-    finite_number,
-    number_from_text,
-    positive_number,
-    token_count,
-    whole_number,
-)
+from minipaged_cli.validation import finite_number, number_from_text, positive_number, token_count, whole_number
 from minipaged_cli.workloads.formats import TRACE_FORMATS
 from minipaged_cli.workloads.sessions import Turn, sessions_of
 from minipaged_cli.workloads.text_tokens import TextTokens
@@ -250,9 +243,9 @@ def _azure_time(text: str, source: str, where: str) -> datetime:
 
 def _token_count(value: Any, source: str, where: str, field: str) -> int:
     """A CSV cell (text) or a JSON value: a whole number of tokens, 1 to ``MAX_TOKENS``."""
-    if type(value) is int and 1 <= value <= MAX_TOKENS:  # (a JSON trace's every length: no call per check)
-        return value
-    return token_count(number_from_text(value), field=field, source=source, where=where)
+    if type(value) is not int:  # (a JSON trace's lengths are ints: token_count's own fast path takes them)
+        value = number_from_text(value)
+    return token_count(value, field=field, source=source, where=where)
 
 
 def load_trace(
