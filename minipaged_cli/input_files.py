@@ -113,11 +113,20 @@ def read_json_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """The JSON objects of a JSONL file, a line each (blank lines skipped), with where each is ("line 3"). Lines
     end at newlines only: a JSON string may hold U+2028 and the other separators ``str.splitlines`` cuts at."""
     source = str(path)
+    scan = _DECODER.scan_once
     for line, text in enumerate(read_text(path).split("\n"), start=1):
         if not text.strip():
             continue
         where = f"line {line}"
-        row = parse_json(text, source, where)
+        # A line that is one value, nothing around it (a trace's every line), is scanned as ``decode`` would scan
+        # it, without its calls around the scanner; whatever else it holds is parsed by ``parse_json``, whose
+        # answer, or refusal, it is.
+        try:
+            row, end = scan(text, 0)
+        except Exception:  # (parse_json below says what is wrong, as for any other line)
+            row, end = None, 0
+        if end != len(text):
+            row = parse_json(text, source, where)
         if not isinstance(row, dict):
             raise InputError("expected a JSON object", source=source, where=where)
         yield where, row

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from minipaged_cli.cli.main import app
 from minipaged_cli.cli.sweep_options import read_config
 from minipaged_cli.errors import InputError
-from minipaged_cli.input_files import MAX_YAML_DEPTH, parse_json, parse_yaml, read_document
+from minipaged_cli.input_files import MAX_YAML_DEPTH, parse_json, parse_yaml, read_document, read_json_lines
 from minipaged_cli.sim.calibration import load_calibration
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.replay import replay
@@ -227,3 +230,44 @@ def test_a_model_shape_past_int32_is_one_line_exit_2(tmp_path: Path, key: str) -
     trace.write_text("requests: [{id: a, arrival_s: 0, prompt_tokens: 20, output_tokens: 3}]\n")
     line = one_line_exit_2(["simulate", str(trace), "--model", str(path), "--strategies", "paged"])
     assert line == f"error: {path}: {key}: {10**400}: must be <= {2**31 - 1}"
+
+
+# -- JSON lines --------------------------------------------------------------------------------------------------
+
+def json_lines_one_by_one(path: Path) -> list[tuple[str, Any]]:
+    """The reference: each line that is not blank through ``parse_json``, an object required."""
+    rows = []
+    for number, text in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
+        if text.strip():
+            row = parse_json(text, str(path), f"line {number}")
+            if not isinstance(row, dict):
+                raise InputError("expected a JSON object", source=str(path), where=f"line {number}")
+            rows.append((f"line {number}", row))
+    return rows
+
+
+line_pieces = st.sampled_from([
+    '{"a": 1, "b": [2, 3]}', '{}', '{"a": {"b": {}}}', '{"a": 1, "a": 2}', '{"a": {"k": 1, "k": 2}}', '[1, 2]', '7',
+    '"text"', 'null', '{"a": 1', '{"a": 1}}', '{"a": 1} {"b": 2}', '{"a": 1},', '{"a": NaN}', '{"a": 1e999}',
+    "{'a': 1}", '{"a": "\u2028"}', '{"a": 1 }', '{ "a": 1}', '{"a":\n1}', '', ' ', '\r', '\t', '\x0b', '\ufeff',
+    '\u2028', '\x85', 'x'])
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(st.lists(line_pieces, min_size=1, max_size=3).map("".join), max_size=5))
+@example(lines=['{"a": 1}\r', ' {"a": 1}', '{"a": 1} ', '\x0b'])
+def test_json_lines_read_as_each_line_parsed_alone(tmp_path_factory: pytest.TempPathFactory,
+                                                     lines: list[str]) -> None:
+    # The reader scans a line holding one object alone at once; every other line goes through parse_json: the
+    # rows, and the refusal of a bad line, are those of each line parsed alone
+    path = tmp_path_factory.mktemp("j") / "t.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8", newline="")
+    try:
+        expected: Any = json_lines_one_by_one(path)
+    except InputError as error:
+        expected = str(error)
+    try:
+        read: Any = list(read_json_lines(path))
+    except InputError as error:
+        read = str(error)
+    assert read == expected

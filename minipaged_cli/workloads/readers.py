@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import itertools
 import math
 import re
 import sys
@@ -111,8 +110,7 @@ def read_azure(path: Path) -> Trace:
             ))
     start = min((stamp for stamp, _, _ in rows), default=None)
     requests = [
-        Request(id=f"azure-{index}", arrival_s=(stamp - start).total_seconds(), prompt_tokens=prompt,
-                output_tokens=output)
+        Request.plain(f"azure-{index}", (stamp - start).total_seconds(), prompt, output)
         for index, (stamp, prompt, output) in enumerate(rows)
     ]
     return make_trace(path.stem, requests, source=source,
@@ -144,9 +142,8 @@ def read_mooncake(path: Path) -> Trace:
             sessions.setdefault(str(session), []).append(
                 (start, Turn(prompt, output, delay_s=delay, segments=prefix, whole_prompt=True)))
             continue
-        requests.append(Request(id=f"mooncake-{len(requests)}",
-                                arrival_s=_milliseconds(row, "timestamp", source, where) or 0.0,
-                                prompt_tokens=prompt, output_tokens=output, prefix=prefix))
+        arrival_s = _milliseconds(row, "timestamp", source, where) or 0.0
+        requests.append(Request.plain(f"mooncake-{len(requests)}", arrival_s, prompt, output, prefix))
     return make_trace(path.stem, requests, source=source, segments=segments, sessions=sessions_of(sessions),
                       description="Mooncake FAST'25 trace (kvcache-ai/Mooncake, Apache-2.0)")
 
@@ -160,7 +157,8 @@ def _mooncake_blocks(prompt: int, hash_ids: Any, segments: dict[str, int], sourc
                          has_value=True)
     num_whole = prompt // MOONCAKE_BLOCK_TOKENS
     prefix = [f"h{block_id}" for block_id in hash_ids[:num_whole]]
-    segments.update(zip(prefix, itertools.repeat(MOONCAKE_BLOCK_TOKENS)))
+    for name in prefix:
+        segments[name] = MOONCAKE_BLOCK_TOKENS
     last_tokens = prompt - num_whole * MOONCAKE_BLOCK_TOKENS
     if last_tokens and len(hash_ids) > num_whole:
         name = f"h{hash_ids[num_whole]}:{last_tokens}"

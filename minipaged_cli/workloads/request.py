@@ -31,11 +31,23 @@ class Request:
     # as a session's are. One sample only (``n`` = 1); the segment holds ``output_tokens``.
     output_segment: str | None = None
 
+    @classmethod
+    def plain(cls, id: str, arrival_s: float, prompt_tokens: int, output_tokens: int,
+              prefix: tuple[str, ...] = ()) -> Request:
+        """``Request(id, arrival_s, prompt_tokens, output_tokens, prefix)``, the other fields at their defaults,
+        without the frozen ``__init__``'s call a field (a public trace's reader makes tens of thousands)."""
+        request = object.__new__(cls)
+        request.__dict__.update(id=id, arrival_s=arrival_s, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                                prefix=prefix, n=1, runs=(), output_segment=None)
+        return request
+
     def arriving_at(self, arrival_s: float) -> Request:
         """This request arriving at ``arrival_s``: ``dataclasses.replace(self, arrival_s=arrival_s)``, without its
         pass over the fields (a trace re-timed, or a fleet's requests handed to replicas, is tens of thousands)."""
         moved = object.__new__(type(self))
-        moved.__dict__.update(self.__dict__, arrival_s=arrival_s)  # (frozen: the attributes are set once, here)
+        attributes = moved.__dict__
+        attributes.update(self.__dict__)
+        attributes["arrival_s"] = arrival_s  # (frozen: the attributes are set once, here)
         return moved
 
     @property

@@ -322,3 +322,14 @@ def test_a_request_moved_in_time_is_the_one_dataclasses_replace_makes(fields: tu
     assert request == Request(*fields)  # (the original unchanged)
     with pytest.raises(dataclasses.FrozenInstanceError):
         moved.arrival_s = 0.0  # type: ignore[misc]
+
+
+@settings(max_examples=100, deadline=None)
+@given(fields=st.tuples(st.text(max_size=5), st.floats(0, 1e6), st.integers(1, 10**6), st.integers(1, 10**6),
+                        st.lists(st.text(max_size=3), max_size=3).map(tuple)))
+def test_a_plain_request_is_the_one_its_dataclass_init_makes(fields: tuple) -> None:
+    # Every field: one added to Request with a default that ``plain`` does not set shows here
+    plain, made = Request.plain(*fields), Request(*fields)
+    assert vars(plain) == vars(made) and plain == made and hash(plain) == hash(made) and type(plain) is Request
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.prompt_tokens = 1  # type: ignore[misc]
