@@ -11,6 +11,11 @@ Install it into an environment of its own and name that environment's Python wit
 
 Where ``dynamo.replay`` does not import, the Dynamo column is skipped with one line saying why.
 
+``--minipaged-python`` names the Python that runs minipaged (default: this one). Give it an environment of its own
+too, with minipaged's dependencies alone (``pip install -e .`` in a fresh virtual environment), so that the two
+start alike: a Python starts by running every ``.pth`` file in its site-packages, and a shared environment's may
+import what neither simulator uses.
+
 Rows (``--rows``): the Mooncake conversation trace (12,031 requests) at 3,640 and at 58,240 blocks; the Azure
 conversation trace at ten times its rate (converted to Mooncake JSONL, the one format both read, with a hash id of
 its own for every 512 tokens of a prompt: nothing shared); and a 16-replica fleet of 3,640 blocks each on the
@@ -40,7 +45,7 @@ under cProfile and lists the N functions and the N files of the package (or libr
 is what it shows. The planes' samples cost the process nothing.)
 
     python benchmarks/peer_speed.py [--traces DIR] [--rows NAME,...] [--repeats N] [--dynamo-python PYTHON]
-        [--planes] [--profile N] [--markdown PATH]
+        [--minipaged-python PYTHON] [--planes] [--profile N] [--markdown PATH]
 """
 
 from __future__ import annotations
@@ -139,9 +144,9 @@ def timed_process(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # Linux: ru_maxrss in KiB
 
 
-def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
-    """``minipaged simulate`` on ``row``, its results as JSON in ``json_path``."""
-    argv = [sys.executable, "-m", "minipaged_cli", "simulate", str(trace), "--strategies", "paged",
+def minipaged_argv(row: Row, trace: Path, json_path: Path, python: str = sys.executable) -> list[str]:
+    """``minipaged simulate`` on ``row`` run by ``python``, its results as JSON in ``json_path``."""
+    argv = [python, "-m", "minipaged_cli", "simulate", str(trace), "--strategies", "paged",
             "--block-size", str(BLOCK_SIZE), "--num-blocks", str(row.num_blocks), "--max-batched-tokens",
             str(MAX_BATCHED_TOKENS), "--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(row.max_model_len),
             "--prefix-caching", "--preemption", "recompute", "--json", str(json_path)]
@@ -152,12 +157,12 @@ def minipaged_argv(row: Row, trace: Path, json_path: Path) -> list[str]:
     return argv
 
 
-def compiled_env(checkout: Path = CHECKOUT) -> dict[str, str]:
+def compiled_env(checkout: Path = CHECKOUT, python: str = sys.executable) -> dict[str, str]:
     """The environment minipaged's processes run in: ``checkout`` on the path, its modules' byte code compiled
     where an import finds it (``python -m compileall``, run here: it writes the files whatever
     ``PYTHONDONTWRITEBYTECODE`` says; an installed package's come so from ``pip install``). Where the checkout
     cannot be written, the runs compile what they import, as they would without this."""
-    compiled = subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "minipaged_cli")],
+    compiled = subprocess.run([python, "-m", "compileall", "-q", str(checkout / "minipaged_cli")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if compiled.returncode:
         print(f"note: {checkout / 'minipaged_cli'}'s byte code could not be written; each run compiles what it "
@@ -165,10 +170,10 @@ def compiled_env(checkout: Path = CHECKOUT) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(checkout)}
 
 
-def run_minipaged(row: Row, trace: Path, env: dict[str, str]) -> Run:
+def run_minipaged(row: Row, trace: Path, env: dict[str, str], python: str = sys.executable) -> Run:
     with tempfile.TemporaryDirectory() as scratch:
         json_path = Path(scratch) / "result.json"
-        cpu_s, peak_mb = timed_process(minipaged_argv(row, trace, json_path), env)
+        cpu_s, peak_mb = timed_process(minipaged_argv(row, trace, json_path, python), env)
         result = json.loads(json_path.read_text())
     figures = result["fleet"] if row.replicas > 1 else result["strategies"]["paged"]
     return Run(cpu_s, peak_mb, figures["prefix_cache_hit_pct"], figures["num_preemptions"],
@@ -185,11 +190,11 @@ class Profile:
     files: list[tuple[str, float]]
 
 
-def profile_minipaged(row: Row, trace: Path, top: int, env: dict[str, str]) -> Profile:
+def profile_minipaged(row: Row, trace: Path, top: int, env: dict[str, str], python: str = sys.executable) -> Profile:
     """One more minipaged run of ``row``, under cProfile: its ``top`` functions and files by self time."""
     with tempfile.TemporaryDirectory() as scratch:
         stats_path = Path(scratch) / "run.prof"
-        argv = minipaged_argv(row, trace, Path(scratch) / "result.json")
+        argv = minipaged_argv(row, trace, Path(scratch) / "result.json", python)
         argv[1:1] = ["-m", "cProfile", "-o", str(stats_path)]
         timed_process(argv, env)
         # {(file, line, function): (primitive calls, calls, self seconds, cumulative seconds, callers)}
@@ -307,8 +312,8 @@ class Measured:
     planes: dict[str, int] | None = None  # one more minipaged run's py-spy samples per plane (``--planes``)
 
 
-def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None,
-                env: dict[str, str]) -> Measured:
+def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None, env: dict[str, str],
+                minipaged_python: str = sys.executable) -> Measured:
     minipaged: list[Run] = []
     core: list[Run] = []
     for repeat in range(repeats):
@@ -316,7 +321,7 @@ def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None,
         sides = ["minipaged", "core"] if repeat % 2 == 0 else ["core", "minipaged"]
         for side in sides:
             if side == "minipaged":
-                minipaged.append(run_minipaged(row, trace, env))
+                minipaged.append(run_minipaged(row, trace, env, minipaged_python))
             elif dynamo_python is not None:
                 core.append(run_dynamo(dynamo_python, row, trace))
         print(f"  {row.name} pair {repeat + 1}/{repeats}: minipaged {minipaged[-1].cpu_s:.2f} s"
@@ -447,6 +452,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="paired runs per row")
     parser.add_argument("--dynamo-python", default=sys.executable,
                         help="a Python that imports dynamo.replay (default: this one)")
+    parser.add_argument("--minipaged-python", default=sys.executable,
+                        help="the Python that runs minipaged, with its dependencies installed (default: this one)")
     parser.add_argument("--planes", action="store_true",
                         help="sample one more minipaged run per row with py-spy: its CPU split into the planes")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -464,22 +471,24 @@ def main() -> None:
     profiles: list[Profile] = []
     planes_skipped: str | None = None
     with tempfile.TemporaryDirectory() as scratch:
-        env = compiled_env()
+        env = compiled_env(python=args.minipaged_python)
         measured = []
         for row in chosen:
             trace = args.traces / row.trace
             if row.trace == AZURE:
                 trace = mooncake_jsonl(trace, Path(scratch) / "azure_conv.jsonl")
-            measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python, env))
+            measured.append(measure_row(row, trace, args.repeats, None if skipped else args.dynamo_python, env,
+                                        args.minipaged_python))
             if args.planes and planes_skipped is None:
-                sampled = sample_planes(minipaged_argv(row, trace, Path(scratch) / "planes.json"), env, CHECKOUT)
+                argv = minipaged_argv(row, trace, Path(scratch) / "planes.json", args.minipaged_python)
+                sampled = sample_planes(argv, env, CHECKOUT)
                 if isinstance(sampled, str):
                     planes_skipped = sampled
                     print(sampled)
                 else:
                     measured[-1] = replace(measured[-1], planes=sampled)
             if args.profile > 0:
-                profiles.append(profile_minipaged(row, trace, args.profile, env))
+                profiles.append(profile_minipaged(row, trace, args.profile, env, args.minipaged_python))
     rows = [table_row(m) for m in measured]
     print_table(HEADER, rows)
     split = [planes_row(m) for m in measured if m.planes is not None]
@@ -492,6 +501,8 @@ def main() -> None:
             print(f"  {pct:5.1f}  {name}")
     if args.markdown is not None:
         command = f"python benchmarks/peer_speed.py --repeats {args.repeats} --dynamo-python PYTHON"
+        if args.minipaged_python != sys.executable:
+            command += " --minipaged-python MINIPAGED_PYTHON"
         if args.rows != parser.get_default("rows"):
             command += f" --rows {args.rows}"
         if args.planes:

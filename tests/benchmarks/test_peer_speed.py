@@ -131,3 +131,24 @@ def test_minipaged_runs_load_byte_code_compiled_before_them(tmp_path: Path) -> N
     assert f"# code object from '{importlib.util.cache_from_source(str(replay))}'" in loaded
     assert not [line for line in loaded if str(tmp_path) in line and not line.endswith(".pyc'")]
     assert {path: path.stat().st_mtime_ns for path in compiled} == compiled  # (read, not written again)
+
+
+def test_minipaged_runs_in_the_python_named_for_it(tmp_path: Path) -> None:
+    # --minipaged-python: the byte code is compiled, and every run made, by the Python named (here a script that
+    # notes its arguments and runs this interpreter); the page's command says so
+    trace = tmp_path / "mooncake_conversation_trace.jsonl"
+    tiny_mooncake(trace)
+    calls = tmp_path / "calls.txt"
+    python = tmp_path / "noting-python"
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    page = tmp_path / "peer-speed.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "peer_speed.py"), "--traces", str(tmp_path),
+                           "--rows", "mooncake-3640", "--repeats", "2", "--dynamo-python", sys.executable,
+                           "--minipaged-python", str(python), "--markdown", str(page)],
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    noted = calls.read_text().splitlines()
+    assert [line.split()[:2] for line in noted] == [["-m", "compileall"], ["-m", "minipaged_cli"],
+                                                   ["-m", "minipaged_cli"]]
+    assert "--minipaged-python MINIPAGED_PYTHON" in page.read_text()
