@@ -14,7 +14,7 @@ from minipaged_cli import __version__
 from minipaged_cli.cli.common import stderr
 from minipaged_cli.cli.grammar import assign_panels, renamed
 from minipaged_cli.cli.settings import name_the_file, print_settings, settings_params
-from minipaged_cli.cli.startup import importing, one_blas_thread
+from minipaged_cli.cli.startup import lasting, one_blas_thread
 
 try:
     from minipaged_cli.cli.option_values import convert_plainly
@@ -78,7 +78,7 @@ COMMANDS = {
 def _command(name: str) -> Any:
     """The command ``name``, built as Typer builds a group's commands (its module imported here, not before)."""
     one_blas_thread(name)
-    with importing():
+    with lasting():
         module = importlib.import_module(f"minipaged_cli.cli.{name}")
     one = typer.Typer(rich_markup_mode="markdown", add_completion=False, pretty_exceptions_enable=False)
     one.command(cls=_Command, name=name, epilog=module.EPILOG, short_help=COMMANDS[name])(

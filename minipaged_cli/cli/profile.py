@@ -47,6 +47,7 @@ from minipaged_cli.cli.flags import note_line
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, bold, kv_format, write_json
 from minipaged_cli.cli.render_dataplane import profile_detail, profile_table
+from minipaged_cli.cli.startup import lasting
 from minipaged_cli.cli.sweep_options import CHECKS
 from minipaged_cli.errors import InputError
 from minipaged_cli.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION
@@ -164,7 +165,8 @@ def profile_command(
         require_support(backend, spec.num_q_heads, spec.num_kv_heads, spec.head_dim, spec.name)
     dtype_name = dtype or spec.dtype
     check_dtype(dtype_name)
-    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
+    with lasting():  # (the trace lives as long as the process)
+        trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale)
     engine = EngineSettings(scheduler=scheduler, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
                             max_batched_tokens=max_batched_tokens, watermark=watermark)
     cache = CacheSettings(blocks, sizes[0], prefix_caching=prefix_caching, hybrid_kv=hybrid_kv)

@@ -47,6 +47,7 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
+from minipaged_cli.cli.startup import lasting
 from minipaged_cli.cli.tier_options import (
     CpuKvMemoryOpt,
     DiskKvMemoryOpt,
@@ -163,8 +164,9 @@ def simulate_command(
                                                 gpu_memory_utilization, hybrid=hybrid, vllm_version=vllm_version,
                                                 max_num_batched_tokens=max_batched_tokens,
                                                 max_num_seqs=max_num_seqs)
-    trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
-                       tokenizer=tokenizer)
+    with lasting():  # (the trace lives as long as the process)
+        trace = load_trace(trace_path, trace_format, rate=rate, seed=seed, limit=limit, time_scale=time_scale,
+                           tokenizer=tokenizer)
     engine = EngineSettings(scheduler=scheduler, vllm_version=vllm_version, max_num_seqs=max_num_seqs,
                             max_batched_tokens=max_batched_tokens, watermark=watermark, preemption=preemption,
                             long_prefill_token_threshold=long_prefill_threshold)

@@ -1,5 +1,5 @@
-"""The command line's start-up: the cyclic garbage collector is paused while its modules import, and the command
-line's own process freezes what they allocated.
+"""The command line's start-up: the cyclic garbage collector is paused while its modules import, and while a
+command reads its trace, and the command line's own process freezes what they allocated (``lasting``).
 
 Importing Typer, Rich, NumPy and a command's modules allocates tens of thousands of objects that live as long as
 the process. Each time the allocations pass the collector's threshold it traverses the young objects again, and
@@ -7,7 +7,9 @@ finds nothing to free (about 60 collections in simulate's start-up); and at the 
 of them once more. Paused, it traverses them once, when it resumes. The process that runs the command line (the
 console script, ``python -m minipaged_cli``; not a program that imports it) freezes them instead (``gc.freeze``):
 no collection traverses them again, the exit's included. Together about 30 ms of the 0.29 s that simulate took on
-a one-request trace; the price, a cycle an import leaves (a few hundred objects) is never collected.
+a one-request trace; the price, a cycle an import leaves (a few hundred objects) is never collected. A trace is
+the same: its requests live until the replay's report, and reading the Azure conversation trace's 19,366 made about
+140 of the 180 collections of simulate's run on it, each finding nothing to free.
 
 A replay command's process also asks NumPy's OpenBLAS for one thread before NumPy loads (``one_blas_thread``).
 """
@@ -47,9 +49,10 @@ def one_blas_thread(command: str) -> None:
 
 
 @contextmanager
-def importing() -> Iterator[None]:
-    """Run the block (imports) with the cyclic collector off, then leave it as it was (off stays off: a caller's
-    choice); in the command line's own process, what the process holds is frozen first."""
+def lasting() -> Iterator[None]:
+    """Run the block (imports, a trace's reading: what it allocates lasts as long as the process) with the cyclic
+    collector off, then leave it as it was (off stays off: a caller's choice); in the command line's own process,
+    what the process holds is frozen first."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

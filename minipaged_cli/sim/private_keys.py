@@ -48,6 +48,8 @@ def private_keys(request: Request, segments: dict[str, int], shared: set[str], b
     has lies in segments both name. (Two requests may name a segment after different ones: then the key is kept,
     though no lookup will find it; a key that one would find is never private.)"""
     prefix = request.prefix
+    if not prefix or prefix[0] not in shared:  # (no other request names its first segment: every key its own)
+        return [PRIVATE] * ((request.prompt_tokens + request.output_tokens) // block_size)
     keys = segment_keys(prefix[:len(list(itertools.takewhile(shared.__contains__, prefix)))], segments, (),
                         block_size)
     return keys + [PRIVATE] * ((request.prompt_tokens + request.output_tokens) // block_size - len(keys))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from minipaged_cli.cli.startup import importing
+from minipaged_cli.cli.startup import lasting
 from tests.conftest import ROOT
 
 # In a fresh process: note whether the collector is on as each module is imported, run what the argument says, then
@@ -87,10 +87,10 @@ def test_the_collector_is_left_as_it_was(enabled: bool) -> None:
     was, frozen = gc.isenabled(), gc.get_freeze_count()
     try:
         (gc.enable if enabled else gc.disable)()
-        with importing():
+        with lasting():
             assert not gc.isenabled()
         assert gc.isenabled() is enabled
-        with pytest.raises(ValueError), importing():
+        with pytest.raises(ValueError), lasting():
             raise ValueError("a failed import")
         assert gc.isenabled() is enabled
         assert gc.get_freeze_count() == frozen  # pytest imports it: nothing frozen
@@ -166,3 +166,53 @@ def test_a_users_number_of_blas_threads_is_kept(variable: str, tmp_path: Path) -
         pytest.skip("two threads need two cores")
     threads, _ = _openblas_threads("simulate", tmp_path, **{variable: "2"})
     assert threads == 2
+
+
+# In a fresh process: run simulate on the trace (as the command line, or as a program calling ``main``), noting each
+# collection that starts while the trace loads, and, as the replay starts, how many of the trace's requests a
+# collection would still traverse (the frozen are not listed by ``gc.get_objects``)
+_WATCH_THE_TRACE = """
+import gc, json, runpy, sys
+import minipaged_cli.sim.replay as replay
+from minipaged_cli.workloads.request import Request
+during_load = []
+def note(phase, info):
+    frame = sys._getframe(1)
+    while frame is not None and phase == "start":
+        if frame.f_code.co_name == "load_trace":
+            during_load.append(info["generation"])
+        frame = frame.f_back
+gc.callbacks.append(note)
+seen = {}
+simulate = replay.simulate
+def watched(trace, *args, **kwargs):
+    seen["requests"] = trace.num_requests
+    seen["traversed"] = sum(type(o) is Request for o in gc.get_objects())
+    return simulate(trace, *args, **kwargs)
+replay.simulate = watched
+how, trace = sys.argv[1:]
+sys.argv = ["minipaged_cli", "simulate", trace, "--json", "-"]
+try:
+    if how == "-m":
+        runpy.run_module("minipaged_cli", run_name="__main__", alter_sys=True)
+    else:
+        from minipaged_cli.cli.main import main
+        main()
+except SystemExit as done:
+    assert done.code in (0, None), done.code
+print(json.dumps({"during_load": during_load, **seen}))
+"""
+
+
+@pytest.mark.parametrize("how", ["library", "-m"])
+def test_a_trace_loads_with_the_collector_paused_and_the_command_line_freezes_it(how: str, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 40, "output_length": 2, "hash_ids": [i]})
+                             + "\n" for i in range(3000)))
+    done = subprocess.run([sys.executable, "-c", _WATCH_THE_TRACE, how, str(trace)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout.splitlines()[-1])
+    assert run["during_load"] == [] and run["requests"] == 3000
+    # (3,000 requests made dozens of collections as they loaded; the command line's process freezes them after)
+    assert run["traversed"] == (0 if how == "-m" else 3000)

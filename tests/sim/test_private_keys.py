@@ -61,6 +61,10 @@ def test_private_keys_worked_by_hand() -> None:
     assert keys == full[:4] + [PRIVATE] * 4
     assert private_keys(trace.requests[1], SEGMENTS, shared, 16) == \
         content_keys(trace.requests[1], 1, 0, SEGMENTS, 16)[:4] + [PRIVATE] * 2
+    # A prompt whose first segment no other request names, or that names none: every key is its own
+    # ((24 + 2 + 30) // 16 = 3 blocks; 47 // 16 = 2)
+    assert private_keys(Request("r2", 0.0, 26, 30, ("own2",)), SEGMENTS, shared, 16) == [PRIVATE] * 3
+    assert private_keys(Request("r3", 0.0, 40, 7), SEGMENTS, shared, 16) == [PRIVATE] * 2
 
 
 @settings(max_examples=60, deadline=None)
