@@ -263,7 +263,7 @@ class BulkAdvance:
 def _spans(parts: list[int], num_free: int, num_steps: int) -> Iterable[tuple[int, int, int]]:
     """The runs of a bulk's steps without windows that no arrival and no change of saturation splits, as a bulk
     starting at each arrival would record them: (start, stop, the part it is in)."""
-    if len(parts) == 1 and num_free >= num_steps > 0:  # (most bulks: one run)
+    if len(parts) == 1 and num_steps > 0 and (num_free >= num_steps or num_free == 0):  # (most bulks: one run)
         return ((0, num_steps, 0),)
     return ((start, stop, bisect.bisect_right(parts, start) - 1)
             for start, stop in itertools.pairwise(sorted({*parts, num_free, num_steps})))

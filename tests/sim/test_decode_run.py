@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from minipaged_cli.memory.bulk import python_full_attention_profile
 from minipaged_cli.sim import request_loops
+from minipaged_cli.sim.bulk_advance import _spans
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
@@ -139,3 +140,21 @@ def test_a_replay_through_decode_runs_is_the_replay_without_them(monkeypatch: py
     assert sum(1 for steps in runs if steps > 1) > 50  # (the compiled runs carried the bulks)
     assert results["with"]["num_preemptions"] > 0 and results["with"]["completed_requests"] == 120
     assert results["with"] == results["without"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), num_steps=st.integers(0, 12))
+def test_a_bulks_spans_are_its_runs_of_steps_in_one_part_and_one_saturation(data: st.DataObject,
+                                                                          num_steps: int) -> None:
+    # The reference, step by step: each step's part (the last arrival at or before it) and whether it is held
+    # back (at or past ``num_free``), consecutive equal ones one span
+    starts = data.draw(st.sets(st.integers(1, max(num_steps - 1, 1)), max_size=3)) if num_steps > 1 else set()
+    parts = [0, *sorted(starts)]
+    num_free = data.draw(st.integers(0, num_steps))
+    steps = [(max(i for i, start in enumerate(parts) if start <= j), j >= num_free) for j in range(num_steps)]
+    expected, start = [], 0
+    for j in range(1, num_steps + 1):
+        if j == num_steps or steps[j] != steps[start]:
+            expected.append((start, j, steps[start][0]))
+            start = j
+    assert list(_spans(parts, num_free, num_steps)) == expected
