@@ -178,11 +178,7 @@ class BlockPool:
         """Each of ``blocks`` that carries ``PRIVATE`` takes its key in ``block_hashes`` and the entry that
         ``cache`` gave it (one group): its sequence may ask for that content again. (No other block carries a
         private key: none is its entry already.)"""
-        hashes, cached = self.block_hash, self.cached_blocks[0]
-        for key, block in zip(block_hashes, blocks, strict=True):
-            if hashes[block] is PRIVATE:
-                hashes[block] = key
-                cached[key] = block
+        self.loops.name_private(self.block_hash, self.cached_blocks[0], block_hashes, blocks)
         self.cache_version += 1
 
     def reset_cache(self) -> bool:

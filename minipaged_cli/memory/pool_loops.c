@@ -156,6 +156,44 @@ static PyObject *enter_keys(PyObject *self, PyObject *args) {
     return stopped < 0 ? NULL : PyLong_FromSsize_t(stopped);
 }
 
+/* name_private: each of ``blocks`` that carries PRIVATE in ``hashes`` takes its key in ``keys`` (the same place) and
+ * becomes its entry in ``cached``; where the two differ in length, those the shorter reaches, then ValueError (as
+ * zip's strict). */
+static PyObject *name_private(PyObject *self, PyObject *args) {
+    PyObject *hashes, *cached, *keys_arg, *blocks_arg;
+    if (!PyArg_ParseTuple(args, "O!O!OO:name_private", &PyList_Type, &hashes, &PyDict_Type, &cached, &keys_arg,
+                          &blocks_arg))
+        return NULL;
+    PyObject *keys = PySequence_Fast(keys_arg, "name_private: keys must be a sequence");
+    PyObject *blocks = keys == NULL ? NULL : PySequence_Fast(blocks_arg, "name_private: blocks must be a sequence");
+    PyObject *result = NULL;
+    if (blocks == NULL)
+        goto done;
+    Py_ssize_t num_keys = PySequence_Fast_GET_SIZE(keys), num_blocks = PySequence_Fast_GET_SIZE(blocks);
+    Py_ssize_t n = num_keys < num_blocks ? num_keys : num_blocks;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        prefetch(blocks, i, n, hashes, NULL);
+        PyObject *key = PySequence_Fast_GET_ITEM(keys, i), *block = PySequence_Fast_GET_ITEM(blocks, i);
+        Py_ssize_t index = block_index(hashes, block);
+        if (index < 0)
+            goto done;
+        if (PyList_GET_ITEM(hashes, index) != PRIVATE)
+            continue;
+        store(hashes, index, key);
+        if (PyDict_SetItem(cached, key, block) < 0)
+            goto done;
+    }
+    if (num_keys != num_blocks) {
+        PyErr_Format(PyExc_ValueError, "name_private: %zd keys for %zd blocks", num_keys, num_blocks);
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(keys);
+    Py_XDECREF(blocks);
+    return result;
+}
+
 /* hold_evicting's loop over blocks[start:n] (a list or tuple): how many carried a key; -1 with an error set. */
 static Py_ssize_t evict_held(PyObject *refs, PyObject *hashes, PyObject *cached, PyObject *blocks, Py_ssize_t start,
                              Py_ssize_t n) {
@@ -1822,6 +1860,7 @@ static PyObject *bind_private(PyObject *self, PyObject *key) {
 static PyMethodDef methods[] = {
     {"enter_keys", enter_keys, METH_VARARGS, NULL},
     {"hold_evicting", hold_evicting, METH_VARARGS, NULL},
+    {"name_private", name_private, METH_VARARGS, NULL},
     {"bind_private", bind_private, METH_O, NULL},
     {"free_unshared", free_unshared, METH_VARARGS, NULL},
     {"set_refs", set_refs, METH_VARARGS, NULL},

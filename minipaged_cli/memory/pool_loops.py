@@ -90,6 +90,16 @@ def hold_evicting(refs: list[int], hashes: list[Hashable | None], cached: dict[H
     return keyed
 
 
+def name_private(hashes: list[Hashable | None], cached: dict[Hashable, int], keys: Sequence[Hashable],
+                 blocks: Sequence[int]) -> None:
+    """Each of ``blocks`` that carries ``PRIVATE`` takes its key in ``keys`` (the same place) and becomes its entry
+    (a block carrying ``PRIVATE`` is no key's entry)."""
+    for key, block in zip(keys, blocks, strict=True):
+        if hashes[block] is PRIVATE:
+            hashes[block] = key
+            cached[key] = block
+
+
 def free_unshared(refs: list[int], blocks: Sequence[int]) -> int:
     """Count each of ``blocks`` down from 1 to 0 up to the first held more than once; returns its index (else
     len(blocks)), its count and the rest's unchanged. (No block is in ``blocks`` twice.)"""
@@ -223,6 +233,7 @@ class Loops:
 
     enter_keys: Callable[..., int]
     hold_evicting: Callable[..., int]
+    name_private: Callable[..., None]
     free_unshared: Callable[..., int]
     set_refs: Callable[..., None]
     lookup: Callable[..., list[int]]

@@ -69,7 +69,7 @@ def run_both(call: str, state: tuple, *args: object) -> None:
         mine = copy.deepcopy(state)
         try:
             result: object = getattr(loops, call)(*mine, *args)
-        except (IndexError, KeyError) as error:
+        except (IndexError, KeyError, ValueError) as error:
             result = type(error)
         outcomes.append((result, [list(part.items()) if isinstance(part, dict) else part for part in mine]))
     assert outcomes[0] == outcomes[1]
@@ -85,6 +85,25 @@ def test_enter_keys_matches_the_python_loop(seed: int) -> None:
     keys = [rng.choice([*range(50), *((i, "k") for i in range(25)), *[PRIVATE] * 15]) for _ in range(count)]
     offset = rng.randint(0, len(table) - count)
     run_both("enter_keys", (hashes, cached), keys, table, offset, rng.randint(0, count))
+
+
+@settings(max_examples=500)
+@given(st.integers(0, 2**32 - 1))
+def test_name_private_matches_the_python_loop(seed: int) -> None:
+    # Blocks carrying PRIVATE or another key or none, each given a key (now and then one key too few or too many)
+    rng = random.Random(seed)
+    _, hashes, cached = random_state(rng)
+    blocks = random_blocks(rng, len(hashes), rng.randint(0, 16))
+    keys = [("own", i) for i in range(len(blocks) + rng.choice([0, 0, 0, 0, -1, 1]))]
+    run_both("name_private", (hashes, cached), keys, blocks)
+
+
+def test_name_private_worked_by_hand() -> None:
+    """Blocks 0 and 2 carry PRIVATE, block 1 "x": 0 and 2 take "a" and "c" and become their entries, 1 keeps "x"."""
+    for loops in (pool_loops.PYTHON, compiled_loops()):
+        hashes, cached = [PRIVATE, "x", PRIVATE, None], {"x": 1}
+        loops.name_private(hashes, cached, ["a", "b", "c"], [0, 1, 2])
+        assert (hashes, cached) == (["a", "x", "c", None], {"x": 1, "a": 0, "c": 2})
 
 
 class Walked:
