@@ -175,9 +175,11 @@ def profile_command(
 
     rows = []
     with ReplayProgress(stderr, trace.num_requests, tuple(f"block size {b}" for b in sizes)) as progress:
+        shown = progress.for_replay()
         for size in sizes:
-            rows.append(profile_block_size(trace, base, size, kv_bytes,
-                                           progress=lambda done, size=size: progress(f"block size {size}", done)))
+            rows.append(profile_block_size(
+                trace, base, size, kv_bytes,
+                progress=None if shown is None else lambda done, size=size: shown(f"block size {size}", done)))
     if backend is not None:
         import torch
 

@@ -283,6 +283,14 @@ class ReplayProgress:
             self.task = self.bar.add_task(strategy, total=self.total)
         self.bar.update(self.task, completed=self.offsets[strategy] + done, description=strategy)
 
+    def for_replay(self) -> ReplayProgress | None:
+        """What a replay calls at every event: this progress on a terminal, else None (piped, no bar ever shows:
+        the replay calls nothing, where each of its events was a call)."""
+        if self.console.is_terminal:
+            return self
+        self.next_update = float("inf")  # (the answer the first call would give, kept: the stream is asked once)
+        return None
+
     def __enter__(self) -> ReplayProgress:
         return self
 

@@ -164,9 +164,10 @@ def run_command(
 
     console = tables_console(json_path)
     with ReplayProgress(stderr, trace.num_requests, ("paged",)) as progress:
+        shown = progress.for_replay()
         report = run_trace(trace, config, backend, num_layers=num_layers, dtype=getattr(torch, dtype_name),
-                           max_steps=max_steps or None, seed=seed, progress=lambda done: progress("paged", done),
-                           scale_mode=kv_scales)
+                           max_steps=max_steps or None, seed=seed,
+                           progress=None if shown is None else lambda done: shown("paged", done), scale_mode=kv_scales)
     stored = dtype_name if kv_cache_dtype == "auto" else f"{dtype_name} (KV cache {kv_cache_dtype})"
     header = (f"{bold(trace.name)}: {escape(spec.name)}, {num_layers} of {spec.num_layers} layers, {stored}, "
               f"{config.kv_capacity_tokens:,} token slots ({escape(note_line(origin))}), block size {block_size} · "

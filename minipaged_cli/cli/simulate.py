@@ -192,7 +192,7 @@ def simulate_command(
     if fleet is not None:  # (paged only: the fleet's replicas are vLLM engines)
         return fleet_options.run_fleet_command(trace, config, fleet, console, stdout, json_path, plot)
     with ReplayProgress(stderr, trace.num_requests, names) as progress:
-        result = simulate(trace, config, names, progress=progress)
+        result = simulate(trace, config, names, progress=progress.for_replay())
     for renderable in simulation_tables(result, origin):
         console.print(renderable)
     if json_path is not None:

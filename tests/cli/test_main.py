@@ -254,6 +254,30 @@ def test_progress_bar_asks_a_pipe_once_whether_it_is_a_terminal() -> None:
     assert progress.bar is None and CountingConsole.asked == 1
 
 
+def test_a_replay_off_a_terminal_is_given_no_progress_to_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from minipaged_cli.cli import simulate as simulate_module
+    from minipaged_cli.cli.render import ReplayProgress
+
+    with ReplayProgress(Console(file=StringIO(), force_terminal=True), 10, ("paged",), delay_s=0) as progress:
+        assert progress.for_replay() is progress
+    with ReplayProgress(Console(file=StringIO()), 10, ("paged",), delay_s=0) as progress:
+        assert progress.for_replay() is None
+        progress("paged", 5)  # (called anyway: still no bar)
+        assert progress.bar is None
+    # simulate under the test runner (its stderr no terminal) hands its replays none
+    given = []
+    replay = simulate_module.simulate
+    monkeypatch.setattr(simulate_module, "simulate", lambda *args, progress: given.append(progress)
+                        or replay(*args, progress=progress))
+    result = runner.invoke(app, ["simulate", str(ROOT / "traces" / "burst.yaml"), "--strategies", "paged"])
+    assert result.exit_code == 0, result.output
+    assert given == [None]
+
+
 def test_plots_of_run_and_profile(tmp_path: Path) -> None:
     burst = str(ROOT / "traces" / "burst.yaml")
     run_png, profile_png = tmp_path / "run.png", tmp_path / "profile.png"
