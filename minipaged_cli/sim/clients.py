@@ -175,8 +175,9 @@ class Arrivals:
         self.finish_s[index] = now
         self.completed[index] = completed
         self.cached_tokens[index] = cached_tokens
-        self._unit_done(index, now)
-        for child in self.children.get(index, ()):
+        if self.closed:
+            self._unit_done(index, now)
+        for child in self.children.get(index, ()) if self.children else ():
             if self.unmet[child] < 0:  # (already given up)
                 continue
             if not completed:

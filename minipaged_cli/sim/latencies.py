@@ -44,12 +44,14 @@ class Latencies:
             self.tpot_s.append((now - live.first_token_s) / (live.output_tokens - 1))
         if rejected:
             return
-        slot = self.pending.pop(live.request_index, None)
-        if slot is None:  # the request's first finished sample: its place in the order
-            slot = len(self.e2e_s)
-            self.e2e_s.append(0.0)
-            self.normalized_s.append(0.0)
         seconds = now - live.request.arrival_s
+        slot = self.pending.pop(live.request_index, None) if self.pending else None
+        if slot is None:  # the request's first finished sample: its place in the order
+            if samples_left:
+                self.pending[live.request_index] = len(self.e2e_s)
+            self.e2e_s.append(seconds)
+            self.normalized_s.append(seconds / live.output_tokens)
+            return
         self.e2e_s[slot] = seconds
         self.normalized_s[slot] = seconds / live.output_tokens
         if samples_left:
