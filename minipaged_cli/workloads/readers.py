@@ -156,9 +156,11 @@ def _mooncake_blocks(prompt: int, hash_ids: Any, segments: dict[str, int], sourc
         raise InputError("expected a list", source=source, where=where, field="hash_ids", value=hash_ids,
                          has_value=True)
     num_whole = prompt // MOONCAKE_BLOCK_TOKENS
-    prefix = [f"h{block_id}" for block_id in hash_ids[:num_whole]]
-    for name in prefix:
+    prefix = []
+    for block_id in hash_ids[:num_whole]:
+        name = f"h{block_id}"
         segments[name] = MOONCAKE_BLOCK_TOKENS
+        prefix.append(name)
     last_tokens = prompt - num_whole * MOONCAKE_BLOCK_TOKENS
     if last_tokens and len(hash_ids) > num_whole:
         name = f"h{hash_ids[num_whole]}:{last_tokens}"

@@ -10,6 +10,7 @@ the field and the value; the checks are the bulk of it and belong with the forma
 
 from __future__ import annotations
 
+import operator
 import textwrap
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -149,32 +150,37 @@ def make_trace(
         raise InputError("the trace has no requests", source=source)
     seen: set[str] = set()
     for index, request in enumerate(all_requests):
-        where = f"requests[{index}] (id {request.id})"
         if request.id in seen:
-            raise InputError("duplicate request id", source=source, where=where, field="id",
+            raise InputError("duplicate request id", source=source, where=_where(index, request), field="id",
                              value=request.id, has_value=True)
         seen.add(request.id)
         if request.id in turns:  # (its segments were checked with its session)
             continue
         try:
-            prefix_tokens = sum([segments[segment] for segment in request.prefix])
+            prefix_tokens = sum(map(segments.__getitem__, request.prefix))
         except KeyError:
+            where = _where(index, request)
             segment = next(segment for segment in request.prefix if segment not in segments)
             raise InputError(f"unknown segment{did_you_mean(segment, segments, cutoff=0.5)}; define it under "
                              "'segments'", source=source, where=where, field="prefix",
                              value=segment, has_value=True) from None
         if prefix_tokens > request.prompt_tokens:
             raise InputError(f"prefix segments hold {prefix_tokens} tokens, more than the prompt's "
-                             f"{request.prompt_tokens}", source=source, where=where, field="prefix",
-                             value=list(request.prefix), has_value=True)
+                             f"{request.prompt_tokens}", source=source, where=_where(index, request),
+                             field="prefix", value=list(request.prefix), has_value=True)
         if request.output_segment is not None and (segments.get(request.output_segment) != request.output_tokens
                                                    or request.n > 1):
             raise InputError(f"must name a segment of its {request.output_tokens} output tokens, with n = 1",
-                             source=source, where=where, field="output_segment", value=request.output_segment,
-                             has_value=True)
-    ordered = sorted(all_requests, key=lambda r: r.arrival_s)
+                             source=source, where=_where(index, request), field="output_segment",
+                             value=request.output_segment, has_value=True)
+    ordered = sorted(all_requests, key=operator.attrgetter("arrival_s"))
     return Trace(name=name, requests=tuple(ordered), segments=dict(segments), description=description,
                  sessions=tuple(sessions), turns=turns)
+
+
+def _where(index: int, request: Request) -> str:
+    """Where a request of ``make_trace``'s is, in an error (worked out only for one)."""
+    return f"requests[{index}] (id {request.id})"
 
 
 # -- the YAML format ---------------------------------------------------------------------------------------
