@@ -160,7 +160,10 @@ class BulkAdvance:
             return None
         scheduler, n = self.scheduler, len(self.scheduler.running)
         parts, externals, num_steps = self._parts(through, run.num_steps, run)
-        num_free = run.steps_within(scheduler.admission_headroom(), num_steps) if scheduler.waiting else num_steps
+        num_free = num_steps
+        if scheduler.waiting:  # (the head's headroom as ``can_bulk`` found it: since, arrivals joined the tail only)
+            headroom = scheduler.head_headroom
+            num_free = run.steps_within(scheduler.admission_headroom() if headroom is None else headroom, num_steps)
         capacity, shared, seconds = self.allocator.capacity_tokens, self.allocator.shared_slots, 0.0
         for start, stop, part in _spans(parts, num_free, num_steps):
             duration, slots = run.record(start, stop, parts[part], externals[part], capacity, shared)

@@ -109,6 +109,7 @@ class Scheduler:
         self.cache_aware_window = engine.cache_aware_admission_window if self.keyed else 0
         self.keyed_span = max(self.cache_aware_window, 1)  # the first waiting requests, which have their keys
         self.prefill_cap = 0  # this step's long-prefill threshold
+        self.head_headroom: int | None = None  # the queue's head's headroom as ``_head_admissible`` last found it
         self.passes = request_loops.loops()  # (the passes over the running requests, compiled where they build)
         self.now = 0.0  # the replay's clock at the last arrive()
         self.tiers: TieredCache | None = None  # the prefix cache's tiers below the GPU (sim/tiers.py), if any
@@ -358,13 +359,15 @@ class Scheduler:
 
     def _head_admissible(self) -> bool:
         """Whether the first waiting request would be admitted now (ignoring this step's decode growth), asked
-        when every running request decodes: the decodes alone may take the whole budget."""
+        when every running request decodes: the decodes alone may take the whole budget. Its headroom, where
+        asked, stays in ``head_headroom`` (else None): the bulk that follows at once starts from it."""
+        self.head_headroom = None
         if not self.waiting or len(self.running) >= self.engine.max_num_seqs:
             return False
         if self.engine.max_batched_tokens is not None and len(self.running) >= self.engine.max_batched_tokens:
             return False
-        head = self.waiting[0]
-        return self.admission.can_admit(self.allocator, head, head.num_prefill_tokens)
+        self.head_headroom = self.admission_headroom()
+        return self.head_headroom >= 0
 
     def _enqueue(self, live: LiveRequest, *, front: bool) -> None:
         """Queue ``live`` at the front (preempted, or a sample forked later) or the tail (arrived). The first

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from minipaged_cli.memory.bulk import python_full_attention_profile
 from minipaged_cli.sim import request_loops
-from minipaged_cli.sim.bulk_advance import _spans
+from minipaged_cli.sim.bulk_advance import BulkAdvance, _spans
 from minipaged_cli.sim.categories import category_slots
 from minipaged_cli.sim.config import SimConfig
 from minipaged_cli.sim.live_request import LiveRequest
@@ -158,3 +158,33 @@ def test_a_bulks_spans_are_its_runs_of_steps_in_one_part_and_one_saturation(data
             expected.append((start, j, steps[start][0]))
             start = j
     assert list(_spans(parts, num_free, num_steps)) == expected
+
+
+def test_a_decode_run_starts_from_the_heads_headroom_can_bulk_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The saturated replay above (a queue behind a full pool, arrivals during bulks): at each decode run with a
+    # queue, the headroom can_bulk kept is the one worked out again now, and most runs had one
+    rng = random.Random(11)
+    requests = [Request(f"r{i}", rng.uniform(0, 3.0), rng.randint(1, 1200), rng.randint(1, 300)) for i in range(120)]
+    trace = make_trace("t", requests, source="test")
+    config = SimConfig.of(load_model("qwen3-8b"), load_gpu("h200"), num_blocks=400, block_size=16,
+                          max_model_len=4096)
+    kept, in_run = [], []
+    advance_run, parts = BulkAdvance._advance_run, BulkAdvance._parts
+
+    def running(self: BulkAdvance, run: object, through: bool) -> float | None:
+        in_run.append(True)
+        try:
+            return advance_run(self, run, through)
+        finally:
+            in_run.pop()
+
+    def checked(self: BulkAdvance, *args: object) -> tuple:
+        answer = parts(self, *args)  # (arrivals during the run queued: the moment the run reads the headroom)
+        if in_run and self.scheduler.waiting and self.scheduler.head_headroom is not None:
+            kept.append(self.scheduler.head_headroom == self.scheduler.admission_headroom())
+        return answer
+
+    monkeypatch.setattr(BulkAdvance, "_advance_run", running)
+    monkeypatch.setattr(BulkAdvance, "_parts", checked)
+    result = replay(trace, config, "paged")
+    assert result.completed_requests == 120 and len(kept) > 50 and all(kept)
