@@ -418,7 +418,9 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
             "with a hash id of its own for every 512 prompt tokens (nothing shared). The fleet rows replay the "
             "Mooncake trace at sixteen times its rate over 16 replicas of 3,640 blocks each. Written by\n\n"
             f"    {command}\n\n"
-            "with the Dynamo packages installed as `benchmarks/peer_speed.py`'s docstring says.\n\n")
+            "with the Dynamo packages installed as `benchmarks/peer_speed.py`'s docstring says"
+            + (" and minipaged's dependencies alone in an environment of their own" if "--minipaged-python" in command
+               else "") + ".\n\n")
     if skipped is not None:
         text += skipped + "\n\n"
     text += "\n".join(lines) + "\n\nWhat the two cannot share:\n\n" + "".join(f"- {line}\n" for line in UNMATCHED)

@@ -59,6 +59,7 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     assert len(printed) == 1 + sampled
     text = page.read_text()
     assert skip_lines[0] in text and "python benchmarks/peer_speed.py --repeats 1" in text
+    assert "environment of their own" not in text  # (minipaged ran in this Python: the page says nothing of it)
     assert "--planes --profile 5" in text
     above = text.split("What the two cannot share", 1)[0]  # (the plane split lists the row again)
     rows = [line for line in above.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
@@ -152,3 +153,4 @@ def test_minipaged_runs_in_the_python_named_for_it(tmp_path: Path) -> None:
     assert [line.split()[:2] for line in noted] == [["-m", "compileall"], ["-m", "minipaged_cli"],
                                                    ["-m", "minipaged_cli"]]
     assert "--minipaged-python MINIPAGED_PYTHON" in page.read_text()
+    assert "minipaged's dependencies alone in an environment of their own." in page.read_text()
