@@ -107,27 +107,28 @@ class StrategyMetrics:
 
 class MemoryIntegrator:
     """Step-duration-weighted sums of the memory categories over saturated steps and over all busy steps (lists of
-    Python floats, added to element by element)."""
+    Python floats, added to element by element; attributes, not a dict of the two: added to at every step)."""
 
     def __init__(self) -> None:
-        self.weight = {"saturated": 0.0, "busy": 0.0}
-        self.sums = {key: [0.0] * (len(CATEGORIES) + 1) for key in self.weight}
+        self.saturated_weight = self.busy_weight = 0.0
+        self.saturated_sums = [0.0] * (len(CATEGORIES) + 1)
+        self.busy_sums = [0.0] * (len(CATEGORIES) + 1)
 
     def add(self, duration: float, integrals: Sequence[float], saturated: bool) -> None:
         """``integrals``: Σ duration * slots over the steps, per category and (last) allocated slots (one number each:
         ``category_slots``' six)."""
-        weight, sums = self.weight, self.sums
         if saturated:
-            weight["saturated"] += duration
-            sums["saturated"] = list(map(operator.add, sums["saturated"], integrals))  # (C's loop: a call a step)
-        weight["busy"] += duration
-        sums["busy"] = list(map(operator.add, sums["busy"], integrals))
+            self.saturated_weight += duration
+            self.saturated_sums = list(map(operator.add, self.saturated_sums, integrals))  # (C's loop)
+        self.busy_weight += duration
+        self.busy_sums = list(map(operator.add, self.busy_sums, integrals))
 
     def averages(self, capacity: int) -> tuple[str, np.ndarray]:
-        key = "saturated" if self.weight["saturated"] > 0 else "busy"
-        if self.weight[key] == 0:  # nothing ever ran: all memory stayed free
+        key, sums, weight = ("saturated", self.saturated_sums, self.saturated_weight) if self.saturated_weight > 0 \
+            else ("busy", self.busy_sums, self.busy_weight)
+        if weight == 0:  # nothing ever ran: all memory stayed free
             return key, np.array(category_slots(0, 0, 0, 0, 100.0), dtype=np.float64)
-        averages = 100.0 * np.array(self.sums[key], dtype=np.float64) / self.weight[key] / capacity
+        averages = 100.0 * np.array(sums, dtype=np.float64) / weight / capacity
         return key, np.where(np.abs(averages) < 1e-9, 0.0, averages)  # no "-0.0" from rounding
 
 
@@ -189,7 +190,8 @@ class Accounting:
         self.running_time += duration * batch_size
         self.num_steps += num_steps
         self.batch_size_sum += num_steps * batch_size
-        self.max_batch_size = max(self.max_batch_size, batch_size)
+        if batch_size > self.max_batch_size:
+            self.max_batch_size = batch_size
         if self.record_timeline:
             self.timeline["time_s"].append(now)
             for name, value in zip(CATEGORIES, integrals, strict=False):
@@ -197,7 +199,8 @@ class Accounting:
 
     def note_busiest(self, running: Sequence[LiveRequest], used_slots: int, live_tokens: int | None = None) -> None:
         """Keep the decoding lengths of the step with the most live tokens (the end of a bulk advance)."""
-        self.peak_used_slots = max(self.peak_used_slots, used_slots)
+        if used_slots > self.peak_used_slots:
+            self.peak_used_slots = used_slots
         if live_tokens is None:
             live_tokens = sum(r.num_computed for r in running)
         if live_tokens > self.peak_tokens:
@@ -237,7 +240,7 @@ class Accounting:
     def metrics(self, allocator: Allocator, first_arrival_s: float) -> StrategyMetrics:
         counters = allocator.counters()
         averaged_over, averages = self.integrator.averages(self.capacity_tokens)
-        busy = self.integrator.sums["busy"]
+        busy = self.integrator.busy_sums
         latencies = self.latencies
         firsts, tpots = np.frombuffer(latencies.ttft_s), np.frombuffer(latencies.tpot_s)
         e2e, normalized = latencies.request_latencies()

@@ -33,7 +33,7 @@ def replay_state(replay: Replay) -> tuple:
     counters = (pool.num_evictions, pool.num_allocations, pool.num_frees, manager.num_copy_on_writes)
     totals = (accounting.num_steps, accounting.num_preemptions, accounting.batch_size_sum, accounting.running_time,
               accounting.peak_tokens, accounting.busiest_seq_lens, accounting.peak_used_slots,
-              [list(sums) for sums in accounting.integrator.sums.values()])
+              [list(accounting.integrator.saturated_sums), list(accounting.integrator.busy_sums)])
     return (replay.now, progress, [r.sequence_id for r in scheduler.waiting], sequences, list(pool.free_blocks),
             counters, totals)
 
