@@ -161,8 +161,11 @@ def test_a_bulks_spans_are_its_runs_of_steps_in_one_part_and_one_saturation(data
 
 
 def test_a_decode_run_starts_from_the_heads_headroom_can_bulk_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The saturated replay above (a queue behind a full pool, arrivals during bulks): at each decode run with a
-    # queue, the headroom can_bulk kept is the one worked out again now, and most runs had one
+    # The saturated replay above (a queue behind a full pool, arrivals during bulks), through the compiled passes
+    # (MINIPAGED_NATIVE=0 or not): at each decode run with a queue, the headroom can_bulk kept is the one worked out
+    # again now, and most runs had one
+    module = compiled()
+    monkeypatch.setattr(request_loops, "loops", lambda: module)
     rng = random.Random(11)
     requests = [Request(f"r{i}", rng.uniform(0, 3.0), rng.randint(1, 1200), rng.randint(1, 300)) for i in range(120)]
     trace = make_trace("t", requests, source="test")
