@@ -14,22 +14,28 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from minipaged_cli.memory import pool_loops
+from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.sequence import OutOfBlocksError
 
 if TYPE_CHECKING:
     from minipaged_cli.memory.block_manager import KVBlockManager
 
 
-def grow_computed(manager: KVBlockManager, sequence_ids: Sequence[Hashable], num_tokens: int) -> int:
+def grow_computed(manager: KVBlockManager, sequences: Sequence[Hashable | Holding], num_tokens: int) -> int:
     """``manager.grow(sequence_id, num_tokens)`` for each sequence in order, stopping at the first the free blocks
-    cannot serve (``OutOfBlocksError``: it and the rest unchanged); returns how many grew.
+    cannot serve (``OutOfBlocksError``: it and the rest unchanged); returns how many grew. ``sequences``: their ids,
+    or the holdings allocated under them (the compiled pass reads a holding's id itself: a step's decodes are a
+    list of holdings, and a list of their ids cost a pass in Python).
 
     ``grow_together`` where it is exact (compiled where the pool is in its usual case: ``pool_loops.grow_batch``),
     else one at a time: a sequence whose growth takes no block, copies no shared block, fills no block the prefix
     cache wants and has every token computed only has its lengths moved, without ``grow``'s calls (most decode
     steps are that: a block boundary comes once every ``block_size`` tokens); any other, and every sequence under a
     sliding window, goes through ``grow``."""
-    grown = manager.pool.loops.grow_batch(manager, sequence_ids, num_tokens)  # (grow_together, compiled)
+    grown = manager.pool.loops.grow_batch(manager, sequences, num_tokens)  # (grow_together, compiled)
+    if grown is not None and grown is not False:
+        return grown
+    sequence_ids = [s.sequence_id if isinstance(s, Holding) else s for s in sequences]
     if grown is False:
         grown = grow_together(manager, sequence_ids, num_tokens)
     if grown is not None:

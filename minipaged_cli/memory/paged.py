@@ -155,7 +155,7 @@ class PagedAllocator(Allocator):
         return 0
 
     def grow_decodes(self, holdings: Sequence[Holding]) -> int:
-        return grow_computed(self.manager, [holding.sequence_id for holding in holdings], 1)
+        return grow_computed(self.manager, holdings, 1)
 
     def mark_computed(self, holding: Holding, num_computed: int) -> None:
         self.manager.mark_computed(holding.sequence_id, num_computed)
@@ -233,12 +233,11 @@ class PagedAllocator(Allocator):
 
     def advance(self, holdings: list[Holding], num_steps: int) -> None:
         if self.manager.window is None:
-            sequence_ids = [holding.sequence_id for holding in holdings]
             if self.grows_in_batches:
-                grow_computed(self.manager, sequence_ids, num_steps)  # (the profile's steps fit: all grow)
+                grow_computed(self.manager, holdings, num_steps)  # (the profile's steps fit: all grow)
             else:
-                for sequence_id in sequence_ids:
-                    self.manager.grow(sequence_id, num_steps)
+                for holding in holdings:
+                    self.manager.grow(holding.sequence_id, num_steps)
             return
         bulk.advance_windowed(self.manager, [holding.sequence_id for holding in holdings], num_steps)
 

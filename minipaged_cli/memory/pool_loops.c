@@ -356,6 +356,21 @@ static PyMemberDef *slot(PyObject *cls, const char *name) {
     return member;
 }
 
+/* The allocators' Holding (bind_holding): a grow_batch's sequence may be named by a holding, its id read from its
+ * ``sequence_id`` slot (NULL: none bound, every item an id). */
+static PyTypeObject *HOLDING_TYPE;
+static PyMemberDef *HOLDING_ID;
+
+static PyObject *bind_holding(PyObject *self, PyObject *cls) {
+    if (!PyType_Check(cls))
+        return PyErr_Format(PyExc_TypeError, "bind_holding takes the class");
+    if (!(HOLDING_ID = slot(cls, "sequence_id")))
+        return NULL;
+    Py_INCREF(cls);
+    Py_XSETREF(HOLDING_TYPE, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
 static PyObject *bind_sequence_state(PyObject *self, PyObject *cls) {
     if (!PyType_Check(cls))
         return PyErr_Format(PyExc_TypeError, "bind_sequence_state takes the class");
@@ -489,7 +504,10 @@ static int grow_states(Growth *growth, PyObject *sequences, PyObject *ids_arg, l
     if (states == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *state = PyDict_GetItemWithError(sequences, PySequence_Fast_GET_ITEM(ids, i));  /* borrowed */
+        PyObject *id = PySequence_Fast_GET_ITEM(ids, i);  /* (a holding: the id in its slot) */
+        if (HOLDING_TYPE != NULL && PyObject_TypeCheck(id, HOLDING_TYPE) && !(id = slot_value(id, HOLDING_ID)))
+            goto done;
+        PyObject *state = PyDict_GetItemWithError(sequences, id);  /* borrowed */
         if (state == NULL) {
             if (!PyErr_Occurred())
                 answer = 0;  /* an unknown sequence: the caller's ``grow`` raises */
@@ -1867,6 +1885,7 @@ static PyMethodDef methods[] = {
     {"lookup", lookup, METH_VARARGS, NULL},
     {"add_references", add_references, METH_VARARGS, NULL},
     {"bind_sequence_state", bind_sequence_state, METH_O, NULL},
+    {"bind_holding", bind_holding, METH_O, NULL},
     {"grow_lengths", grow_lengths, METH_VARARGS, NULL},
     {"fill_keys", fill_keys, METH_VARARGS, NULL},
     {"hand_out", hand_out, METH_VARARGS, NULL},

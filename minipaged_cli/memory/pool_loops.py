@@ -34,6 +34,7 @@ from types import ModuleType
 
 from minipaged_cli import native_build
 from minipaged_cli.memory import whole_calls
+from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.sequence import SequenceState, num_blocks_for
 
 
@@ -265,6 +266,7 @@ def _compiled() -> tuple[ModuleType, Loops] | RuntimeError:
     if isinstance(module, RuntimeError):
         return module
     module.bind_sequence_state(SequenceState)
+    module.bind_holding(Holding)
     module.bind_private(PRIVATE)
     return module, Loops.of(module)
 

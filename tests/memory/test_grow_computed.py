@@ -6,20 +6,35 @@ from __future__ import annotations
 
 import copy
 import random
+from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged_cli.memory import hash_blocks
+from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager
 from minipaged_cli.memory.kv_groups import KVCacheGroup
 from minipaged_cli.memory.sequence import OutOfBlocksError
 from minipaged_cli.workloads.presets import FULL_ATTENTION, SLIDING_ATTENTION
-from tests.memory.conftest import LOOP_KINDS
+from tests.memory.conftest import LOOP_KINDS, compiled
 from tests.memory.test_bulk_decode import state
 
 pytestmark = LOOP_KINDS  # (each test with the Python loops, then the compiled ones)
+
+
+@dataclass(eq=False, slots=True)
+class Held(Holding):
+    """A holding of a kind of its own (as the scheduler's requests are): its id in the slot its base class declares."""
+
+    note: int = 0
+
+
+def named(rng: random.Random, sequence_ids: list[int]) -> list[int | Holding]:
+    """Each sequence by its id, or by a holding allocated under it."""
+    return [rng.choice([sequence_id, Holding(sequence_id, 1, 1), Held(sequence_id, 1, 1)]) for sequence_id in
+            sequence_ids]
 
 
 def progress(manager: KVBlockManager) -> dict:
@@ -75,7 +90,7 @@ def test_grow_computed_equals_grow_one_by_one(seed: int, rounds: int) -> None:
     reference = copy.deepcopy(batched)
     for _ in range(rounds):
         num_tokens = rng.choice([0, 1, 1, 1, 2, 5])
-        grown = grow_computed(batched, running, num_tokens)
+        grown = grow_computed(batched, named(rng, running), num_tokens)  # (ids, or holdings: the same growth)
         assert grown == grown_one_by_one(reference, running, num_tokens)
         assert state(batched) == state(reference)
         assert progress(batched) == progress(reference)
@@ -101,3 +116,15 @@ def test_a_loading_sequence_goes_through_grow() -> None:
     for manager in managers:
         sequence = manager.sequences[0]
         assert (sequence.sequence_length, sequence.num_computed_tokens, sequence.num_loading_tokens) == (7, 7, 0)
+
+
+def test_the_compiled_growth_reads_a_holdings_id_itself() -> None:
+    # Two decoding sequences named by holdings (one of a kind of its own): the compiled pass grows both, where an
+    # item it could not read would send the growth to the Python path (None)
+    loops = compiled()[1]
+    manager = KVBlockManager(8, 4, enable_prefix_caching=True)
+    manager.pool.loops = loops
+    for sequence_id in (3, 5):
+        manager.create_sequence(sequence_id, 5, block_hashes=hash_blocks(range(2 * sequence_id, 2 * sequence_id + 2)))
+    assert loops.grow_batch(manager, [Holding(3, 5, 9), Held(5, 5, 9)], 2) == 2
+    assert [manager.sequences[i].sequence_length for i in (3, 5)] == [7, 7]
