@@ -479,8 +479,10 @@ static void growth_clear(Growth *growth) {
 }
 
 /* grow_lengths into ``growth`` (growth_clear it after, whatever the answer): 1 where they grew, 0 where the answer
- * is None (an unknown sequence, one reserved ahead or loading: nothing changed), -1 with an error set. */
-static int grow_states(Growth *growth, PyObject *sequences, PyObject *ids_arg, long long num_tokens,
+ * is None (an unknown sequence, one reserved ahead or loading: nothing changed), -1 with an error set. ``holdings``:
+ * an item may be a holding (bind_holding), its id read from its slot (grow_batch's; grow_lengths takes ids, as its
+ * Python twin). */
+static int grow_states(Growth *growth, PyObject *sequences, PyObject *ids_arg, int holdings, long long num_tokens,
                        long long block_size, long long num_groups, long long num_free, Py_ssize_t cached_group) {
     *growth = (Growth){0};
     if (STATE_TYPE == NULL) {
@@ -505,7 +507,8 @@ static int grow_states(Growth *growth, PyObject *sequences, PyObject *ids_arg, l
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *id = PySequence_Fast_GET_ITEM(ids, i);  /* (a holding: the id in its slot) */
-        if (HOLDING_TYPE != NULL && PyObject_TypeCheck(id, HOLDING_TYPE) && !(id = slot_value(id, HOLDING_ID)))
+        if (holdings && HOLDING_TYPE != NULL && PyObject_TypeCheck(id, HOLDING_TYPE) &&
+                !(id = slot_value(id, HOLDING_ID)))
             goto done;
         PyObject *state = PyDict_GetItemWithError(sequences, id);  /* borrowed */
         if (state == NULL) {
@@ -589,7 +592,7 @@ static PyObject *grow_lengths_of(PyObject *sequences, PyObject *ids, long long n
                                  long long num_groups, long long num_free, Py_ssize_t cached_group) {
     Growth growth;
     PyObject *result = NULL, *takes = NULL, *fills = NULL;
-    int grew = grow_states(&growth, sequences, ids, num_tokens, block_size, num_groups, num_free, cached_group);
+    int grew = grow_states(&growth, sequences, ids, 0, num_tokens, block_size, num_groups, num_free, cached_group);
     if (grew == 0)
         result = Py_NewRef(Py_None);
     else if (grew == 1 &&
@@ -1477,7 +1480,7 @@ static PyObject *growth_fill_blocks(Growth *growth) {
 }
 
 /* batched_growth.grow_together compiled where the pool is in its usual case (grow_batch): grow_lengths, fill_keys,
- * the pool's take, hand_out, fill_blocks and the caching in one call. False, nothing changed, where it is not (the
+ * the pool's take, hand_out, fill_blocks and the caching in one call (a sequence named by its id or its holding). False, nothing changed, where it is not (the
  * Python path then runs); else grow_together's answer: how many grew, or None where it would answer None. */
 static PyObject *grow_batch(PyObject *self, PyObject *args) {
     PyObject *manager, *ids;
@@ -1523,7 +1526,7 @@ static PyObject *grow_batch(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    int grew = grow_states(&growth, sequences, ids, num_tokens, block_size, 1, num_free, cached_group);
+    int grew = grow_states(&growth, sequences, ids, 1, num_tokens, block_size, 1, num_free, cached_group);
     if (grew <= 0) {
         result = grew < 0 ? NULL : Py_NewRef(Py_None);  /* (unknown, reserved ahead, loading: ``grow``'s path) */
         goto done;

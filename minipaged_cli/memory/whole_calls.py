@@ -29,11 +29,12 @@ def cache_into(pool: object, block_hashes: Sequence[Hashable], blocks: Sequence[
     return False
 
 
-def grow_batch(manager: object, sequence_ids: Sequence[Hashable], num_tokens: int) -> int | bool | None:
+def grow_batch(manager: object, sequences: Sequence[object], num_tokens: int) -> int | bool | None:
     """``batched_growth.grow_together`` in one call where the pool is in its usual case (one group, no subscriber to
-    its events and no key log): its answer; else False, nothing changed, and its Python path runs. Here in Python
-    that path is the reference: False, always (``tests/memory/test_grow_computed.py`` and
-    ``tests/sim/test_batched_growth.py`` run both against growing one sequence at a time)."""
+    its events and no key log), each sequence named by its id or by its ``Holding``: its answer; else False, nothing
+    changed, and its Python path runs. Here in Python that path is the reference: False, always
+    (``tests/memory/test_grow_computed.py`` and ``tests/sim/test_batched_growth.py`` run both against growing one
+    sequence at a time)."""
     return False
 
 

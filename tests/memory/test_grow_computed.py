@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minipaged_cli.memory import hash_blocks
+from minipaged_cli.memory import hash_blocks, pool_loops
 from minipaged_cli.memory.allocators import Holding
 from minipaged_cli.memory.batched_growth import grow_computed
 from minipaged_cli.memory.block_manager import KVBlockManager
@@ -128,3 +128,7 @@ def test_the_compiled_growth_reads_a_holdings_id_itself() -> None:
         manager.create_sequence(sequence_id, 5, block_hashes=hash_blocks(range(2 * sequence_id, 2 * sequence_id + 2)))
     assert loops.grow_batch(manager, [Holding(3, 5, 9), Held(5, 5, 9)], 2) == 2
     assert [manager.sequences[i].sequence_length for i in (3, 5)] == [7, 7]
+    # grow_lengths takes ids alone, as its Python twin: a holding there is an unknown sequence to both (None)
+    for twin in (loops, pool_loops.PYTHON):
+        assert twin.grow_lengths(manager.sequences, [Holding(3, 5, 9)], 1, 4, 1, 8, 0) is None
+    assert manager.sequences[3].sequence_length == 7
