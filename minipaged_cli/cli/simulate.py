@@ -47,7 +47,7 @@ from minipaged_cli.cli.common import (
 )
 from minipaged_cli.cli.outputs import check_outputs
 from minipaged_cli.cli.render import ReplayProgress, simulation_tables, write_json
-from minipaged_cli.cli.startup import lasting
+from minipaged_cli.cli.startup import collector_paused, lasting
 from minipaged_cli.cli.tier_options import (
     CpuKvMemoryOpt,
     DiskKvMemoryOpt,
@@ -190,8 +190,9 @@ def simulate_command(
         shared_kv_store=shared_kv_store, fleet_file=fleet_file, log_decisions=log_decisions,
         record_timeline=plot is not None)
     if fleet is not None:  # (paged only: the fleet's replicas are vLLM engines)
-        return fleet_options.run_fleet_command(trace, config, fleet, console, stdout, json_path, plot)
-    with ReplayProgress(stderr, trace.num_requests, names) as progress:
+        with collector_paused():
+            return fleet_options.run_fleet_command(trace, config, fleet, console, stdout, json_path, plot)
+    with ReplayProgress(stderr, trace.num_requests, names) as progress, collector_paused():
         result = simulate(trace, config, names, progress=progress.for_replay())
     for renderable in simulation_tables(result, origin):
         console.print(renderable)

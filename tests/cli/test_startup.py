@@ -1,7 +1,8 @@
 """cli/startup.py: the cyclic collector is paused while the command line and a command import, and left as it was
 after; the command line's own process freezes what the imports allocated, a program that imports it does not. A
 replay command's own process runs NumPy's OpenBLAS on one thread, unless the user chose a number; a program that
-imports the command line, and a command that runs torch, keep OpenBLAS's default (a thread per core)."""
+imports the command line, and a command that runs torch, keep OpenBLAS's default (a thread per core). simulate
+replays with the collector paused (one engine or a fleet), and a replay of one engine makes no reference cycle."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from minipaged_cli.cli.startup import lasting
+from minipaged_cli.cli.main import app
+from minipaged_cli.cli.startup import collector_paused, lasting
+from minipaged_cli.sim.config import SimConfig
+from minipaged_cli.sim.replay import Replay, replay
+from minipaged_cli.workloads.presets import GpuSpec, ModelSpec
+from minipaged_cli.workloads.trace import Request, make_trace
 from tests.conftest import ROOT
 
 # In a fresh process: note whether the collector is on as each module is imported, run what the argument says, then
@@ -82,15 +89,16 @@ def test_only_the_command_lines_own_process_freezes_its_imports(how: str, tmp_pa
     assert run["enabled"]
 
 
+@pytest.mark.parametrize("pause", [lasting, collector_paused])
 @pytest.mark.parametrize("enabled", [True, False])
-def test_the_collector_is_left_as_it_was(enabled: bool) -> None:
+def test_the_collector_is_left_as_it_was(pause: Callable, enabled: bool) -> None:
     was, frozen = gc.isenabled(), gc.get_freeze_count()
     try:
         (gc.enable if enabled else gc.disable)()
-        with lasting():
+        with pause():
             assert not gc.isenabled()
         assert gc.isenabled() is enabled
-        with pytest.raises(ValueError), lasting():
+        with pytest.raises(ValueError), pause():
             raise ValueError("a failed import")
         assert gc.isenabled() is enabled
         assert gc.get_freeze_count() == frozen  # pytest imports it: nothing frozen
@@ -216,3 +224,45 @@ def test_a_trace_loads_with_the_collector_paused_and_the_command_line_freezes_it
     assert run["during_load"] == [] and run["requests"] == 3000
     # (3,000 requests made dozens of collections as they loaded; the command line's process freezes them after)
     assert run["traversed"] == (0 if how == "-m" else 3000)
+
+
+
+@pytest.mark.parametrize("fleet", [[], ["--replicas", "2", "--router", "round-robin"]])
+def test_simulate_replays_with_the_collector_paused(fleet: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    trace = tmp_path / "t.yaml"
+    trace.write_text("version: 1\nname: t\nrequests:\n" + "".join(
+        f"  - {{id: r{i}, arrival_s: {i / 10}, prompt_tokens: 300, output_tokens: 20}}\n" for i in range(6)))
+    iterate, enabled = Replay.iterate, []
+
+    def watched(self: Replay) -> None:
+        enabled.append(gc.isenabled())
+        iterate(self)
+
+    monkeypatch.setattr(Replay, "iterate", watched)
+    was = gc.isenabled()
+    done = CliRunner().invoke(app, ["simulate", str(trace), "--json", str(tmp_path / "out.json"), *fleet])
+    assert done.exit_code == 0, done.output
+    assert enabled and not any(enabled)  # every pass of the replay loop, on each replica
+    assert gc.isenabled() is was
+
+
+def test_a_replay_of_one_engine_makes_no_reference_cycle(tiny_model: ModelSpec, clock_gpu: GpuSpec) -> None:
+    # What ``collector_paused`` rests on: prefix caching, shared segments, preemptions, bulk and single steps,
+    # every request done; a collection after the replay finds nothing to free.
+    requests = [Request(f"r{i}", i * 0.01, 37 + 3 * i, 9 + 5 * (i % 4), ("sys",) if i % 2 else ()) for i in range(24)]
+    trace = make_trace("t", requests, source="test", segments={"sys": 16})
+    config = SimConfig.of(tiny_model, clock_gpu, num_blocks=40, block_size=4, max_model_len=256, prefix_caching=True)
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        result = replay(trace, config, "paged")
+        found = gc.collect()
+    finally:
+        if was:
+            gc.enable()
+    assert result.completed_requests == 24 and result.num_preemptions > 0 and result.prefix_cache_hits > 0
+    assert found == 0
