@@ -330,24 +330,29 @@ def measure_row(row: Row, trace: Path, repeats: int, dynamo_python: str | None, 
 
 
 HEADER = ["row", "core CPU s", "minipaged CPU s", "core peak MiB", "minipaged peak MiB", "hit % (core / minipaged)",
-          "preemptions (core / minipaged)", "completed (core / minipaged)", "minipaged / core"]
+          "preemptions (core / minipaged)", "completed (core / minipaged)", "minipaged / core",
+          "middle half of the pairs' ratios"]
 
 
 def table_row(measured: Measured) -> list[str]:
-    """Medians of CPU seconds and peak memory, the last pair's figures, and the median of the pairs' ratios."""
+    """Medians of CPU seconds and peak memory, the last pair's figures, and the median of the pairs' ratios with
+    their first and third quartiles."""
     mine, core = measured.minipaged, measured.core
     last = mine[-1]
     if not core:
         return [measured.row.label, "-", f"{statistics.median(r.cpu_s for r in mine):.2f}", "-",
                 f"{statistics.median(r.peak_rss_mb for r in mine):.0f}", f"- / {last.hit_pct:.2f}",
-                f"- / {last.preemptions}", f"- / {last.completed:,}", "-"]
-    ratio = statistics.median(m.cpu_s / c.cpu_s for m, c in zip(mine, core, strict=True))
-    verdict = "slower" if ratio > 1 else "faster"
+                f"- / {last.preemptions}", f"- / {last.completed:,}", "-", "-"]
+    ratios = [m.cpu_s / c.cpu_s for m, c in zip(mine, core, strict=True)]
+    ratio = statistics.median(ratios)
+    verdict = "slower" if ratio > 1 else "faster" if ratio < 1 else "even"
+    # (the spread the machine's noise gives a row: the first to the third quartile of its pairs' ratios)
+    quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratio] * 3
     return [measured.row.label, f"{statistics.median(r.cpu_s for r in core):.2f}",
             f"{statistics.median(r.cpu_s for r in mine):.2f}", f"{statistics.median(r.peak_rss_mb for r in core):.0f}",
             f"{statistics.median(r.peak_rss_mb for r in mine):.0f}", f"{core[-1].hit_pct:.2f} / {last.hit_pct:.2f}",
             f"{core[-1].preemptions} / {last.preemptions}", f"{core[-1].completed:,} / {last.completed:,}",
-            f"{ratio:.2f}x ({verdict})"]
+            f"{ratio:.2f}x ({verdict})", f"{quartiles[0]:.2f}-{quartiles[2]:.2f}"]
 
 
 PLANES_HEADER = ["row", "core CPU s", "minipaged CPU s", *PLANES]
@@ -411,7 +416,8 @@ def markdown(rows: list[list[str]], command: str, repeats: int, skipped: str | N
             f"{settings}. Each simulator runs as a whole process, start-up included, loading compiled byte code "
             "(the core's compiled by `pip install`, minipaged's once before the first run); CPU seconds are user + "
             f"system time, medians of {repeats} paired runs (the two commands alternating), and the ratio is the "
-            "median of the pairs' ratios minipaged / core. Hit % and preemptions are the last pair's. "
+            "median of the pairs' ratios minipaged / core, beside the first and third quartiles of those ratios (how "
+            "far the machine's noise moved them). Hit % and preemptions are the last pair's. "
             "The core's hit % is its `first_admission_prefix_cache_reused_ratio` (prompt tokens found cached at a "
             "request's first admission, over all prompt tokens, as minipaged counts them), its preemptions the sum "
             "over its replay telemetry. The Azure trace is converted to Mooncake JSONL, the one format both read, "

@@ -65,14 +65,14 @@ def test_the_page_holds_the_measured_figures_and_skips_the_missing_core(tmp_path
     rows = [line for line in above.splitlines() if line.startswith("| Mooncake conversation, 3,640 blocks |")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
-    core_cpu, cpu, core_peak, peak, hit, preemptions, completed, ratio = cells[1:]
-    assert (core_cpu, core_peak, ratio) == ("-", "-", "-")
+    core_cpu, cpu, core_peak, peak, hit, preemptions, completed, ratio, spread = cells[1:]
+    assert (core_cpu, core_peak, ratio, spread) == ("-", "-", "-", "-")
     assert hit == f"- / {paged['prefix_cache_hit_pct']:.2f}"
     assert preemptions == f"- / {paged['num_preemptions']}"
     assert completed == f"- / {paged['completed_requests']:,}"
     assert float(cpu) > 0 and float(peak) > 0
     assert printed[0].split() == ["Mooncake", "conversation,", "3,640", "blocks", "-", cpu, "-", peak,
-                                  *hit.split(), *preemptions.split(), *completed.split(), "-"]
+                                  *hit.split(), *preemptions.split(), *completed.split(), "-", "-"]
 
     # The plane split: where py-spy samples here, the run's CPU seconds split into the four planes (their seconds
     # sum to the row's, their shares to 100%, each rounded), as printed; else the line that says why not.
@@ -154,3 +154,25 @@ def test_minipaged_runs_in_the_python_named_for_it(tmp_path: Path) -> None:
                                                    ["-m", "minipaged_cli"]]
     assert "--minipaged-python MINIPAGED_PYTHON" in page.read_text()
     assert "minipaged's dependencies alone in an environment of their own." in page.read_text()
+
+
+def test_a_rows_ratio_is_the_median_of_its_pairs_beside_their_quartiles() -> None:
+    # Five pairs, worked by hand: ratios 0.8, 0.9, 1.0, 1.1, 1.3 (minipaged / core, pair by pair). Their median is
+    # 1.0; the quartiles, interpolated between the ordered ratios at positions 1 and 3 of 0..4: 0.9 and 1.1. The
+    # CPU columns are each side's own median (1.0 and 1.0 here, by construction), not a ratio of them.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import peer_speed
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    core_s = [1.0, 2.0, 1.0, 1.0, 0.5]
+    mine_s = [0.8, 1.8, 1.0, 1.1, 0.65]
+    runs = [peer_speed.Run(cpu, 60.0, 5.0, 3, 10) for cpu in mine_s]
+    core = [peer_speed.Run(cpu, 200.0, 5.1, 4, 10) for cpu in core_s]
+    row = peer_speed.table_row(peer_speed.Measured(peer_speed.ROWS[2], runs, core))
+    assert row[1:3] == ["1.00", "1.00"]
+    assert row[-2:] == ["1.00x (even)", "0.90-1.10"]
+    faster = peer_speed.table_row(peer_speed.Measured(peer_speed.ROWS[2], runs[:3], core[:3]))
+    assert faster[-2:] == ["0.90x (faster)", "0.85-0.95"]  # (0.8, 0.9, 1.0: the quartiles halfway between)
+    slower = peer_speed.table_row(peer_speed.Measured(peer_speed.ROWS[2], runs[:1], [peer_speed.Run(0.5, 1, 0, 0, 1)]))
+    assert slower[-2:] == ["1.60x (slower)", "1.60-1.60"]  # (one pair: no spread to show)
