@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from minipaged_cli.cli.main import app
 from minipaged_cli.cli.startup import collector_paused, lasting
@@ -230,8 +231,6 @@ def test_a_trace_loads_with_the_collector_paused_and_the_command_line_freezes_it
 @pytest.mark.parametrize("fleet", [[], ["--replicas", "2", "--router", "round-robin"]])
 def test_simulate_replays_with_the_collector_paused(fleet: list[str], monkeypatch: pytest.MonkeyPatch,
                                                     tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
     trace = tmp_path / "t.yaml"
     trace.write_text("version: 1\nname: t\nrequests:\n" + "".join(
         f"  - {{id: r{i}, arrival_s: {i / 10}, prompt_tokens: 300, output_tokens: 20}}\n" for i in range(6)))
