@@ -1480,8 +1480,9 @@ static PyObject *growth_fill_blocks(Growth *growth) {
 }
 
 /* batched_growth.grow_together compiled where the pool is in its usual case (grow_batch): grow_lengths, fill_keys,
- * the pool's take, hand_out, fill_blocks and the caching in one call (a sequence named by its id or its holding). False, nothing changed, where it is not (the
- * Python path then runs); else grow_together's answer: how many grew, or None where it would answer None. */
+ * the pool's take, hand_out, fill_blocks and the caching in one call (a sequence named by its id or its holding).
+ * False, nothing changed, where it is not (the Python path then runs); else grow_together's answer: how many grew, or
+ * None where it would answer None. */
 static PyObject *grow_batch(PyObject *self, PyObject *args) {
     PyObject *manager, *ids;
     long long num_tokens;
